@@ -1,0 +1,21 @@
+# DP generative models: regenerate every table and figure from one command.
+#
+#   snakemake --cores 2 all                       embedded default (CPU, minutes)
+#   snakemake --profile slurm all                 paper scale on a SLURM cluster
+#   snakemake --configfile configs/mnist.yaml ... a paper preset
+#
+# Rules only wire paths to stages in pipeline/ (python -m pipeline STAGE --help).
+
+configfile: "config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/evaluate.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        all_targets(),

@@ -1,0 +1,114 @@
+"""Thin command line over the stages: ``python -m pipeline STAGE --in/--out/--params``.
+
+Every DAG stage is reachable from here (that is all a Snakemake rule runs) and from tests
+by calling the stage object directly. ``python -m pipeline --help`` lists them;
+``python -m pipeline STAGE --help`` prints the stage's inputs, outputs and params.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError
+from pipeline.stage import PipelineError, StageSpec
+
+#: stage name -> "module:attribute"; imported lazily so ``--help`` stays fast.
+STAGES: dict[str, str] = {
+    "prepare_data": "pipeline.data.stage:prepare_data",
+    "train_evalnet": "pipeline.evaluation.evalnet:train_evalnet",
+    "evaluate_samples": "pipeline.evaluation.stage:evaluate_samples",
+    "reference_real": "pipeline.evaluation.stage:reference_real",
+    "data_figure": "pipeline.reporting.stage:data_figure",
+    "collect_table": "pipeline.reporting.stage:collect_table",
+    "index_html": "pipeline.reporting.stage:index_html",
+}
+
+#: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".
+EXTRA_COMMANDS: dict[str, str] = {}
+
+
+def load_stage(name: str) -> StageSpec:
+    if name not in STAGES:
+        raise PipelineError(f"unknown stage {name!r} (stages: {', '.join(sorted(STAGES))})")
+    module, attr = STAGES[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise PipelineError(f"{flag} {item!r}: expected KEY=PATH")
+        if key in out:
+            raise PipelineError(f"{flag} {key} given twice")
+        out[key] = Path(value)
+    return out
+
+
+def _params(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PipelineError(f"--params: not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(params, dict):
+        raise PipelineError("--params: expected a JSON object")
+    return params
+
+
+def _stage_parser(spec: StageSpec) -> argparse.ArgumentParser:
+    lines = [spec.doc, ""]
+    lines.append("inputs:  " + (" ".join(f"{k}=PATH" for k in spec.inputs) or "none"))
+    if spec.any_inputs:
+        lines.append("         any further KEY=PATH inputs are accepted")
+    if spec.optional_inputs:
+        lines.append("         optional: " + " ".join(f"{k}=PATH" for k in spec.optional_inputs))
+    lines.append("outputs: " + (" ".join(f"{k}=PATH" for k in spec.outputs) or "none"))
+    if spec.optional_outputs:
+        lines.append("         optional: " + " ".join(f"{k}=PATH" for k in spec.optional_outputs))
+    if spec.params:
+        lines.append("params (JSON object):")
+        lines += [f"  {k}: {v}" for k, v in spec.params.items()]
+    p = argparse.ArgumentParser(prog=f"python -m pipeline {spec.name}", description="\n".join(lines),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--in", dest="inputs", nargs="*", metavar="KEY=PATH", default=[])
+    p.add_argument("--out", dest="outputs", nargs="*", metavar="KEY=PATH", default=[])
+    p.add_argument("--params", metavar="JSON|@FILE", help="stage parameters as a JSON object or @file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m pipeline STAGE [--in KEY=PATH ...] [--out KEY=PATH ...] [--params JSON]\n")
+        print("stages:")
+        for name in STAGES:
+            print(f"  {name}")
+        if EXTRA_COMMANDS:
+            print("\ncommands:")
+            for name in EXTRA_COMMANDS:
+                print(f"  {name}")
+        print("\n`python -m pipeline STAGE --help` shows a stage's inputs, outputs and params.")
+        return 0
+    if argv[0] in EXTRA_COMMANDS:
+        module, attr = EXTRA_COMMANDS[argv[0]].split(":")
+        return int(getattr(importlib.import_module(module), attr)(argv[1:]) or 0)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        spec = load_stage(argv[0])
+        args = _stage_parser(spec).parse_args(argv[1:])
+        spec(_pairs(args.inputs, "--in"), _pairs(args.outputs, "--out"), _params(args.params))
+    except (PipelineError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,157 @@
+"""Files the stages exchange: atomic writes, JSON, and the dataset split format.
+
+Dataset split format (``dpgen-split/1``), written once by the data stage:
+
+* ``<split>.npz``: ``images`` uint8 array ``[N, C, H, W]`` (C = 1 grey, 3 RGB) and
+  ``labels`` int64 array ``[N]`` (class index; toy data stores float32 ``points [N, 2]``
+  in ``images``' place, see :func:`save_points`).
+* ``<split>.json`` (the manifest): format tag, split name, source, count, shape, classes,
+  ``counts_per_class``, the seed, and ``sha256``: the hex digest of the array contents
+  (dtype, shape and bytes of every array in name order; not of the zip file, whose
+  timestamps vary), so a reader can check it loaded exactly what was written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPLIT_FORMAT = "dpgen-split/1"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success.
+
+    A crash never leaves a half-written output that Snakemake would take as done.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix or path.suffix)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: expected a JSON file here (was the stage that writes it run?)")
+    return json.loads(path.read_text())
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+def arrays_sha256(arrays: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Split:
+    """A labelled image split: uint8 ``images [N, C, H, W]``, int64 ``labels [N]``."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != np.uint8 or self.images.ndim != 4:
+            raise ValueError(f"images must be uint8 [N, C, H, W], got {self.images.dtype} {self.images.shape}")
+        if self.labels.shape != (self.images.shape[0],):
+            raise ValueError(f"labels must have shape ({self.images.shape[0]},), got {self.labels.shape}")
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def subset(self, idx: np.ndarray) -> Split:
+        return Split(self.images[idx], self.labels[idx])
+
+
+def manifest_path(npz_path: str | Path) -> Path:
+    return Path(npz_path).with_suffix(".json")
+
+
+def save_split(path: str | Path, split: Split, *, name: str, source: str, seed: int,
+               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``split`` to ``path`` (.npz) and its manifest beside it; return the manifest."""
+    arrays = {"images": split.images, "labels": split.labels.astype(np.int64)}
+    classes, counts = np.unique(arrays["labels"], return_counts=True)
+    manifest = {
+        "format": SPLIT_FORMAT,
+        "split": name,
+        "source": source,
+        "n": len(split),
+        "shape": list(split.images.shape[1:]),
+        "dtype": "uint8",
+        "classes": [int(c) for c in classes],
+        "counts_per_class": {str(int(c)): int(k) for c, k in zip(classes, counts)},
+        "seed": seed,
+        "sha256": arrays_sha256(arrays),
+        **(dict(extra) if extra else {}),
+    }
+    with atomic_path(path, suffix=".npz") as tmp:
+        np.savez(tmp, **arrays)
+    write_json(manifest_path(path), manifest)
+    return manifest
+
+
+def load_split(path: str | Path, *, verify: bool = True) -> Split:
+    """Read a split written by :func:`save_split`; check its sha256 against the manifest."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: dataset split not found (run the data stage: snakemake {path})")
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    if verify and manifest_path(path).is_file():
+        want = read_json(manifest_path(path))["sha256"]
+        if arrays_sha256(arrays) != want:
+            raise ValueError(f"{path}: contents do not match the sha256 in {manifest_path(path)}")
+    return Split(arrays["images"], arrays["labels"])
+
+
+def save_points(path: str | Path, points: np.ndarray, labels: np.ndarray, *, name: str, source: str,
+                seed: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Toy 2-D data: float32 ``points [N, 2]`` and int64 ``labels`` (mixture component)."""
+    arrays = {"points": points.astype(np.float32), "labels": labels.astype(np.int64)}
+    classes, counts = np.unique(arrays["labels"], return_counts=True)
+    manifest = {
+        "format": SPLIT_FORMAT, "split": name, "source": source, "n": int(points.shape[0]),
+        "shape": list(points.shape[1:]), "dtype": "float32", "classes": [int(c) for c in classes],
+        "counts_per_class": {str(int(c)): int(k) for c, k in zip(classes, counts)},
+        "seed": seed, "sha256": arrays_sha256(arrays), **(dict(extra) if extra else {}),
+    }
+    with atomic_path(path, suffix=".npz") as tmp:
+        np.savez(tmp, **arrays)
+    write_json(manifest_path(path), manifest)
+    return manifest

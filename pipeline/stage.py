@@ -1,0 +1,79 @@
+"""The stage contract: ``stage(inputs, outputs, params)`` with declared keys.
+
+A stage is a plain function taking three mappings: input paths, output paths and JSON
+params. :func:`stage` records which keys it needs so the CLI can print them in ``--help``
+and reject a missing or unknown key with one line instead of a ``KeyError`` deep inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Paths = Mapping[str, Path]
+Params = Mapping[str, Any]
+StageFn = Callable[[Paths, Paths, Params], None]
+
+
+class PipelineError(Exception):
+    """An error the user can fix (bad input, missing file); printed as one line."""
+
+
+class DataNotFoundError(PipelineError, FileNotFoundError):
+    """A dataset is not on disk where the config says; the message says how to provide it."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    fn: StageFn
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    optional_inputs: tuple[str, ...] = ()
+    optional_outputs: tuple[str, ...] = ()
+    params: Mapping[str, str] | None = None
+    #: accept any ``--in`` keys (e.g. one metrics file per table row)
+    any_inputs: bool = False
+
+    @property
+    def doc(self) -> str:
+        return (self.fn.__doc__ or "").strip()
+
+    def check(self, inputs: Paths, outputs: Paths) -> None:
+        for kind, given, required, optional in (
+            ("--in", inputs, self.inputs, self.optional_inputs),
+            ("--out", outputs, self.outputs, self.optional_outputs),
+        ):
+            missing = [k for k in required if k not in given]
+            unknown = [k for k in given if k not in required and k not in optional]
+            if kind == "--in" and self.any_inputs:
+                unknown = []
+            if missing:
+                raise PipelineError(f"stage {self.name}: missing {kind} {', '.join(missing)} "
+                                    f"(expected {kind} {' '.join(k + '=PATH' for k in required)})")
+            if unknown:
+                allowed = ", ".join(required + optional) or "none"
+                raise PipelineError(f"stage {self.name}: unknown {kind} key {unknown[0]!r} (allowed: {allowed})")
+
+    def __call__(self, inputs: Paths, outputs: Paths, params: Params) -> None:
+        inputs = {k: Path(v) for k, v in inputs.items()}
+        outputs = {k: Path(v) for k, v in outputs.items()}
+        self.check(inputs, outputs)
+        self.fn(inputs, outputs, dict(params))
+
+
+def stage(name: str, *, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = (),
+          optional_inputs: tuple[str, ...] = (), optional_outputs: tuple[str, ...] = (),
+          params: Mapping[str, str] | None = None, any_inputs: bool = False) -> Callable[[StageFn], StageSpec]:
+    """Declare a function as the DAG stage ``name`` with its input/output keys.
+
+    ``params`` maps each parameter name to a one-line description for ``--help``.
+    """
+
+    def wrap(fn: StageFn) -> StageSpec:
+        return StageSpec(name, fn, tuple(inputs), tuple(outputs), tuple(optional_inputs),
+                         tuple(optional_outputs), params, any_inputs)
+
+    return wrap

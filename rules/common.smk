@@ -1,0 +1,81 @@
+# Config validation, paths and target lists shared by every rule file.
+import json
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, workflow.basedir)
+
+from snakemake.utils import validate
+
+from pipeline.config import ConfigError, config_id, schema_path, validate_config
+
+try:
+    _validated = validate_config(config)
+except ConfigError as _exc:
+    # One line naming the key, instead of a schema dump.
+    raise WorkflowError(str(_exc))
+config.clear()
+config.update(_validated)
+validate(config, schema=str(schema_path()), set_default=True)
+
+PY = shlex.quote(sys.executable)
+EXP = config["experiment"]
+RESULTS = Path(config["results_dir"])
+EXPDIR = RESULTS / EXP
+DATA = EXPDIR / "data"
+LOGS = EXPDIR / "logs"
+TABLES = RESULTS / "tables"
+FIGURES = RESULTS / "figures"
+CONFIG_ID = config_id(config)
+SEED = config["seed"]
+
+
+def params_json(**sections):
+    """Stage params as one JSON string (quote in shell with {params.p:q})."""
+    return json.dumps(sections, sort_keys=True)
+
+
+def io_args(flag, mapping):
+    """'--in key=path ...' for a stage call from a dict of named paths."""
+    return flag + " " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in mapping.items())
+
+
+def data_splits():
+    """Split name -> .npz path of every split the data stage writes for this config."""
+    splits = {s: DATA / f"{s}.npz" for s in ("private_train", "eval_train", "test")}
+    if config["data"]["public"]["source"] != "none":
+        splits["public"] = DATA / "public.npz"
+    if config["data"]["toy"]["enabled"]:
+        splits["toy"] = DATA / "toy.npz"
+    return splits
+
+
+def report_inputs():
+    """Every table and figure (PNG; the PDF is written beside it) the config enables."""
+    return [
+        TABLES / "reference_real.parquet",
+        FIGURES / "data_samples.png",
+    ]
+
+
+def all_targets():
+    """Every output of rule all: the data splits, tables, figures and the index page."""
+    return [*data_splits().values(), *report_inputs(), RESULTS / "index.html"]
+
+
+def evalnet_runtime_min():
+    """SLURM runtime (minutes) for training the evaluation net, from the config's sizes."""
+    ev = config["evaluation"]["evalnet"]
+    n = config["data"]["private"]["n_eval_train"]
+    side = config["data"]["image_size"]
+    # ~2 ms per 16x16 image-epoch on one CPU core, x4 headroom; GPUs are far faster.
+    return max(10, int(4 * ev["epochs"] * n * (side / 16) ** 2 * 2e-3 / 60) + 5)
+
+
+def evaluation_runtime_min():
+    """SLURM runtime (minutes) for scoring one sample set (features + 3 downstream classifiers)."""
+    n = config["data"]["private"]["n_test"]
+    side = config["data"]["image_size"]
+    epochs = config["evaluation"]["downstream"]["cnn_epochs"]
+    return max(10, int(4 * epochs * n * (side / 16) ** 2 * 2e-3 / 60) + 10)

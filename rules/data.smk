@@ -1,0 +1,19 @@
+# Data stage: every split written once (uint8 .npz + manifest), deterministic from the seed.
+# Code: pipeline/data/stage.py (prepare_data).
+
+
+rule prepare_data:
+    output:
+        **data_splits(),
+        manifests=[p.with_suffix(".json") for p in data_splits().values()],
+    params:
+        p=params_json(data=config["data"], seed=SEED),
+        out=io_args("--out", data_splits()),
+    log:
+        LOGS / "prepare_data.log",
+    threads: 1
+    resources:
+        mem_mb=lambda wc: 16000 if config["data"]["private"]["source"] == "celeba" else 4000,
+        runtime=lambda wc: 120 if config["data"]["private"]["source"] == "celeba" else 20,
+    shell:
+        "{PY} -m pipeline prepare_data {params.out} --params {params.p:q} > {log} 2>&1"

@@ -1,0 +1,47 @@
+# Evaluation core: the evaluation network (trained on held-out real data only) and the
+# metrics every method's samples are scored with. Code: pipeline/evaluation/.
+
+EVALNET = EXPDIR / "evalnet"
+
+
+rule train_evalnet:
+    input:
+        train=DATA / "eval_train.npz",
+        test=DATA / "test.npz",
+    output:
+        model=EVALNET / "evalnet.pt",
+        metrics=EVALNET / "metrics.json",
+    params:
+        p=params_json(evalnet=config["evaluation"]["evalnet"], seed=SEED, device=config["device"]),
+    log:
+        LOGS / "train_evalnet.log",
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=4000,
+        runtime=lambda wc: evalnet_runtime_min(),
+    shell:
+        "{PY} -m pipeline train_evalnet --in train={input.train} test={input.test}"
+        " --out model={output.model} metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+
+
+rule evaluate_reference_real:
+    """The 'real data' reference row: held-out real digits scored as if they were samples."""
+    input:
+        samples=DATA / "eval_train.npz",
+        test=DATA / "test.npz",
+        evalnet=EVALNET / "evalnet.pt",
+    output:
+        metrics=EXPDIR / "eval" / "reference_real" / "metrics.json",
+    params:
+        p=params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"], name="reference_real"),
+    log:
+        LOGS / "evaluate_reference_real.log",
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=6000,
+        runtime=lambda wc: evaluation_runtime_min(),
+    shell:
+        "{PY} -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
+        " evalnet={input.evalnet} --out metrics={output.metrics} --params {params.p:q} > {log} 2>&1"

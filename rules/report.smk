@@ -1,0 +1,63 @@
+# Reporting: Parquet tables (results/tables/), figures (results/figures/), index page.
+# Code: pipeline/reporting/stage.py.
+
+
+rule reference_real:
+    """Table reference_real: metrics of held-out real data against the real test split."""
+    input:
+        reference_real=EXPDIR / "eval" / "reference_real" / "metrics.json",
+    output:
+        table=TABLES / "reference_real.parquet",
+    params:
+        p=params_json(
+            config_id=CONFIG_ID,
+            seed=SEED,
+            rows={"reference_real": {"experiment": EXP, "method": "real held-out data (no privacy)"}},
+        ),
+    log:
+        LOGS / "table_reference_real.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    shell:
+        "{PY} -m pipeline collect_table --in reference_real={input.reference_real}"
+        " --out table={output.table} --params {params.p:q} > {log} 2>&1"
+
+
+rule data_samples:
+    """Figure data_samples: example images of every split and the toy mixture."""
+    input:
+        **{k: v for k, v in data_splits().items() if k != "eval_train"},
+    output:
+        png=FIGURES / "data_samples.png",
+        pdf=FIGURES / "data_samples.pdf",
+    params:
+        ins=io_args("--in", {k: v for k, v in data_splits().items() if k != "eval_train"}),
+    log:
+        LOGS / "figure_data_samples.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    shell:
+        "{PY} -m pipeline data_figure {params.ins} --out figure={output.png} > {log} 2>&1"
+
+
+rule index_html:
+    """results/index.html: links every table and figure of rule all."""
+    input:
+        report_inputs(),
+    output:
+        RESULTS / "index.html",
+    params:
+        ins=io_args("--in", {Path(p).stem: p for p in report_inputs()}),
+        p=params_json(title=f"DP generative models: {EXP}"),
+    log:
+        LOGS / "index_html.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    shell:
+        "{PY} -m pipeline index_html {params.ins} --out index={output} --params {params.p:q} > {log} 2>&1"
