@@ -15,6 +15,11 @@ include: "rules/evaluate.smk"
 include: "rules/report.smk"
 
 
+localrules:
+    all,
+    index_html,
+
+
 rule all:
     default_target: True
     input:

@@ -57,7 +57,9 @@ def _describe_expected(error: jsonschema.ValidationError) -> str:
         return f"expected one of {', '.join(map(str, error.validator_value))}, got {got!r}"
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
-        typ = "an integer" if isinstance(got, int) else "a number"
+        declared = error.schema.get("type")
+        integer = declared == "integer" or (isinstance(declared, list) and "integer" in declared)
+        typ = "an integer" if integer else "a number"
         return f"expected {typ} {op} {error.validator_value}, got {got!r}"
     if v == "pattern":
         return f"expected a string matching {error.validator_value}, got {got!r}"

@@ -14,12 +14,14 @@ try:
     _validated = validate_config(config)
 except ConfigError as _exc:
     # One line naming the key, instead of a schema dump.
-    raise WorkflowError(str(_exc))
+    sys.exit(f"{_exc}")
 config.clear()
 config.update(_validated)
 validate(config, schema=str(schema_path()), set_default=True)
 
-PY = shlex.quote(sys.executable)
+# conda envs for `--use-conda` (paths relative to rules/); GPU rules take the CUDA one
+CPU_ENV = "../envs/cpu.yaml"
+GPU_ENV = "../envs/cuda.yaml"
 EXP = config["experiment"]
 RESULTS = Path(config["results_dir"])
 EXPDIR = RESULTS / EXP
@@ -38,7 +40,8 @@ def params_json(**sections):
 
 def io_args(flag, mapping):
     """'--in key=path ...' for a stage call from a dict of named paths."""
-    return flag + " " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in mapping.items())
+    pairs = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in mapping.items())
+    return f"{flag} {pairs}"
 
 
 def data_splits():
@@ -60,7 +63,7 @@ def report_inputs():
 
 
 def all_targets():
-    """Every output of rule all: the data splits, tables, figures and the index page."""
+    """Every output of the target `all`: data splits, tables, figures, the index page."""
     return [*data_splits().values(), *report_inputs(), RESULTS / "index.html"]
 
 

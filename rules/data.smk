@@ -15,5 +15,7 @@ rule prepare_data:
     resources:
         mem_mb=lambda wc: 16000 if config["data"]["private"]["source"] == "celeba" else 4000,
         runtime=lambda wc: 120 if config["data"]["private"]["source"] == "celeba" else 20,
+    conda:
+        CPU_ENV
     shell:
-        "{PY} -m pipeline prepare_data {params.out} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline prepare_data {params.out} --params {params.p:q} > {log} 2>&1"

@@ -20,8 +20,10 @@ rule train_evalnet:
         gpu=1,
         mem_mb=4000,
         runtime=lambda wc: evalnet_runtime_min(),
+    conda:
+        GPU_ENV
     shell:
-        "{PY} -m pipeline train_evalnet --in train={input.train} test={input.test}"
+        "python -m pipeline train_evalnet --in train={input.train} test={input.test}"
         " --out model={output.model} metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
 
 
@@ -42,6 +44,8 @@ rule evaluate_reference_real:
         gpu=1,
         mem_mb=6000,
         runtime=lambda wc: evaluation_runtime_min(),
+    conda:
+        GPU_ENV
     shell:
-        "{PY} -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
+        "python -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
         " evalnet={input.evalnet} --out metrics={output.metrics} --params {params.p:q} > {log} 2>&1"

@@ -20,8 +20,10 @@ rule reference_real:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CPU_ENV
     shell:
-        "{PY} -m pipeline collect_table --in reference_real={input.reference_real}"
+        "python -m pipeline collect_table --in reference_real={input.reference_real}"
         " --out table={output.table} --params {params.p:q} > {log} 2>&1"
 
 
@@ -40,8 +42,10 @@ rule data_samples:
     resources:
         mem_mb=2000,
         runtime=5,
+    conda:
+        CPU_ENV
     shell:
-        "{PY} -m pipeline data_figure {params.ins} --out figure={output.png} > {log} 2>&1"
+        "python -m pipeline data_figure {params.ins} --out figure={output.png} > {log} 2>&1"
 
 
 rule index_html:
@@ -59,5 +63,7 @@ rule index_html:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CPU_ENV
     shell:
-        "{PY} -m pipeline index_html {params.ins} --out index={output} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline index_html {params.ins} --out index={output} --params {params.p:q} > {log} 2>&1"

@@ -151,7 +151,7 @@ def fit_classifier(train: Split, config: TrainConfig, *, seed: int, device: torc
                 loss.backward()
                 opt.step()
                 sched.step()
-                total += float(loss) * len(idx)
+                total += float(loss.detach()) * len(idx)
                 seen += len(idx)
             epochs.set_postfix(loss=f"{total / seen:.3f}")
     model.eval()

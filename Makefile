@@ -1,0 +1,52 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    create .venv if missing, install the pinned dependencies, run the DAG
+#   make test   the same set-up, then the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CORES ?= 2
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export PYTHONHASHSEED ?= 0
+
+.PHONY: install run test test-all lint dry-run slurm-profile bench clean help
+
+help:
+	@echo "make run            embedded default end to end (snakemake --cores $(CORES) all)"
+	@echo "make test           test suite (fast; CI runs this)"
+	@echo "make lint           snakemake --lint and dry runs of the local and slurm profiles"
+	@echo "make slurm-profile  link profiles/slurm to ~/.config/snakemake/slurm (then: snakemake --profile slurm all)"
+	@echo "make bench          benchmarks/ (prints ratios measured side by side)"
+	@echo "make clean          remove results/ and .snakemake/ (keeps .venv)"
+
+$(STAMP): envs/requirements.txt envs/constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
+	$(BIN)/python -m pip install -r envs/requirements.txt -c envs/constraints.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) all
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/snakemake --lint
+	$(BIN)/snakemake -n --cores $(CORES) all
+	$(BIN)/snakemake -n --profile profiles/slurm all
+
+slurm-profile:
+	mkdir -p $(HOME)/.config/snakemake
+	ln -sfn $(CURDIR)/profiles/slurm $(HOME)/.config/snakemake/slurm
+	@echo "linked $(HOME)/.config/snakemake/slurm -> $(CURDIR)/profiles/slurm"
+	@echo "now: snakemake --profile slurm all   (export DPGEN_SLURM_PARTITION/DPGEN_SLURM_ACCOUNT first if needed)"
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf results .snakemake

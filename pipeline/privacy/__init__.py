@@ -1,0 +1,14 @@
+"""Privacy accounting shared by every method: ledger, accountants, Edgeworth, schedules.
+
+This package imports nothing from :mod:`pipeline.evaluation` or :mod:`pipeline.reporting`
+(SPEC, Methods/Accounting): a privacy claim never depends on how results are shown.
+
+* :mod:`.ledger` -- one JSON line per private mechanism execution (a serialised
+  ``dp_accounting`` event plus its claim); the replay feeds the events to fresh accountants.
+* :mod:`.accountants` -- PLD (pessimistic = certified eps_u, optimistic = eps_l, NOT a bound),
+  exact GDP, RDP and the GDP CLT estimate.
+* :mod:`.edgeworth` -- the degree-2 Edgeworth estimate of EMPDEN eq. 25 with the App. D
+  diagnostics.
+* :mod:`.schedule` -- the EDM time grid and the per-step GDP parameters mu_t of EMPDEN Sec. 3.
+* :mod:`.mia` -- the theoretical membership-inference bound of EMPDEN App. L.
+"""

@@ -1,0 +1,228 @@
+"""The privacy ledger: one JSON line per private mechanism execution.
+
+Every private mechanism, in every method, appends one line to
+``results/<experiment>/ledger/<stage>.jsonl`` (SPEC, Methods/Accounting). A line is a
+serialised ``dp_accounting`` event (what ran) plus the human-readable parameters it was
+built from and the claim made about it::
+
+    {"format": "dpgen-ledger/1", "stage": "sample_hybrid", "mechanism": "outputwise_subsampled_gaussian",
+     "event": {"class_name": "SelfComposedDpEvent", "count": 50000, "event": {...}},
+     "sensitivity": 1.0, "noise_multiplier": 0.478, "noise_std": 0.478,
+     "sampling": {"scheme": "fixed_size_per_output", "probability": 0.0005},
+     "adjacency": "add_or_remove_one", "count": 50000, "delta": 1e-05,
+     "claimed_epsilon": 6.29, "accountant": {"name": "pld_pessimistic", ...},
+     "versions": {...}, "config_id": "...", "seed": 0, "time_utc": "..."}
+
+The replay (:mod:`pipeline.accounting.replay`) feeds each event to a fresh accountant and
+compares; a mechanism never computes its own eps. Only certified accountants may appear
+in a claim (``pld_pessimistic``, ``rdp``, ``gdp``): estimates are refused at write time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import attr
+from dp_accounting import dp_event
+
+LEDGER_FORMAT = "dpgen-ledger/1"
+
+#: accountants whose eps is an upper bound and may therefore be claimed.
+CERTIFIED_ACCOUNTANTS = ("pld_pessimistic", "rdp", "gdp")
+SAMPLING_SCHEMES = ("none", "poisson", "fixed_size_per_output", "fixed_size_per_step")
+ADJACENCIES = ("add_or_remove_one", "replace_one")
+
+
+class LedgerError(ValueError):
+    """A malformed or inconsistent ledger line; the message names file and line."""
+
+
+# --------------------------------------------------------------------------- events <-> JSON
+
+def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
+    """A ``dp_accounting`` event as nested plain data: ``class_name`` plus its attrs fields."""
+    if not isinstance(event, dp_event.DpEvent):
+        raise LedgerError(f"not a dp_accounting event: {event!r}")
+    out: dict[str, Any] = {"class_name": type(event).__name__}
+    for name, value in attr.asdict(event, recurse=False).items():
+        if isinstance(value, dp_event.DpEvent):
+            value = event_to_dict(value)
+        elif isinstance(value, (list, tuple)):
+            value = [event_to_dict(v) if isinstance(v, dp_event.DpEvent) else v for v in value]
+        out[name] = value
+    return out
+
+
+def event_from_dict(data: Mapping[str, Any]) -> dp_event.DpEvent:
+    """Inverse of :func:`event_to_dict`; only classes of ``dp_accounting.dp_event`` are built."""
+    if not isinstance(data, Mapping) or "class_name" not in data:
+        raise LedgerError(f"event must be an object with a class_name, got {data!r}")
+    cls = getattr(dp_event, str(data["class_name"]), None)
+    if not (isinstance(cls, type) and issubclass(cls, dp_event.DpEvent)):
+        raise LedgerError(f"unknown dp_accounting event class {data['class_name']!r}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "class_name":
+            continue
+        if isinstance(value, Mapping) and "class_name" in value:
+            value = event_from_dict(value)
+        elif isinstance(value, list):
+            value = [event_from_dict(v) if isinstance(v, Mapping) and "class_name" in v else v for v in value]
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise LedgerError(f"event {data['class_name']}: {exc}") from None
+
+
+def event_to_json(event: dp_event.DpEvent) -> str:
+    """Canonical JSON of an event (sorted keys): equal events give equal strings."""
+    return json.dumps(event_to_dict(event), sort_keys=True, separators=(",", ":"))
+
+
+def event_from_json(text: str) -> dp_event.DpEvent:
+    return event_from_dict(json.loads(text))
+
+
+# --------------------------------------------------------------------------- entries
+
+def package_versions() -> dict[str, str]:
+    """Versions that can change a recomputed eps (recorded on every line)."""
+    out = {"python": platform.python_version()}
+    for pkg in ("dp-accounting", "numpy", "scipy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+@dataclass
+class LedgerEntry:
+    """One private mechanism execution and the eps claimed for it.
+
+    ``noise_multiplier`` is noise std / sensitivity of the Gaussian at the core of the
+    event (1/mu_bar_B for an EMPDEN block); ``count`` is how many times it was composed.
+    """
+
+    stage: str
+    mechanism: str
+    event: dict[str, Any]
+    sensitivity: float
+    noise_std: float
+    sampling: dict[str, Any]
+    adjacency: str
+    count: int
+    delta: float
+    claimed_epsilon: float
+    accountant: dict[str, Any]
+    config_id: str
+    seed: int
+    noise_multiplier: float = float("nan")
+    versions: dict[str, str] = field(default_factory=package_versions)
+    time_utc: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    extra: dict[str, Any] = field(default_factory=dict)
+    format: str = LEDGER_FORMAT
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.noise_multiplier) and self.sensitivity > 0:
+            self.noise_multiplier = self.noise_std / self.sensitivity
+        self.validate()
+
+    def validate(self) -> None:
+        """Reject a line that could not be replayed or whose parts disagree."""
+        where = f"ledger entry of stage {self.stage!r}"
+        if self.format != LEDGER_FORMAT:
+            raise LedgerError(f"{where}: format {self.format!r}, expected {LEDGER_FORMAT!r}")
+        if self.accountant.get("name") not in CERTIFIED_ACCOUNTANTS:
+            raise LedgerError(f"{where}: accountant {self.accountant.get('name')!r} is not a certified "
+                              f"accountant ({', '.join(CERTIFIED_ACCOUNTANTS)}); estimates cannot be claimed")
+        if self.sampling.get("scheme") not in SAMPLING_SCHEMES:
+            raise LedgerError(f"{where}: sampling scheme {self.sampling.get('scheme')!r} not in {SAMPLING_SCHEMES}")
+        if self.adjacency not in ADJACENCIES:
+            raise LedgerError(f"{where}: adjacency {self.adjacency!r} not in {ADJACENCIES}")
+        if not 0 < self.delta < 1:
+            raise LedgerError(f"{where}: delta must be in (0, 1), got {self.delta}")
+        if not (self.claimed_epsilon >= 0):
+            raise LedgerError(f"{where}: claimed_epsilon must be >= 0, got {self.claimed_epsilon}")
+        if self.sensitivity <= 0 or self.noise_std < 0:
+            raise LedgerError(f"{where}: need sensitivity > 0 and noise_std >= 0")
+        if not math.isclose(self.noise_multiplier, self.noise_std / self.sensitivity, rel_tol=1e-9):
+            raise LedgerError(f"{where}: noise_multiplier {self.noise_multiplier} != noise_std/sensitivity "
+                              f"{self.noise_std / self.sensitivity}")
+        event = event_from_dict(self.event)  # raises on a malformed event
+        core = _core_noise_multipliers(event)
+        if core and not any(math.isclose(self.noise_multiplier, nm, rel_tol=1e-9) for nm in core):
+            raise LedgerError(f"{where}: noise_multiplier {self.noise_multiplier} matches no Gaussian in the event "
+                              f"({sorted(set(core))[:5]})")
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return event_from_dict(self.event)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LedgerEntry:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise LedgerError(f"unknown ledger field {unknown[0]!r}")
+        try:
+            return cls(**dict(data))
+        except TypeError as exc:
+            raise LedgerError(str(exc)) from None
+
+
+def _core_noise_multipliers(event: dp_event.DpEvent) -> list[float]:
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return [float(event.noise_multiplier)]
+    inner = getattr(event, "event", None)
+    if isinstance(inner, dp_event.DpEvent):
+        return _core_noise_multipliers(inner)
+    out: list[float] = []
+    for e in getattr(event, "events", []) or []:
+        out += _core_noise_multipliers(e)
+    return out
+
+
+def append_entry(path: str | Path, entry: LedgerEntry) -> None:
+    """Append one line to the JSONL transcript and fsync it.
+
+    One ``write`` of a line shorter than the pipe buffer under ``O_APPEND`` lands whole even
+    with concurrent writers; fsync makes it survive a crash of the stage that follows.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (entry.to_json() + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_ledger(path: str | Path) -> Iterator[tuple[int, LedgerEntry]]:
+    """Yield (line number, entry) of a transcript; a bad line raises naming file:line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: ledger transcript not found (run the stage that writes it)")
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, LedgerEntry.from_dict(json.loads(line))
+            except (json.JSONDecodeError, LedgerError) as exc:
+                msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                raise LedgerError(f"{path}:{lineno}: {msg}") from None
