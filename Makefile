@@ -46,7 +46,7 @@ slurm-profile:
 	@echo "now: snakemake --profile slurm all   (export DPGEN_SLURM_PARTITION/DPGEN_SLURM_ACCOUNT first if needed)"
 
 bench: $(STAMP)
-	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	@set -e; for b in $(wildcard benchmarks/bench_*.py); do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
 	rm -rf results .snakemake

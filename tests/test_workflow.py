@@ -28,10 +28,11 @@ def test_lint_is_clean(repo):
     assert "Congratulations, your workflow is in a good condition" in res.stdout + res.stderr
 
 
-def test_dry_run_local(repo, tmp_path):
+@pytest.mark.parametrize("how", [("--cores", "2"), ("--profile", "profiles/local")])
+def test_dry_run_local(repo, tmp_path, how):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results")}))
-    res = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))
+    res = snakemake(repo, "-n", *how, "all", "--configfile", str(cfg))
     assert res.returncode == 0, res.stderr
     assert "prepare_data" in res.stdout and "train_evalnet" in res.stdout
 
