@@ -23,14 +23,20 @@ STAGES: dict[str, str] = {
     "prepare_data": "pipeline.data.stage:prepare_data",
     "train_evalnet": "pipeline.evaluation.evalnet:train_evalnet",
     "evaluate_samples": "pipeline.evaluation.stage:evaluate_samples",
-    "reference_real": "pipeline.evaluation.stage:reference_real",
     "data_figure": "pipeline.reporting.stage:data_figure",
     "collect_table": "pipeline.reporting.stage:collect_table",
     "index_html": "pipeline.reporting.stage:index_html",
+    "sensgeo_fig1_naive_vs_exact": "pipeline.accounting.sensgeo:sensgeo_fig1_naive_vs_exact",
+    "sensgeo_table_guarantees": "pipeline.accounting.sensgeo:sensgeo_table_guarantees",
+    "sensgeo_table_sdp": "pipeline.accounting.sensgeo:sensgeo_table_sdp",
+    "sensgeo_fig_mi_snr": "pipeline.accounting.sensgeo:sensgeo_fig_mi_snr",
+    "sensgeo_table_bridge": "pipeline.accounting.sensgeo:sensgeo_table_bridge",
 }
 
 #: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".
-EXTRA_COMMANDS: dict[str, str] = {}
+EXTRA_COMMANDS: dict[str, str] = {
+    "account": "pipeline.privacy.cli:main",
+}
 
 
 def load_stage(name: str) -> StageSpec:

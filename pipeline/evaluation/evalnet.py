@@ -52,7 +52,6 @@ class TrainConfig:
     epochs: int = 15
     batch_size: int = 64
     lr: float = 2e-3
-    max_shift: int = 1
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any]) -> TrainConfig:
@@ -76,12 +75,8 @@ class EvalNet(nn.Module):
         self.width = int(width)
         self.feature_dim = int(feature_dim)
         self.body = nn.Sequential(
-            nn.Conv2d(c, width, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(2 * width, 2 * width, 3, padding=1), nn.ReLU(),
-            nn.MaxPool2d(2),
+            nn.Conv2d(c, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.AdaptiveAvgPool2d(POOLED_SIDE),
             nn.Flatten(),
             nn.Linear(2 * width * POOLED_SIDE**2, feature_dim), nn.ReLU(),
@@ -104,23 +99,11 @@ class EvalNet(nn.Module):
         return self.features_and_logits(images)[1]
 
 
-def _random_shift(x: torch.Tensor, max_shift: int, gen: torch.Generator) -> torch.Tensor:
-    """Translate each image by up to ``max_shift`` pixels (zero fill): cheap augmentation
-    that keeps a classifier trained on ~1000 digits from memorising pixel positions."""
-    if max_shift <= 0:
-        return x
-    b, _, h, w = x.shape
-    padded = F.pad(x, (max_shift,) * 4)
-    dx, dy = (torch.randint(0, 2 * max_shift + 1, (2, b), generator=gen)).tolist()
-    return torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b)])
-
-
 def fit_classifier(train: Split, config: TrainConfig, *, seed: int, device: torch.device,
                    n_classes: int | None = None, desc: str = "evalnet") -> EvalNet:
     """Train an :class:`EvalNet` with Adam and cross-entropy on ``train``.
 
-    Deterministic given ``seed`` on the CPU: initialisation, shuffling, augmentation and
-    dropout draw from RNGs seeded here, inside ``fork_rng`` so the caller's global RNG
+    Deterministic given ``seed`` on the CPU: initialisation, shuffling and dropout draw from RNGs seeded here, inside ``fork_rng`` so the caller's global RNG
     state is untouched.
     """
     if len(train) == 0:
@@ -144,7 +127,7 @@ def fit_classifier(train: Split, config: TrainConfig, *, seed: int, device: torc
             order = torch.randperm(len(train), generator=gen)
             total, seen = 0.0, 0
             for idx in tqdm(order.split(config.batch_size), desc="batches", leave=False, mininterval=1.0):
-                x = _random_shift(images[idx].float(), config.max_shift, gen).to(device)
+                x = images[idx].to(device)
                 y = labels[idx].to(device)
                 loss = F.cross_entropy(model(x), y)
                 opt.zero_grad(set_to_none=True)
@@ -209,10 +192,13 @@ def load_labelled_split(path: Path, role: str) -> Split:
         raise PipelineError(f"input {role}: {exc}") from None
 
 
-def evaluation_section(params: Mapping[str, Any], key: str = "evaluation") -> dict[str, Any]:
-    """The ``evaluation`` config section from stage params, validated, defaults filled."""
-    section = params.get(key, {})
-    return validate_config({"evaluation": section}, source="params")["evaluation"]
+def evaluation_section(section: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An ``evaluation`` config section (from stage params) validated, defaults filled.
+
+    Stages are also called outside Snakemake (tests, by hand), so they check their params
+    against the same schema as ``config.yaml`` and fail with the same one-line messages.
+    """
+    return validate_config({"evaluation": dict(section or {})}, source="params")["evaluation"]
 
 
 @stage(
@@ -220,14 +206,14 @@ def evaluation_section(params: Mapping[str, Any], key: str = "evaluation") -> di
     inputs=("train", "test"),
     outputs=("model", "metrics"),
     params={
-        "evalnet": "the evaluation.evalnet config section (width, feature_dim, epochs, batch_size, lr, max_shift)",
-        "seed": "integer seed (initialisation, shuffling, augmentation)",
+        "evalnet": "the evaluation.evalnet config section (width, feature_dim, epochs, batch_size, lr)",
+        "seed": "integer seed (initialisation, shuffling, dropout)",
         "device": "auto | cpu | cuda[:N]",
     },
 )
 def train_evalnet(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Train the evaluation CNN on held-out real data (eval_train), report test accuracy."""
-    config = TrainConfig.from_mapping(evaluation_section({"evaluation": {"evalnet": params.get("evalnet", {})}})["evalnet"])
+    config = TrainConfig.from_mapping(evaluation_section({"evalnet": params.get("evalnet", {})})["evalnet"])
     seed = int(params.get("seed", 0))
     device = resolve_device(params.get("device", "auto"))
     train = load_labelled_split(inputs["train"], "train")

@@ -170,9 +170,18 @@ def delta_out(eps: float, total: dict[str, Cumulants]) -> float:
     Direction P->Q uses S = sum L_B: Pr_Q(S > eps) - e^eps Pr_P(S > eps); Q->P uses -S with
     the roles of P and Q swapped. Not clipped at 0, so the caller can see a negative curve.
     """
-    forward = _tail(eps, total["Q"]) - math.exp(eps) * _tail(eps, total["P"])
-    backward = _tail(eps, total["P"].negated()) - math.exp(eps) * _tail(eps, total["Q"].negated())
+    forward = _tail(eps, total["Q"]) - _times_exp(eps, _tail(eps, total["P"]))
+    backward = _tail(eps, total["P"].negated()) - _times_exp(eps, _tail(eps, total["Q"].negated()))
     return max(forward, backward)
+
+
+def _times_exp(eps: float, tail: float) -> float:
+    """e^eps * tail without overflow for eps in the hundreds (tail is often ~e^-eps)."""
+    if tail == 0:
+        return 0.0
+    log_mag = eps + math.log(abs(tail))
+    mag = math.exp(log_mag) if log_mag < 700 else math.inf
+    return math.copysign(mag, tail)
 
 
 @dataclass

@@ -1,0 +1,94 @@
+"""Stage ``evaluate_samples``: every sample-quality metric of one set of samples, as JSON.
+
+The one evaluation entry point every method calls (DPDM, EMPDEN, STRAIGHTDP, baselines):
+give it a split of generated (image, label) pairs, the real ``test`` split and the eval
+net, get one flat JSON object whose keys become Parquet columns in the report stage. The
+"real data" reference row is this same stage with the held-out real ``eval_train`` split
+as the samples.
+
+Keys (all floats unless noted; lower is better for fid*/kid*, higher for the rest):
+``name`` (str, the params' name), ``n_samples``, ``n_test`` (int), ``feature_extractor``
+(str), ``fid``, ``kid_mean``, ``kid_std``, ``kid_subset_size`` (int), ``precision``,
+``recall``, ``prc_neighborhood`` (int, k), ``fid_class_<c>`` for each test class and
+``fid_class_mean``, ``label_consistency``, ``acc_logreg``, ``acc_mlp``, ``acc_cnn``
+(downstream test accuracy), ``seed`` (int), ``wall_s``. A metric that does not apply
+(labels absent, classifier not selected, class too small) is ``null``.
+
+Samples whose label is negative count as unconditional: they enter FID/KID/PRC but not the
+label-aware metrics or the downstream classifiers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.device import resolve_device
+from pipeline.evaluation.downstream import cnn_config, downstream_accuracy
+from pipeline.evaluation.evalnet import evaluation_section, load_evalnet, load_labelled_split
+from pipeline.evaluation.fidelity import fidelity_metrics, label_consistency
+from pipeline.io import Split, write_json
+from pipeline.stage import PipelineError, stage
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluation: Mapping[str, Any] | None = None,
+             seed: int = 0, device: str = "auto", verbose: bool = False) -> dict[str, Any]:
+    """All metrics of ``samples`` against the real ``test`` split (see the module doc for keys).
+
+    ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled).
+    """
+    cfg = evaluation_section(evaluation)
+    dev = resolve_device(device)
+    if samples.images.shape[1:] != test.images.shape[1:]:
+        raise PipelineError(f"samples are {list(samples.images.shape[1:])} images but test images are "
+                            f"{list(test.images.shape[1:])}: generate at the test split's [C, H, W]")
+    n_classes = int(test.labels.max()) + 1
+    bad = samples.labels[samples.labels >= n_classes]
+    if bad.size:
+        raise PipelineError(f"sample label {int(bad[0])} is not a class of the test split (0..{n_classes - 1})")
+    start = time.perf_counter()
+    out: dict[str, Any] = {"n_samples": len(samples), "n_test": len(test), "seed": seed}
+    out.update(fidelity_metrics(
+        samples, test, evalnet_path=evalnet_path, feature_extractor=cfg["feature_extractor"],
+        inception_weights=cfg["inception_weights"], batch_size=cfg["batch_size"], kid_subsets=cfg["kid_subsets"],
+        kid_subset_size=cfg["kid_subset_size"], prc_neighborhood=cfg["prc_neighborhood"], seed=seed, device=dev,
+        verbose=verbose))
+    evalnet = load_evalnet(evalnet_path, device=dev)
+    out["label_consistency"] = label_consistency(evalnet, samples, batch_size=cfg["batch_size"])
+    down = cfg["downstream"]
+    out.update(downstream_accuracy(samples, test, classifiers=down["classifiers"], seed=seed,
+                                   mlp_hidden=down["mlp_hidden"], cnn=cnn_config(cfg), device=dev))
+    out["wall_s"] = time.perf_counter() - start
+    return out
+
+
+@stage(
+    "evaluate_samples",
+    inputs=("samples", "test", "evalnet"),
+    outputs=("metrics",),
+    params={
+        "evaluation": "the evaluation config section (feature_extractor, kid_*, prc_neighborhood, downstream, ...)",
+        "seed": "integer seed (KID subsets, downstream classifiers)",
+        "device": "auto | cpu | cuda[:N]",
+        "name": "label of this row in the tables (e.g. the method and configuration)",
+    },
+)
+def evaluate_samples(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """FID/KID/precision-recall, per-class FID, label consistency and downstream accuracy
+    of a split of samples against the real test split."""
+    samples = load_labelled_split(inputs["samples"], "samples")
+    test = load_labelled_split(inputs["test"], "test")
+    if not Path(inputs["evalnet"]).is_file():
+        raise PipelineError(f"input evalnet: {inputs['evalnet']} not found (run the train_evalnet stage)")
+    metrics = evaluate(samples, test, evalnet_path=inputs["evalnet"], evaluation=params.get("evaluation"),
+                       seed=int(params.get("seed", 0)), device=params.get("device", "auto"), verbose=True)
+    metrics = {"name": str(params.get("name", Path(inputs["samples"]).stem)), **metrics}
+    log.info("%s: fid %.3f, label consistency %s, downstream %s", metrics["name"], metrics["fid"],
+             metrics["label_consistency"], {k: v for k, v in metrics.items() if k.startswith("acc_")})
+    write_json(outputs["metrics"], metrics)
+

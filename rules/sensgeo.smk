@@ -1,0 +1,115 @@
+# SENSGEO: exact sensitivity geometry and optimal noise for the ideal denoiser (analytic, CPU).
+# Code: pipeline/accounting/sensgeo.py (stages), pipeline/privacy/sensgeo/ (the mathematics).
+# No inputs: every public domain K and random covariance is drawn from sensgeo.seed.
+
+
+def sensgeo_targets():
+    """Every SENSGEO table and figure (PNG; the PDF is written beside it), if enabled."""
+    if not config["sensgeo"]["enabled"]:
+        return []
+    return [
+        FIGURES / "sensgeo_fig1_naive_vs_exact.png",
+        TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
+        TABLES / "sensgeo_table_guarantees.parquet",
+        TABLES / "sensgeo_table_sdp.parquet",
+        FIGURES / "sensgeo_fig_mi_snr.png",
+        TABLES / "sensgeo_table_bridge.parquet",
+    ]
+
+
+def _sensgeo_params(section):
+    return params_json(config_id=CONFIG_ID, seed=config["sensgeo"]["seed"], **{section: config["sensgeo"][section]})
+
+
+rule sensgeo_fig1_naive_vs_exact:
+    """Figure 1 + summary table: naive diameter bound over the exact Mahalanobis diameter."""
+    output:
+        png=FIGURES / "sensgeo_fig1_naive_vs_exact.png",
+        pdf=FIGURES / "sensgeo_fig1_naive_vs_exact.pdf",
+        table=TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
+    params:
+        p=_sensgeo_params("fig1"),
+    log:
+        LOGS / "sensgeo_fig1_naive_vs_exact.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline sensgeo_fig1_naive_vs_exact --out figure={output.png} table={output.table}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule sensgeo_table_guarantees:
+    """Table: exact eps(delta) from rho_* vs generic RDP->DP conversions and the Gaussian PLD."""
+    output:
+        table=TABLES / "sensgeo_table_guarantees.parquet",
+    params:
+        p=_sensgeo_params("guarantees"),
+    log:
+        LOGS / "sensgeo_table_guarantees.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline sensgeo_table_guarantees --out table={output.table} --params {params.p:q} > {log} 2>&1"
+
+
+rule sensgeo_table_sdp:
+    """Table: covariance SDP primal, dual, certified gap, MSE gain over isotropic noise, solver time."""
+    output:
+        table=TABLES / "sensgeo_table_sdp.parquet",
+    params:
+        p=_sensgeo_params("sdp"),
+    log:
+        LOGS / "sensgeo_table_sdp.log",
+    threads: 1
+    resources:
+        mem_mb=3000,
+        runtime=lambda wc: max(10, sum(m * m for m in config["sensgeo"]["sdp"]["m"]) // 100),
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline sensgeo_table_sdp --out table={output.table} --params {params.p:q} > {log} 2>&1"
+
+
+rule sensgeo_fig_mi_snr:
+    """Figure: binary-input Gaussian channel capacity vs SNR (MI-DP) and the rho_* calibration."""
+    output:
+        png=FIGURES / "sensgeo_fig_mi_snr.png",
+        pdf=FIGURES / "sensgeo_fig_mi_snr.pdf",
+    params:
+        p=_sensgeo_params("mi"),
+    log:
+        LOGS / "sensgeo_fig_mi_snr.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline sensgeo_fig_mi_snr --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+
+
+rule sensgeo_table_bridge:
+    """Table: one empirical-denoiser step, SENSGEO's exact rho_* next to EMPDEN's 2C/(beta|D|)."""
+    output:
+        table=TABLES / "sensgeo_table_bridge.parquet",
+    params:
+        p=_sensgeo_params("bridge"),
+    log:
+        LOGS / "sensgeo_table_bridge.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline sensgeo_table_bridge --out table={output.table} --params {params.p:q} > {log} 2>&1"
