@@ -13,6 +13,7 @@ include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
+include: "rules/sensgeo.smk"
 
 
 localrules:

@@ -54,11 +54,32 @@ def data_splits():
     return splits
 
 
+def sensgeo_targets():
+    """SENSGEO tables and figures (rules/sensgeo.smk), when sensgeo.enabled."""
+    if not config["sensgeo"]["enabled"]:
+        return []
+    return [
+        FIGURES / "sensgeo_fig1_naive_vs_exact.png",
+        TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
+        TABLES / "sensgeo_table_guarantees.parquet",
+        TABLES / "sensgeo_table_sdp.parquet",
+        FIGURES / "sensgeo_fig_mi_snr.png",
+        TABLES / "sensgeo_table_bridge.parquet",
+    ]
+
+
+def sensgeo_params(section):
+    """Params of one SENSGEO rule: its config section, the config id and the seed."""
+    sg = config["sensgeo"]
+    return params_json(config_id=CONFIG_ID, seed=sg["seed"], **{section: sg[section]})
+
+
 def report_inputs():
     """Every table and figure (PNG; the PDF is written beside it) the config enables."""
     return [
         TABLES / "reference_real.parquet",
         FIGURES / "data_samples.png",
+        *sensgeo_targets(),
     ]
 
 

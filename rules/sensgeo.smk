@@ -3,24 +3,6 @@
 # No inputs: every public domain K and random covariance is drawn from sensgeo.seed.
 
 
-def sensgeo_targets():
-    """Every SENSGEO table and figure (PNG; the PDF is written beside it), if enabled."""
-    if not config["sensgeo"]["enabled"]:
-        return []
-    return [
-        FIGURES / "sensgeo_fig1_naive_vs_exact.png",
-        TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
-        TABLES / "sensgeo_table_guarantees.parquet",
-        TABLES / "sensgeo_table_sdp.parquet",
-        FIGURES / "sensgeo_fig_mi_snr.png",
-        TABLES / "sensgeo_table_bridge.parquet",
-    ]
-
-
-def _sensgeo_params(section):
-    return params_json(config_id=CONFIG_ID, seed=config["sensgeo"]["seed"], **{section: config["sensgeo"][section]})
-
-
 rule sensgeo_fig1_naive_vs_exact:
     """Figure 1 + summary table: naive diameter bound over the exact Mahalanobis diameter."""
     output:
@@ -28,7 +10,7 @@ rule sensgeo_fig1_naive_vs_exact:
         pdf=FIGURES / "sensgeo_fig1_naive_vs_exact.pdf",
         table=TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
     params:
-        p=_sensgeo_params("fig1"),
+        p=sensgeo_params("fig1"),
     log:
         LOGS / "sensgeo_fig1_naive_vs_exact.log",
     threads: 1
@@ -47,7 +29,7 @@ rule sensgeo_table_guarantees:
     output:
         table=TABLES / "sensgeo_table_guarantees.parquet",
     params:
-        p=_sensgeo_params("guarantees"),
+        p=sensgeo_params("guarantees"),
     log:
         LOGS / "sensgeo_table_guarantees.log",
     threads: 1
@@ -65,7 +47,7 @@ rule sensgeo_table_sdp:
     output:
         table=TABLES / "sensgeo_table_sdp.parquet",
     params:
-        p=_sensgeo_params("sdp"),
+        p=sensgeo_params("sdp"),
     log:
         LOGS / "sensgeo_table_sdp.log",
     threads: 1
@@ -84,7 +66,7 @@ rule sensgeo_fig_mi_snr:
         png=FIGURES / "sensgeo_fig_mi_snr.png",
         pdf=FIGURES / "sensgeo_fig_mi_snr.pdf",
     params:
-        p=_sensgeo_params("mi"),
+        p=sensgeo_params("mi"),
     log:
         LOGS / "sensgeo_fig_mi_snr.log",
     threads: 1
@@ -102,7 +84,7 @@ rule sensgeo_table_bridge:
     output:
         table=TABLES / "sensgeo_table_bridge.parquet",
     params:
-        p=_sensgeo_params("bridge"),
+        p=sensgeo_params("bridge"),
     log:
         LOGS / "sensgeo_table_bridge.log",
     threads: 1

@@ -44,7 +44,7 @@ def full_batch_mu(cfg: AccountingConfig, sigma_min: float, k: int | None = None)
 
 
 def _eps_axis() -> np.ndarray:
-    return np.logspace(-2, 2, 200)
+    return np.logspace(-2, 4, 300)
 
 
 @stage("empden_figure4_full_batch", outputs=("figure",), params=PARAMS_DOC)

@@ -59,7 +59,13 @@ class TrainConfig:
 
 
 class EvalNet(nn.Module):
-    """Two conv blocks → pooled ``POOLED_SIDE²`` map → ``feature_dim`` features → logits.
+    """LeNet-style: two (3×3 conv, ReLU, 2×2 max-pool) blocks → pooled ``POOLED_SIDE²`` map
+    → linear ``feature_dim`` features → ReLU, dropout → class logits.
+
+    The features are the penultimate layer *before* its ReLU: measured on 16×16 MNIST,
+    the rectified features fold uniform-noise images onto the digit clusters (precision of
+    noise against real 0.32), the pre-activations keep them apart (0.13), and their FID
+    separates real from noise by more.
 
     Input: images on the uint8 scale (any dtype, values 0..255) ``[B, C, H, W]``; the
     network normalises to [-1, 1] itself so a checkpoint needs no separate preprocessing.
@@ -79,10 +85,9 @@ class EvalNet(nn.Module):
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.AdaptiveAvgPool2d(POOLED_SIDE),
             nn.Flatten(),
-            nn.Linear(2 * width * POOLED_SIDE**2, feature_dim), nn.ReLU(),
+            nn.Linear(2 * width * POOLED_SIDE**2, feature_dim),
         )
-        self.dropout = nn.Dropout(0.3)
-        self.head = nn.Linear(feature_dim, n_classes)
+        self.head = nn.Sequential(nn.ReLU(), nn.Dropout(0.3), nn.Linear(feature_dim, n_classes))
 
     @property
     def arch(self) -> dict[str, Any]:
@@ -91,9 +96,8 @@ class EvalNet(nn.Module):
 
     def features_and_logits(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Penultimate features (the FID feature space) and class logits."""
-        x = images.float() / 127.5 - 1.0
-        feats = self.body(x)
-        return feats, self.head(self.dropout(feats))
+        feats = self.body(images.float() / 127.5 - 1.0)
+        return feats, self.head(feats)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.features_and_logits(images)[1]

@@ -165,6 +165,13 @@ class LedgerEntry:
             raise LedgerError(f"{where}: noise_multiplier {self.noise_multiplier} matches no Gaussian in the event "
                               f"({sorted(set(core))[:5]})")
 
+        probs = _sampling_probabilities(event)
+        q = self.sampling.get("probability")
+        if self.sampling["scheme"] != "none" and not any(math.isclose(float(q or -1), p, rel_tol=1e-9) for p in probs):
+            raise LedgerError(f"{where}: sampling probability {q} matches no sampled event ({sorted(set(probs))[:5]})")
+        if isinstance(event, dp_event.SelfComposedDpEvent) and event.count != self.count:
+            raise LedgerError(f"{where}: count {self.count} != the event's composition count {event.count}")
+
     def dp_event(self) -> dp_event.DpEvent:
         return event_from_dict(self.event)
 
@@ -192,6 +199,20 @@ def _core_noise_multipliers(event: dp_event.DpEvent) -> list[float]:
     out: list[float] = []
     for e in getattr(event, "events", []) or []:
         out += _core_noise_multipliers(e)
+    return out
+
+
+def _sampling_probabilities(event: dp_event.DpEvent) -> list[float]:
+    out: list[float] = []
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        out.append(float(event.sampling_probability))
+    if isinstance(event, (dp_event.SampledWithoutReplacementDpEvent, dp_event.SampledWithReplacementDpEvent)):
+        out.append(event.sample_size / event.source_dataset_size)
+    inner = getattr(event, "event", None)
+    if isinstance(inner, dp_event.DpEvent):
+        out += _sampling_probabilities(inner)
+    for e in getattr(event, "events", []) or []:
+        out += _sampling_probabilities(e)
     return out
 
 

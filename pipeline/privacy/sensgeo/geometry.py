@@ -263,9 +263,14 @@ def cube_difference_vertices(d: int) -> np.ndarray:
 def cube_exact_sensitivity(cov: np.ndarray) -> np.ndarray:
     """sup_{x, y in [0,1]^d} (x - y)^T Sigma^-1 (x - y) for a stack of covariances [..., d, d] (Corollary 1)."""
     cov = np.asarray(cov, dtype=float)
-    v = cube_difference_vertices(cov.shape[-1])
-    prec = np.linalg.inv(cov)
-    return np.einsum("vi,...ij,vj->...v", v, prec, v).max(axis=-1)
+    d = cov.shape[-1]
+    v = cube_difference_vertices(d)
+    prec = np.linalg.inv(cov).reshape(-1, d, d)
+    # Chunked so that the [chunk, 2^(d-1), d] intermediate stays below ~100 MB for any d.
+    chunk = max(1, int(1.2e7 // (v.shape[0] * d)))
+    out = np.concatenate([np.einsum("vi,nvi->nv", v, v @ prec[a:a + chunk]).max(axis=-1)
+                          for a in range(0, prec.shape[0], chunk)])
+    return out.reshape(cov.shape[:-2])
 
 
 def cube_naive_sensitivity(cov: np.ndarray) -> np.ndarray:
@@ -292,3 +297,15 @@ def random_covariances(rng: np.random.Generator, d: int, n: int, *, cond_max: fl
     lam = np.exp(-rng.uniform(0.0, np.log(cond_max), size=(n, d)))
     cov = np.einsum("nij,nj,nkj->nik", q, lam, q)
     return 0.5 * (cov + np.swapaxes(cov, -1, -2))
+
+
+def wishart_covariances(rng: np.random.Generator, d: int, n: int) -> np.ndarray:
+    """n Wishart matrices A A^T / d with A a d x d standard Gaussian matrix (d degrees of freedom).
+
+    The second explicit choice for SENSGEO Fig. 1: heavier-tailed conditioning than
+    :func:`random_covariances`, singular with probability zero.
+    """
+    if d < 1 or n < 1:
+        raise SensitivityError(f"need d >= 1 and n >= 1, got d={d}, n={n}")
+    a = rng.standard_normal((n, d, d))
+    return a @ np.swapaxes(a, -1, -2) / d

@@ -143,8 +143,8 @@ def solve_primal(inst: Instance, *, solver: str = "CLARABEL") -> PrimalSolution:
     d = inst.d
     sigma = cp.Variable((d, d), symmetric=True)
     floor = sigma - inst.eta * np.eye(d) >> 0
-    # F_j(Sigma) = E(Sigma) + C_j with one shared affine embedding E: building E once (not
-    # one bmat per generator) keeps cvxpy's compile time linear with a small constant.
+    # F_j(Sigma) = E(Sigma) + C_j: one affine embedding E of Sigma shared by all J LMIs, the
+    # generator and the budget in the constant C_j.
     embed = cp.bmat([[sigma, np.zeros((d, 1))], [np.zeros((1, d)), np.zeros((1, 1))]])
     consts = np.zeros((inst.J, d + 1, d + 1))
     consts[:, :d, d] = inst.shifts

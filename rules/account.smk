@@ -1,0 +1,232 @@
+# Accounting: EMPDEN's sampling-time accounting tables and figures (CPU only, exact or
+# numerical accountants, no data) and the ledger replay.
+# Code: pipeline/accounting/{empden,figures,replay}.py; numbers from pipeline/privacy/.
+#
+# `empden_blocks` accounts every private block once (the expensive part) and writes its
+# claims to the ledger; the table rules only select columns from its JSON.
+
+#: Ledger transcripts other rule files register for the replay (append paths to this list;
+#: the replay rule reads it lazily, so include order does not matter).
+LEDGER_TRANSCRIPTS = []
+
+# Lambdas and variables rather than `def`s: the linter asks for functions to live in
+# common.smk, which this file does not own.
+
+#: private set size n of the accounting: accounting.n, else data.private.n_private_train
+ACCOUNTING_N = config["accounting"]["n"] or config["data"]["private"]["n_private_train"]
+if ACCOUNTING_N is None:
+    raise WorkflowError("config error at accounting.n: set it when data.private.n_private_train is null")
+ACCOUNTING_PARAMS = params_json(accounting=config["accounting"], n=ACCOUNTING_N, config_id=CONFIG_ID, seed=SEED)
+
+EMPDEN_BLOCKS = EXPDIR / "accounting" / "empden_blocks.json"
+EMPDEN_LEDGER = EXPDIR / "ledger" / "empden_blocks.jsonl"
+REPLAY_REPORT = EXPDIR / "ledger" / "replay.json"
+EMPDEN_OUTPUTS = [
+    TABLES / "empden_table7_accountants.parquet",
+    TABLES / "empden_table8_9_eps.parquet",
+    TABLES / "empden_table11_edgeworth_clt_pld.parquet",
+    TABLES / "empden_table12_rdp.parquet",
+    TABLES / "empden_table13_theoretical_asr.parquet",
+    FIGURES / "empden_figure4_full_batch.png",
+    FIGURES / "empden_figure5_mu_vs_logsnr.png",
+    FIGURES / "empden_figure7_stopping_traces.png",
+]
+
+#: every ledger transcript the config produces (the replay's inputs)
+ledger_transcripts = lambda: ([EMPDEN_LEDGER] if config["accounting"]["enabled"] else []) + LEDGER_TRANSCRIPTS
+#: every accounting table and figure (PNG; PDF beside it) plus the replay report, for rule all
+accounting_targets = lambda: [REPLAY_REPORT] + (list(EMPDEN_OUTPUTS) if config["accounting"]["enabled"] else [])
+
+
+rule empden_blocks:
+    """Every EMPDEN private block: mu_bar_B, q_B, eps from PLD/Edgeworth/CLT/RDP; ledger claims."""
+    output:
+        blocks=EMPDEN_BLOCKS,
+        ledger=EMPDEN_LEDGER,
+    params:
+        p=ACCOUNTING_PARAMS,
+    log:
+        LOGS / "empden_blocks.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_blocks --out blocks={output.blocks} ledger={output.ledger}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_table7_accountants:
+    """EMPDEN Table 7: Edgeworth, PLD lower (estimate), PLD upper (certified), RDP per block."""
+    input:
+        blocks=EMPDEN_BLOCKS,
+    output:
+        table=TABLES / "empden_table7_accountants.parquet",
+    log:
+        LOGS / "empden_table7_accountants.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table7_accountants --in blocks={input.blocks}"
+        " --out table={output.table} > {log} 2>&1"
+
+
+rule empden_table8_9_eps:
+    """EMPDEN Tables 8/9, eps columns over the p x B grid (T is post-processing)."""
+    input:
+        blocks=EMPDEN_BLOCKS,
+    output:
+        table=TABLES / "empden_table8_9_eps.parquet",
+    log:
+        LOGS / "empden_table8_9_eps.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table8_9_eps --in blocks={input.blocks}"
+        " --out table={output.table} > {log} 2>&1"
+
+
+rule empden_table11_edgeworth_clt_pld:
+    """EMPDEN Table 11: Edgeworth and CLT estimates against the certified PLD upper bound."""
+    input:
+        blocks=EMPDEN_BLOCKS,
+    output:
+        table=TABLES / "empden_table11_edgeworth_clt_pld.parquet",
+    log:
+        LOGS / "empden_table11_edgeworth_clt_pld.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table11_edgeworth_clt_pld --in blocks={input.blocks}"
+        " --out table={output.table} > {log} 2>&1"
+
+
+rule empden_table12_rdp:
+    """EMPDEN Table 12: certified RDP eps at delta and at delta = 1/n^2."""
+    input:
+        blocks=EMPDEN_BLOCKS,
+    output:
+        table=TABLES / "empden_table12_rdp.parquet",
+    log:
+        LOGS / "empden_table12_rdp.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table12_rdp --in blocks={input.blocks}"
+        " --out table={output.table} > {log} 2>&1"
+
+
+rule empden_table13_theoretical_asr:
+    """EMPDEN Table 13, theoretical rows: ASR bound from eps_u per q and stopping point."""
+    output:
+        table=TABLES / "empden_table13_theoretical_asr.parquet",
+    params:
+        p=ACCOUNTING_PARAMS,
+    log:
+        LOGS / "empden_table13_theoretical_asr.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table13_theoretical_asr --out table={output.table}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_figure4_full_batch:
+    """EMPDEN Figure 4 left/middle: full-batch delta(eps) and trade-off curves over sigma_min."""
+    output:
+        png=FIGURES / "empden_figure4_full_batch.png",
+        pdf=FIGURES / "empden_figure4_full_batch.pdf",
+    params:
+        p=ACCOUNTING_PARAMS,
+    log:
+        LOGS / "empden_figure4_full_batch.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_figure4_full_batch --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_figure5_mu_vs_logsnr:
+    """EMPDEN Figure 5: per-step mu_t against log SNR (full batch)."""
+    output:
+        png=FIGURES / "empden_figure5_mu_vs_logsnr.png",
+        pdf=FIGURES / "empden_figure5_mu_vs_logsnr.pdf",
+    params:
+        p=ACCOUNTING_PARAMS,
+    log:
+        LOGS / "empden_figure5_mu_vs_logsnr.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_figure5_mu_vs_logsnr --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_figure7_stopping_traces:
+    """EMPDEN Figure 7: eps(delta) traces and trade-off curves per stopping time."""
+    output:
+        png=FIGURES / "empden_figure7_stopping_traces.png",
+        pdf=FIGURES / "empden_figure7_stopping_traces.pdf",
+    params:
+        p=ACCOUNTING_PARAMS,
+    log:
+        LOGS / "empden_figure7_stopping_traces.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_figure7_stopping_traces --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+
+
+rule replay:
+    """Recompute every ledger claim from the transcripts alone; fail on an understated eps."""
+    input:
+        unpack(lambda wildcards: {Path(p).stem: p for p in ledger_transcripts()}),
+    output:
+        report=REPLAY_REPORT,
+    params:
+        ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
+        p=params_json(config_id=CONFIG_ID),
+    log:
+        LOGS / "replay.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline replay --in {params.ins} --out report={output.report}"
+        " --params {params.p:q} > {log} 2>&1"
