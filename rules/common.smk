@@ -1,5 +1,6 @@
 # Config validation, paths and target lists shared by every rule file.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -18,6 +19,10 @@ except ConfigError as _exc:
 config.clear()
 config.update(_validated)
 validate(config, schema=str(schema_path()), set_default=True)
+
+# Rules call `python -m pipeline`: make that the interpreter running Snakemake (e.g. the
+# .venv's) unless an activated conda env (--use-conda) puts its own python first.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 # conda envs for `--use-conda` (paths relative to rules/); GPU rules take the CUDA one
 CPU_ENV = "../envs/cpu.yaml"

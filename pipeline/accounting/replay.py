@@ -41,7 +41,8 @@ def recompute(entry: ledger.LedgerEntry) -> float:
         settings = acc.PLDSettings(
             float(entry.accountant.get("value_discretization_interval", acc.PAPER_DISCRETISATION)),
             float(entry.accountant.get("log_mass_truncation_bound", acc.PAPER_LOG_MASS_TRUNCATION)))
-        return acc.pld_epsilon(event, entry.delta, settings=settings)
+        # dp_accounting's own construction, not our faster one: the audit stays independent
+        return acc.pld_epsilon(event, entry.delta, settings=settings, reference=True)
     if name == "rdp":
         orders = entry.accountant.get("orders")
         return acc.rdp_epsilon(event, entry.delta, orders=orders)

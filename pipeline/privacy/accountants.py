@@ -27,7 +27,6 @@ is exactly the Poisson-subsampled Gaussian's, in both directions. Per-step subsa
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy import optimize, special
 
-from pipeline.privacy import ledger
+from pipeline.privacy import fast_pld, ledger
 
 #: EMPDEN Sec. 6 / App. G accountant settings.
 PAPER_DISCRETISATION = 1e-5
@@ -176,9 +175,15 @@ def gdp_mu_of_event(event: dp_event.DpEvent) -> float:
 
 # --------------------------------------------------------------------------- PLD
 
-def _gaussian_pld(noise_multiplier: float, q: float, pessimistic: bool, s: PLDSettings):
+def _gaussian_pld(noise_multiplier: float, q: float, pessimistic: bool, s: PLDSettings, reference: bool):
     if noise_multiplier <= 0:
         raise AccountingError("a Gaussian event with noise multiplier 0 is not private")
+    if pessimistic and not reference:
+        # Same PMF as dp_accounting's, ~8x faster at h = 1e-5 (see pipeline.privacy.fast_pld).
+        return fast_pld.from_gaussian_mechanism(
+            noise_multiplier, sampling_prob=q, pessimistic_estimate=True,
+            value_discretization_interval=s.value_discretization_interval,
+            log_mass_truncation_bound=s.log_mass_truncation_bound)
     # Connect-the-dots is dp_accounting's tightest pessimistic construction; it has no
     # optimistic variant, so eps_l uses privacy buckets (rounded down).
     return pld_lib.from_gaussian_mechanism(
@@ -189,33 +194,39 @@ def _gaussian_pld(noise_multiplier: float, q: float, pessimistic: bool, s: PLDSe
         use_connect_dots=pessimistic)
 
 
-def build_pld(event: dp_event.DpEvent, *, pessimistic: bool = True, settings: PLDSettings = PLDSettings()):
-    """PLD of ``event`` (both neighbouring directions), composed by FFT (EMPDEN App. G 3-4)."""
-    return _build_pld_cached(ledger.event_to_json(event), pessimistic, settings)
+def build_pld(event: dp_event.DpEvent, *, pessimistic: bool = True, settings: PLDSettings = PLDSettings(),
+              reference: bool = False):
+    """PLD of ``event`` (both neighbouring directions), composed by FFT (EMPDEN App. G 3-4).
+
+    ``reference=True`` builds every Gaussian PLD with ``dp_accounting``'s own (slower) code
+    path instead of :mod:`pipeline.privacy.fast_pld`; the replay uses it, so an audit never
+    depends on our speed-up.
+    """
+    return _build_pld_cached(ledger.event_to_json(event), pessimistic, settings, reference)
 
 
-@lru_cache(maxsize=64)
-def _build_pld_cached(event_json: str, pessimistic: bool, settings: PLDSettings):
+@lru_cache(maxsize=2)  # composed PLDs at h = 1e-5 hold ~100 MB each
+def _build_pld_cached(event_json: str, pessimistic: bool, settings: PLDSettings, reference: bool):
     # Repeated mechanisms (the same block in several tables, the same event in a replay)
     # are built once: keyed on the canonical JSON of the event.
-    return _build_pld(ledger.event_from_json(event_json), pessimistic, settings)
+    return _build_pld(ledger.event_from_json(event_json), pessimistic, settings, reference)
 
 
-def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings):
+def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings, reference: bool):
     if isinstance(event, dp_event.GaussianDpEvent):
-        return _gaussian_pld(event.noise_multiplier, 1.0, pessimistic, s)
+        return _gaussian_pld(event.noise_multiplier, 1.0, pessimistic, s, reference)
     if isinstance(event, dp_event.PoissonSampledDpEvent):
         inner = event.event
         if not isinstance(inner, dp_event.GaussianDpEvent):
             raise AccountingError(f"PLD: Poisson sampling is supported around a Gaussian event, "
                                   f"not {type(inner).__name__}")
-        return _gaussian_pld(inner.noise_multiplier, event.sampling_probability, pessimistic, s)
+        return _gaussian_pld(inner.noise_multiplier, event.sampling_probability, pessimistic, s, reference)
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        return _build_pld(event.event, pessimistic, s).self_compose(event.count)
+        return _build_pld(event.event, pessimistic, s, reference).self_compose(event.count)
     if isinstance(event, dp_event.ComposedDpEvent):
         if not event.events:
             raise AccountingError("PLD: empty composition")
-        plds = [_build_pld(e, pessimistic, s) for e in event.events]
+        plds = [_build_pld(e, pessimistic, s, reference) for e in event.events]
         out = plds[0]
         for other in plds[1:]:
             out = out.compose(other)
@@ -224,19 +235,21 @@ def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings):
 
 
 def pld_epsilon(event: dp_event.DpEvent, delta: float, *, pessimistic: bool = True,
-                settings: PLDSettings = PLDSettings()) -> float:
+                settings: PLDSettings = PLDSettings(), reference: bool = False) -> float:
     """eps(delta) from the PLD, the larger of the two directions (App. G step 5).
 
     ``pessimistic=True`` is the certified eps_u; ``False`` is eps_l (NOT a bound).
     """
     _check_delta(delta)
-    return float(build_pld(event, pessimistic=pessimistic, settings=settings).get_epsilon_for_delta(delta))
+    pld = build_pld(event, pessimistic=pessimistic, settings=settings, reference=reference)
+    return float(pld.get_epsilon_for_delta(delta))
 
 
 def pld_delta(event: dp_event.DpEvent, eps: float, *, pessimistic: bool = True,
-              settings: PLDSettings = PLDSettings()) -> float:
+              settings: PLDSettings = PLDSettings(), reference: bool = False) -> float:
     """delta(eps) (hockey-stick divergence, both directions) from the PLD."""
-    return float(build_pld(event, pessimistic=pessimistic, settings=settings).get_delta_for_epsilon(eps))
+    pld = build_pld(event, pessimistic=pessimistic, settings=settings, reference=reference)
+    return float(pld.get_delta_for_epsilon(eps))
 
 
 # --------------------------------------------------------------------------- RDP
@@ -284,6 +297,3 @@ def describe(settings: PLDSettings) -> dict[str, Any]:
     return {"value_discretization_interval": settings.value_discretization_interval,
             "log_mass_truncation_bound": settings.log_mass_truncation_bound}
 
-
-def settings_key(settings: PLDSettings) -> str:
-    return json.dumps(describe(settings), sort_keys=True)

@@ -1,0 +1,61 @@
+"""Downstream accuracy: classifiers trained on (image, label) pairs, tested on real digits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.evaluation.downstream import CLASSIFIERS, downstream_accuracy
+from pipeline.evaluation.evalnet import TrainConfig
+from pipeline.io import Split
+from pipeline.stage import PipelineError
+
+CNN = TrainConfig(width=8, feature_dim=32, epochs=4, batch_size=32, lr=0.003)
+SMALL = {"mlp_hidden": 64, "cnn": CNN}
+
+
+@pytest.fixture(scope="module")
+def true_pairs(digits):
+    return downstream_accuracy(digits.real, digits.test, seed=0, **SMALL)
+
+
+def test_real_pairs_train_classifiers_far_above_chance(true_pairs):
+    assert set(true_pairs) == {f"acc_{c}" for c in CLASSIFIERS}
+    for name, acc in true_pairs.items():
+        assert acc > 0.6, name  # chance: 0.1
+
+
+def test_shuffled_labels_give_chance_accuracy(digits):
+    out = downstream_accuracy(digits.shuffled(digits.real), digits.test, seed=0, **SMALL)
+    for name, acc in out.items():
+        assert acc < 0.2, name
+
+
+def test_same_seed_same_accuracy(digits, true_pairs):
+    again = downstream_accuracy(digits.real, digits.test, seed=0, **SMALL)
+    assert again == true_pairs
+
+
+def test_only_the_selected_classifiers_run(digits):
+    out = downstream_accuracy(digits.real, digits.test, classifiers=["logreg"], seed=0, **SMALL)
+    assert out["acc_logreg"] is not None and out["acc_mlp"] is None and out["acc_cnn"] is None
+
+
+def test_a_collapsed_generator_scores_its_class_frequency(digits):
+    ones = digits.real.subset(np.flatnonzero(digits.real.labels == 1))
+    out = downstream_accuracy(ones, digits.test, seed=0, **SMALL)
+    assert set(out.values()) == {pytest.approx(float(np.mean(digits.test.labels == 1)))}
+
+
+def test_unconditional_samples_have_no_downstream_accuracy(digits):
+    unlabelled = Split(digits.real.images, np.full(len(digits.real), -1))
+    assert set(downstream_accuracy(unlabelled, digits.test, **SMALL).values()) == {None}
+
+
+def test_bad_requests_are_one_line(digits):
+    with pytest.raises(PipelineError, match="expected one of logreg, mlp, cnn"):
+        downstream_accuracy(digits.real, digits.test, classifiers=["svm"])
+    rgb = Split(np.repeat(digits.real.images, 3, axis=1), digits.real.labels)
+    with pytest.raises(PipelineError, match=r"synthetic images are \[3, 16, 16\] but test images \[1, 16, 16\]"):
+        downstream_accuracy(rgb, digits.test, device=torch.device("cpu"))
