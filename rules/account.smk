@@ -18,6 +18,12 @@ if ACCOUNTING_N is None:
     raise WorkflowError("config error at accounting.n: set it when data.private.n_private_train is null")
 ACCOUNTING_PARAMS = params_json(accounting=config["accounting"], n=ACCOUNTING_N, config_id=CONFIG_ID, seed=SEED)
 
+# PLD cost grows ~10x per decade of h (EMPDEN's h = 1e-5 takes ~1 min and GBs for a strong block)
+_FINE_PLD = config["accounting"]["discretisation"] < 1e-4
+_N_BLOCKS = len(config["accounting"]["p"]) * len(config["accounting"]["B"]) + len(config["accounting"]["mu_bar_B"] or [])
+ACCOUNTING_RUNTIME_MIN = 30 + _N_BLOCKS * (10 if _FINE_PLD else 1)
+ACCOUNTING_MEM_MB = 16000 if _FINE_PLD else 4000
+
 EMPDEN_BLOCKS = EXPDIR / "accounting" / "empden_blocks.json"
 EMPDEN_LEDGER = EXPDIR / "ledger" / "empden_blocks.jsonl"
 REPLAY_REPORT = EXPDIR / "ledger" / "replay.json"
@@ -49,8 +55,8 @@ rule empden_blocks:
         LOGS / "empden_blocks.log",
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=ACCOUNTING_MEM_MB,
+        runtime=ACCOUNTING_RUNTIME_MIN,
     conda:
         CPU_ENV
     shell:
@@ -144,8 +150,8 @@ rule empden_table13_theoretical_asr:
         LOGS / "empden_table13_theoretical_asr.log",
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        mem_mb=ACCOUNTING_MEM_MB,
+        runtime=ACCOUNTING_RUNTIME_MIN,
     conda:
         CPU_ENV
     shell:
@@ -223,8 +229,8 @@ rule replay:
         LOGS / "replay.log",
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        mem_mb=ACCOUNTING_MEM_MB,
+        runtime=ACCOUNTING_RUNTIME_MIN,
     conda:
         CPU_ENV
     shell:

@@ -22,7 +22,7 @@ validate(config, schema=str(schema_path()), set_default=True)
 
 # Rules call `python -m pipeline`: make that the interpreter running Snakemake (e.g. the
 # .venv's) unless an activated conda env (--use-conda) puts its own python first.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 # conda envs for `--use-conda` (paths relative to rules/); GPU rules take the CUDA one
 CPU_ENV = "../envs/cpu.yaml"
@@ -51,7 +51,7 @@ def io_args(flag, mapping):
 
 def data_splits():
     """Split name -> .npz path of every split the data stage writes for this config."""
-    splits = {s: DATA / f"{s}.npz" for s in ("private_train", "eval_train", "test")}
+    splits = {s: DATA / f"{s}.npz" for s in ("private_train", "eval_train", "reference", "test")}
     if config["data"]["public"]["source"] != "none":
         splits["public"] = DATA / "public.npz"
     if config["data"]["toy"]["enabled"]:
@@ -91,6 +91,11 @@ def report_inputs():
 def all_targets():
     """Every output of the target `all`: data splits, tables, figures, the index page."""
     return [*data_splits().values(), *report_inputs(), RESULTS / "index.html"]
+
+
+def torch_threads():
+    """Threads for small CPU models: more than one only pays off at paper resolution."""
+    return 1 if config["data"]["image_size"] <= 16 else 4
 
 
 def evalnet_runtime_min():

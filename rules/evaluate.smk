@@ -15,7 +15,7 @@ rule train_evalnet:
         p=params_json(evalnet=config["evaluation"]["evalnet"], seed=SEED, device=config["device"]),
     log:
         LOGS / "train_evalnet.log",
-    threads: 2
+    threads: torch_threads()
     resources:
         gpu=1,
         mem_mb=4000,
@@ -28,9 +28,9 @@ rule train_evalnet:
 
 
 rule evaluate_reference_real:
-    """The 'real data' reference row: held-out real digits scored as if they were samples."""
+    """The 'real data' reference row: held-out real images no model saw, scored like samples."""
     input:
-        samples=DATA / "eval_train.npz",
+        samples=DATA / "reference.npz",
         test=DATA / "test.npz",
         evalnet=EVALNET / "evalnet.pt",
     output:
@@ -39,7 +39,7 @@ rule evaluate_reference_real:
         p=params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"], name="reference_real"),
     log:
         LOGS / "evaluate_reference_real.log",
-    threads: 2
+    threads: torch_threads()
     resources:
         gpu=1,
         mem_mb=6000,

@@ -84,7 +84,7 @@ TINY = {
     "experiment": "tiny",
     "data": {
         "image_size": 12,
-        "private": {"n_private_train": 100, "n_eval_train": 300, "n_test": 200},
+        "private": {"n_private_train": 100, "n_eval_train": 300, "n_reference": 100, "n_test": 200},
         "public": {"n": 100},
         "toy": {"n": 200},
     },

@@ -6,5 +6,6 @@
 * :mod:`.figures` -- Figures 4 (left, middle), 5 and 7 from the EDM schedule (GDP, exact).
 * :mod:`.replay` -- recompute every ledger claim from the transcripts alone.
 
-Numbers come from :mod:`pipeline.privacy`; this package only arranges and writes them.
+Other papers' accounting stages sit beside these (e.g. :mod:`.sensgeo`). Numbers come from
+:mod:`pipeline.privacy`; this package only arranges and writes them.
 """

@@ -142,6 +142,7 @@ def account_block(cfg: AccountingConfig, mu_bar: float, q: float) -> dict[str, A
         "eps_edgeworth_estimate": ew.eps,
         "edgeworth_valid": ew.valid,
         "edgeworth_reason": ew.reason,
+        "edgeworth_rho_ok": ew.rho_ok,
         "rho3_P": ew.rho3_P, "rho4_P": ew.rho4_P, "rho3_Q": ew.rho3_Q, "rho4_Q": ew.rho4_Q,
         "edgeworth_dominance": ew.dominance,
         "eps_clt_estimate": acc.clt_epsilon([(mu_bar, q, cfg.N_out)], cfg.delta),
@@ -222,7 +223,7 @@ def empden_table7_accountants(inputs, outputs, params) -> None:
     """EMPDEN Table 7: Edgeworth estimate, PLD lower estimate, certified PLD upper, RDP bound per block."""
     meta, df = read_blocks(inputs["blocks"])
     _write(_reference_rows(df), meta, outputs["table"], BLOCK_COLUMNS + [
-        "eps_edgeworth_estimate", "edgeworth_valid", "edgeworth_reason", "eps_lower_estimate",
+        "eps_edgeworth_estimate", "edgeworth_valid", "edgeworth_rho_ok", "edgeworth_reason", "eps_lower_estimate",
         "eps_upper_bound", "eps_rdp_bound"])
 
 
@@ -236,7 +237,7 @@ def empden_table8_9_eps(inputs, outputs, params) -> None:
     meta, df = read_blocks(inputs["blocks"])
     _write(df[df["source"] == "schedule"], meta, outputs["table"], BLOCK_COLUMNS + [
         "eps_lower_estimate", "eps_upper_bound", "eps_edgeworth_estimate", "edgeworth_valid",
-        "edgeworth_reason", "rho3_P", "rho4_P", "rho3_Q", "rho4_Q", "edgeworth_dominance"])
+        "edgeworth_rho_ok", "edgeworth_reason", "rho3_P", "rho4_P", "rho3_Q", "rho4_Q", "edgeworth_dominance"])
 
 
 @stage("empden_table11_edgeworth_clt_pld", inputs=("blocks",), outputs=("table",), params=TABLE_DOC)
@@ -294,4 +295,5 @@ def empden_table13_theoretical_asr(inputs, outputs, params) -> None:
     df["n"] = cfg.n
     df["discretisation"] = cfg.discretisation
     df["log_mass_truncation"] = cfg.log_mass_truncation
-    write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")), seed=int(params.get("seed", 0)))
+    write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")),
+                seed=int(params.get("seed", 0)))

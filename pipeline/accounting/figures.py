@@ -48,7 +48,8 @@ def _eps_axis() -> np.ndarray:
 
 
 @stage("empden_figure4_full_batch", outputs=("figure",), params=PARAMS_DOC)
-def empden_figure4_full_batch(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+def empden_figure4_full_batch(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
+                              params: Mapping[str, Any]) -> None:
     """EMPDEN Figure 4 left/middle: full-batch delta(eps) and trade-off curves over sigma_min."""
     cfg = AccountingConfig.from_params(params)
     fig, (left, mid) = plt.subplots(1, 2, figsize=(10, 4))
@@ -91,7 +92,7 @@ def empden_figure7_stopping_traces(inputs, outputs, params) -> None:
     cfg = AccountingConfig.from_params(params)
     t = cfg.schedule(N=cfg.N_full_batch).times()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    deltas = np.logspace(-12, -0.5, 80)
+    deltas = np.logspace(-12, -0.5, 40)
     alpha = np.linspace(0, 1, 401)
     for k in stopping_steps(cfg.N_full_batch):
         mu = full_batch_mu(cfg, cfg.sigma_min, k)

@@ -202,9 +202,10 @@ def fidelity_metrics(samples: Split, reference: Split, *, evalnet_path: str | os
     """
     if feature_extractor not in FEATURE_EXTRACTORS:
         raise PipelineError(f"feature extractor {feature_extractor!r}: expected one of {', '.join(FEATURE_EXTRACTORS)}")
-    if len(samples) < 2 or len(reference) < 2:
-        raise PipelineError(f"FID needs at least 2 images per set, got {len(samples)} samples and "
-                            f"{len(reference)} reference images")
+    smallest = max(2, prc_neighborhood + 1)  # a covariance needs 2 rows; k-NN radii need k+1
+    if len(samples) < smallest or len(reference) < smallest:
+        raise PipelineError(f"FID/precision-recall (k={prc_neighborhood}) need at least {smallest} images per set, "
+                            f"got {len(samples)} samples and {len(reference)} reference images")
     name = FEATURE_EXTRACTORS[feature_extractor]
     weights = evalnet_path if name == EVALNET_EXTRACTOR else inception_weights_path(inception_weights)
     rgb = name == INCEPTION_EXTRACTOR

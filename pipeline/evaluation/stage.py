@@ -3,8 +3,8 @@
 The one evaluation entry point every method calls (DPDM, EMPDEN, STRAIGHTDP, baselines):
 give it a split of generated (image, label) pairs, the real ``test`` split and the eval
 net, get one flat JSON object whose keys become Parquet columns in the report stage. The
-"real data" reference row is this same stage with the held-out real ``eval_train`` split
-as the samples.
+"real data" reference row is this same stage with the held-out real ``reference`` split
+(never seen by the eval net nor by any method) as the samples.
 
 Keys (all floats unless noted; lower is better for fid*/kid*, higher for the rest):
 ``name`` (str, the params' name), ``n_samples``, ``n_test`` (int), ``feature_extractor``
@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.device import resolve_device
-from pipeline.evaluation.downstream import cnn_config, downstream_accuracy
 from pipeline.evaluation.evalnet import evaluation_section, load_evalnet, load_labelled_split
-from pipeline.evaluation.fidelity import fidelity_metrics, label_consistency
 from pipeline.io import Split, write_json
 from pipeline.stage import PipelineError, stage
 
@@ -42,6 +40,11 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
 
     ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled).
     """
+    # torch-fidelity (with torchvision) and scikit-learn take seconds to import: loaded here,
+    # not at module level, so `python -m pipeline evaluate_samples --help` stays quick.
+    from pipeline.evaluation.downstream import cnn_config, downstream_accuracy
+    from pipeline.evaluation.fidelity import fidelity_metrics, label_consistency
+
     cfg = evaluation_section(evaluation)
     dev = resolve_device(device)
     if samples.images.shape[1:] != test.images.shape[1:]:

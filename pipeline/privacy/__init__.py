@@ -11,4 +11,8 @@ This package imports nothing from :mod:`pipeline.evaluation` or :mod:`pipeline.r
   diagnostics.
 * :mod:`.schedule` -- the EDM time grid and the per-step GDP parameters mu_t of EMPDEN Sec. 3.
 * :mod:`.mia` -- the theoretical membership-inference bound of EMPDEN App. L.
+* :mod:`.fast_pld` -- dp_accounting's Gaussian PLD construction, vectorised (same PMF).
+* :mod:`.cli` -- ``python -m pipeline account``: what does this mechanism cost?
+
+Paper-specific mathematics lives in sub-packages (e.g. :mod:`.sensgeo`).
 """

@@ -178,10 +178,10 @@ def gdp_mu_of_event(event: dp_event.DpEvent) -> float:
 def _gaussian_pld(noise_multiplier: float, q: float, pessimistic: bool, s: PLDSettings, reference: bool):
     if noise_multiplier <= 0:
         raise AccountingError("a Gaussian event with noise multiplier 0 is not private")
-    if pessimistic and not reference:
+    if not reference:
         # Same PMF as dp_accounting's, ~8x faster at h = 1e-5 (see pipeline.privacy.fast_pld).
         return fast_pld.from_gaussian_mechanism(
-            noise_multiplier, sampling_prob=q, pessimistic_estimate=True,
+            noise_multiplier, sampling_prob=q, pessimistic_estimate=pessimistic,
             value_discretization_interval=s.value_discretization_interval,
             log_mass_truncation_bound=s.log_mass_truncation_bound)
     # Connect-the-dots is dp_accounting's tightest pessimistic construction; it has no
@@ -222,7 +222,10 @@ def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings, refer
                                   f"not {type(inner).__name__}")
         return _gaussian_pld(inner.noise_multiplier, event.sampling_probability, pessimistic, s, reference)
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        return _build_pld(event.event, pessimistic, s, reference).self_compose(event.count)
+        single = _build_pld(event.event, pessimistic, s, reference)
+        if reference:
+            return single.self_compose(event.count)
+        return fast_pld.self_compose(single, event.count)  # same bounds, real FFT
     if isinstance(event, dp_event.ComposedDpEvent):
         if not event.events:
             raise AccountingError("PLD: empty composition")

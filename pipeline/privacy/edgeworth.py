@@ -186,7 +186,12 @@ def _times_exp(eps: float, tail: float) -> float:
 
 @dataclass
 class EdgeworthResult:
-    """eps estimate with the App. D diagnostics; ``valid`` is False with a ``reason`` when any fails."""
+    """eps estimate with the App. D diagnostics; ``valid`` is False with a ``reason`` when any fails.
+
+    ``rho_ok`` is the narrower criterion EMPDEN's Table 9 prints "invalid" by (every
+    standardised cumulant ratio rho < 1); ``valid`` also requires the variance, dominance and
+    CDF checks App. D lists, so it can be False where Table 9 still prints a value.
+    """
 
     eps: float
     valid: bool
@@ -201,6 +206,7 @@ class EdgeworthResult:
     cdf_in_unit_interval: bool
     cdf_monotone: bool
     delta_nonnegative: bool
+    rho_ok: bool = False
     cumulants: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -274,4 +280,5 @@ def edgeworth_epsilon(blocks: Sequence[Block], delta: float, *, rho_max: float =
     return EdgeworthResult(
         eps=eps, valid=not reasons, reason="; ".join(reasons) or "all App. D diagnostics pass",
         V_P=V_P, V_Q=V_Q, dominance=dominance, cdf_in_unit_interval=in_unit, cdf_monotone=monotone,
-        delta_nonnegative=nonneg, cumulants={d: asdict(c) for d, c in total.items()}, **rho)
+        delta_nonnegative=nonneg, rho_ok=all(v < rho_max for v in rho.values()),
+        cumulants={d: asdict(c) for d, c in total.items()}, **rho)

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from threadpoolctl import threadpool_limits
 
 from pipeline.data.stage import resize_images
 from pipeline.evaluation.evalnet import TrainConfig, train_evalnet
@@ -49,6 +51,22 @@ def _mnist16() -> Split:
     table = pd.read_csv(mnist.DATA_PATH, header=None).to_numpy()
     images = table[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28)
     return Split(resize_images(images, SIDE), table[:, -1].astype(np.int64))
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_thread():
+    """Run this folder's tiny models on one thread, restoring the setting afterwards.
+
+    At these sizes (batches of 32 images of 16×16) thread start-up costs more than it
+    saves, and on a shared 2-core machine two BLAS/OpenMP threads per process make
+    training several times slower. Snakemake does the same for real runs: it sets
+    OMP_NUM_THREADS and friends to each rule's ``threads``.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with threadpool_limits(1):
+        yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pipeline.evaluation.evalnet import TrainConfig
 from pipeline.io import Split
 from pipeline.stage import PipelineError
 
-CNN = TrainConfig(width=8, feature_dim=32, epochs=4, batch_size=32, lr=0.003)
+CNN = TrainConfig(width=16, feature_dim=64, epochs=6, batch_size=32, lr=0.003)
 SMALL = {"mlp_hidden": 64, "cnn": CNN}
 
 
@@ -45,7 +45,8 @@ def test_only_the_selected_classifiers_run(digits):
 def test_a_collapsed_generator_scores_its_class_frequency(digits):
     ones = digits.real.subset(np.flatnonzero(digits.real.labels == 1))
     out = downstream_accuracy(ones, digits.test, seed=0, **SMALL)
-    assert set(out.values()) == {pytest.approx(float(np.mean(digits.test.labels == 1)))}
+    share_of_ones = float(np.mean(digits.test.labels == 1))
+    assert all(acc == pytest.approx(share_of_ones) for acc in out.values())
 
 
 def test_unconditional_samples_have_no_downstream_accuracy(digits):

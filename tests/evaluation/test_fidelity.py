@@ -164,6 +164,12 @@ def test_inception_feature_space_takes_grey_digits(digits, evalnet, tmp_path, mo
     assert "fid_class_mean" not in out
 
 
+def test_too_few_samples_for_k_neighbours_is_one_line(digits, evalnet):
+    few = digits.real.subset(np.arange(3))
+    with pytest.raises(PipelineError, match="need at least 4 images per set, got 3 samples"):
+        fidelity_metrics(few, digits.test, evalnet_path=evalnet, prc_neighborhood=3)
+
+
 def test_unknown_feature_extractor_is_one_line(digits, evalnet):
     with pytest.raises(PipelineError, match="expected one of evalnet, inception-v3-compat"):
         fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, feature_extractor="vgg16")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant

@@ -78,9 +78,9 @@ def test_celeba_flags_match_empden_table9():
     q = 25 / 162770
     invalid = edgeworth_epsilon([Block(2.0904, q, 50000)], 1e-6)
     valid = edgeworth_epsilon([Block(1.5610, q, 50000)], 1e-6)
-    assert not invalid.valid and "rho4_Q" in invalid.reason
+    assert not invalid.valid and not invalid.rho_ok and "rho4_Q" in invalid.reason
     assert invalid.rho4_Q == pytest.approx(3.32, rel=0.02)
-    assert valid.valid, valid.reason
+    assert valid.valid and valid.rho_ok, valid.reason
 
 
 def test_one_dominant_block_is_flagged():

@@ -29,11 +29,12 @@ pytestmark = pytest.mark.slurm
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # The executor's first status check comes this many seconds after a submission, the next
-# ones 10 s further apart each until a job finishes. Its default (40 s) spares a busy
-# controller; a test cluster answers at once.
-FAST_STATUS = ("--slurm-init-seconds-before-status-checks", "1")
+# ones 10 s further apart each until a job finishes (3, 16, 39, 72 s): its default (40 s)
+# spares a busy controller, while a tiny job here takes 10-40 s.
+FAST_STATUS = ("--slurm-init-seconds-before-status-checks", "3")
 SACCT_FIELDS = ("JobID", "Comment", "Partition", "Account", "State", "Timelimit", "AllocTRES")
-RUN_TIMEOUT_S = 600
+# a hung status loop must fail the test, not stall CI (a tiny run takes 1-4 min)
+RUN_TIMEOUT_S = 480
 
 
 @dataclass
@@ -119,8 +120,11 @@ class Snakemake:
         try:
             proc.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            proc.terminate()  # the executor cancels its SLURM jobs on SIGTERM
-            proc.wait(timeout=60)
+            proc.terminate()  # the executor cancels its SLURM jobs on SIGTERM, unless it hangs
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
             pytest.fail(f"snakemake ran over {RUN_TIMEOUT_S} s:\n{self.out.read_text()[-3000:]}")
         run = Run(proc.returncode, self.out.read_text(), killed or [])
         self.run_ids.append(run.run_id)

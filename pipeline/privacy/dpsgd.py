@@ -1,0 +1,439 @@
+"""DP-SGD with per-example gradients from ``torch.func`` and DPDM's noise multiplicity.
+
+One private step (Abadi et al. 2016; STRAIGHTDP Sec. 2 "DP-SGD"; DPDM App. A):
+
+1. **Sampling.** Poisson sampling: every record joins the logical batch independently with
+   probability q, so the batch size is random and may be 0 (:func:`poisson_sample`). The
+   alternative, a fixed-size batch drawn without replacement, needs the replace-one
+   accountant (:meth:`DPSGDPlan.event`).
+2. **Per-example gradients** g_i = grad_theta l_i(theta) with ``torch.func``: ``vmap(grad(...))``
+   over a ``functional_call`` of the module (:func:`per_example_gradients`). Chosen over
+   Opacus' hooks by ``benchmarks/bench_dpsgd_step.py``: no module registry (the diffusers
+   UNet's attention and GroupNorm need no per-layer rule) and noise multiplicity runs as an
+   inner batch of K inside each vmapped example.
+3. **Clipping** clip_C(g) = g * min(1, C / ||g||) over the flattened gradient of ALL
+   parameters (the sensitivity bound is on the full vector).
+4. **Noise** N(0, sigma^2 C^2 I) added ONCE to the sum of clipped gradients of the logical
+   batch; the physical micro-batches only bound memory and are invisible to the mechanism.
+5. **Normalisation** by the EXPECTED batch size q*N, a public constant, never by the realised
+   |B|: |B| depends on whether a record is present, so dividing by it would make the released
+   vector a different (unaccounted) function of the data, and the noise std would vary from
+   step to step. Dividing the Gaussian-mechanism output by a public constant is
+   post-processing and leaves an unbiased estimate of the mean clipped gradient (E|B| = qN).
+   With fixed-size batches the batch size B is public and is the divisor.
+
+**Noise multiplicity** (DPDM Sec. 3, Theorem 1): each example's loss is the mean over K
+independent (sigma, noise) draws, l_i = (1/K) sum_k l(x_i; sigma_ik, n_ik), formed BEFORE the
+gradient is clipped. The example still contributes one gradient of norm <= C, so the
+mechanism and its ledger line are identical for every K, while the variance of l_i falls as
+1/K. The draws enter each vmapped example as an inner batch of K (:class:`NoiseMultiplicity`).
+
+**Accounting.** sigma is calibrated BEFORE training from the whole run's event
+``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` with the certified (pessimistic) PLD
+accountant of :mod:`pipeline.privacy.accountants` (:func:`calibrate_noise_multiplier`), and
+that event is the run's ledger line (:func:`ledger_entry`), which the replay recomputes.
+
+Randomness: ``torch.Generator`` (Mersenne twister) is not a cryptographically secure source;
+like Opacus without ``secure_mode`` this is adequate for research reproducibility, not for a
+deployment that must resist an attacker who can predict the noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import ledger
+
+#: default PLD settings for DP-SGD runs (thousands of compositions): h = 1e-4 keeps a
+#: calibration to seconds; the value is recorded on the ledger line and the replay uses it.
+DPSGD_PLD_SETTINGS = acc.PLDSettings(value_discretization_interval=1e-4)
+
+Sampling = Literal["poisson", "fixed_size"]
+
+#: ``loss_fn(model_fn, *example) -> scalar``: the loss of ONE example (tensors without the
+#: batch dimension); ``model_fn(*inputs)`` runs the module with the parameters being
+#: differentiated.
+ExampleLoss = Callable[..., Tensor]
+
+
+class DPSGDError(ValueError):
+    """Bad DP-SGD parameters; the message is one line."""
+
+
+# --------------------------------------------------------------------------- plan and accounting
+
+@dataclass(frozen=True)
+class DPSGDPlan:
+    """The whole run's mechanism, declared before training.
+
+    ``noise_multiplier`` sigma: noise std / clip norm C on the SUM of clipped gradients.
+    ``sampling_rate`` q = expected batch / N (Poisson) or B / N (fixed size).
+    """
+
+    noise_multiplier: float
+    max_grad_norm: float
+    sampling_rate: float
+    dataset_size: int
+    steps: int
+    delta: float
+    sampling: Sampling = "poisson"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+            raise DPSGDError(f"noise multiplier sigma must be > 0 and finite, got {self.noise_multiplier}")
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise DPSGDError(f"clip norm C must be > 0 and finite, got {self.max_grad_norm}")
+        if not (isinstance(self.dataset_size, int) and self.dataset_size >= 1):
+            raise DPSGDError(f"dataset size N must be an integer >= 1, got {self.dataset_size!r}")
+        if not 0 < self.sampling_rate <= 1:
+            raise DPSGDError(f"sampling rate q must be in (0, 1], got {self.sampling_rate}")
+        if not (isinstance(self.steps, int) and self.steps >= 1):
+            raise DPSGDError(f"number of steps T must be an integer >= 1, got {self.steps!r}")
+        if not 0 < self.delta < 1:
+            raise DPSGDError(f"delta must be in (0, 1), got {self.delta}")
+        if self.sampling not in ("poisson", "fixed_size"):
+            raise DPSGDError(f"sampling must be 'poisson' or 'fixed_size', got {self.sampling!r}")
+        if self.sampling == "fixed_size":
+            b = self.sampling_rate * self.dataset_size
+            if abs(b - round(b)) > 1e-9 * self.dataset_size:
+                raise DPSGDError(f"fixed-size batches need q*N to be an integer, got {b}")
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q*N: the public divisor of the noisy sum (see the module docstring, step 5)."""
+        return self.sampling_rate * self.dataset_size
+
+    @property
+    def batch_size(self) -> int:
+        """B of a fixed-size plan (or the rounded expected size of a Poisson plan)."""
+        return int(round(self.expected_batch_size))
+
+    @property
+    def adjacency(self) -> str:
+        # Poisson sampling is analysed under add/remove-one; sampling without replacement
+        # only under replace-one (the dataset size is then public).
+        return "add_or_remove_one" if self.sampling == "poisson" else "replace_one"
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the clipped SUM: C (add/remove), 2C (replace one record by another)."""
+        return self.max_grad_norm if self.sampling == "poisson" else 2.0 * self.max_grad_norm
+
+    @property
+    def noise_std(self) -> float:
+        return self.noise_multiplier * self.max_grad_norm
+
+    def event(self) -> dp_event.DpEvent:
+        """The run's ``dp_accounting`` event (T compositions of one sampled Gaussian step)."""
+        return dpsgd_event(self.noise_multiplier, self.sampling_rate, self.steps, sampling=self.sampling,
+                           dataset_size=self.dataset_size)
+
+    def epsilon(self, settings: acc.PLDSettings = DPSGD_PLD_SETTINGS) -> float:
+        """Certified eps at ``delta``: pessimistic PLD (Poisson) or replace-one RDP (fixed size)."""
+        return _certified_epsilon(self.event(), self.delta, self.sampling, settings)
+
+
+def dpsgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *, sampling: Sampling = "poisson",
+                dataset_size: int | None = None) -> dp_event.DpEvent:
+    """``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)``, or for fixed-size batches
+    ``SelfComposed(SampledWithoutReplacement(N, B, Gaussian(sigma / 2)), T)``.
+
+    The fixed-size Gaussian carries sigma/2 because dp_accounting's noise multiplier is
+    std / (replace-one sensitivity) and replacing one record moves the clipped sum by up to 2C.
+    """
+    if sampling == "poisson":
+        step = dp_event.PoissonSampledDpEvent(sampling_rate, dp_event.GaussianDpEvent(noise_multiplier))
+    elif sampling == "fixed_size":
+        if dataset_size is None:
+            raise DPSGDError("fixed-size sampling needs the dataset size N")
+        step = dp_event.SampledWithoutReplacementDpEvent(
+            dataset_size, int(round(sampling_rate * dataset_size)), dp_event.GaussianDpEvent(noise_multiplier / 2.0))
+    else:
+        raise DPSGDError(f"sampling must be 'poisson' or 'fixed_size', got {sampling!r}")
+    return dp_event.SelfComposedDpEvent(step, steps)
+
+
+def _certified_epsilon(event: dp_event.DpEvent, delta: float, sampling: Sampling, settings: acc.PLDSettings) -> float:
+    if sampling == "poisson":
+        return acc.pld_epsilon(event, delta, settings=settings)
+    # dp_accounting's PLD has no sampling-without-replacement event; its RDP accountant has
+    # one, valid only under replace-one (Wang, Balle & Kasiviswanathan 2019, Thm 27).
+    # Written here because accountants.rdp_epsilon uses the add/remove relation.
+    rdp = rdp_lib.RdpAccountant(neighboring_relation=rdp_lib.NeighborRel.REPLACE_ONE)
+    rdp.compose(event)
+    return float(rdp.get_epsilon(delta))
+
+
+def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_rate: float, steps: int,
+                               sampling: Sampling = "poisson", dataset_size: int | None = None,
+                               settings: acc.PLDSettings = DPSGD_PLD_SETTINGS, rtol: float = 1e-3,
+                               bracket: tuple[float, float] = (0.2, 200.0)) -> float:
+    """Smallest sigma (to relative tolerance ``rtol``) whose certified eps <= ``target_epsilon``.
+
+    Bisection on log sigma rather than ``dp_accounting.mechanism_calibration`` because the
+    latter needs a ``PrivacyAccountant`` and dp_accounting's ``PLDAccountant`` hides the
+    log-mass truncation that :mod:`.accountants` records on every ledger line. Invariant:
+    eps(hi) <= target < eps(lo); the returned ``hi`` is therefore certified, and a sigma
+    smaller by more than ``rtol`` exceeds the budget.
+    """
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise DPSGDError(f"target epsilon must be > 0 and finite, got {target_epsilon}")
+    eps_of = lambda s: _certified_epsilon(  # noqa: E731
+        dpsgd_event(s, sampling_rate, steps, sampling=sampling, dataset_size=dataset_size), delta, sampling, settings)
+    lo, hi = bracket
+    if eps_of(hi) > target_epsilon:
+        raise DPSGDError(f"target eps {target_epsilon} at delta {delta} unreachable with sigma <= {hi} "
+                         f"(q={sampling_rate}, T={steps}); lower q or T")
+    if eps_of(lo) <= target_epsilon:
+        raise DPSGDError(f"target eps {target_epsilon} is met already at sigma = {lo}; widen the bracket")
+    while hi / lo > 1 + rtol:
+        mid = math.sqrt(lo * hi)
+        if eps_of(mid) <= target_epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def plan_for_budget(*, target_epsilon: float, delta: float, max_grad_norm: float, batch_size: int,
+                    dataset_size: int, steps: int, sampling: Sampling = "poisson",
+                    settings: acc.PLDSettings = DPSGD_PLD_SETTINGS, rtol: float = 1e-3) -> DPSGDPlan:
+    """The plan of a run with (expected) batch ``batch_size``: q = batch/N, sigma calibrated."""
+    if not 1 <= batch_size <= dataset_size:
+        raise DPSGDError(f"batch size must be in [1, N={dataset_size}], got {batch_size}")
+    q = batch_size / dataset_size
+    sigma = calibrate_noise_multiplier(target_epsilon=target_epsilon, delta=delta, sampling_rate=q, steps=steps,
+                                       sampling=sampling, dataset_size=dataset_size, settings=settings, rtol=rtol)
+    return DPSGDPlan(noise_multiplier=sigma, max_grad_norm=max_grad_norm, sampling_rate=q,
+                     dataset_size=dataset_size, steps=steps, delta=delta, sampling=sampling)
+
+
+def ledger_entry(plan: DPSGDPlan, *, stage: str, config_id: str, seed: int,
+                 settings: acc.PLDSettings = DPSGD_PLD_SETTINGS, extra: Mapping[str, Any] | None = None
+                 ) -> ledger.LedgerEntry:
+    """The run's ledger line: its whole event and the certified eps claimed for it.
+
+    Noise multiplicity K is deliberately absent: it changes no part of the mechanism.
+    """
+    if plan.sampling == "poisson":
+        sampling = {"scheme": "poisson", "probability": plan.sampling_rate, "n": plan.dataset_size}
+        accountant = {"name": "pld_pessimistic", **acc.describe(settings)}
+    else:
+        sampling = {"scheme": "fixed_size_per_step", "probability": plan.sampling_rate,
+                    "B": plan.batch_size, "n": plan.dataset_size}
+        accountant = {"name": "rdp", "orders": None, "neighboring_relation": "replace_one"}
+    return ledger.LedgerEntry(
+        stage=stage, mechanism="dpsgd", event=ledger.event_to_dict(plan.event()),
+        sensitivity=plan.sensitivity, noise_std=plan.noise_std, sampling=sampling, adjacency=plan.adjacency,
+        count=plan.steps, delta=plan.delta, claimed_epsilon=plan.epsilon(settings), accountant=accountant,
+        config_id=config_id, seed=seed,
+        extra={"max_grad_norm": plan.max_grad_norm, "dpsgd_noise_multiplier": plan.noise_multiplier,
+               "expected_batch_size": plan.expected_batch_size, "reference": "Abadi et al. 2016; DPDM App. A",
+               **dict(extra or {})})
+
+
+# --------------------------------------------------------------------------- sampling
+
+def poisson_sample(n: int, q: float, generator: torch.Generator | None = None) -> Tensor:
+    """Indices of a Poisson sample: each of ``n`` records independently with probability ``q``.
+
+    May be empty; the step must then still release pure noise (skipping it would reveal that
+    the batch was empty, which depends on the data).
+    """
+    mask = torch.rand(n, generator=generator) < q
+    return torch.nonzero(mask, as_tuple=False).flatten()
+
+
+def fixed_size_sample(n: int, batch_size: int, generator: torch.Generator | None = None) -> Tensor:
+    """A uniformly random subset of size ``batch_size`` (sampling without replacement)."""
+    return torch.randperm(n, generator=generator)[:batch_size]
+
+
+# --------------------------------------------------------------------------- per-example gradients
+
+def trainable_parameters(model: nn.Module) -> dict[str, Tensor]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def per_example_gradients(model: nn.Module, loss_fn: ExampleLoss, batch: Sequence[Tensor],
+                          params: Mapping[str, Tensor] | None = None) -> tuple[dict[str, Tensor], Tensor]:
+    """Per-example gradients ``{name: [B, *shape]}`` and losses ``[B]`` via ``vmap(grad(...))``.
+
+    ``loss_fn(model_fn, *example)`` sees one example (no batch dimension). Buffers are
+    passed unchanged (BatchNorm running statistics would mix examples and are not allowed).
+    """
+    params = {k: v.detach() for k, v in (params or trainable_parameters(model)).items()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def example_loss(p: dict[str, Tensor], *example: Tensor) -> tuple[Tensor, Tensor]:
+        model_fn = lambda *inputs: functional_call(model, (p, buffers), inputs)  # noqa: E731
+        loss = loss_fn(model_fn, *example)
+        return loss, loss.detach()
+
+    # randomness="different": a module's own randomness (dropout) is independent per example
+    grads, losses = vmap(grad(example_loss, has_aux=True), in_dims=(None,) + (0,) * len(batch),
+                         randomness="different")(params, *batch)
+    return grads, losses
+
+
+def clip_and_sum(grads: Mapping[str, Tensor], max_grad_norm: float) -> tuple[dict[str, Tensor], Tensor]:
+    """Sum over the batch of clip_C(g_i) = g_i * min(1, C/||g_i||), ||.|| over ALL parameters.
+
+    Returns the clipped sum and the per-example norms BEFORE clipping.
+    """
+    first = next(iter(grads.values()))
+    sq = torch.zeros(first.shape[0], device=first.device, dtype=first.dtype)
+    for g in grads.values():
+        sq = sq + g.reshape(g.shape[0], -1).pow(2).sum(dim=1)
+    norms = sq.sqrt()
+    # C / max(||g||, C): exactly 1 for small gradients; no division by zero for g = 0
+    factor = max_grad_norm / torch.clamp(norms, min=max_grad_norm)
+    summed = {k: torch.einsum("b,b...->...", factor, g) for k, g in grads.items()}
+    return summed, norms
+
+
+# --------------------------------------------------------------------------- noise multiplicity
+
+@dataclass(frozen=True)
+class NoiseMultiplicity:
+    """K independent (sigma, noise) draws per example (DPDM Sec. 3).
+
+    ``sample_sigma(n, generator) -> [n]`` draws diffusion noise levels from the training
+    distribution of the configuration (e.g. EDM's log-normal). The draws are made outside
+    the vmapped function so that per-example gradients are reproducible and each example's
+    K draws are independent of every other example's.
+    """
+
+    K: int
+    sample_sigma: Callable[[int, torch.Generator | None], Tensor]
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.K, int) and self.K >= 1):
+            raise DPSGDError(f"noise multiplicity K must be an integer >= 1, got {self.K!r}")
+
+    def draw(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """sigma ``[B, K]`` and standard normal noise ``[B, K, *x.shape[1:]]`` for a batch ``x``."""
+        b = x.shape[0]
+        sigma = self.sample_sigma(b * self.K, generator).reshape(b, self.K).to(x.device, x.dtype)
+        noise = torch.randn((b, self.K, *x.shape[1:]), generator=generator, dtype=x.dtype).to(x.device)
+        return sigma, noise
+
+
+def multiplicity_loss(draw_loss: Callable[..., Tensor]) -> ExampleLoss:
+    """Example loss l_i = (1/K) sum_k draw_loss(x_i; sigma_ik, n_ik) (DPDM eq. for noise multiplicity).
+
+    ``draw_loss(model_fn, x[K,...], sigma[K], noise[K,...], *cond[K,...]) -> [K]`` is the
+    per-draw diffusion loss; the K draws run as one inner batch of the model. The mean is
+    taken BEFORE the gradient is clipped, so the example's sensitivity stays C for any K.
+    """
+    def example_loss(model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, noise: Tensor,
+                     *cond: Tensor) -> Tensor:
+        k = sigma.shape[0]
+        xk = x.unsqueeze(0).expand(k, *x.shape)
+        condk = tuple(c.unsqueeze(0).expand(k, *c.shape) for c in cond)
+        return draw_loss(model_fn, xk, sigma, noise, *condk).mean()
+
+    return example_loss
+
+
+# --------------------------------------------------------------------------- the private step
+
+@dataclass
+class StepInfo:
+    """What happened in one step. NOT privatised: for tests and diagnostics only; never write
+    ``batch_size`` or ``grad_norms`` to a result (they are functions of the private data)."""
+
+    batch_size: int
+    grad_norms: Tensor
+    losses: Tensor = field(repr=False)
+
+
+class DPSGD:
+    """Privatised gradients for ``model`` under ``plan``, with physical micro-batching.
+
+    ``privatised_gradient(data, indices)`` forms (sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / D
+    over the logical batch ``indices`` of ``data`` (a tuple of tensors indexed along dim 0),
+    where D = q*N (Poisson) or B (fixed size); ``step(optimizer, data)`` samples a batch,
+    writes the result into ``.grad`` and steps. Memory is bounded by ``microbatch_size``
+    examples' gradients (times K draws' activations), whatever the logical batch size.
+    ``multiplicity``, when given, appends each example's K (sigma, noise) draws to its inputs
+    (use :func:`multiplicity_loss`).
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: ExampleLoss, plan: DPSGDPlan, *, microbatch_size: int = 64,
+                 multiplicity: NoiseMultiplicity | None = None, generator: torch.Generator | None = None,
+                 noise_generator: torch.Generator | None = None) -> None:
+        if not (isinstance(microbatch_size, int) and microbatch_size >= 1):
+            raise DPSGDError(f"micro-batch size must be an integer >= 1, got {microbatch_size!r}")
+        self.model, self.loss_fn, self.plan = model, loss_fn, plan
+        self.microbatch_size, self.multiplicity = microbatch_size, multiplicity
+        self.generator = generator  # sampling and diffusion draws (CPU)
+        self.noise_generator = noise_generator  # the Gaussian mechanism's noise (on the parameters' device)
+        self.steps_taken = 0
+
+    def sample(self) -> Tensor:
+        n = self.plan.dataset_size
+        if self.plan.sampling == "poisson":
+            return poisson_sample(n, self.plan.sampling_rate, self.generator)
+        return fixed_size_sample(n, self.plan.batch_size, self.generator)
+
+    def _microbatches(self, data: Sequence[Tensor], indices: Tensor) -> Iterator[tuple[Tensor, ...]]:
+        for start in range(0, len(indices), self.microbatch_size):
+            idx = indices[start:start + self.microbatch_size]
+            chunk = tuple(t[idx.to(t.device)] for t in data)
+            if self.multiplicity is not None:
+                sigma, noise = self.multiplicity.draw(chunk[0], self.generator)
+                chunk = (chunk[0], sigma, noise, *chunk[1:])
+            yield chunk
+
+    def privatised_gradient(self, data: Sequence[Tensor], indices: Tensor) -> tuple[dict[str, Tensor], StepInfo]:
+        params = trainable_parameters(self.model)
+        total = {k: torch.zeros_like(p) for k, p in params.items()}
+        norms, losses = [], []
+        for chunk in self._microbatches(data, indices):
+            grads, loss = per_example_gradients(self.model, self.loss_fn, chunk, params)
+            summed, n = clip_and_sum(grads, self.plan.max_grad_norm)
+            for k in total:
+                total[k].add_(summed[k])
+            norms.append(n.detach())
+            losses.append(loss.detach())
+            del grads, summed
+        divisor = self.plan.expected_batch_size if self.plan.sampling == "poisson" else float(self.plan.batch_size)
+        std = self.plan.noise_std
+        for k, t in total.items():
+            noise = torch.randn(t.shape, generator=self.noise_generator, device=t.device, dtype=t.dtype)
+            t.add_(noise, alpha=std).div_(divisor)
+        device = next(iter(total.values())).device if total else torch.device("cpu")
+        info = StepInfo(batch_size=int(len(indices)),
+                        grad_norms=torch.cat(norms) if norms else torch.zeros(0, device=device),
+                        losses=torch.cat(losses) if losses else torch.zeros(0, device=device))
+        return total, info
+
+    def step(self, optimizer: torch.optim.Optimizer, data: Sequence[Tensor]) -> StepInfo:
+        """One DP-SGD step: sample, privatise, write ``.grad``, ``optimizer.step()``.
+
+        Refuses to run past ``plan.steps``: the ledger line covers exactly T steps.
+        """
+        if self.steps_taken >= self.plan.steps:
+            raise DPSGDError(f"the plan covers {self.plan.steps} steps; step {self.steps_taken + 1} "
+                             f"would exceed the accounted budget")
+        if len(data[0]) != self.plan.dataset_size:
+            raise DPSGDError(f"data has {len(data[0])} records but the plan was accounted for "
+                             f"N={self.plan.dataset_size}")
+        grads, info = self.privatised_gradient(data, self.sample())
+        for name, p in trainable_parameters(self.model).items():
+            p.grad = grads[name]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.steps_taken += 1
+        return info

@@ -1,0 +1,310 @@
+"""The clipped, publicly normalised empirical denoiser of EMPDEN and its Gaussian mechanism.
+
+EMPDEN Sec. 3.1 (eq. 4-6) and App. E (eq. 38): for a noisy state x_t and a record x0,
+
+    v(x0; x_t)  = x0 * p(x_t | x0),        p(x_t | x0) = N(x_t; x0, t^2 I)   (EDM kernel)
+    vbar        = v / max(1, ||v|| / C)                                       (clip to norm C)
+    E_hat(x_t)  = (1 / (beta |S|)) * sum_{x0 in S} vbar(x0; x_t)              (eq. 38, |S| records)
+
+``S`` is the whole private set (full batch, S = D) or a B-subset per output (Algorithm 1).
+One step of the sampler, ``x <- (1 - 2dt/t) x + (2dt/t) E_hat + sqrt(2 t dt) eps`` (eq. 1),
+is, after the public rescaling by t/(2dt), the Gaussian mechanism of eq. 6 with sensitivity
+2C/(beta |S|) and noise std sqrt(t^3 / (2 dt)): it is mu_t-GDP with
+mu_t = (2C/(beta|S|)) sqrt(2 dt / t^3) (eq. 39, :func:`pipeline.privacy.schedule.step_mu`).
+
+How E_hat is computed without under- or overflow (any t, any dimension d)
+--------------------------------------------------------------------------
+The kernel alone spans hundreds of thousands of orders of magnitude: at d = 3*64*64 and
+t = 0.002 its normalising constant (2 pi t^2)^(-d/2) is about e^{+65000}, at t = 80 about
+e^{-65000}. Nothing is ever exponentiated before the clip has bounded it:
+
+* log p_i  = -||x_t - x0_i||^2 / (2 t^2) - (d/2) log(2 pi t^2), the squared distance from one
+  matmul, ||x_t||^2 - 2 x_t . x0_i + ||x0_i||^2 (so a step runs near matmul speed);
+* the clipped norm is ||vbar_i|| = min(p_i ||x0_i||, C), so its log is
+  l_i = min(log p_i + log ||x0_i||, log C) <= log C (records with x0_i = 0 have v = 0 and
+  l_i = -inf); and vbar_i = exp(l_i) * x0_i / ||x0_i||;
+* with the per-output maximum m = max_i l_i (the max shift of a log-sum-exp),
+  E_hat = exp(m) / (beta |S|) * sum_i exp(l_i - m) x0_i / ||x0_i||.
+
+Every exp argument is <= 0 except exp(m) <= C, so nothing overflows for finite C; the sum is
+one of at most |S| unit vectors with weights in [0, 1], so |E_hat| <= exp(m)/beta. The only
+rounding to zero is exp(m) itself, which happens only when the true |E_hat| <= exp(m)/beta is
+below the smallest positive float, i.e. E_hat is then correctly rounded to 0.
+
+Precision: the matmul form of the distance loses absolute accuracy ~ eps_mach (||x_t||^2 +
+||x0||^2) to cancellation, i.e. ~ eps_mach ||x||^2 / (2 t^2) in log p. In float64 (the default)
+that is < 1e-6 at d = 3*64*64, t = 0.002 for data in [-1, 1]; in float32 it is O(1-10) there, so
+float32 is only accurate at large t -- it is offered for speed experiments, not for results.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import ledger
+from pipeline.privacy.schedule import EDMSchedule, block_mu, step_mu
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+# --------------------------------------------------------------------------- the denoiser
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """The private set flattened to [n, d] in the working dtype, with its norms precomputed once.
+
+    ``inv_norm`` is 1/||x0|| (0 for an all-zero record, whose v is identically 0).
+    """
+
+    x0: torch.Tensor
+    sqnorm: torch.Tensor
+    log_norm: torch.Tensor
+    inv_norm: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return self.x0.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.x0.shape[1]
+
+
+def prepare_data(data: torch.Tensor, *, dtype: torch.dtype = torch.float64,
+                 device: torch.device | str | None = None) -> PreparedData:
+    """Flatten ``data`` [n, ...] to [n, d] in ``dtype`` on ``device`` and precompute its norms."""
+    if data.ndim < 2 or data.shape[0] < 1:
+        raise ValueError(f"private data must have shape [n, ...] with n >= 1, got {tuple(data.shape)}")
+    x0 = data.reshape(data.shape[0], -1).to(device=device, dtype=dtype)
+    if not torch.isfinite(x0).all():
+        raise ValueError("private data contains non-finite values")
+    sqnorm = (x0 * x0).sum(dim=1)
+    norm = sqnorm.sqrt()
+    log_norm = torch.log(norm)  # -inf for a zero record
+    inv_norm = torch.where(norm > 0, 1.0 / norm, torch.zeros_like(norm))
+    return PreparedData(x0=x0, sqnorm=sqnorm, log_norm=log_norm, inv_norm=inv_norm)
+
+
+def log_gaussian_kernel(x_t: torch.Tensor, data: PreparedData, t: float) -> torch.Tensor:
+    """log N(x_t; x0, t^2 I) for every (output, record) pair, shape [n_out, n] (EDM kernel).
+
+    The squared distance is ||x_t||^2 - 2 x_t . x0 + ||x0||^2 (one matmul), clamped at 0
+    against cancellation.
+    """
+    if not t > 0:
+        raise ValueError(f"noise level t must be > 0, got {t}")
+    sq = (x_t * x_t).sum(dim=1, keepdim=True) - 2.0 * (x_t @ data.x0.T) + data.sqnorm[None, :]
+    sq = sq.clamp_min_(0.0)
+    return sq.mul_(-0.5 / t**2).sub_(0.5 * data.d * (LOG_2PI + 2.0 * math.log(t)))
+
+
+def clipped_log_norms(log_kernel: torch.Tensor, data: PreparedData, C: float) -> torch.Tensor:
+    """l = log ||vbar(x0; x_t)|| = min(log p + log ||x0||, log C), shape [n_out, n] (eq. 5-6 clip)."""
+    if not C > 0:
+        raise ValueError(f"clip norm C must be > 0, got {C}")
+    return (log_kernel + data.log_norm[None, :]).clamp_max_(math.log(C))
+
+
+def clipped_sum_log_scaled(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float,
+                           subset: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_{x0 in S} vbar(x0; x_t) as (log_scale [n_out], direction [n_out, d]), the sum being
+    exp(log_scale) * direction (eq. 5-6 clip, summed with the max shift of the module docstring).
+
+    ``log_scale`` = max_i l_i (the largest log clipped norm, <= log C); ``direction`` =
+    sum_i exp(l_i - log_scale) x0_i / ||x0_i|| has weights in [0, 1], so it never under- or
+    overflows, at any t and d. ``subset`` as in :func:`clipped_empirical_denoiser`.
+    """
+    if x_t.ndim != 2 or x_t.shape[1] != data.d:
+        raise ValueError(f"x_t must have shape [n_out, {data.d}], got {tuple(x_t.shape)}")
+    log_norms = clipped_log_norms(log_gaussian_kernel(x_t, data, t), data, C)
+    if subset is not None:
+        if subset.ndim != 2 or subset.shape[0] != x_t.shape[0]:
+            raise ValueError(f"subset must have shape [n_out={x_t.shape[0]}, B], got {tuple(subset.shape)}")
+        # Records outside an output's subset get weight 0 (log -inf); the matmul over all n
+        # records keeps the step at matmul speed on any device (the mask costs O(n_out n)).
+        masked = torch.full_like(log_norms, -math.inf)
+        masked.scatter_(1, subset, log_norms.gather(1, subset))
+        log_norms = masked
+    m = log_norms.amax(dim=1)
+    # all weights -inf (every record is x0 = 0): the sum is 0; shift by 0 to avoid inf - inf
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    weights = torch.exp(log_norms - m[:, None]) * data.inv_norm[None, :]
+    return m, weights @ data.x0
+
+
+def clipped_empirical_denoiser(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float, beta: float,
+                               subset: torch.Tensor | None = None) -> torch.Tensor:
+    """E_hat(x_t) = (1/(beta |S|)) sum_{x0 in S} vbar(x0; x_t), batched over outputs (EMPDEN eq. 38).
+
+    ``x_t`` is [n_out, d] (flattened, in ``data``'s dtype and device). ``subset`` is None for the
+    full batch (S = D) or an index tensor [n_out, B] of each output's own records (Algorithm 1,
+    line 3: drawn by the caller once per output and reused). Computed in log space as described in
+    the module docstring; the result is [n_out, d]. Its only rounding to 0 is exp(log_scale) when
+    the true value is below the smallest float (e.g. t = 80 at d = 3*64*64 with beta = 1).
+    """
+    if not beta > 0:
+        raise ValueError(f"public normaliser beta must be > 0, got {beta}")
+    size = data.n if subset is None else subset.shape[-1]
+    log_scale, direction = clipped_sum_log_scaled(x_t, data, t, C=C, subset=subset)
+    return direction * (torch.exp(log_scale)[:, None] / (beta * size))
+
+
+def empirical_posterior_mean(x_t: torch.Tensor, data: PreparedData, t: float) -> torch.Tensor:
+    """Unclipped, exactly normalised empirical denoiser E[x0 | x_t] (EMPDEN eq. 4 / eq. 37).
+
+    softmax_i(-||x_t - x0_i||^2 / (2 t^2)) @ x0: the Bayes denoiser of the empirical measure. Not
+    private -- used for the proxy diagnostics (Table 4, Figure 1) and as a test reference.
+    """
+    weights = torch.softmax(log_gaussian_kernel(x_t, data, t), dim=1)
+    return weights @ data.x0
+
+
+def draw_subsets(n: int, B: int, n_out: int, *, generator: torch.Generator | None = None,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """One uniformly random B-subset of range(n) per output, as an index tensor [n_out, B].
+
+    Fixed-size sampling without replacement (Algorithm 1, line 3); each row is a uniform subset
+    because it is the first B entries of a uniform random permutation (argsort of iid uniforms).
+    """
+    if not 1 <= B <= n:
+        raise ValueError(f"subsample size B must be in [1, n={n}], got {B}")
+    if n_out < 1:
+        raise ValueError(f"number of outputs must be >= 1, got {n_out}")
+    keys = torch.rand(n_out, n, generator=generator, device=device or "cpu")
+    return keys.argsort(dim=1)[:, :B].to(device=device)
+
+
+# --------------------------------------------------------------------------- the Gaussian mechanism
+
+
+def sensitivity(*, C: float, beta: float, subset_size: int) -> float:
+    """L2 sensitivity of the clipped average, 2C/(beta |S|) (EMPDEN Sec. 3.1, eq. 6)."""
+    if not (C > 0 and beta > 0 and subset_size >= 1):
+        raise ValueError(f"sensitivity needs C > 0, beta > 0, |S| >= 1; got C={C}, beta={beta}, |S|={subset_size}")
+    return 2.0 * C / (beta * subset_size)
+
+
+def sampler_noise_std(t: float, t_next: float) -> float:
+    """Std of the noise the EDM update adds, sqrt(2 t dt) (eq. 1)."""
+    dt = t - t_next
+    if not (t > 0 and dt > 0):
+        raise ValueError(f"a step needs t > t_next >= 0, got t={t}, t_next={t_next}")
+    return math.sqrt(2.0 * t * dt)
+
+
+def mechanism_noise_std(t: float, t_next: float) -> float:
+    """Std of the Gaussian mechanism of eq. 6 (the sampler noise rescaled by t/(2 dt)): sqrt(t^3/(2 dt))."""
+    return sampler_noise_std(t, t_next) * t / (2.0 * (t - t_next))
+
+
+def private_step(x: torch.Tensor, data: PreparedData, t: float, t_next: float, *, C: float, beta: float,
+                 subset: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One private EDM step x_t -> x_{t_next} with the clipped empirical denoiser (eq. 1 with eq. 38).
+
+    x <- (1 - 2dt/t) x + (2dt/t) E_hat(x) + sqrt(2 t dt) eps. The noise is the mechanism's noise
+    (eq. 6): it must never be switched off or scaled down, or the step's mu_t no longer holds.
+    """
+    dt = t - t_next
+    e_hat = clipped_empirical_denoiser(x, data, t, C=C, beta=beta, subset=subset)
+    eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return (1.0 - 2.0 * dt / t) * x + (2.0 * dt / t) * e_hat + sampler_noise_std(t, t_next) * eps
+
+
+# --------------------------------------------------------------------------- ledger lines
+
+
+@dataclass(frozen=True)
+class LedgerSink:
+    """Where a sampler run records its ledger line, and how its eps is claimed.
+
+    ``accountant`` is a certified accountant (``pld_pessimistic`` or ``rdp``; the full-batch
+    sampler always uses exact ``gdp`` composition). ``pld`` defaults to the paper's settings
+    (h = 1e-5, truncation e^-50, EMPDEN App. G).
+    """
+
+    path: Path
+    stage: str
+    config_id: str
+    seed: int
+    delta: float
+    accountant: Literal["pld_pessimistic", "rdp"] = "pld_pessimistic"
+    pld: acc.PLDSettings = field(default_factory=acc.PLDSettings)
+
+
+def _claim(sink: LedgerSink, event, *, mechanism: str, sens: float, mu_core: float, sampling: dict,
+           count: int, extra: dict, gdp: bool = False) -> ledger.LedgerEntry:
+    """Build, validate and append one ledger line; eps comes from the accountants, never from here."""
+    if gdp:
+        eps, accountant = acc.gdp_epsilon(sink.delta, acc.gdp_mu_of_event(event)), {"name": "gdp"}
+    elif sink.accountant == "pld_pessimistic":
+        eps = acc.pld_epsilon(event, sink.delta, settings=sink.pld)
+        accountant = {"name": "pld_pessimistic", **acc.describe(sink.pld)}
+    elif sink.accountant == "rdp":
+        eps, accountant = acc.rdp_epsilon(event, sink.delta), {"name": "rdp"}
+    else:
+        raise ValueError(f"ledger accountant must be pld_pessimistic or rdp, got {sink.accountant!r}")
+    entry = ledger.LedgerEntry(
+        stage=sink.stage, mechanism=mechanism, event=ledger.event_to_dict(event), sensitivity=sens,
+        noise_std=sens / mu_core, sampling=sampling, adjacency="add_or_remove_one", count=count,
+        delta=sink.delta, claimed_epsilon=eps, accountant=accountant, config_id=sink.config_id, seed=sink.seed,
+        extra=extra)
+    ledger.append_entry(sink.path, entry)
+    return entry
+
+
+def _schedule_extra(schedule: EDMSchedule, k: int, C: float, beta: float) -> dict:
+    t = schedule.times()
+    return {"sigma_min": schedule.sigma_min, "sigma_max": schedule.sigma_max, "rho": schedule.rho, "N": schedule.N,
+            "k_steps": k, "t_end": float(t[k]), "C": C, "beta": beta}
+
+
+def record_full_batch(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, n: int,
+                      n_out: int) -> ledger.LedgerEntry:
+    """Ledger line of a full-batch run: k private steps over all n records, n_out outputs (Sec. 3.2).
+
+    Every step touches every record, so the run composes the k Gaussian mechanisms of every
+    output exactly in GDP: mu = sqrt(n_out * sum_i mu_ti^2).
+    """
+    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=n)[:k]
+    event = acc.full_batch_event(mu_t, n_out)
+    return _claim(sink, event, mechanism="empden_full_batch", sens=sensitivity(C=C, beta=beta, subset_size=n),
+                  mu_core=float(np.max(mu_t)), sampling={"scheme": "none", "n": n}, count=n_out,
+                  extra={**_schedule_extra(schedule, k, C, beta), "mu_total": acc.gdp_mu_of_event(event),
+                         "section": "EMPDEN Sec. 3.2"}, gdp=True)
+
+
+def record_outputwise(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
+                      n_out: int) -> ledger.LedgerEntry:
+    """Ledger line of an output-wise subsampled block (Algorithm 1, Prop. 4.1).
+
+    One B-subset per output reused over the k-step block: the block is one Gaussian with
+    mu_bar_B = sqrt(sum mu_t^2) (|S| = B), amplified once by q_B = B/n, composed over n_out.
+    """
+    mu_bar = block_mu(step_mu(schedule, C=C, beta=beta, batch_size=B), k)
+    q = B / n
+    event = acc.outputwise_event(mu_bar, q, n_out)
+    return _claim(sink, event, mechanism="empden_outputwise_block",
+                  sens=sensitivity(C=C, beta=beta, subset_size=B), mu_core=mu_bar,
+                  sampling={"scheme": "fixed_size_per_output", "probability": q, "B": B, "n": n}, count=n_out,
+                  extra={**_schedule_extra(schedule, k, C, beta), "mu_bar_B": mu_bar,
+                         "proposition": "EMPDEN Prop. 4.1"})
+
+
+def record_per_step(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
+                    n_out: int) -> ledger.LedgerEntry:
+    """Ledger line of per-step resampling: a fresh B-subset at every private step (Prop. C.1)."""
+    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=B)[:k]
+    q = B / n
+    event = acc.per_step_event(mu_t, q, n_out)
+    return _claim(sink, event, mechanism="empden_per_step_subsampled",
+                  sens=sensitivity(C=C, beta=beta, subset_size=B), mu_core=float(np.max(mu_t)),
+                  sampling={"scheme": "fixed_size_per_step", "probability": q, "B": B, "n": n}, count=n_out,
+                  extra={**_schedule_extra(schedule, k, C, beta), "proposition": "EMPDEN Prop. C.1"})

@@ -1,0 +1,143 @@
+"""EMPDEN samplers: full-batch private, output-wise subsampled hybrid (Algorithm 1), per-step resampling.
+
+All private computation -- the clipped empirical denoiser, the step noise that makes each
+step a Gaussian mechanism (eq. 6), and the ledger line of the run -- is done by
+:mod:`pipeline.privacy.empirical_denoiser`; this module only orders the steps on the EDM grid.
+Each call records exactly one ledger line (before the first private step, so a run that dies
+half-way is still accounted) covering all ``n_out`` outputs of the call.
+
+The public denoiser is any callable ``D(x, sigma) -> x0_hat`` on image-shaped tensors with a
+Python float ``sigma`` (e.g. an EDM-preconditioned network trained on public data only); its
+steps are post-processing and add no privacy cost (EMPDEN Sec. 6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import torch
+
+from pipeline.privacy import empirical_denoiser as emp
+from pipeline.privacy.schedule import EDMSchedule, private_steps
+
+PublicDenoiser = Callable[[torch.Tensor, float], torch.Tensor]
+
+
+def renoise(x: torch.Tensor, t0: float, t1: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """x + sqrt(t1^2 - t0^2) eps: moves a state at noise level t0 to level t1 >= t0 (Algorithm 1, line 8).
+
+    Under x_t0 = x0 + t0 eps' the result is x0 + t1 eps'' (variances add), an SDEdit restart.
+    """
+    if not t1 >= t0 >= 0:
+        raise ValueError(f"re-noising needs t1 >= t0 >= 0, got t0={t0}, t1={t1}")
+    eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return x + math.sqrt(t1**2 - t0**2) * eps
+
+
+def edm_heun(x: torch.Tensor, denoiser: PublicDenoiser, times: np.ndarray) -> torch.Tensor:
+    """Deterministic EDM Heun sampler (Karras et al. 2022, Alg. 1 with S_churn = 0) along ``times``.
+
+    ``times`` decreases; a final 0 takes one Euler step. dx/dt = (x - D(x, t)) / t (EDM eq. 3).
+    """
+    for t_cur, t_next in zip(times[:-1], times[1:]):
+        t_cur, t_next = float(t_cur), float(t_next)
+        d_cur = (x - denoiser(x, t_cur).to(x.dtype)) / t_cur
+        x_next = x + (t_next - t_cur) * d_cur
+        if t_next > 0:
+            d_next = (x_next - denoiser(x_next, t_next).to(x.dtype)) / t_next
+            x_next = x + (t_next - t_cur) * 0.5 * (d_cur + d_next)
+        x = x_next
+    return x
+
+
+def _private_block(x: torch.Tensor, data: emp.PreparedData, times: np.ndarray, *, C: float, beta: float,
+                   subset_for_step: Callable[[], torch.Tensor | None], generator: torch.Generator) -> torch.Tensor:
+    """Run the private steps times[0] -> ... -> times[-1] on flattened states x [b, d]."""
+    for t_cur, t_next in zip(times[:-1], times[1:]):
+        x = emp.private_step(x, data, float(t_cur), float(t_next), C=C, beta=beta, subset=subset_for_step(),
+                             generator=generator)
+    return x
+
+
+def _initial_state(b: int, d: int, sigma_max: float, data: emp.PreparedData,
+                   generator: torch.Generator) -> torch.Tensor:
+    return sigma_max * torch.randn((b, d), generator=generator, device=data.x0.device, dtype=data.x0.dtype)
+
+
+def _chunks(n_out: int, batch_size: int) -> list[int]:
+    if n_out < 1 or batch_size < 1:
+        raise ValueError(f"need n_out >= 1 and batch_size >= 1, got {n_out}, {batch_size}")
+    return [min(batch_size, n_out - i) for i in range(0, n_out, batch_size)]
+
+
+def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, sink: emp.LedgerSink,
+                      generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=50),
+                      dtype: torch.dtype = torch.float64, batch_size: int = 256) -> torch.Tensor:
+    """Full-batch private sampling from sigma_max down to sigma_min (EMPDEN Sec. 3.2, Sec. 5.1).
+
+    Every step uses all n records (S = D); the N - 1 steps t_0 -> t_{N-1} = sigma_min are private
+    and the output is the state at sigma_min (vary ``schedule.sigma_min`` for the sigma_min sweep).
+    Returns [n_out, *data.shape[1:]] on the generator's device.
+    """
+    device = generator.device
+    prep = emp.prepare_data(data, dtype=dtype, device=device)
+    times = schedule.times()[: schedule.N]  # t_0 .. t_{N-1} = sigma_min
+    emp.record_full_batch(sink, schedule, k=schedule.N - 1, C=C, beta=beta, n=prep.n, n_out=n_out)
+    out = []
+    for b in _chunks(n_out, batch_size):
+        x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
+        out.append(_private_block(x, prep, times, C=C, beta=beta, subset_for_step=lambda: None,
+                                  generator=generator))
+    return torch.cat(out).reshape(n_out, *data.shape[1:])
+
+
+def hybrid_times(schedule: EDMSchedule, p_percent: float, T: int) -> tuple[int, float, float]:
+    """(k, t0, t1) of a hybrid run: k = ceil(p N / 100) private steps end at t0 = t_k; t1 = t_{k-T}."""
+    k = private_steps(schedule.N, p_percent)
+    if k >= schedule.N:
+        raise ValueError(f"a private block of p={p_percent}% covers all {schedule.N} steps; the hybrid needs "
+                         f"t0 > 0 (use sample_full_batch for fully private sampling)")
+    if not 0 <= T <= k:
+        raise ValueError(f"re-noising T={T} steps back up the grid must be in [0, k={k}]")
+    t = schedule.times()
+    return k, float(t[k]), float(t[k - T])
+
+
+def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T: int,
+                  public_denoiser: PublicDenoiser, C: float, beta: float, sink: emp.LedgerSink,
+                  generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=39),
+                  resample: Literal["per_output", "per_step"] = "per_output",
+                  dtype: torch.dtype = torch.float64, batch_size: int = 256) -> torch.Tensor:
+    """EMPDEN Algorithm 1: subsampled private block to t0, re-noise to t1, public denoiser t1 -> 0.
+
+    ``resample="per_output"`` (Algorithm 1, accounted by Prop. 4.1) draws each output's B-subset
+    once and reuses it for the whole block; ``"per_step"`` draws a fresh subset at every private
+    step (accounted by Prop. C.1; EMPDEN Figure 2). The private block is the first
+    k = ceil(p N / 100) steps of the N-step grid, t1 is T grid points above t0, and the public
+    denoiser runs EDM Heun along the grid from t1 to 0. Returns [n_out, *data.shape[1:]].
+    """
+    device = generator.device
+    k, t0, t1 = hybrid_times(schedule, p_percent, T)
+    prep = emp.prepare_data(data, dtype=dtype, device=device)
+    times = schedule.times()
+    if resample not in ("per_output", "per_step"):
+        raise ValueError(f"resample must be per_output or per_step, got {resample!r}")
+    record = emp.record_outputwise if resample == "per_output" else emp.record_per_step
+    record(sink, schedule, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_out)
+    out = []
+    for b in _chunks(n_out, batch_size):
+        x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
+        if resample == "per_output":
+            subset = emp.draw_subsets(prep.n, B, b, generator=generator, device=device)
+            x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, subset_for_step=lambda: subset,
+                               generator=generator)
+        else:
+            x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, generator=generator,
+                               subset_for_step=lambda: emp.draw_subsets(prep.n, B, b, generator=generator,
+                                                                        device=device))
+        x = renoise(x, t0, t1, generator=generator).reshape(b, *data.shape[1:])
+        out.append(edm_heun(x, public_denoiser, times[k - T:]))
+    return torch.cat(out)

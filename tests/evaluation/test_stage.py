@@ -1,0 +1,107 @@
+"""Stage evaluate_samples from files through the CLI: one flat JSON row per sample set."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.cli import main
+from pipeline.io import Split, read_json, save_split
+
+#: the tests' sizes; every other key takes the schema default
+EVALUATION = {"kid_subsets": 10, "kid_subset_size": 100,
+              "evalnet": {"width": 16, "feature_dim": 64, "batch_size": 32, "lr": 0.003},
+              "downstream": {"cnn_epochs": 3, "mlp_hidden": 32}}
+KEYS = {"name", "n_samples", "n_test", "feature_extractor", "fid", "kid_mean", "kid_std", "kid_subset_size",
+        "precision", "recall", "prc_neighborhood", "label_consistency", "acc_logreg", "acc_mlp", "acc_cnn",
+        "fid_class_mean", "seed", "wall_s", *(f"fid_class_{c}" for c in range(10))}
+
+
+def _run(split_files, evalnet, out, *, samples=None, params=None) -> int:
+    return main(["evaluate_samples",
+                 "--in", f"samples={samples or split_files['real']}", f"test={split_files['test']}",
+                 f"evalnet={evalnet}",
+                 "--out", f"metrics={out}",
+                 "--params", json.dumps(params if params is not None else
+                                        {"evaluation": EVALUATION, "seed": 0, "device": "cpu", "name": "real"})])
+
+
+def test_cli_writes_one_flat_row_of_every_metric(split_files, evalnet, tmp_path):
+    out = tmp_path / "metrics.json"
+    assert _run(split_files, evalnet, out) == 0
+    row = read_json(out)
+    assert set(row) == KEYS
+    assert row["name"] == "real" and row["feature_extractor"] == "evalnet"
+    assert row["n_samples"] == row["n_test"] == 600
+    # one level deep, scalars only: the report stage turns keys into Parquet columns
+    assert all(v is None or isinstance(v, (int, float, str)) for v in row.values())
+    assert row["label_consistency"] > 0.7 and row["acc_logreg"] > 0.6 and row["precision"] > 0.8
+
+
+def test_noise_samples_score_worse_on_every_metric(split_files, evalnet, tmp_path, digits):
+    noise_file = tmp_path / "noise.npz"
+    save_split(noise_file, digits.noise_like(digits.real), name="noise", source="uniform noise", seed=1)
+    real_out, noise_out = tmp_path / "real.json", tmp_path / "noise.json"
+    assert _run(split_files, evalnet, real_out) == 0
+    assert _run(split_files, evalnet, noise_out, samples=noise_file) == 0
+    real, noise = read_json(real_out), read_json(noise_out)
+    for lower_is_better in ("fid", "kid_mean", "fid_class_mean"):
+        assert noise[lower_is_better] > real[lower_is_better], lower_is_better
+    for higher_is_better in ("precision", "recall", "label_consistency", "acc_logreg", "acc_mlp", "acc_cnn"):
+        assert noise[higher_is_better] < real[higher_is_better], higher_is_better
+
+
+def test_help_lists_inputs_outputs_and_params(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["evaluate_samples", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "samples=PATH test=PATH evalnet=PATH" in text and "metrics=PATH" in text
+    assert all(p in text for p in ("evaluation:", "seed:", "device:", "name:"))
+
+
+@pytest.mark.parametrize("missing", ["samples", "evalnet"])
+def test_a_missing_input_file_is_one_line(split_files, evalnet, tmp_path, capsys, missing):
+    absent = tmp_path / f"absent-{missing}"
+    args = {"samples": split_files["real"], "evalnet": evalnet, missing: absent}
+    rc = main(["evaluate_samples", "--in", f"samples={args['samples']}", f"test={split_files['test']}",
+               f"evalnet={args['evalnet']}", "--out", f"metrics={tmp_path / 'm.json'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and str(absent) in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_samples_of_another_shape_are_one_line(split_files, evalnet, tmp_path, capsys, digits):
+    rgb = tmp_path / "rgb.npz"
+    save_split(rgb, Split(np.repeat(digits.real.images, 3, axis=1), digits.real.labels), name="rgb", source="t", seed=0)
+    assert _run(split_files, evalnet, tmp_path / "m.json", samples=rgb) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "samples are [3, 16, 16] images but test images are [1, 16, 16]" in err
+
+
+def test_a_misspelt_evaluation_key_is_one_line(split_files, evalnet, tmp_path, capsys):
+    params = {"evaluation": {"kid_subset": 10}, "device": "cpu"}
+    assert _run(split_files, evalnet, tmp_path / "m.json", params=params) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "evaluation.kid_subset: unknown key (did you mean 'kid_subsets'?)" in err
+
+
+def test_train_evalnet_cli_reports_test_accuracy(split_files, tmp_path):
+    model, metrics = tmp_path / "net.pt", tmp_path / "net.json"
+    rc = main(["train_evalnet", "--in", f"train={split_files['eval_train']}", f"test={split_files['test']}",
+               "--out", f"model={model}", f"metrics={metrics}",
+               "--params", json.dumps({"evalnet": {"width": 4, "feature_dim": 8, "epochs": 1}, "device": "cpu"})])
+    assert rc == 0 and model.is_file()
+    assert 0 <= read_json(metrics)["test_accuracy"] <= 1
+
+
+def test_a_sample_label_outside_the_test_classes_is_one_line(digits, evalnet):
+    from pipeline.evaluation import evaluate
+    from pipeline.stage import PipelineError
+
+    labels = digits.real.labels.copy()
+    labels[5] = 10
+    with pytest.raises(PipelineError, match=r"sample label 10 is not a class of the test split \(0..9\)"):
+        evaluate(Split(digits.real.images, labels), digits.test, evalnet_path=evalnet, device="cpu")
