@@ -245,7 +245,9 @@ def pld_epsilon(event: dp_event.DpEvent, delta: float, *, pessimistic: bool = Tr
     """
     _check_delta(delta)
     pld = build_pld(event, pessimistic=pessimistic, settings=settings, reference=reference)
-    return float(pld.get_epsilon_for_delta(delta))
+    if reference:
+        return float(pld.get_epsilon_for_delta(delta))
+    return fast_pld.epsilon_for_delta(pld, delta)  # the library's scan, vectorised
 
 
 def pld_delta(event: dp_event.DpEvent, eps: float, *, pessimistic: bool = True,

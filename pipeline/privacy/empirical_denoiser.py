@@ -18,8 +18,9 @@ The kernel alone spans hundreds of thousands of orders of magnitude: at d = 3*64
 t = 0.002 its normalising constant (2 pi t^2)^(-d/2) is about e^{+65000}, at t = 80 about
 e^{-65000}. Nothing is ever exponentiated before the clip has bounded it:
 
-* log p_i  = -||x_t - x0_i||^2 / (2 t^2) - (d/2) log(2 pi t^2), the squared distance from one
-  matmul, ||x_t||^2 - 2 x_t . x0_i + ||x0_i||^2 (so a step runs near matmul speed);
+* log p_i  = -||x_t - x0_i||^2 / (2 t^2) - (d/2) log(2 pi t^2), the squared distance expanded
+  as ||x_t||^2 - 2 x_t . x0_i + ||x0_i||^2 so that all pairs come from one matmul (``addmm``,
+  the record terms folded into its bias), and a step runs near matmul speed;
 * the clipped norm is ||vbar_i|| = min(p_i ||x0_i||, C), so its log is
   l_i = min(log p_i + log ||x0_i||, log C) <= log C (records with x0_i = 0 have v = 0 and
   l_i = -inf); and vbar_i = exp(l_i) * x0_i / ||x0_i||;
@@ -27,14 +28,18 @@ e^{-65000}. Nothing is ever exponentiated before the clip has bounded it:
   E_hat = exp(m) / (beta |S|) * sum_i exp(l_i - m) x0_i / ||x0_i||.
 
 Every exp argument is <= 0 except exp(m) <= C, so nothing overflows for finite C; the sum is
-one of at most |S| unit vectors with weights in [0, 1], so |E_hat| <= exp(m)/beta. The only
+one of at most |S| unit vectors with weights in [0, 1], so |E_hat| <= exp(m)/beta. Weights
+below e * (smallest normal float) are flushed to 0 (no subnormals: they are slow and below the
+resolution next to the max weight 1). The only
 rounding to zero is exp(m) itself, which happens only when the true |E_hat| <= exp(m)/beta is
 below the smallest positive float, i.e. E_hat is then correctly rounded to 0.
 
 Precision: the matmul form of the distance loses absolute accuracy ~ eps_mach (||x_t||^2 +
-||x0||^2) to cancellation, i.e. ~ eps_mach ||x||^2 / (2 t^2) in log p. In float64 (the default)
-that is < 1e-6 at d = 3*64*64, t = 0.002 for data in [-1, 1]; in float32 it is O(1-10) there, so
-float32 is only accurate at large t -- it is offered for speed experiments, not for results.
+||x0||^2) / (2 t^2) in log p to cancellation. In float64 (the default) that is < 1e-6 at
+d = 3*64*64, t = 0.002 for data in [-1, 1]. In float32 it is large at small t (measured at
+d = 3*64*64, data in [-1, 1]: max |log p error| ~ 100 at t = 0.002, ~ 5 at t = 0.01, ~ 0.2 at
+t = 0.05, ~ 0.01 for t >= 0.2), so float32 is offered for speed experiments, not for results.
+(Either way each term is clipped to norm C, up to rounding, so the sensitivity bound holds.)
 """
 
 from __future__ import annotations
@@ -59,12 +64,14 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 @dataclass(frozen=True)
 class PreparedData:
-    """The private set flattened to [n, d] in the working dtype, with its norms precomputed once.
+    """The private set flattened to [n, d] in the working dtype, with what every step reuses.
 
-    ``inv_norm`` is 1/||x0|| (0 for an all-zero record, whose v is identically 0).
+    ``unit`` is x0/||x0|| and ``inv_norm`` 1/||x0|| (both 0 for an all-zero record, whose v is
+    identically 0); ``log_norm`` is log ||x0|| (-inf for such a record).
     """
 
     x0: torch.Tensor
+    unit: torch.Tensor
     sqnorm: torch.Tensor
     log_norm: torch.Tensor
     inv_norm: torch.Tensor
@@ -80,68 +87,141 @@ class PreparedData:
 
 def prepare_data(data: torch.Tensor, *, dtype: torch.dtype = torch.float64,
                  device: torch.device | str | None = None) -> PreparedData:
-    """Flatten ``data`` [n, ...] to [n, d] in ``dtype`` on ``device`` and precompute its norms."""
+    """Flatten ``data`` [n, ...] to [n, d] in ``dtype`` on ``device`` and precompute norms and unit vectors."""
     if data.ndim < 2 or data.shape[0] < 1:
         raise ValueError(f"private data must have shape [n, ...] with n >= 1, got {tuple(data.shape)}")
-    x0 = data.reshape(data.shape[0], -1).to(device=device, dtype=dtype)
+    x0 = data.reshape(data.shape[0], -1).to(device=device, dtype=dtype).contiguous()
     if not torch.isfinite(x0).all():
         raise ValueError("private data contains non-finite values")
     sqnorm = (x0 * x0).sum(dim=1)
     norm = sqnorm.sqrt()
-    log_norm = torch.log(norm)  # -inf for a zero record
     inv_norm = torch.where(norm > 0, 1.0 / norm, torch.zeros_like(norm))
-    return PreparedData(x0=x0, sqnorm=sqnorm, log_norm=log_norm, inv_norm=inv_norm)
+    return PreparedData(x0=x0, unit=x0 * inv_norm[:, None], sqnorm=sqnorm, log_norm=torch.log(norm),
+                        inv_norm=inv_norm)
+
+
+def _check_inputs(x_t: torch.Tensor, data: PreparedData, t: float, C: float | None = None) -> None:
+    if not t > 0:
+        raise ValueError(f"noise level t must be > 0, got {t}")
+    if C is not None and not C > 0:
+        raise ValueError(f"clip norm C must be > 0, got {C}")
+    if x_t.ndim != 2 or x_t.shape[1] != data.d:
+        raise ValueError(f"x_t must have shape [n_out, {data.d}], got {tuple(x_t.shape)}")
+
+
+def _log_kernel_row_term(x_t: torch.Tensor, d: int, t: float) -> torch.Tensor:
+    """r_i = -||x_t_i||^2 / (2 t^2) - (d/2) log(2 pi t^2): the part of log p that depends on the output only."""
+    return (x_t * x_t).sum(dim=1).mul_(-0.5 / t**2).sub_(0.5 * d * (LOG_2PI + 2.0 * math.log(t)))
 
 
 def log_gaussian_kernel(x_t: torch.Tensor, data: PreparedData, t: float) -> torch.Tensor:
     """log N(x_t; x0, t^2 I) for every (output, record) pair, shape [n_out, n] (EDM kernel).
 
-    The squared distance is ||x_t||^2 - 2 x_t . x0 + ||x0||^2 (one matmul), clamped at 0
-    against cancellation.
+    = x_t . x0 / t^2 - ||x0||^2 / (2 t^2) + r(x_t): the squared distance expanded, one matmul.
     """
-    if not t > 0:
-        raise ValueError(f"noise level t must be > 0, got {t}")
-    sq = (x_t * x_t).sum(dim=1, keepdim=True) - 2.0 * (x_t @ data.x0.T) + data.sqnorm[None, :]
-    sq = sq.clamp_min_(0.0)
-    return sq.mul_(-0.5 / t**2).sub_(0.5 * data.d * (LOG_2PI + 2.0 * math.log(t)))
+    _check_inputs(x_t, data, t)
+    out = torch.addmm((-0.5 / t**2) * data.sqnorm[None, :], x_t, data.x0.T, alpha=1.0 / t**2)
+    return out.add_(_log_kernel_row_term(x_t, data.d, t)[:, None])
 
 
-def clipped_log_norms(log_kernel: torch.Tensor, data: PreparedData, C: float) -> torch.Tensor:
-    """l = log ||vbar(x0; x_t)|| = min(log p + log ||x0||, log C), shape [n_out, n] (eq. 5-6 clip)."""
-    if not C > 0:
-        raise ValueError(f"clip norm C must be > 0, got {C}")
-    return (log_kernel + data.log_norm[None, :]).clamp_max_(math.log(C))
+def clipped_log_norms_shifted(x_t: torch.Tensor, data: PreparedData, t: float, *,
+                              C: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, r) with l = a + r[:, None] = log ||vbar(x0; x_t)|| = min(log p + log ||x0||, log C) (eq. 5-6 clip).
+
+    a_ij = x_t_i . x0_j / t^2 - ||x0_j||^2 / (2 t^2) + log ||x0_j||, clipped at log C - r_i, comes
+    out of one ``addmm`` plus one clamp; the per-output r_i is kept apart (it only moves the max
+    shift, to which it is added back), which saves a pass over [n_out, n] and keeps the step near
+    matmul speed.
+    """
+    _check_inputs(x_t, data, t, C)
+    r = _log_kernel_row_term(x_t, data.d, t)
+    col = data.log_norm - (0.5 / t**2) * data.sqnorm
+    a = torch.addmm(col[None, :], x_t, data.x0.T, alpha=1.0 / t**2)
+    return a.clamp_(max=(math.log(C) - r)[:, None]), r
+
+
+#: the subsampled sum gathers each output's B records instead of masking all n when B/n is at
+#: most this (the masked matmul wastes n/B of its FLOPs; the gather is bandwidth-bound: on one
+#: CPU core it was 2x slower than the mask at B/n = 1/30, see benchmarks/bench_empirical_denoiser.py).
+GATHER_MAX_FRACTION = 1 / 64
+#: elements of the gathered [outputs, B, d] block processed at once (bounds the memory).
+GATHER_BLOCK_ELEMENTS = 2**24
+
+SubsetMethod = Literal["auto", "mask", "gather"]
 
 
 def clipped_sum_log_scaled(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float,
-                           subset: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           subset: torch.Tensor | None = None,
+                           method: SubsetMethod = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """sum_{x0 in S} vbar(x0; x_t) as (log_scale [n_out], direction [n_out, d]), the sum being
     exp(log_scale) * direction (eq. 5-6 clip, summed with the max shift of the module docstring).
 
     ``log_scale`` = max_i l_i (the largest log clipped norm, <= log C); ``direction`` =
     sum_i exp(l_i - log_scale) x0_i / ||x0_i|| has weights in [0, 1], so it never under- or
-    overflows, at any t and d. ``subset`` as in :func:`clipped_empirical_denoiser`.
+    overflows, at any t and d. ``subset`` as in :func:`clipped_empirical_denoiser`; ``method``
+    picks how a subset is applied (same result): ``mask`` runs the full [n_out, n] matmuls with
+    the other records at weight 0, ``gather`` works on each output's B records only, ``auto``
+    gathers when B/n <= GATHER_MAX_FRACTION.
     """
-    if x_t.ndim != 2 or x_t.shape[1] != data.d:
-        raise ValueError(f"x_t must have shape [n_out, {data.d}], got {tuple(x_t.shape)}")
-    log_norms = clipped_log_norms(log_gaussian_kernel(x_t, data, t), data, C)
     if subset is not None:
         if subset.ndim != 2 or subset.shape[0] != x_t.shape[0]:
             raise ValueError(f"subset must have shape [n_out={x_t.shape[0]}, B], got {tuple(subset.shape)}")
+        if method not in ("auto", "mask", "gather"):
+            raise ValueError(f"subset method must be auto, mask or gather, got {method!r}")
+        if method == "gather" or (method == "auto" and subset.shape[1] <= GATHER_MAX_FRACTION * data.n):
+            return _clipped_sum_gathered(x_t, data, t, C=C, subset=subset)
+    a, r = clipped_log_norms_shifted(x_t, data, t, C=C)
+    if subset is not None:
         # Records outside an output's subset get weight 0 (log -inf); the matmul over all n
         # records keeps the step at matmul speed on any device (the mask costs O(n_out n)).
-        masked = torch.full_like(log_norms, -math.inf)
-        masked.scatter_(1, subset, log_norms.gather(1, subset))
-        log_norms = masked
-    m = log_norms.amax(dim=1)
+        masked = torch.full_like(a, -math.inf)
+        masked.scatter_(1, subset, a.gather(1, subset))
+        a = masked
+    m = _finite_or_zero(a.amax(dim=1))
+    weights = _shifted_exp(a.sub_(m[:, None]))
+    return m + r, weights @ data.unit
+
+
+def _shifted_exp(shifted: torch.Tensor) -> torch.Tensor:
+    """exp of max-shifted logs (all <= 0), in place, with results below e * the smallest normal float
+    flushed to exactly 0: subnormal results put exp on a slow path (2-3x slower step measured on
+    CPU), and a weight < 1e-37 next to the max weight 1 is below the dtype's resolution anyway."""
+    floor = math.log(torch.finfo(shifted.dtype).tiny) + 1.0
+    return torch.nn.functional.threshold(shifted, floor, -math.inf, inplace=True).exp_()
+
+
+def _finite_or_zero(m: torch.Tensor) -> torch.Tensor:
     # all weights -inf (every record is x0 = 0): the sum is 0; shift by 0 to avoid inf - inf
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    weights = torch.exp(log_norms - m[:, None]) * data.inv_norm[None, :]
-    return m, weights @ data.x0
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def _clipped_sum_gathered(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float,
+                          subset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`clipped_sum_log_scaled` on each output's own B records, gathered in blocks of outputs.
+
+    The same quantities as the masked path: a_ij = x_t_i . x0_j / t^2 - ||x0_j||^2/(2t^2) +
+    log ||x0_j|| clipped at log C - r_i, shifted by its per-output max, for j in S_i only.
+    """
+    _check_inputs(x_t, data, t, C)
+    r = _log_kernel_row_term(x_t, data.d, t)
+    bound = math.log(C) - r
+    col = data.log_norm - (0.5 / t**2) * data.sqnorm
+    rows = max(1, GATHER_BLOCK_ELEMENTS // (subset.shape[1] * data.d))
+    logs, directions = [], []
+    for s in range(0, x_t.shape[0], rows):
+        idx, x = subset[s:s + rows], x_t[s:s + rows]
+        xs = data.x0[idx]  # [b, B, d]
+        a = torch.bmm(xs, x[:, :, None]).squeeze(2).mul_(1.0 / t**2).add_(col[idx])
+        a = a.clamp_(max=bound[s:s + rows, None])
+        m = _finite_or_zero(a.amax(dim=1))
+        weights = _shifted_exp(a.sub_(m[:, None])).mul_(data.inv_norm[idx])
+        logs.append(m)
+        directions.append(torch.bmm(weights[:, None, :], xs).squeeze(1))
+    return torch.cat(logs) + r, torch.cat(directions)
 
 
 def clipped_empirical_denoiser(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float, beta: float,
-                               subset: torch.Tensor | None = None) -> torch.Tensor:
+                               subset: torch.Tensor | None = None, method: SubsetMethod = "auto") -> torch.Tensor:
     """E_hat(x_t) = (1/(beta |S|)) sum_{x0 in S} vbar(x0; x_t), batched over outputs (EMPDEN eq. 38).
 
     ``x_t`` is [n_out, d] (flattened, in ``data``'s dtype and device). ``subset`` is None for the
@@ -153,7 +233,7 @@ def clipped_empirical_denoiser(x_t: torch.Tensor, data: PreparedData, t: float, 
     if not beta > 0:
         raise ValueError(f"public normaliser beta must be > 0, got {beta}")
     size = data.n if subset is None else subset.shape[-1]
-    log_scale, direction = clipped_sum_log_scaled(x_t, data, t, C=C, subset=subset)
+    log_scale, direction = clipped_sum_log_scaled(x_t, data, t, C=C, subset=subset, method=method)
     return direction * (torch.exp(log_scale)[:, None] / (beta * size))
 
 

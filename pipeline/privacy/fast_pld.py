@@ -8,8 +8,10 @@ them through a Python-level loop over ``inverse_privacy_loss`` (85% of the build
 evaluated on a NumPy array; discretisation, truncation, connect-the-dots and composition
 stay dp_accounting's. The N-fold self-composition is dp_accounting's algorithm too (Chernoff
 truncation bounds at the same orders, FFT power, truncated mass added to the infinity mass),
-with a real FFT and the bounds' log-MGFs computed in one pass. ``tests/privacy/test_fast_pld.py``
-checks that PMFs, bounds and composed eps agree with dp_accounting to floating-point rounding.
+with a real FFT and the bounds' log-MGFs computed in one pass; eps(delta) is the library's
+scan from the largest loss down, on arrays. ``tests/privacy/test_fast_pld.py`` checks that
+PMFs, bounds and eps agree with dp_accounting to floating-point rounding (~1e-10 relative;
+the library accumulates its loss grid by repeated subtraction, we multiply).
 
 Depends on two private helpers of dp_accounting (``_create_pld_pmf_from_monotone_privacy_loss``,
 ``_pld_for_subsampled_mechanism``); the version is pinned in envs/requirements.txt and the
@@ -188,3 +190,47 @@ def self_compose(pld: pld_lib.PrivacyLossDistribution, num_times: int, *, tail_m
         return pld_lib.PrivacyLossDistribution(remove)
     add = _self_compose_pmf(pld._pmf_add, num_times, tail_mass_truncation, workers)  # noqa: SLF001
     return pld_lib.PrivacyLossDistribution(remove, add)
+
+
+def _epsilon_for_delta_pmf(pmf, delta: float, chunk: int = 1 << 16) -> float:
+    """``pld_pmf._get_epsilon_for_delta`` on a dense PMF: its scan from the largest loss down,
+    stopping at the first loss where eps >= loss, done chunk by chunk with cumulative sums
+    instead of a Python loop over (possibly millions of) grid points."""
+    dense = pmf.to_dense_pmf()
+    infinity_mass = dense._infinity_mass  # noqa: SLF001
+    if infinity_mass > delta:
+        return math.inf
+    h = dense._discretization  # noqa: SLF001
+    all_probs = np.asarray(dense._probs, dtype=float)[::-1]  # noqa: SLF001  descending losses
+    top = dense._lower_loss + len(all_probs) - 1  # noqa: SLF001
+    mass_upper, mass_lower = infinity_mass, 0.0
+    for start in range(0, len(all_probs), chunk):
+        probs = all_probs[start:start + chunk]
+        losses = (top - start - np.arange(len(probs))) * h
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            upper_after = mass_upper + np.cumsum(probs)
+            lower_after = mass_lower + np.cumsum(np.exp(-losses) * probs)
+            upper_before = np.concatenate([[mass_upper], upper_after[:-1]])
+            lower_before = np.concatenate([[mass_lower], lower_after[:-1]])
+            stop = (upper_before > delta) & (lower_before > 0) & (
+                np.log((upper_before - delta) / lower_before) >= losses)
+            degenerate = (upper_after >= delta) & (lower_after == 0)  # exp(-loss) underflowed to 0
+        first_stop = int(np.argmax(stop)) if stop.any() else len(probs)
+        first_degenerate = int(np.argmax(degenerate)) if degenerate.any() else len(probs)
+        if first_degenerate < first_stop:
+            return max(0.0, float(losses[first_degenerate]))
+        if first_stop < len(probs):
+            mass_upper, mass_lower = upper_before[first_stop], lower_before[first_stop]
+            break
+        mass_upper, mass_lower = upper_after[-1], lower_after[-1]
+    if mass_upper <= mass_lower + delta:
+        return 0.0
+    return float(math.log((mass_upper - delta) / mass_lower))
+
+
+def epsilon_for_delta(pld: pld_lib.PrivacyLossDistribution, delta: float) -> float:
+    """``PrivacyLossDistribution.get_epsilon_for_delta``: the larger eps of the two directions."""
+    eps = _epsilon_for_delta_pmf(pld._pmf_remove, delta)  # noqa: SLF001
+    if pld._symmetric:  # noqa: SLF001
+        return eps
+    return max(eps, _epsilon_for_delta_pmf(pld._pmf_add, delta))  # noqa: SLF001

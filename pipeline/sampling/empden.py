@@ -37,6 +37,7 @@ def renoise(x: torch.Tensor, t0: float, t1: float, *, generator: torch.Generator
     return x + math.sqrt(t1**2 - t0**2) * eps
 
 
+@torch.no_grad()
 def edm_heun(x: torch.Tensor, denoiser: PublicDenoiser, times: np.ndarray) -> torch.Tensor:
     """Deterministic EDM Heun sampler (Karras et al. 2022, Alg. 1 with S_churn = 0) along ``times``.
 
@@ -110,14 +111,17 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
                   public_denoiser: PublicDenoiser, C: float, beta: float, sink: emp.LedgerSink,
                   generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=39),
                   resample: Literal["per_output", "per_step"] = "per_output",
-                  dtype: torch.dtype = torch.float64, batch_size: int = 256) -> torch.Tensor:
+                  dtype: torch.dtype = torch.float64, public_dtype: torch.dtype = torch.float32,
+                  batch_size: int = 256) -> torch.Tensor:
     """EMPDEN Algorithm 1: subsampled private block to t0, re-noise to t1, public denoiser t1 -> 0.
 
     ``resample="per_output"`` (Algorithm 1, accounted by Prop. 4.1) draws each output's B-subset
     once and reuses it for the whole block; ``"per_step"`` draws a fresh subset at every private
     step (accounted by Prop. C.1; EMPDEN Figure 2). The private block is the first
     k = ceil(p N / 100) steps of the N-step grid, t1 is T grid points above t0, and the public
-    denoiser runs EDM Heun along the grid from t1 to 0. Returns [n_out, *data.shape[1:]].
+    denoiser runs EDM Heun along the grid from t1 to 0. The private block runs in ``dtype``
+    (float64: see the precision note of :mod:`pipeline.privacy.empirical_denoiser`), the public
+    part in ``public_dtype`` (a network's dtype). Returns [n_out, *data.shape[1:]] in ``public_dtype``.
     """
     device = generator.device
     k, t0, t1 = hybrid_times(schedule, p_percent, T)
@@ -125,6 +129,8 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
     times = schedule.times()
     if resample not in ("per_output", "per_step"):
         raise ValueError(f"resample must be per_output or per_step, got {resample!r}")
+    if not 1 <= B <= prep.n:
+        raise ValueError(f"subsample size B must be in [1, n={prep.n}], got {B}")
     record = emp.record_outputwise if resample == "per_output" else emp.record_per_step
     record(sink, schedule, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_out)
     out = []
@@ -138,6 +144,6 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
             x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, generator=generator,
                                subset_for_step=lambda: emp.draw_subsets(prep.n, B, b, generator=generator,
                                                                         device=device))
-        x = renoise(x, t0, t1, generator=generator).reshape(b, *data.shape[1:])
+        x = renoise(x, t0, t1, generator=generator).reshape(b, *data.shape[1:]).to(public_dtype)
         out.append(edm_heun(x, public_denoiser, times[k - T:]))
     return torch.cat(out)

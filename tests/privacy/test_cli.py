@@ -59,3 +59,10 @@ def test_reachable_as_python_m_pipeline_account(repo):
                          cwd=repo, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["eps_lower"] is None
+
+
+def test_noise_multiplier_is_one_over_mu(capsys):
+    common = ["--mechanism", "gaussian", "--delta", "1e-5", "--discretisation", "1e-3", "--no-lower"]
+    _, by_mu, _ = run(capsys, *common, "--mu", "0.5")
+    _, by_sigma, _ = run(capsys, *common, "--noise-multiplier", "2")
+    assert json.loads(by_mu)["eps_gdp"] == json.loads(by_sigma)["eps_gdp"]

@@ -90,6 +90,20 @@ def test_micro_batching_is_invisible_to_the_mechanism():
     torch.testing.assert_close(flat(g_small), flat(g_big), rtol=1e-4, atol=1e-6)
 
 
+def test_no_physical_batch_exceeds_the_micro_batch_size(monkeypatch):
+    seen = []
+    real = dpsgd.per_example_gradients
+
+    def spy(model, loss_fn, batch, params=None):
+        seen.append(batch[0].shape[0])
+        return real(model, loss_fn, batch, params)
+
+    monkeypatch.setattr(dpsgd, "per_example_gradients", spy)
+    model, p, x = TinyDenoiser(), plan(), images(40)
+    _, info = engine(model, p, microbatch_size=4).privatised_gradient((x,), torch.arange(37))
+    assert max(seen) <= 4 and sum(seen) == 37 == info.batch_size
+
+
 # --------------------------------------------------------------------------- clipping
 
 def test_each_clipped_contribution_has_norm_at_most_C_and_small_ones_are_untouched():

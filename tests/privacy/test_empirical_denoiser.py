@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -14,10 +12,10 @@ from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule, step_mu
 
 
-def denoise(x_t, data, t, *, C, beta, subset=None):
+def denoise(x_t, data, t, *, C, beta, subset=None, method="auto"):
     prep = emp.prepare_data(torch.as_tensor(data, dtype=torch.float64))
     return emp.clipped_empirical_denoiser(torch.as_tensor(x_t, dtype=torch.float64), prep, t, C=C, beta=beta,
-                                          subset=subset).numpy()
+                                          subset=subset, method=method).numpy()
 
 
 def reference(x_t: np.ndarray, data: np.ndarray, t: float, *, C: float, beta: float) -> np.ndarray:
@@ -63,12 +61,10 @@ def test_clipped_average_sensitivity_is_at_most_2C_over_beta_S_and_attained(C, b
     rng = np.random.default_rng(0)
     n, d = 6, 3
     bound = emp.sensitivity(C=C, beta=beta, subset_size=n)
-    worst = 0.0
     for trial in range(12):
         t = float(np.exp(rng.uniform(np.log(0.05), np.log(5.0))))
         changes = _neighbour_changes(rng, n, d, C, beta, t, 40, adversarial=False)
         assert max(changes) <= bound * (1 + 1e-9), f"trial {trial}: change {max(changes)} > bound {bound}"
-        worst = max(worst, *changes)
     changes = _neighbour_changes(rng, n, d, C, beta, 0.02, 1, adversarial=True)
     assert max(changes) <= bound * (1 + 1e-9)
     assert min(changes) >= 0.999 * bound, "the bound 2C/(beta|S|) is attained by both neighbour relations"
@@ -82,7 +78,8 @@ def test_without_clipping_the_change_exceeds_the_bound():
     assert min(unclipped) > 10 * emp.sensitivity(C=C, beta=1.0, subset_size=n)
 
 
-def test_subsampled_sensitivity_is_2C_over_beta_B():
+@pytest.mark.parametrize("method", ["mask", "gather"])
+def test_subsampled_sensitivity_is_2C_over_beta_B(method):
     rng = np.random.default_rng(2)
     n, d, B, C = 10, 3, 4, 0.5
     data = rng.uniform(-1, 1, size=(n, d))
@@ -92,11 +89,23 @@ def test_subsampled_sensitivity_is_2C_over_beta_B():
     worst = 0.0
     for r in range(n):
         replaced[r] = rng.uniform(-1, 1, size=d)
-        change = denoise(x_t, data, 0.2, C=C, beta=1.0, subset=subset) - \
-            denoise(x_t, replaced, 0.2, C=C, beta=1.0, subset=subset)
+        change = denoise(x_t, data, 0.2, C=C, beta=1.0, subset=subset, method=method) - \
+            denoise(x_t, replaced, 0.2, C=C, beta=1.0, subset=subset, method=method)
         worst = max(worst, np.linalg.norm(change, axis=1).max())
         replaced[r] = data[r]
-    assert worst <= emp.sensitivity(C=C, beta=1.0, subset_size=B) * (1 + 1e-9)
+    bound = emp.sensitivity(C=C, beta=1.0, subset_size=B)
+    assert worst <= bound * (1 + 1e-9)
+
+    # attained: record a against copies of -a, all clipped at x_t = 0 (as in the full-batch test)
+    a = np.full(d, 0.02 / np.sqrt(d))
+    data = np.vstack([a, np.repeat(-a[None], n - 1, axis=0)])
+    flipped = np.vstack([-a, data[1:]])
+    subset = torch.tensor([[0, 3, 5, 7], [1, 2, 4, 6]])
+    change = denoise(np.zeros((2, d)), data, 0.02, C=C, beta=1.0, subset=subset, method=method) - \
+        denoise(np.zeros((2, d)), flipped, 0.02, C=C, beta=1.0, subset=subset, method=method)
+    norms = np.linalg.norm(change, axis=1)
+    assert norms[0] == pytest.approx(bound, rel=1e-9), "an output whose subset holds the record moves by 2C/(beta B)"
+    assert norms[1] == 0.0, "an output whose subset misses the record does not move"
 
 
 # --------------------------------------------------------------------------- the formula
@@ -150,13 +159,16 @@ def test_log_space_computation_is_finite_and_exact_at_64x64_over_the_whole_edm_r
                                        rtol=1e-6, atol=1e-12, err_msg=f"t={t}, output {j}")
 
 
-def test_subset_restricts_the_average_to_each_outputs_own_records():
+@pytest.mark.parametrize("method", ["mask", "gather", "auto"])
+def test_subset_restricts_the_average_to_each_outputs_own_records(method, monkeypatch):
+    """Both ways of applying a subset (mask all n records, gather the B) give E_hat over S_j, |S| = B."""
+    monkeypatch.setattr(emp, "GATHER_BLOCK_ELEMENTS", 3 * 5 * 4)  # several gather blocks of 3 outputs
     rng = np.random.default_rng(5)
     n, d, B = 12, 4, 5
     data = rng.uniform(-1, 1, size=(n, d))
     x_t = rng.normal(size=(7, d)) * 0.5
     subset = emp.draw_subsets(n, B, 7, generator=torch.Generator().manual_seed(1))
-    got = denoise(x_t, data, 0.5, C=0.3, beta=2.0, subset=subset)
+    got = denoise(x_t, data, 0.5, C=0.3, beta=2.0, subset=subset, method=method)
     for j in range(7):
         alone = denoise(x_t[j:j + 1], data[subset[j].numpy()], 0.5, C=0.3, beta=2.0)
         np.testing.assert_allclose(got[j], alone[0], rtol=1e-12, atol=1e-15)

@@ -47,3 +47,13 @@ def test_self_composition_matches_dp_accounting(mu, q, n):
         assert a._lower_loss == b._lower_loss
         np.testing.assert_allclose(a._probs, b._probs, rtol=0, atol=1e-12)
         assert a._infinity_mass == pytest.approx(b._infinity_mass, rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+@pytest.mark.parametrize("mu, q, n, delta", [(2.0, 5e-4, 50000, 1e-5), (1.0, 0.3, 100, 1e-5), (0.5, 1.0, 30, 1e-6),
+                                             (0.01, 1e-4, 10, 1e-5), (4.0, 0.5, 50, 1e-5)])
+def test_epsilon_scan_matches_dp_accounting(mu, q, n, delta, pessimistic):
+    composed = fast_pld.self_compose(fast_pld.from_gaussian_mechanism(
+        1 / mu, sampling_prob=q, value_discretization_interval=1e-3, pessimistic_estimate=pessimistic), n)
+    ref = composed.get_epsilon_for_delta(delta)
+    assert fast_pld.epsilon_for_delta(composed, delta) == pytest.approx(ref, rel=1e-9, abs=1e-12)

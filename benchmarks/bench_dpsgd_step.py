@@ -1,0 +1,201 @@
+"""One DP-SGD step with noise multiplicity: torch.func (ours) vs Opacus hooks vs non-private.
+
+All three arms train the same small diffusers ``UNet2DModel`` (16x16, one channel, one
+attention block, as the embedded default would) on the same logical batch (default 256
+examples x K = 4 noise draws = 1024 denoiser evaluations), in the same physical
+micro-batches, with the same denoising loss:
+
+* ``nonprivate``: plain ``loss.backward()`` on each micro-batch, gradients accumulated;
+* ``torch.func``: :class:`pipeline.privacy.dpsgd.DPSGD` -- ``vmap(grad(...))`` per example
+  (K draws as an inner batch), clip, sum, one Gaussian noise draw;
+* ``opacus``: ``opacus.GradSampleModule`` hooks on the B*K rows, per-row gradients summed
+  over each example's K rows, then the same clip/sum/noise (the hooks are what is compared).
+
+Every arm runs in its own child process so that its peak memory is its own: on CUDA the
+peak allocated memory of the step, on the CPU the growth of the process' peak RSS during
+the step (allocator caching makes this a rough figure). The arms alternate over several rounds
+and the best time of each is kept, so that a shared machine's changing load hits all arms alike.
+Prints seconds per step, the ratios
+to the non-private step, and peak memory, side by side. Opacus is optional
+(``pip install opacus==1.6.0``); the arm is skipped when it is missing. Run:
+
+    python benchmarks/bench_dpsgd_step.py                      # B = 256, K = 4
+    python benchmarks/bench_dpsgd_step.py --batch 64 --repeats 1   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+ARMS = ("nonprivate", "torch.func", "opacus")
+
+
+def build_unet(channels: tuple[int, int]):
+    from diffusers import UNet2DModel
+
+    from pipeline.models.edm import vmap_friendly_attention
+
+    torch.manual_seed(0)
+    model = UNet2DModel(sample_size=16, in_channels=1, out_channels=1, block_out_channels=channels,
+                        layers_per_block=1, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                        up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8)
+    # The classic matmul attention (what EDMPrecond installs): torch.func has no batching rule
+    # for the CPU flash kernel behind F.scaled_dot_product_attention. Same in every arm.
+    return vmap_friendly_attention(model)
+
+
+def draw_loss(model_fn, x, sigma, noise):
+    """Per-draw denoising loss with EDM-style input scaling, shape [rows]."""
+    s = sigma[:, None, None, None]
+    out = model_fn((x + s * noise) / torch.sqrt(1 + s ** 2), torch.log(sigma) / 4).sample
+    return (out - x).pow(2).flatten(1).mean(1)
+
+
+def _sigma(n, g):
+    return torch.exp(torch.randn(n, generator=g) * 1.2 - 1.2)
+
+
+def _peak_start(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_end(device, start):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
+
+
+def run_arm(arm: str, args, queue) -> None:
+    from pipeline.privacy import dpsgd
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    model = build_unet(tuple(args.channels)).to(device)
+    n = args.batch
+    data = torch.randn(n, 1, 16, 16, generator=torch.Generator().manual_seed(1)).to(device)
+    plan = dpsgd.DPSGDPlan(noise_multiplier=1.0, max_grad_norm=1.0, sampling_rate=1.0, dataset_size=n,
+                           steps=10 ** 6, delta=1e-5)
+    mult = dpsgd.NoiseMultiplicity(args.K, _sigma)
+    idx = torch.arange(n)
+
+    if arm == "nonprivate":
+        def step(rows: int):
+            model.zero_grad(set_to_none=True)
+            g = torch.Generator().manual_seed(0)
+            for s in range(0, rows, args.microbatch):
+                x = data[s:s + args.microbatch]
+                sigma, noise = mult.draw(x, g)
+                xk = x.unsqueeze(1).expand(-1, args.K, -1, -1, -1).reshape(-1, *x.shape[1:])
+                draw_loss(model, xk, sigma.reshape(-1), noise.reshape(-1, *x.shape[1:])).sum().backward()
+    elif arm == "torch.func":
+        engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(draw_loss), plan, microbatch_size=args.microbatch,
+                             multiplicity=mult, generator=torch.Generator().manual_seed(0))
+
+        def step(rows: int):
+            engine.privatised_gradient((data,), idx[:rows])
+    else:
+        from opacus import GradSampleModule
+
+        gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+        params = dpsgd.trainable_parameters(model)
+
+        def step(rows: int):
+            total = {k: torch.zeros_like(p) for k, p in params.items()}
+            g = torch.Generator().manual_seed(0)
+            for s in range(0, rows, args.microbatch):
+                x = data[s:s + args.microbatch]
+                b = x.shape[0]
+                sigma, noise = mult.draw(x, g)
+                xk = x.unsqueeze(1).expand(-1, args.K, -1, -1, -1).reshape(-1, *x.shape[1:])
+                loss = draw_loss(gsm, xk, sigma.reshape(-1), noise.reshape(-1, *x.shape[1:]))
+                (loss.reshape(b, args.K).mean(1)).sum().backward()  # the example loss: mean over K
+                per_example = {k: p.grad_sample.reshape(b, args.K, *p.shape).sum(1) for k, p in params.items()}
+                summed, _ = dpsgd.clip_and_sum(per_example, plan.max_grad_norm)
+                for k in total:
+                    total[k].add_(summed[k])
+                for p in params.values():
+                    p.grad_sample = None
+                    p.grad = None
+            for t in total.values():
+                t.add_(torch.randn_like(t), alpha=plan.noise_std).div_(plan.expected_batch_size)
+
+    step(min(n, args.microbatch))  # warm-up (allocations, kernels)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start_mem = _peak_start(device)
+    times = []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        step(n)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    queue.put((arm, min(times), _peak_end(device, start_mem)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=256, help="logical batch (examples)")
+    ap.add_argument("--K", type=int, default=4, help="noise multiplicity")
+    ap.add_argument("--microbatch", type=int, default=32, help="physical micro-batch (examples)")
+    ap.add_argument("--channels", type=int, nargs=2, default=[16, 32], help="UNet block_out_channels")
+    ap.add_argument("--repeats", type=int, default=1, help="timed steps per arm process")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="arms run in alternation this many times (a shared machine's load hits all arms)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    args = ap.parse_args()
+
+    n_params = sum(p.numel() for p in build_unet(tuple(args.channels)).parameters())
+    print(f"UNet2DModel 16x16, block_out_channels={tuple(args.channels)}, {n_params:,} parameters; "
+          f"logical batch {args.batch} x K={args.K}, micro-batch {args.microbatch}, device {args.device}, "
+          f"{args.threads} threads, best of {args.rounds} alternating rounds x {args.repeats} steps")
+    arms = list(args.arms)
+    if "opacus" in arms:
+        try:
+            import opacus  # noqa: F401
+        except ImportError:
+            print("opacus: not installed, skipped (pip install opacus==1.6.0)")
+            arms.remove("opacus")
+    ctx = mp.get_context("spawn")
+    results: dict[str, tuple[float, float]] = {}
+    for _ in range(args.rounds):
+        for arm in arms:
+            queue = ctx.Queue()
+            proc = ctx.Process(target=run_arm, args=(arm, args, queue))
+            proc.start()
+            proc.join()
+            if proc.exitcode != 0:
+                print(f"{arm}: FAILED (exit code {proc.exitcode})")
+                continue
+            _, seconds, peak = queue.get()
+            old = results.get(arm, (float("inf"), 0.0))
+            results[arm] = (min(old[0], seconds), max(old[1], peak))
+            print(f"  {arm}: {seconds:.2f} s", flush=True)
+    base = results.get("nonprivate", (float("nan"), 0))[0]
+    print(f"{'arm':<12}{'s/step':>10}{'x nonprivate':>14}{'peak MiB':>10}")
+    for arm, (seconds, peak) in results.items():
+        print(f"{arm:<12}{seconds:>10.2f}{seconds / base:>14.2f}{peak / 2 ** 20:>10.0f}")
+    if "torch.func" in results and "opacus" in results:
+        print(f"opacus / torch.func time ratio: {results['opacus'][0] / results['torch.func'][0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

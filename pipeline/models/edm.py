@@ -1,0 +1,116 @@
+"""EDM preconditioning around a diffusers ``UNet2DModel`` (Karras et al. 2022; DPDM App. C).
+
+The denoiser is D(x; sigma) = c_skip(sigma) x + c_out(sigma) F(c_in(sigma) x; c_noise(sigma))
+with (Karras et al. 2022, Table 1, "Ours")
+
+    c_skip = sigma_data^2 / (sigma^2 + sigma_data^2)
+    c_out  = sigma sigma_data / sqrt(sigma^2 + sigma_data^2)
+    c_in   = 1 / sqrt(sigma^2 + sigma_data^2)
+    c_noise = ln(sigma) / 4
+
+and is trained with ln sigma ~ N(P_mean, P_std^2) and the loss weight
+lambda(sigma) = (sigma^2 + sigma_data^2) / (sigma sigma_data)^2 on ||D(y + n; sigma) - y||^2,
+n ~ N(0, sigma^2 I) (Table 1; eq. 2 and 8). lambda c_out^2 = 1, so the network F regresses
+its effective target with unit weight at every sigma. DPDM uses P_mean = -1.2, P_std = 1.2,
+sigma_data = 0.5 for its EDM configuration.
+
+:func:`edm_draw_loss` has the per-draw signature of
+:func:`pipeline.privacy.dpsgd.multiplicity_loss`, and :func:`edm_sigma_sampler` that of
+:class:`pipeline.privacy.dpsgd.NoiseMultiplicity`, so DPDM's noise multiplicity is
+``multiplicity_loss(edm_draw_loss)`` with ``NoiseMultiplicity(K, edm_sigma_sampler())``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+#: DPDM App. C, EDM configuration (= Karras et al. 2022 Table 1).
+P_MEAN, P_STD, SIGMA_DATA = -1.2, 1.2, 0.5
+
+
+@dataclass(frozen=True)
+class EDMCoefficients:
+    c_skip: Tensor
+    c_out: Tensor
+    c_in: Tensor
+    c_noise: Tensor
+
+
+def edm_coefficients(sigma: Tensor, sigma_data: float = SIGMA_DATA) -> EDMCoefficients:
+    """c_skip, c_out, c_in, c_noise of Karras et al. 2022, Table 1 (shape of ``sigma``)."""
+    s2 = sigma ** 2 + sigma_data ** 2
+    return EDMCoefficients(c_skip=sigma_data ** 2 / s2, c_out=sigma * sigma_data / s2.sqrt(),
+                           c_in=1 / s2.sqrt(), c_noise=sigma.log() / 4)
+
+
+def edm_loss_weight(sigma: Tensor, sigma_data: float = SIGMA_DATA) -> Tensor:
+    """lambda(sigma) = (sigma^2 + sigma_data^2) / (sigma sigma_data)^2 (Table 1)."""
+    return (sigma ** 2 + sigma_data ** 2) / (sigma * sigma_data) ** 2
+
+
+def vmap_friendly_attention(module: nn.Module) -> nn.Module:
+    """Give every diffusers ``Attention`` the classic matmul processor (same mathematics).
+
+    The default processor calls ``F.scaled_dot_product_attention``, whose CPU flash kernel
+    has no ``torch.func`` batching rule: under DP-SGD's ``vmap`` it falls back to a slow
+    per-example loop. ``UNet2DModel`` has no ``set_attn_processor``, so each module is set.
+    """
+    from diffusers.models.attention_processor import AttnProcessor
+
+    for sub in module.modules():
+        if hasattr(sub, "set_processor"):
+            sub.set_processor(AttnProcessor())
+    return module
+
+
+class EDMPrecond(nn.Module):
+    """D(x; sigma, y) = c_skip x + c_out F(c_in x; c_noise, y) with F a ``UNet2DModel``.
+
+    ``x`` is ``[B, C, H, W]`` in the data scale (images in [-1, 1]), ``sigma`` ``[B]`` (or a
+    scalar), ``class_labels`` ``[B]`` int64 for a UNet built with ``num_class_embeds``.
+    """
+
+    def __init__(self, unet: nn.Module, sigma_data: float = SIGMA_DATA) -> None:
+        super().__init__()
+        if not sigma_data > 0:
+            raise ValueError(f"sigma_data must be > 0, got {sigma_data}")
+        self.unet = vmap_friendly_attention(unet)
+        self.sigma_data = float(sigma_data)
+
+    def forward(self, x: Tensor, sigma: Tensor, class_labels: Tensor | None = None) -> Tensor:
+        sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
+        if sigma.ndim == 0:
+            sigma = sigma.expand(x.shape[0])
+        c = edm_coefficients(sigma, self.sigma_data)
+        view = (-1,) + (1,) * (x.ndim - 1)
+        f = self.unet(c.c_in.reshape(view) * x, c.c_noise, class_labels=class_labels).sample
+        return c.c_skip.reshape(view) * x + c.c_out.reshape(view) * f
+
+
+def edm_sigma_sampler(p_mean: float = P_MEAN, p_std: float = P_STD
+                      ) -> Callable[[int, torch.Generator | None], Tensor]:
+    """n noise levels with ln sigma ~ N(P_mean, P_std^2) (Karras et al. 2022, Table 1)."""
+    if not (p_std > 0 and math.isfinite(p_mean)):
+        raise ValueError(f"need P_std > 0 and a finite P_mean, got {p_mean}, {p_std}")
+
+    def sample(n: int, generator: torch.Generator | None = None) -> Tensor:
+        return torch.exp(torch.randn(n, generator=generator) * p_std + p_mean)
+
+    return sample
+
+
+def edm_draw_loss(model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, noise: Tensor,
+                  *cond: Tensor, sigma_data: float = SIGMA_DATA) -> Tensor:
+    """lambda(sigma) ||D(x + sigma n; sigma) - x||^2 per draw (Karras et al. 2022 eq. 2/8), shape ``[K]``.
+
+    ``noise`` is standard normal (scaled by ``sigma`` here); ``cond`` is passed to the model
+    (e.g. class labels). Summed over pixels, as in EDM's training loop.
+    """
+    view = (-1,) + (1,) * (x.ndim - 1)
+    denoised = model_fn(x + sigma.reshape(view) * noise, sigma, *cond)
+    return edm_loss_weight(sigma, sigma_data) * (denoised - x).pow(2).flatten(1).sum(1)
