@@ -6,8 +6,8 @@ certified eps_u (pessimistic PLD) and the optimistic eps_l:
 
 * naive: ``privacy_loss_distribution.from_gaussian_mechanism`` + ``self_compose`` +
   ``get_epsilon_for_delta`` for each block, one after the other (what a script would do);
-* ours: :func:`pipeline.privacy.accountants.pld_epsilon` -- the same PMFs built by the
-  vectorised construction of :mod:`pipeline.privacy.fast_pld`, blocks spread over
+* ours: :func:`pipeline.privacy.accountants.pld_epsilon` -- the same algorithm run by the
+  vectorised code of :mod:`pipeline.privacy.fast_pld` (build, compose, eps scan), blocks over
   ``--workers`` processes.
 
 Prints per-block times and eps, the total time ratio naive/ours, the largest relative

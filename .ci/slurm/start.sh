@@ -17,9 +17,14 @@ for f in slurm.conf slurmdbd.conf gres.conf; do
         exit 1
     fi
 done
+if [ -d "$STATE" ] && [ -n "$(ls -A "$STATE")" ] && [ ! -e "$STATE/.dpgen-slurm" ]; then
+    echo "slurm-start: $STATE is not empty and not ours; refusing to wipe it" >&2
+    exit 1
+fi
 "$HERE/stop.sh" >/dev/null  # a cluster left over from an earlier run
 rm -rf "$STATE"
 mkdir -p "$STATE"/{slurmctld,slurmd,mysql,munge} "$CONF_DIR"
+touch "$STATE/.dpgen-slurm"
 
 fail() {
     echo "slurm-start: $*" >&2

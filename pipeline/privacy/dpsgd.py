@@ -7,10 +7,11 @@ One private step (Abadi et al. 2016; STRAIGHTDP Sec. 2 "DP-SGD"; DPDM App. A):
    alternative, a fixed-size batch drawn without replacement, needs the replace-one
    accountant (:meth:`DPSGDPlan.event`).
 2. **Per-example gradients** g_i = grad_theta l_i(theta) with ``torch.func``: ``vmap(grad(...))``
-   over a ``functional_call`` of the module (:func:`per_example_gradients`). Chosen over
-   Opacus' hooks by ``benchmarks/bench_dpsgd_step.py``: no module registry (the diffusers
-   UNet's attention and GroupNorm need no per-layer rule) and noise multiplicity runs as an
-   inner batch of K inside each vmapped example.
+   over a ``functional_call`` of the module (:func:`per_example_gradients`), rather than
+   Opacus' hooks: no per-layer registry (any diffusers module works), noise multiplicity runs
+   as an inner batch of K inside each vmapped example, and the hooks store one gradient per
+   ROW (B*K rows), which ``benchmarks/bench_dpsgd_step.py`` measures as ~3x the peak memory
+   on the CPU. Its time ratios on a loaded 2-core CPU were inconclusive (see the benchmark).
 3. **Clipping** clip_C(g) = g * min(1, C / ||g||) over the flattened gradient of ALL
    parameters (the sensitivity bound is on the full vector).
 4. **Noise** N(0, sigma^2 C^2 I) added ONCE to the sum of clipped gradients of the logical
@@ -330,7 +331,7 @@ class NoiseMultiplicity:
 
 
 def multiplicity_loss(draw_loss: Callable[..., Tensor]) -> ExampleLoss:
-    """Example loss l_i = (1/K) sum_k draw_loss(x_i; sigma_ik, n_ik) (DPDM eq. for noise multiplicity).
+    """Example loss l_i = (1/K) sum_k draw_loss(x_i; sigma_ik, n_ik) (DPDM Sec. 3).
 
     ``draw_loss(model_fn, x[K,...], sigma[K], noise[K,...], *cond[K,...]) -> [K]`` is the
     per-draw diffusion loss; the K draws run as one inner batch of the model. The mean is

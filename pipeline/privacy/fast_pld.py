@@ -1,21 +1,29 @@
-"""A vectorised construction of dp_accounting's (subsampled) Gaussian PLD -- same numbers, faster.
+"""dp_accounting's (subsampled) Gaussian PLD pipeline, vectorised -- same numbers, faster.
 
 Why this exists: at EMPDEN's h = 1e-5 the one-output PLD of a strong block has 1-3 million
-grid points, and ``dp_accounting`` 0.6.0 computes the hockey-stick divergence at each of
-them through a Python-level loop over ``inverse_privacy_loss`` (85% of the build time, e.g.
-40 s of 48 s for mu_bar_B = 1.56). This module subclasses dp_accounting's own
-``GaussianPrivacyLoss`` and overrides only ``get_delta_for_epsilon`` with the same formulas
-evaluated on a NumPy array; discretisation, truncation, connect-the-dots and composition
-stay dp_accounting's. The N-fold self-composition is dp_accounting's algorithm too (Chernoff
-truncation bounds at the same orders, FFT power, truncated mass added to the infinity mass),
-with a real FFT and the bounds' log-MGFs computed in one pass; eps(delta) is the library's
-scan from the largest loss down, on arrays. ``tests/privacy/test_fast_pld.py`` checks that
-PMFs, bounds and eps agree with dp_accounting to floating-point rounding (~1e-10 relative;
-the library accumulates its loss grid by repeated subtraction, we multiply).
+grid points, and ``dp_accounting`` 0.6.0 walks them in Python: the hockey-stick divergence
+of connect-the-dots calls ``inverse_privacy_loss`` once per point (40 s of 48 s for
+mu_bar_B = 1.56), privacy buckets (the optimistic eps_l) does the same and accumulates a
+dict of millions of keys, the composition's truncation bounds run 40 generic ``logsumexp``
+calls, and ``get_epsilon_for_delta`` scans the composed PMF point by point. Here:
 
-Depends on two private helpers of dp_accounting (``_create_pld_pmf_from_monotone_privacy_loss``,
-``_pld_for_subsampled_mechanism``); the version is pinned in envs/requirements.txt and the
-equality test fails loudly if a new version changes them.
+* :class:`VectorizedGaussianPrivacyLoss` subclasses the library's ``GaussianPrivacyLoss`` and
+  overrides only ``get_delta_for_epsilon`` with the same formulas on a NumPy array;
+  connect-the-dots itself stays the library's.
+* :func:`_privacy_buckets_pmf` is the library's privacy-buckets branch with the loop on arrays.
+* :func:`self_compose` is the library's FFT self-composition (same Chernoff truncation bounds
+  at the same orders, truncated mass added to the infinity mass, i.e. into delta) with a real
+  FFT and the bounds' log-MGFs computed in one pass each.
+* :func:`epsilon_for_delta` is the library's scan from the largest loss down, chunked on arrays.
+
+``tests/privacy/test_fast_pld.py`` checks PMFs, bounds and eps against dp_accounting (equal
+to floating-point rounding, ~1e-10 relative in eps: the library accumulates its loss grid by
+repeated subtraction, we multiply). The replay never uses this module
+(``accountants.pld_epsilon(reference=True)``), so an audit does not depend on it.
+
+Depends on private helpers of dp_accounting (``_create_pld_pmf_from_monotone_privacy_loss``,
+``_pld_for_subsampled_mechanism``, ``DensePLDPmf`` fields); the version is pinned in
+envs/requirements.txt and the equality tests fail loudly if a new version changes them.
 """
 
 from __future__ import annotations
@@ -106,12 +114,22 @@ def _privacy_buckets_pmf(loss: VectorizedGaussianPrivacyLoss, pessimistic: bool,
     else:
         xs = np.concatenate([[lower_x], inner, [upper_x]])
         rs = rs[:closing + 1]
-    rounded = rs + 1 if pessimistic else rs  # round_fn(r + 0.5) for integer r
+    rounded = rs + 1 if pessimistic else rs  # round_fn(r + 0.5) for integer r: consecutive, descending
     cdf = loss.mu_upper_cdf(xs)
     probs = cdf[1:] - cdf[:-1]
-    for key, mass in zip(rounded.tolist(), probs.tolist()):
-        pmf[key] = pmf.get(key, 0.0) + mass
-    return pld_pmf.create_pmf(pmf, h, infinity_mass, pessimistic_estimate=pessimistic)
+    if len(rounded) + len(pmf) <= pld_pmf._MAX_PMF_SPARSE_SIZE:  # noqa: SLF001  small: the library's dict
+        for key, mass in zip(rounded.tolist(), probs.tolist()):
+            pmf[key] = pmf.get(key, 0.0) + mass
+        return pld_pmf.create_pmf(pmf, h, infinity_mass, pessimistic_estimate=pessimistic)
+    # Large: the buckets are one contiguous range, so build the dense array directly instead
+    # of a dict of millions of keys (the tail's few entries are added into the same array).
+    lowest = int(min(rounded[-1], min(pmf, default=rounded[-1])))
+    highest = int(max(rounded[0], max(pmf, default=rounded[0])))
+    dense = np.zeros(highest - lowest + 1)
+    np.add.at(dense, rounded - lowest, probs)  # unique keys; add.at keeps the library's summation
+    for key, mass in pmf.items():
+        dense[key - lowest] += mass
+    return pld_pmf.DensePLDPmf(h, lowest, dense, infinity_mass, pessimistic)
 
 
 def from_gaussian_mechanism(standard_deviation: float, *, sampling_prob: float = 1.0,
