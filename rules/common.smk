@@ -84,13 +84,14 @@ def report_inputs():
     return [
         TABLES / "reference_real.parquet",
         FIGURES / "data_samples.png",
+        *[p for p in accounting_targets() if p.suffix in (".parquet", ".png")],
         *sensgeo_targets(),
     ]
 
 
 def all_targets():
-    """Every output of the target `all`: data splits, tables, figures, the index page."""
-    return [*data_splits().values(), *report_inputs(), RESULTS / "index.html"]
+    """Every output of the target `all`: data, tables, figures, the ledger replay, the index page."""
+    return [*data_splits().values(), *report_inputs(), *accounting_targets(), RESULTS / "index.html"]
 
 
 def torch_threads():

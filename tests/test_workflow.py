@@ -88,6 +88,7 @@ TINY = {
         "public": {"n": 100},
         "toy": {"n": 200},
     },
+    "accounting": {"p": [55], "B": [25], "N_out": 50, "asr_q": [0.01], "asr_N": 40},
     "evaluation": {
         "batch_size": 100,
         "kid_subset_size": 50,
