@@ -20,8 +20,9 @@ machine it is the steadier measure of work. Prints seconds per step, the ratios 
 non-private step, and peak memory, side by side. Opacus is optional
 (``pip install opacus==1.6.0``); the arm is skipped when it is missing. Run:
 
-    python benchmarks/bench_dpsgd_step.py                      # B = 256, K = 4
-    python benchmarks/bench_dpsgd_step.py --batch 64 --repeats 1   # quick look
+    python benchmarks/bench_dpsgd_step.py                      # B = 256, K = 4, 1 thread
+    python benchmarks/bench_dpsgd_step.py --batch 64 --rounds 1    # quick look
+    python benchmarks/bench_dpsgd_step.py --device cuda --threads 8  # on a GPU
 """
 
 from __future__ import annotations
@@ -156,12 +157,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=256, help="logical batch (examples)")
     ap.add_argument("--K", type=int, default=4, help="noise multiplicity")
-    ap.add_argument("--microbatch", type=int, default=32, help="physical micro-batch (examples)")
+    ap.add_argument("--microbatch", type=int, default=64, help="physical micro-batch (examples)")
     ap.add_argument("--channels", type=int, nargs=2, default=[16, 32], help="UNet block_out_channels")
     ap.add_argument("--repeats", type=int, default=1, help="timed steps per arm process")
     ap.add_argument("--rounds", type=int, default=2,
                     help="arms run in alternation this many times (a shared machine's load hits all arms)")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    # One thread by default: with 2 OpenMP threads on a shared machine, the same arm's time
+    # swung 3-25 s between runs (threads wait at every barrier for a pre-empted sibling);
+    # single-threaded it repeats to a few percent.
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     args = ap.parse_args()

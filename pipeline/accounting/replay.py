@@ -45,7 +45,8 @@ def recompute(entry: ledger.LedgerEntry) -> float:
         return acc.pld_epsilon(event, entry.delta, settings=settings, reference=True)
     if name == "rdp":
         orders = entry.accountant.get("orders")
-        return acc.rdp_epsilon(event, entry.delta, orders=orders)
+        replace_one = entry.accountant.get("neighboring_relation") == "replace_one"
+        return acc.rdp_epsilon(event, entry.delta, orders=orders, replace_one=replace_one)
     if name == "gdp":
         return acc.gdp_epsilon(entry.delta, acc.gdp_mu_of_event(event))
     raise PipelineError(f"replay: accountant {name!r} is not certified")  # validate() already refuses it

@@ -259,14 +259,17 @@ def pld_delta(event: dp_event.DpEvent, eps: float, *, pessimistic: bool = True,
 
 # --------------------------------------------------------------------------- RDP
 
-def rdp_epsilon(event: dp_event.DpEvent, delta: float, *, orders: Sequence[float] | None = None) -> float:
-    """Certified eps from ``dp_accounting.rdp.RdpAccountant`` (add/remove adjacency).
+def rdp_epsilon(event: dp_event.DpEvent, delta: float, *, orders: Sequence[float] | None = None,
+                replace_one: bool = False) -> float:
+    """Certified eps from ``dp_accounting.rdp.RdpAccountant`` (add/remove adjacency, or
+    replace-one for fixed-size batches with ``replace_one=True``).
 
     ``orders=None`` uses dp_accounting's default order grid (fractional orders, tighter);
     EMPDEN Tables 7 and 12 are reproduced more closely with the integer orders 2..255.
     """
     _check_delta(delta)
-    acc = rdp_lib.RdpAccountant(orders=list(orders)) if orders is not None else rdp_lib.RdpAccountant()
+    relation = rdp_lib.NeighborRel.REPLACE_ONE if replace_one else rdp_lib.NeighborRel.ADD_OR_REMOVE_ONE
+    acc = rdp_lib.RdpAccountant(orders=list(orders) if orders is not None else None, neighboring_relation=relation)
     if not acc.supports(event):
         raise AccountingError(f"RDP: unsupported event {type(event).__name__}")
     acc.compose(event)

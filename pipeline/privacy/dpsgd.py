@@ -9,9 +9,9 @@ One private step (Abadi et al. 2016; STRAIGHTDP Sec. 2 "DP-SGD"; DPDM App. A):
 2. **Per-example gradients** g_i = grad_theta l_i(theta) with ``torch.func``: ``vmap(grad(...))``
    over a ``functional_call`` of the module (:func:`per_example_gradients`), rather than
    Opacus' hooks: no per-layer registry (any diffusers module works), noise multiplicity runs
-   as an inner batch of K inside each vmapped example, and the hooks store one gradient per
-   ROW (B*K rows), which ``benchmarks/bench_dpsgd_step.py`` measures as ~3x the peak memory
-   on the CPU. Its time ratios on a loaded 2-core CPU were inconclusive (see the benchmark).
+   as an inner batch of K inside each vmapped example, while the hooks store one gradient per
+   ROW (B*K rows). ``benchmarks/bench_dpsgd_step.py`` (CPU, one thread, B = 256, K = 4)
+   measured Opacus ~1.6x slower than this path and at ~2x its peak memory.
 3. **Clipping** clip_C(g) = g * min(1, C / ||g||) over the flattened gradient of ALL
    parameters (the sensitivity bound is on the full vector).
 4. **Noise** N(0, sigma^2 C^2 I) added ONCE to the sum of clipped gradients of the logical

@@ -243,6 +243,18 @@ def test_fixed_size_batches_use_the_replace_one_accountant_with_sensitivity_2C()
     assert len(dpsgd.DPSGD(TinyDenoiser(), lambda f, x: f(x).sum(), p).sample()) == 10
 
 
+def test_fixed_size_ledger_line_replays_with_replace_one(tmp_path):
+    p = plan(noise_multiplier=2.0, max_grad_norm=0.5, sampling_rate=0.1, dataset_size=100, steps=5,
+             sampling="fixed_size")
+    entry = dpsgd.ledger_entry(p, stage="t", config_id="c", seed=0)
+    path = tmp_path / "ledger" / "t.jsonl"
+    ledger.append_entry(path, entry)
+    replay({"a": path}, {"report": tmp_path / "replay.json"}, {"config_id": "c"})
+    report = json.loads((tmp_path / "replay.json").read_text())
+    assert report["all_ok"]
+    assert report["claims"][0]["recomputed_epsilon"] == pytest.approx(entry.claimed_epsilon)
+
+
 @pytest.mark.parametrize("bad, match", [(dict(noise_multiplier=0.0), "sigma"), (dict(max_grad_norm=-1.0), "clip"),
                                         (dict(sampling_rate=1.5), "sampling rate"), (dict(steps=0), "steps"),
                                         (dict(sampling="shuffle"), "sampling"),
