@@ -1,0 +1,1 @@
+"""Data stage: embedded sets, real loaders (download=False) and the split format."""

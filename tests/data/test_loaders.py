@@ -1,0 +1,354 @@
+"""The real-data loaders read each dataset's exact on-disk format and never download.
+
+Every test writes a few samples in the format torchvision (or Debian, or ImageFolder)
+expects into ``tmp_path``, loads them through :mod:`pipeline.data.loaders` and checks
+shape, dtype, pixels and labels; lossless formats must round-trip exactly. Each source
+also has a missing-data test: one line naming where it looked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline.data.loaders import CELEBA_CROP, load_image_folder, load_real
+from pipeline.io import Split
+from pipeline.stage import DataNotFoundError, PipelineError
+
+IDX_SOURCES = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "kmnist": "KMNIST"}
+
+
+def nowhere(tmp_path: Path) -> Path:
+    """A Debian search path that is certainly empty (the real one may exist on a machine)."""
+    return tmp_path / "no-debian-here"
+
+
+# --------------------------------------------------------------------------------------
+# writers for each on-disk format
+# --------------------------------------------------------------------------------------
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """LeCun's idx format: magic (0, 0, type 0x08 = ubyte, ndim), big-endian dims, data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
+def make_idx_split(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
+
+
+def write_idx(folder: Path, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
+              *, gz: bool) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for part, (images, labels) in (("train", train), ("t10k", test)):
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            name = f"{part}-{kind}-ubyte"
+            data = idx_bytes(array)
+            if gz:
+                (folder / f"{name}.gz").write_bytes(gzip.compress(data))
+            else:
+                (folder / name).write_bytes(data)
+
+
+def write_cifar10(root: Path, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> None:
+    """cifar-10-batches-py: pickled dicts, ``data`` uint8 [n, 3072] (R plane, G, B), ``labels``."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    images, labels = train
+    chunks = np.array_split(np.arange(len(labels)), 5)
+    batches = {f"data_batch_{i + 1}": (images[idx], labels[idx]) for i, idx in enumerate(chunks)}
+    batches["test_batch"] = test
+    for name, (x, y) in batches.items():
+        entry = {"batch_label": name, "labels": [int(v) for v in y], "data": x.reshape(len(x), -1),
+                 "filenames": [f"{name}_{i}.png" for i in range(len(x))]}
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
+    meta = {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                            "truck"], "num_cases_per_batch": 10000, "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
+
+
+CELEBA_ATTRS = (
+    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "
+    "Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup "
+    "High_Cheekbones Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose "
+    "Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat "
+    "Wearing_Lipstick Wearing_Necklace Wearing_Necktie Young"
+).split()
+#: The aligned CelebA faces are 178 wide and 218 high.
+CELEBA_W, CELEBA_H = 178, 218
+
+
+def write_celeba(root: Path, partition: list[int], attrs: np.ndarray, colours: np.ndarray) -> list[str]:
+    """img_align_celeba/*.jpg and the five lists, spaced like the released files.
+
+    Image ``i`` is ``colours[i, 0]`` inside the central ``CELEBA_CROP`` square (where
+    torchvision's CenterCrop puts it) and ``colours[i, 1]`` outside, so the loaded crop
+    must show only the inner colour.
+    """
+    folder = root / "celeba"
+    (folder / "img_align_celeba").mkdir(parents=True)
+    names = [f"{i + 1:06d}.jpg" for i in range(len(partition))]
+    top, left = round((CELEBA_H - CELEBA_CROP) / 2), round((CELEBA_W - CELEBA_CROP) / 2)
+    for name, (inner, outer) in zip(names, colours):
+        img = np.empty((CELEBA_H, CELEBA_W, 3), dtype=np.uint8)
+        img[:] = outer
+        img[top:top + CELEBA_CROP, left:left + CELEBA_CROP] = inner
+        Image.fromarray(img).save(folder / "img_align_celeba" / name, quality=95)
+    n = len(names)
+
+    def rows(values) -> str:  # "000001.jpg -1  1 ...": values right-aligned in 2 columns
+        return "".join(f"{nm} {' '.join(f'{v:>2}' for v in row)}\n" for nm, row in zip(names, values))
+
+    (folder / "list_eval_partition.txt").write_text(rows([[p] for p in partition]))
+    (folder / "identity_CelebA.txt").write_text(rows([[100 + i] for i in range(n)]))
+    (folder / "list_bbox_celeba.txt").write_text(
+        f"{n}\nimage_id x_1 y_1 width height \n" + rows([[95, 71, 226, 313]] * n))
+    (folder / "list_landmarks_align_celeba.txt").write_text(
+        f"{n}\nlefteye_x lefteye_y righteye_x righteye_y nose_x nose_y leftmouth_x leftmouth_y "
+        f"rightmouth_x rightmouth_y \n" + rows([[69, 109, 106, 113, 77, 142, 73, 152, 108, 154]] * n))
+    (folder / "list_attr_celeba.txt").write_text(f"{n}\n{' '.join(CELEBA_ATTRS)} \n" + rows(attrs * 2 - 1))
+    return names
+
+
+# --------------------------------------------------------------------------------------
+# MNIST, Fashion-MNIST, KMNIST
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", sorted(IDX_SOURCES))
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
+def test_idx_sources_round_trip_each_split_from_torchvision_layout(tmp_path, source, gz):
+    rng = np.random.default_rng(0)
+    train, test = make_idx_split(rng, 7), make_idx_split(rng, 4)
+    write_idx(tmp_path / IDX_SOURCES[source] / "raw", train, test, gz=gz)
+
+    for split, (images, labels) in (("train", train), ("test", test)):
+        got = load_real(source, tmp_path, split, debian_fashion_mnist=nowhere(tmp_path))
+        assert isinstance(got, Split)
+        assert got.images.dtype == np.uint8 and got.images.shape == (len(labels), 1, 28, 28)
+        assert got.labels.dtype == np.int64
+        np.testing.assert_array_equal(got.images[:, 0], images)
+        np.testing.assert_array_equal(got.labels, labels)
+
+
+def test_fashion_mnist_is_read_from_the_debian_package_layout(tmp_path):
+    rng = np.random.default_rng(1)
+    train, test = make_idx_split(rng, 5), make_idx_split(rng, 3)
+    debian = tmp_path / "usr/share/datasets/fashion-mnist"
+    write_idx(debian, train, test, gz=True)  # the package ships only the .gz files
+
+    for split, (images, labels) in (("train", train), ("test", test)):
+        got = load_real("fashion_mnist", tmp_path / "data", split, debian_fashion_mnist=debian)
+        np.testing.assert_array_equal(got.images[:, 0], images)
+        np.testing.assert_array_equal(got.labels, labels)
+    assert not (tmp_path / "data").exists(), "reading the Debian files must not write into data_root"
+
+
+def test_fashion_mnist_in_data_root_wins_over_the_debian_package(tmp_path):
+    rng = np.random.default_rng(2)
+    ours, debians = make_idx_split(rng, 4), make_idx_split(rng, 6)
+    write_idx(tmp_path / "FashionMNIST/raw", ours, ours, gz=False)
+    write_idx(tmp_path / "deb", debians, debians, gz=True)
+
+    got = load_real("fashion_mnist", tmp_path, "train", debian_fashion_mnist=tmp_path / "deb")
+    np.testing.assert_array_equal(got.images[:, 0], ours[0])
+
+
+@pytest.mark.parametrize("source", sorted(IDX_SOURCES))
+def test_missing_idx_source_names_the_folder_files_and_remedy(tmp_path, source):
+    write_idx(tmp_path / IDX_SOURCES[source] / "raw", *[make_idx_split(np.random.default_rng(3), 2)] * 2, gz=False)
+    (tmp_path / IDX_SOURCES[source] / "raw" / "t10k-labels-idx1-ubyte").unlink()  # one file short
+
+    with pytest.raises(DataNotFoundError) as err:
+        load_real(source, tmp_path, "test", debian_fashion_mnist=nowhere(tmp_path))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert str(tmp_path / IDX_SOURCES[source] / "raw") in msg
+    assert "t10k-labels-idx1-ubyte" in msg and "data.data_root" in msg
+    if source == "fashion_mnist":
+        assert str(nowhere(tmp_path)) in msg and "dataset-fashion-mnist" in msg
+
+
+def test_corrupt_idx_file_is_one_line_pipeline_error(tmp_path):
+    write_idx(tmp_path / "MNIST/raw", *[make_idx_split(np.random.default_rng(4), 2)] * 2, gz=False)
+    (tmp_path / "MNIST/raw/train-images-idx3-ubyte").write_bytes(b"not an idx file")
+
+    with pytest.raises(PipelineError, match=r"^MNIST: could not read the idx files in .*MNIST/raw") as err:
+        load_real("mnist", tmp_path, "train")
+    assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------------------
+# CIFAR-10
+# --------------------------------------------------------------------------------------
+
+
+def test_cifar10_round_trips_channels_first_and_selects_the_split(tmp_path):
+    rng = np.random.default_rng(5)
+    train = (rng.integers(0, 256, (10, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 10))
+    test = (rng.integers(0, 256, (3, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 3))
+    write_cifar10(tmp_path, train, test)
+
+    for split, (images, labels) in (("train", train), ("test", test)):
+        got = load_real("cifar10", tmp_path, split)
+        assert got.images.dtype == np.uint8 and got.images.shape == (len(labels), 3, 32, 32)
+        assert got.labels.dtype == np.int64
+        np.testing.assert_array_equal(got.images, images)  # all five train batches, in order
+        np.testing.assert_array_equal(got.labels, labels)
+
+
+def test_missing_cifar10_batch_names_folder_and_missing_file(tmp_path):
+    rng = np.random.default_rng(6)
+    one = (rng.integers(0, 256, (5, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 5))
+    write_cifar10(tmp_path, one, one)
+    (tmp_path / "cifar-10-batches-py/data_batch_3").unlink()
+
+    with pytest.raises(DataNotFoundError) as err:
+        load_real("cifar10", tmp_path, "test")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert str(tmp_path / "cifar-10-batches-py") in msg
+    assert "missing: data_batch_3" in msg and "cifar-10-python.tar.gz" in msg
+
+
+# --------------------------------------------------------------------------------------
+# CelebA
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def celeba(tmp_path):
+    rng = np.random.default_rng(7)
+    partition = [0, 2, 0, 1, 2, 0, 2]  # 0 train, 1 valid, 2 test (list_eval_partition.txt)
+    attrs = rng.integers(0, 2, (len(partition), len(CELEBA_ATTRS)))
+    colours = rng.integers(0, 101, (len(partition), 2, 3))
+    colours[:, 1] = colours[:, 0] + 155  # the border differs from the crop by 155 per channel
+    write_celeba(tmp_path, partition, attrs, colours)
+    return tmp_path, np.array(partition), attrs, colours
+
+
+@pytest.mark.parametrize("split,part", [("train", 0), ("test", 2)])
+def test_celeba_is_the_official_partition_center_cropped_to_64(celeba, split, part):
+    root, partition, attrs, colours = celeba
+    rows = np.flatnonzero(partition == part)
+
+    got = load_real("celeba", root, split)
+
+    assert got.images.dtype == np.uint8 and got.images.shape == (len(rows), 3, 64, 64)
+    assert got.labels.dtype == np.int64
+    np.testing.assert_array_equal(got.labels, attrs[rows, CELEBA_ATTRS.index("Male")])
+    # JPEG is lossy and rings at the crop edge: inside, each crop is its image's inner
+    # colour up to compression error; on the edge it is still nearer the inner colour than
+    # the outer one (inner + 155), which a larger or off-centre crop would show.
+    err = np.abs(got.images.astype(int) - colours[rows, 0][:, :, None, None])
+    assert err[:, :, 2:-2, 2:-2].max() <= 6
+    assert err.max() < 155 / 2
+
+
+def test_celeba_label_attribute_and_resolution_are_selectable(celeba):
+    root, partition, attrs, _ = celeba
+    got = load_real("celeba", root, "train", celeba_label_attr="Smiling", celeba_resolution=32)
+    assert got.images.shape[1:] == (3, 32, 32)
+    np.testing.assert_array_equal(got.labels, attrs[partition == 0, CELEBA_ATTRS.index("Smiling")])
+
+
+def test_celeba_unknown_attribute_lists_the_known_ones(celeba):
+    root, *_ = celeba
+    with pytest.raises(PipelineError, match=r"no attribute 'male' \(attributes: 5_o_Clock_Shadow, .*Male"):
+        load_real("celeba", root, "train", celeba_label_attr="male")
+
+
+def test_missing_celeba_list_names_folder_and_file(celeba):
+    root, *_ = celeba
+    (root / "celeba/list_bbox_celeba.txt").unlink()
+    with pytest.raises(DataNotFoundError) as err:
+        load_real("celeba", root, "train")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert str(root / "celeba") in msg and "missing: list_bbox_celeba.txt" in msg
+    assert "img_align_celeba" in msg
+
+
+def test_celeba_image_listed_but_absent_is_one_line_error(celeba):
+    root, *_ = celeba
+    (root / "celeba/img_align_celeba/000003.jpg").unlink()  # a train image
+    with pytest.raises(DataNotFoundError, match=r"CelebA train: 1 of the 3 images .* \(first: 000003.jpg\)"):
+        load_real("celeba", root, "train")
+    assert len(load_real("celeba", root, "test")) == 3  # the other split is unaffected
+
+
+def test_empty_data_root_gives_data_not_found_for_celeba(tmp_path):
+    with pytest.raises(DataNotFoundError) as err:
+        load_real("celeba", tmp_path / "nothing", "test")
+    assert str(tmp_path / "nothing" / "celeba") in str(err.value) and "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------------------
+# image folders (ImageNet32, FFHQ, ...)
+# --------------------------------------------------------------------------------------
+
+
+def test_image_folder_round_trips_pngs_with_sorted_folder_labels(tmp_path):
+    rng = np.random.default_rng(8)
+    expected = []
+    for label, cls in enumerate(["aardvark", "bee", "cat"]):  # ImageFolder sorts class names
+        (tmp_path / cls).mkdir()
+        for i in range(2):
+            img = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(img).save(tmp_path / cls / f"{i}.png")
+            expected.append((img.transpose(2, 0, 1), label))
+
+    got = load_image_folder(tmp_path, 8)
+
+    assert got.images.dtype == np.uint8 and got.images.shape == (6, 3, 8, 8)
+    assert got.labels.dtype == np.int64
+    np.testing.assert_array_equal(got.images, np.stack([x for x, _ in expected]))
+    np.testing.assert_array_equal(got.labels, [y for _, y in expected])
+
+
+def test_image_folder_resizes_shorter_side_center_crops_and_makes_rgb(tmp_path):
+    (tmp_path / "faces").mkdir()
+    # Greyscale, 16 high and 48 wide: resized to 8×24, of which the middle 8 columns are
+    # kept. The 200-valued band is wider than that middle, so antialiasing at its edges
+    # falls outside the crop; squashing or an off-centre crop would show the zeros.
+    wide = np.zeros((16, 48), dtype=np.uint8)
+    wide[:, 12:36] = 200
+    Image.fromarray(wide).save(tmp_path / "faces" / "wide.png")
+
+    got = load_image_folder(tmp_path, 8)
+
+    assert got.images.shape == (1, 3, 8, 8)
+    np.testing.assert_array_equal(got.images[0, 0], got.images[0, 2])  # grey -> equal RGB planes
+    np.testing.assert_array_equal(got.images, 200)
+
+
+def test_missing_image_folder_names_the_path(tmp_path):
+    with pytest.raises(DataNotFoundError) as err:
+        load_image_folder(tmp_path / "ffhq", 64)
+    assert str(tmp_path / "ffhq") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_image_folder_without_class_folders_is_data_not_found(tmp_path):
+    Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(tmp_path / "loose.png")
+    with pytest.raises(DataNotFoundError, match="class sub-folders") as err:
+        load_image_folder(tmp_path, 4)
+    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------------------
+# arguments
+# --------------------------------------------------------------------------------------
+
+
+def test_unknown_source_or_split_is_one_line_error(tmp_path):
+    with pytest.raises(PipelineError, match=r"unknown real data source 'svhn' \(known: mnist, "):
+        load_real("svhn", tmp_path, "train")
+    with pytest.raises(PipelineError, match=r"mnist: unknown split 'valid' \(known: train, test\)"):
+        load_real("mnist", tmp_path, "valid")
