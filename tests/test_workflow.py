@@ -89,6 +89,9 @@ TINY = {
         "toy": {"n": 200},
     },
     "accounting": {"p": [55], "B": [25], "N_out": 50, "asr_q": [0.01], "asr_N": 40},
+    # SENSGEO's six stages have their own stage tests (tests/accounting/test_sensgeo_stage.py);
+    # leaving them out here keeps the suite under 5 minutes on 2 cores
+    "sensgeo": {"enabled": False},
     "evaluation": {
         "batch_size": 100,
         "kid_subset_size": 50,
