@@ -13,6 +13,10 @@ This package imports nothing from :mod:`pipeline.evaluation` or :mod:`pipeline.r
 * :mod:`.mia` -- the theoretical membership-inference bound of EMPDEN App. L.
 * :mod:`.fast_pld` -- dp_accounting's Gaussian PLD construction, vectorised (same PMF).
 * :mod:`.cli` -- ``python -m pipeline account``: what does this mechanism cost?
+* :mod:`.empirical_denoiser` -- EMPDEN's clipped empirical denoiser (eq. 4-6, log space) and
+  its ledger lines.
+* :mod:`.dpsgd` -- DP-SGD with per-example gradients (torch.func), Poisson or fixed-size
+  batches, noise multiplicity K (DPDM Sec. 3) and PLD-calibrated noise.
 
 Paper-specific mathematics lives in sub-packages (e.g. :mod:`.sensgeo`).
 """
