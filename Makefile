@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    create .venv if missing, install the pinned dependencies, run the DAG
 #   make test   the same set-up, then the test suite
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,13 +10,14 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install run test test-all lint dry-run slurm-profile bench clean help
+.PHONY: install run test lint slurm-profile slurm-test bench clean help
 
 help:
 	@echo "make run            embedded default end to end (snakemake --cores $(CORES) all)"
 	@echo "make test           test suite (fast; CI runs this)"
 	@echo "make lint           snakemake --lint and dry runs of the local and slurm profiles"
 	@echo "make slurm-profile  link profiles/slurm to ~/.config/snakemake/slurm (then: snakemake --profile slurm all)"
+	@echo "make slurm-test     (root, Debian 12) start a single-node SLURM cluster, run tests/slurm, stop it"
 	@echo "make bench          benchmarks/ (prints ratios measured side by side)"
 	@echo "make clean          remove results/ and .snakemake/ (keeps .venv)"
 
@@ -44,6 +46,12 @@ slurm-profile:
 	ln -sfn $(CURDIR)/profiles/slurm $(HOME)/.config/snakemake/slurm
 	@echo "linked $(HOME)/.config/snakemake/slurm -> $(CURDIR)/profiles/slurm"
 	@echo "now: snakemake --profile slurm all   (export DPGEN_SLURM_PARTITION/DPGEN_SLURM_ACCOUNT first if needed)"
+
+slurm-test: $(STAMP)
+	.ci/slurm/install.sh
+	.ci/slurm/start.sh
+	DPGEN_SLURM_TEST=1 DPGEN_SLURM_PARTITION=$$(. .ci/slurm/env.sh && echo "$$PARTITION") DPGEN_SLURM_ACCOUNT=root \
+		$(BIN)/python -m pytest -q -m slurm tests/slurm; rc=$$?; .ci/slurm/stop.sh; exit $$rc
 
 bench: $(STAMP)
 	@set -e; for b in $(wildcard benchmarks/bench_*.py); do echo "== $$b"; $(BIN)/python $$b; done
