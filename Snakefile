@@ -10,7 +10,7 @@ configfile: "config.yaml"
 
 
 include: "rules/common.smk"
-include: "rules/account.smk"  # before other rule files: they register ledger transcripts
+include: "rules/account.smk"
 include: "rules/data.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"

@@ -5,13 +5,6 @@
 # `empden_blocks` accounts every private block once (the expensive part) and writes its
 # claims to the ledger; the table rules only select columns from its JSON.
 
-#: Ledger transcripts other rule files register for the replay (append paths to this list;
-#: the replay rule reads it lazily, so include order does not matter).
-LEDGER_TRANSCRIPTS = []
-
-# Lambdas and variables rather than `def`s: the linter asks for functions to live in
-# common.smk, which this file does not own.
-
 #: private set size n of the accounting: accounting.n, else data.private.n_private_train
 ACCOUNTING_N = config["accounting"]["n"] or config["data"]["private"]["n_private_train"]
 if ACCOUNTING_N is None:
@@ -38,10 +31,6 @@ EMPDEN_OUTPUTS = [
     FIGURES / "empden_figure7_stopping_traces.png",
 ]
 
-#: every ledger transcript the config produces (the replay's inputs)
-ledger_transcripts = lambda: ([EMPDEN_LEDGER] if config["accounting"]["enabled"] else []) + LEDGER_TRANSCRIPTS
-#: every accounting table and figure (PNG; PDF beside it) plus the replay report, for rule all
-accounting_targets = lambda: [REPLAY_REPORT] + (list(EMPDEN_OUTPUTS) if config["accounting"]["enabled"] else [])
 
 
 rule empden_blocks:

@@ -59,6 +59,23 @@ def data_splits():
     return splits
 
 
+#: Ledger transcripts that rule files register for the replay (append a path per stage
+#: that runs a private mechanism; read lazily, so include order does not matter).
+LEDGER_TRANSCRIPTS = []
+
+
+def ledger_transcripts():
+    """Every ledger transcript the config produces: the replay's inputs."""
+    empden = [EMPDEN_LEDGER] if config["accounting"]["enabled"] else []
+    return empden + LEDGER_TRANSCRIPTS
+
+
+def accounting_targets():
+    """EMPDEN accounting tables/figures (rules/account.smk) and the replay report."""
+    empden = list(EMPDEN_OUTPUTS) if config["accounting"]["enabled"] else []
+    return [REPLAY_REPORT, *empden]
+
+
 def sensgeo_targets():
     """SENSGEO tables and figures (rules/sensgeo.smk), when sensgeo.enabled."""
     if not config["sensgeo"]["enabled"]:

@@ -1,7 +1,7 @@
 """Real datasets from disk: torchvision's classes with ``download=False``, never a download.
 
 :func:`load_real` reads MNIST, Fashion-MNIST, KMNIST, CIFAR-10 and CelebA from the
-configured ``data_root`` in torchvision's own on-disk layout (what ``download=True`` would
+configured ``data_root`` in torchvision's own on-disk layout (as torchvision's downloader would
 have written there); :func:`load_image_folder` reads public sets such as ImageNet32 or FFHQ
 laid out as class sub-folders. Both return a :class:`pipeline.io.Split` (uint8
 ``[N, C, H, W]``, int64 labels). Where a dataset is not on disk they raise

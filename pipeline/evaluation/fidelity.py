@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import torch_fidelity
 from torch.utils.data import Dataset
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
@@ -48,6 +47,7 @@ from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_from_input_id_cached
 
 from pipeline.evaluation.evalnet import EvalNet, load_evalnet, predict
+from pipeline.images import adapt_images
 from pipeline.io import Split
 from pipeline.stage import PipelineError
 
@@ -57,31 +57,6 @@ INCEPTION_EXTRACTOR = "inception-v3-compat"
 #: config value (evaluation.feature_extractor) -> torch-fidelity registry name
 FEATURE_EXTRACTORS = {"evalnet": EVALNET_EXTRACTOR, "inception-v3-compat": INCEPTION_EXTRACTOR}
 #: ITU-R BT.601 luma weights, to show an RGB sample to a grey-scale eval net
-_LUMA = (0.299, 0.587, 0.114)
-
-
-def adapt_images(x: torch.Tensor, in_shape: tuple[int, int, int]) -> torch.Tensor:
-    """Bring uint8-scale images ``[B, C, H, W]`` to a network's ``in_shape`` ``(C', H', W')``.
-
-    Grey → RGB repeats the channel, RGB → grey takes the BT.601 luma; a different side
-    length is resized bilinearly with antialiasing (what a downsampled training split
-    looks like). Images already of the right shape pass through untouched.
-    """
-    c, h, w = in_shape
-    if x.shape[1] != c:
-        if x.shape[1] == 1 and c == 3:
-            x = x.expand(-1, 3, -1, -1)
-        elif x.shape[1] == 3 and c == 1:
-            luma = torch.tensor(_LUMA, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
-            x = (x.float() * luma).sum(1, keepdim=True)
-        else:
-            raise ValueError(f"cannot show {x.shape[1]}-channel images to a {c}-channel network")
-    if tuple(x.shape[2:]) != (h, w):
-        x = F.interpolate(x.float(), size=(h, w), mode="bilinear", antialias=True, align_corners=False)
-        x = x.round().clamp(0, 255)
-    return x
-
-
 class EvalNetFeatureExtractor(FeatureExtractorBase):
     """torch-fidelity feature extractor over a trained :class:`EvalNet` checkpoint.
 

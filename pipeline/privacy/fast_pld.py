@@ -32,7 +32,7 @@ import math
 import numbers
 
 import numpy as np
-from dp_accounting.pld import common, pld_pmf
+from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as plm
 from scipy import fft as sp_fft
