@@ -15,6 +15,10 @@ include: "rules/data.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
 include: "rules/sensgeo.smk"
+include: "rules/empden.smk"
+include: "rules/empden_diagnostics.smk"
+include: "rules/dpdm.smk"
+include: "rules/pretrain.smk"
 
 
 localrules:

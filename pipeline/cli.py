@@ -41,6 +41,22 @@ STAGES: dict[str, str] = {
     "sensgeo_table_sdp": "pipeline.accounting.sensgeo:sensgeo_table_sdp",
     "sensgeo_fig_mi_snr": "pipeline.accounting.sensgeo:sensgeo_fig_mi_snr",
     "sensgeo_table_bridge": "pipeline.accounting.sensgeo:sensgeo_table_bridge",
+    "pretrain_public": "pipeline.training.pretrain:pretrain_public",
+    "train_dpdm": "pipeline.training.dpdm:train_dpdm",
+    "sample_dpdm": "pipeline.sampling.dpdm_stage:sample_dpdm",
+    "dpdm_sample_grid": "pipeline.sampling.dpdm_stage:dpdm_sample_grid",
+    "dpdm_table": "pipeline.reporting.dpdm:dpdm_table",
+    "empden_sample": "pipeline.sampling.empden_stage:empden_sample",
+    "empden_table8_grid": "pipeline.accounting.empden_results:empden_table8_grid",
+    "empden_table2_comparison": "pipeline.accounting.empden_results:empden_table2_comparison",
+    "empden_table3_beta": "pipeline.accounting.empden_results:empden_table3_beta",
+    "empden_table10_seeds": "pipeline.accounting.empden_results:empden_table10_seeds",
+    "empden_figure3_tradeoffs": "pipeline.accounting.empden_results:empden_figure3_tradeoffs",
+    "empden_figure4_samples": "pipeline.accounting.empden_results:empden_figure4_samples",
+    "empden_figure2_trajectories": "pipeline.sampling.empden_stage:empden_figure2_trajectories",
+    "empden_table4_proxy": "pipeline.diagnostics.empden_proxy:empden_table4_proxy",
+    "empden_table1_window_swap": "pipeline.diagnostics.empden_proxy:empden_table1_window_swap",
+    "empden_figure6_critical_window": "pipeline.diagnostics.empden_proxy:empden_figure6_critical_window",
 }
 
 #: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".

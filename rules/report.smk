@@ -55,7 +55,7 @@ rule index_html:
     output:
         RESULTS / "index.html",
     params:
-        ins=io_args("--in", {Path(p).stem: p for p in report_inputs()}),
+        ins=io_args("--in", {f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()}),
         p=params_json(title=f"DP generative models: {EXP}"),
     log:
         LOGS / "index_html.log",

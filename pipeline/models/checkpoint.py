@@ -25,13 +25,15 @@ from torch import nn
 
 from pipeline.io import atomic_path
 from pipeline.models.edm import EDMPrecond
+from pipeline.models.precond import VEPrecond, VPPrecond, VPredPrecond
 from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.stage import PipelineError
 
 DENOISER_FORMAT = "dpgen-denoiser/1"
 
 #: name -> class taking ``(unet, **precond_kwargs)``; training code registers its preconditioners here.
-PRECONDITIONERS: dict[str, type[nn.Module]] = {"edm": EDMPrecond}
+PRECONDITIONERS: dict[str, type[nn.Module]] = {"edm": EDMPrecond, "vp": VPPrecond, "ve": VEPrecond,
+                                                "vpred": VPredPrecond}
 
 
 def save_denoiser(path: str | Path, denoiser: nn.Module, *, unet: UNetSpec, precond: str,

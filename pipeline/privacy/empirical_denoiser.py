@@ -40,6 +40,26 @@ d = 3*64*64, t = 0.002 for data in [-1, 1]. In float32 it is large at small t (m
 d = 3*64*64, data in [-1, 1]: max |log p error| ~ 100 at t = 0.002, ~ 5 at t = 0.01, ~ 0.2 at
 t = 0.05, ~ 0.01 for t >= 0.2), so float32 is offered for speed experiments, not for results.
 (Either way each term is clipped to norm C, up to rounding, so the sensitivity bound holds.)
+
+The public normaliser Z(x_t, t) (``normaliser: public_marginal``)
+------------------------------------------------------------------
+Eq. 38 divides the kernel sum by the public constant beta |S| where the exact denoiser (eq. 37)
+divides by the data-dependent marginal p_hat_t(x_t) = (1/n) sum_i p(x_t | x0_i). Read literally,
+v = x0 p(x_t | x0) with the normalised kernel is inert in image dimensions: at d = 256 (16x16
+digits) p(x_t | x0) <= 1e-54 at every t of the EDM grid, so E_hat rounds to 0 and the private
+block adds only noise. The optional ``log_normaliser`` argument rescales every term by a per-output
+1/Z(x_t, t) before the clip,
+
+    v(x0; x_t) = x0 p(x_t | x0) / Z(x_t, t),
+
+and :func:`log_public_marginal` supplies Z = p_hat_pub(x_t) = (1/m) sum_j N(x_t; y_j, t^2 I) over a
+PUBLIC set {y_j}: eq. 37 with its normaliser estimated on public data, so that with beta = 1 and
+public ~ private, E_hat ~ E[x0 | x_t]. This costs no privacy: Z depends only on x_t, t and public
+data, so it is a public, adaptively chosen rescaling (like beta), and x_t is the mechanism's own
+past output, whose adaptive use adaptive composition already covers. Every term is still clipped
+to ||vbar|| <= C, so replacing, adding or removing one record still moves the sum by at most 2C and
+the sensitivity 2C/(beta |S|) and mu_t (eq. 39) are unchanged. In the log-space computation it is
+one per-output offset: the row term r_i becomes r_i - log Z_i.
 """
 
 from __future__ import annotations
@@ -124,17 +144,44 @@ def log_gaussian_kernel(x_t: torch.Tensor, data: PreparedData, t: float) -> torc
     return out.add_(_log_kernel_row_term(x_t, data.d, t)[:, None])
 
 
-def clipped_log_norms_shifted(x_t: torch.Tensor, data: PreparedData, t: float, *,
-                              C: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a, r) with l = a + r[:, None] = log ||vbar(x0; x_t)|| = min(log p + log ||x0||, log C) (eq. 5-6 clip).
+def _check_log_normaliser(log_normaliser: torch.Tensor | None, x_t: torch.Tensor) -> None:
+    if log_normaliser is None:
+        return
+    if log_normaliser.shape != (x_t.shape[0],):
+        raise ValueError(f"log_normaliser must have shape [n_out={x_t.shape[0]}], got {tuple(log_normaliser.shape)}")
+    if not torch.isfinite(log_normaliser).all():
+        raise ValueError("log_normaliser contains non-finite values")
+
+
+def _row_term(x_t: torch.Tensor, d: int, t: float, log_normaliser: torch.Tensor | None) -> torch.Tensor:
+    """r_i of the kernel, minus log Z_i when a public normaliser divides v (module docstring)."""
+    _check_log_normaliser(log_normaliser, x_t)
+    r = _log_kernel_row_term(x_t, d, t)
+    return r if log_normaliser is None else r.sub_(log_normaliser.to(r.dtype))
+
+
+def log_public_marginal(x_t: torch.Tensor, public: PreparedData, t: float) -> torch.Tensor:
+    """log p_hat_pub(x_t) = log (1/m) sum_j N(x_t; y_j, t^2 I) over the public set {y_j}, shape [n_out].
+
+    The public estimate of eq. 37's normaliser p_hat_t(x_t) (module docstring): passed as
+    ``log_normaliser`` it makes E_hat the clipped, subsampled estimate of E[x0 | x_t]. It reads
+    only x_t, t and public data, so it costs no privacy. A logsumexp of log kernels: finite at
+    any t and d.
+    """
+    return torch.logsumexp(log_gaussian_kernel(x_t, public, t), dim=1).sub_(math.log(public.n))
+
+
+def clipped_log_norms_shifted(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float,
+                              log_normaliser: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, r) with l = a + r[:, None] = log ||vbar(x0; x_t)|| = min(log p - log Z + log ||x0||, log C) (eq. 5-6 clip).
 
     a_ij = x_t_i . x0_j / t^2 - ||x0_j||^2 / (2 t^2) + log ||x0_j||, clipped at log C - r_i, comes
     out of one ``addmm`` plus one clamp; the per-output r_i is kept apart (it only moves the max
     shift, to which it is added back), which saves a pass over [n_out, n] and keeps the step near
-    matmul speed.
+    matmul speed. ``log_normaliser`` is log Z [n_out] of a public normaliser (None: Z = 1, eq. 38).
     """
     _check_inputs(x_t, data, t, C)
-    r = _log_kernel_row_term(x_t, data.d, t)
+    r = _row_term(x_t, data.d, t, log_normaliser)
     col = data.log_norm - (0.5 / t**2) * data.sqnorm
     a = torch.addmm(col[None, :], x_t, data.x0.T, alpha=1.0 / t**2)
     return a.clamp_(max=(math.log(C) - r)[:, None]), r
@@ -151,8 +198,8 @@ SubsetMethod = Literal["auto", "mask", "gather"]
 
 
 def clipped_sum_log_scaled(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float,
-                           subset: torch.Tensor | None = None,
-                           method: SubsetMethod = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                           subset: torch.Tensor | None = None, method: SubsetMethod = "auto",
+                           log_normaliser: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_{x0 in S} vbar(x0; x_t) as (log_scale [n_out], direction [n_out, d]), the sum being
     exp(log_scale) * direction (eq. 5-6 clip, summed with the max shift of the module docstring).
 
@@ -161,7 +208,8 @@ def clipped_sum_log_scaled(x_t: torch.Tensor, data: PreparedData, t: float, *, C
     overflows, at any t and d. ``subset`` as in :func:`clipped_empirical_denoiser`; ``method``
     picks how a subset is applied (same result): ``mask`` runs the full [n_out, n] matmuls with
     the other records at weight 0, ``gather`` works on each output's B records only, ``auto``
-    gathers when B/n <= GATHER_MAX_FRACTION.
+    gathers when B/n <= GATHER_MAX_FRACTION. ``log_normaliser``: log Z [n_out] of a public
+    normaliser dividing every v (module docstring); None is eq. 38's Z = 1.
     """
     if subset is not None:
         if subset.ndim != 2 or subset.shape[0] != x_t.shape[0]:
@@ -169,8 +217,8 @@ def clipped_sum_log_scaled(x_t: torch.Tensor, data: PreparedData, t: float, *, C
         if method not in ("auto", "mask", "gather"):
             raise ValueError(f"subset method must be auto, mask or gather, got {method!r}")
         if method == "gather" or (method == "auto" and subset.shape[1] <= GATHER_MAX_FRACTION * data.n):
-            return _clipped_sum_gathered(x_t, data, t, C=C, subset=subset)
-    a, r = clipped_log_norms_shifted(x_t, data, t, C=C)
+            return _clipped_sum_gathered(x_t, data, t, C=C, subset=subset, log_normaliser=log_normaliser)
+    a, r = clipped_log_norms_shifted(x_t, data, t, C=C, log_normaliser=log_normaliser)
     if subset is not None:
         # Records outside an output's subset get weight 0 (log -inf); the matmul over all n
         # records keeps the step at matmul speed on any device (the mask costs O(n_out n)).
@@ -195,15 +243,16 @@ def _finite_or_zero(m: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
 
 
-def _clipped_sum_gathered(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float,
-                          subset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _clipped_sum_gathered(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float, subset: torch.Tensor,
+                          log_normaliser: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`clipped_sum_log_scaled` on each output's own B records, gathered in blocks of outputs.
 
     The same quantities as the masked path: a_ij = x_t_i . x0_j / t^2 - ||x0_j||^2/(2t^2) +
-    log ||x0_j|| clipped at log C - r_i, shifted by its per-output max, for j in S_i only.
+    log ||x0_j|| clipped at log C - r_i, shifted by its per-output max, for j in S_i only (r_i less
+    log Z_i with a public normaliser).
     """
     _check_inputs(x_t, data, t, C)
-    r = _log_kernel_row_term(x_t, data.d, t)
+    r = _row_term(x_t, data.d, t, log_normaliser)
     bound = math.log(C) - r
     col = data.log_norm - (0.5 / t**2) * data.sqnorm
     rows = max(1, GATHER_BLOCK_ELEMENTS // (subset.shape[1] * data.d))
@@ -221,7 +270,8 @@ def _clipped_sum_gathered(x_t: torch.Tensor, data: PreparedData, t: float, *, C:
 
 
 def clipped_empirical_denoiser(x_t: torch.Tensor, data: PreparedData, t: float, *, C: float, beta: float,
-                               subset: torch.Tensor | None = None, method: SubsetMethod = "auto") -> torch.Tensor:
+                               subset: torch.Tensor | None = None, method: SubsetMethod = "auto",
+                               log_normaliser: torch.Tensor | None = None) -> torch.Tensor:
     """E_hat(x_t) = (1/(beta |S|)) sum_{x0 in S} vbar(x0; x_t), batched over outputs (EMPDEN eq. 38).
 
     ``x_t`` is [n_out, d] (flattened, in ``data``'s dtype and device). ``subset`` is None for the
@@ -229,11 +279,14 @@ def clipped_empirical_denoiser(x_t: torch.Tensor, data: PreparedData, t: float, 
     line 3: drawn by the caller once per output and reused). Computed in log space as described in
     the module docstring; the result is [n_out, d]. Its only rounding to 0 is exp(log_scale) when
     the true value is below the smallest float (e.g. t = 80 at d = 3*64*64 with beta = 1).
+    ``log_normaliser`` (log Z [n_out], e.g. :func:`log_public_marginal`) divides every v by a public
+    Z(x_t, t) before the clip; the sensitivity 2C/(beta |S|) is unchanged (module docstring).
     """
     if not beta > 0:
         raise ValueError(f"public normaliser beta must be > 0, got {beta}")
     size = data.n if subset is None else subset.shape[-1]
-    log_scale, direction = clipped_sum_log_scaled(x_t, data, t, C=C, subset=subset, method=method)
+    log_scale, direction = clipped_sum_log_scaled(x_t, data, t, C=C, subset=subset, method=method,
+                                                  log_normaliser=log_normaliser)
     return direction * (torch.exp(log_scale)[:, None] / (beta * size))
 
 
@@ -286,14 +339,16 @@ def mechanism_noise_std(t: float, t_next: float) -> float:
 
 
 def private_step(x: torch.Tensor, data: PreparedData, t: float, t_next: float, *, C: float, beta: float,
-                 subset: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 subset: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                 log_normaliser: torch.Tensor | None = None) -> torch.Tensor:
     """One private EDM step x_t -> x_{t_next} with the clipped empirical denoiser (eq. 1 with eq. 38).
 
     x <- (1 - 2dt/t) x + (2dt/t) E_hat(x) + sqrt(2 t dt) eps. The noise is the mechanism's noise
     (eq. 6): it must never be switched off or scaled down, or the step's mu_t no longer holds.
+    ``log_normaliser``: log Z(x, t) [n_out] of a public normaliser (:func:`log_public_marginal`), or None.
     """
     dt = t - t_next
-    e_hat = clipped_empirical_denoiser(x, data, t, C=C, beta=beta, subset=subset)
+    e_hat = clipped_empirical_denoiser(x, data, t, C=C, beta=beta, subset=subset, log_normaliser=log_normaliser)
     eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
     return (1.0 - 2.0 * dt / t) * x + (2.0 * dt / t) * e_hat + sampler_noise_std(t, t_next) * eps
 
@@ -340,14 +395,22 @@ def _claim(sink: LedgerSink, event, *, mechanism: str, sens: float, mu_core: flo
     return entry
 
 
-def _schedule_extra(schedule: EDMSchedule, k: int, C: float, beta: float) -> dict:
+#: how v is normalised: ``constant`` is eq. 38 literally (Z = 1), ``public_marginal`` divides by
+#: the public estimate of eq. 37's p_hat_t(x_t) (:func:`log_public_marginal`). Neither changes the claim.
+Normaliser = Literal["constant", "public_marginal"]
+NORMALISERS: tuple[str, ...] = ("constant", "public_marginal")
+
+
+def _schedule_extra(schedule: EDMSchedule, k: int, C: float, beta: float, normaliser: str) -> dict:
+    if normaliser not in NORMALISERS:
+        raise ValueError(f"normaliser must be one of {', '.join(NORMALISERS)}, got {normaliser!r}")
     t = schedule.times()
     return {"sigma_min": schedule.sigma_min, "sigma_max": schedule.sigma_max, "rho": schedule.rho, "N": schedule.N,
-            "k_steps": k, "t_end": float(t[k]), "C": C, "beta": beta}
+            "k_steps": k, "t_end": float(t[k]), "C": C, "beta": beta, "normaliser": normaliser}
 
 
 def record_full_batch(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, n: int,
-                      n_out: int) -> ledger.LedgerEntry:
+                      n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
     """Ledger line of a full-batch run: k private steps over all n records, n_out outputs (Sec. 3.2).
 
     Every step touches every record, so the run composes the k Gaussian mechanisms of every
@@ -357,12 +420,12 @@ def record_full_batch(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: flo
     event = acc.full_batch_event(mu_t, n_out)
     return _claim(sink, event, mechanism="empden_full_batch", sens=sensitivity(C=C, beta=beta, subset_size=n),
                   mu_core=float(np.max(mu_t)), sampling={"scheme": "none", "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta), "mu_total": acc.gdp_mu_of_event(event),
+                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_total": acc.gdp_mu_of_event(event),
                          "section": "EMPDEN Sec. 3.2"}, gdp=True)
 
 
 def record_outputwise(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
-                      n_out: int) -> ledger.LedgerEntry:
+                      n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
     """Ledger line of an output-wise subsampled block (Algorithm 1, Prop. 4.1).
 
     One B-subset per output reused over the k-step block: the block is one Gaussian with
@@ -374,12 +437,12 @@ def record_outputwise(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: flo
     return _claim(sink, event, mechanism="empden_outputwise_block",
                   sens=sensitivity(C=C, beta=beta, subset_size=B), mu_core=mu_bar,
                   sampling={"scheme": "fixed_size_per_output", "probability": q, "B": B, "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta), "mu_bar_B": mu_bar,
+                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_bar_B": mu_bar,
                          "proposition": "EMPDEN Prop. 4.1"})
 
 
 def record_per_step(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
-                    n_out: int) -> ledger.LedgerEntry:
+                    n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
     """Ledger line of per-step resampling: a fresh B-subset at every private step (Prop. C.1)."""
     mu_t = step_mu(schedule, C=C, beta=beta, batch_size=B)[:k]
     q = B / n
@@ -387,4 +450,4 @@ def record_per_step(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float
     return _claim(sink, event, mechanism="empden_per_step_subsampled",
                   sens=sensitivity(C=C, beta=beta, subset_size=B), mu_core=float(np.max(mu_t)),
                   sampling={"scheme": "fixed_size_per_step", "probability": q, "B": B, "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta), "proposition": "EMPDEN Prop. C.1"})
+                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "proposition": "EMPDEN Prop. C.1"})

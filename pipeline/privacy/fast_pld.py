@@ -8,18 +8,70 @@ dict of millions of keys, the composition's truncation bounds run 40 generic ``l
 calls, and ``get_epsilon_for_delta`` scans the composed PMF point by point. Here:
 
 * :class:`VectorizedGaussianPrivacyLoss` subclasses the library's ``GaussianPrivacyLoss`` and
-  overrides only ``get_delta_for_epsilon`` with the same formulas on a NumPy array;
-  connect-the-dots itself stays the library's.
+  overrides only ``get_delta_for_epsilon`` with the same formulas on a NumPy array.
 * :func:`_privacy_buckets_pmf` is the library's privacy-buckets branch with the loop on arrays.
 * :func:`self_compose` is the library's FFT self-composition (same Chernoff truncation bounds
   at the same orders, truncated mass added to the infinity mass, i.e. into delta) with a real
   FFT and the bounds' log-MGFs computed in one pass each.
 * :func:`epsilon_for_delta` is the library's scan from the largest loss down, chunked on arrays.
+* :func:`_connect_dots_pmf` is the library's ``create_pmf_pessimistic_connect_dots_fixed_gap``
+  (same formulas) building the dense array directly instead of a dict of millions of keys.
 
 ``tests/privacy/test_fast_pld.py`` checks PMFs, bounds and eps against dp_accounting (equal
 to floating-point rounding, ~1e-10 relative in eps: the library accumulates its loss grid by
 repeated subtraction, we multiply). The replay never uses this module
 (``accountants.pld_epsilon(reference=True)``), so an audit does not depend on it.
+
+Speed for many compositions: coarsen once, then compose (certified, never below the naive)
+------------------------------------------------------------------------------------------
+The FFT self-composition of N_out = 50,000 outputs at h = 1e-5 dominates the cost (FFTs of 6-16
+million points per direction). :func:`coarsen` maps the one-output PMF on the grid h Z onto the
+grid k h Z *before* composing, by splitting every atom at loss l, a <= l <= b = a + k h, between a and b with the
+weights that keep both its mass p and its e^{-L}-mass p e^{-l}:
+
+    p_b = p (1 - e^{-(l - a)}) / (1 - e^{-(b - a)}),     p_a = p - p_b.
+
+Why the result upper-bounds the naive eps_u (and hence the true eps):
+
+1. The hockey-stick divergence of a PLD is delta(eps) = E_L[(1 - e^{eps} e^{-L})_+] + m_inf, a
+   *convex* function of y = e^{-L} for every atom. The split is a mean-preserving spread of
+   y (Jensen), so the coarse one-output PMF has delta'(eps) >= delta(eps) for every eps, and
+   it keeps sum p = 1 and sum p e^{-L} (still a PLD of a pair of distributions).
+2. For N-fold composition, delta_N(eps) = E[(1 - e^{eps} prod_i y_i)_+] + ...; conditioned on
+   the other N - 1 outputs it is again convex in each y_i, so replacing the outputs' PMFs one
+   at a time by their splits never lowers delta_N: coarse-then-compose dominates
+   compose-at-h for every eps, hence eps_ours(delta) >= eps_naive(delta) for every delta.
+   (Equivalently: a dominating pair of a dominating pair dominates, and composition
+   preserves domination; Zhu, Dong & Wang 2022, Thm. 10.)
+3. The naive eps_u is certified (dp_accounting's connect-the-dots PMF dominates the Gaussian
+   mechanism, Doroshenko et al. 2022), so by transitivity ours upper-bounds the true eps.
+4. Truncation: both sides drop the composed tails outside Chernoff bounds of mass
+   tail_mass_truncation / 2 each and add tail_mass_truncation to the infinity mass, so each
+   side's delta is within [exact, exact + tail_mass_truncation]; ours adds one more
+   tail_mass_truncation (``margin``), which makes delta_ours >= delta_naive hold after
+   truncation too (costs ~1e-10 relative in eps at delta = 1e-5).
+
+How coarse (adaptive, :func:`split_factor`): k is the largest integer with k h <=
+:data:`COMPOSITION_INTERVAL` (1e-4) whose split adds at most :data:`SPLIT_VARIANCE_TOLERANCE`
+(1e-4) x Var(L) to the one-output loss, so a narrow loss (weak block, small q) keeps a finer
+grid; the composed spread, and eps, then move by ~5e-5 relative at most. Because k h is a
+sub-grid of h, the split's delta curve equals the fine one at the coarse nodes and is the chord
+(linear in e^eps) in between -- connect-the-dots at k h of the fine PMF -- so the excess
+shrinks quadratically with k h (EMPDEN's (mu_bar_B, q_B) = (2.09, 1e-3): eps_u on 1e-4
+exceeds eps_u on 1e-5 by 8e-6 relative).
+
+What is *not* covered by the argument: floating-point rounding, which both sides have
+(dp_accounting's eps and a re-implementation of it differ by ~1e-8 relative, either sign:
+complex vs real FFT, loss grid by repeated subtraction vs multiplication). With k >= 2 the
+coarsening's systematic excess (>= ~1e-5 relative) is orders of magnitude above it, which is
+why :func:`split_factor` prefers k = 2 over k = 1 whenever k = 2 still costs <= 10x the
+tolerance; with k = 1 (h already coarse, or a very narrow loss) ours is dp_accounting's
+number up to that rounding, which the replay's 1e-6 relative tolerance absorbs.
+``benchmarks/bench_accounting.py`` prints the signed differences on the whole Table 8/9 grid.
+
+The optimistic eps_l (privacy buckets rounded down, NOT a bound) goes through the same split;
+for it the split moves the estimate *up* by the same tiny amount, so eps_l stays a
+diagnostic of the discretisation slack eps_u - eps_l, never a guarantee.
 
 Depends on private helpers of dp_accounting (``_create_pld_pmf_from_monotone_privacy_loss``,
 ``_pld_for_subsampled_mechanism``, ``DensePLDPmf`` fields); the version is pinned in
@@ -132,6 +184,30 @@ def _privacy_buckets_pmf(loss: VectorizedGaussianPrivacyLoss, pessimistic: bool,
     return pld_pmf.DensePLDPmf(h, lowest, dense, infinity_mass, pessimistic)
 
 
+def _connect_dots_pmf(loss: VectorizedGaussianPrivacyLoss, h: float):
+    """dp_accounting's connect-the-dots PMF of a continuous monotone loss (the
+    ``use_connect_dots=True`` branch of ``_create_pld_pmf_from_monotone_privacy_loss`` with
+    ``create_pmf_pessimistic_connect_dots_fixed_gap``, Doroshenko et al. 2022, Alg. 1): same
+    nodes, same formulas, but the dense array is returned directly instead of going through a
+    dict of millions of keys (2 of the 3 s of a one-output PMF at h = 1e-5)."""
+    bounds = loss.connect_dots_bounds()
+    lower = math.floor(bounds.epsilon_lower / h)
+    upper = math.ceil(bounds.epsilon_upper / h)
+    deltas = np.asarray(loss.get_delta_for_epsilon(np.arange(lower, upper + 1) * h), dtype=float)
+    if upper - lower + 1 <= pld_pmf._MAX_PMF_SPARSE_SIZE:  # noqa: SLF001  small: the library's own code
+        return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(h, lower, upper, deltas)
+    if np.any(np.diff(deltas) > pld_pmf._DELTA_DIFF_TOLERANCE):  # noqa: SLF001  the library's check
+        raise ValueError("connect-the-dots: deltas are not non-increasing")
+    deltas = np.minimum.accumulate(deltas)
+    diffs = np.diff(deltas)
+    probs = np.empty_like(deltas)
+    probs[0] = 1 - deltas[0] + diffs[0] / math.expm1(h)
+    probs[1:-1] = (diffs[1:] - diffs[:-1] * math.exp(h)) / math.expm1(h)
+    probs[-1] = diffs[-1] / math.expm1(-h)
+    np.maximum(probs, 0.0, out=probs)  # the library clips rounding noise the same way
+    return pld_pmf.DensePLDPmf(h, lower, probs, float(deltas[-1]), True)
+
+
 def from_gaussian_mechanism(standard_deviation: float, *, sampling_prob: float = 1.0,
                             pessimistic_estimate: bool = True, value_discretization_interval: float = 1e-4,
                             log_mass_truncation_bound: float = -50.0) -> pld_lib.PrivacyLossDistribution:
@@ -147,11 +223,95 @@ def from_gaussian_mechanism(standard_deviation: float, *, sampling_prob: float =
             adjacency_type=adjacency_type)
         if not pessimistic_estimate:
             return _privacy_buckets_pmf(loss, False, value_discretization_interval)
-        return pld_lib._create_pld_pmf_from_monotone_privacy_loss(  # noqa: SLF001 (see module doc)
-            loss, pessimistic_estimate=pessimistic_estimate,
-            value_discretization_interval=value_discretization_interval, use_connect_dots=pessimistic_estimate)
+        return _connect_dots_pmf(loss, value_discretization_interval)
 
     return pld_lib._pld_for_subsampled_mechanism(single, sampling_prob)  # noqa: SLF001
+
+
+#: Coarsest grid on which many-fold compositions are run ("Speed" in the module docstring):
+#: eps_u composed on 1e-4 is within ~1e-5 relative of 1e-5 for most of EMPDEN's grid, and the
+#: FFTs are 10x shorter.
+COMPOSITION_INTERVAL = 1e-4
+
+
+#: Largest variance the split may add to the one-output loss, relative to its variance. The
+#: composed loss's spread grows by the same ratio; eps moved by ~half of it on EMPDEN's grid
+#: (a 1.7e-4 ratio gave +7.9e-5 relative in eps_u), so 1e-4 keeps eps_u within ~5e-5.
+SPLIT_VARIANCE_TOLERANCE = 1e-4
+
+
+def composition_factor(h: float, interval: float = COMPOSITION_INTERVAL) -> int:
+    """Integer k >= 1 with k h <= ``interval`` (k = 1: compose on h itself, as dp_accounting).
+
+    An integer k keeps the coarse grid a sub-grid of h, which the domination argument of
+    :func:`coarsen` needs; the 1e-9 guards 1e-4 / 1e-5 = 9.999999999999998.
+    """
+    return max(1, math.floor(interval / h + 1e-9))
+
+
+def split_factor(pmf, max_factor: int, tolerance: float = SPLIT_VARIANCE_TOLERANCE) -> int:
+    """Largest k <= ``max_factor`` whose split adds at most ``tolerance`` x Var(L) to the
+    one-output loss (adaptive: a narrow loss, e.g. a weak block at small q, keeps the fine grid).
+
+    An atom at l = a + r h of a cell [a, a + k h] is split into a and b = a + k h; to second
+    order its variance grows by (l - a)(b - l) = r (k - r) h^2 (exact in e^{-L}, where the
+    split keeps the mean).
+    """
+    dense = pmf.to_dense_pmf()
+    probs = np.asarray(dense._probs, dtype=float)  # noqa: SLF001
+    total = probs.sum()
+    if max_factor <= 1 or total <= 0:
+        return 1
+    index = np.arange(len(probs), dtype=float)
+    mean = (probs @ index) / total
+    var = (probs @ (index - mean) ** 2) / total  # in units of h^2
+    fine_index = dense._lower_loss + np.arange(len(probs))  # noqa: SLF001
+
+    def added(k: int) -> float:  # variance added by the split onto k h, in units of h^2
+        r = fine_index % k
+        return (probs @ (r * (k - r))) / total
+
+    for k in range(max_factor, 1, -1):
+        if added(k) <= tolerance * var:
+            return k
+    # k = 2 even for a narrow loss if it costs <= 10x the tolerance (eps_u ~5e-4 relative): a
+    # systematic excess that dominates the ~1e-8 floating-point noise by which dp_accounting
+    # and any re-implementation of it (k = 1) differ, so ours stays >= the naive eps_u
+    return 2 if added(2) <= 10 * tolerance * var else 1
+
+
+def coarsen_pmf(pmf, factor: int) -> pld_pmf.DensePLDPmf:
+    """The PMF on the grid ``factor`` * h, each atom split between its two neighbouring coarse
+    nodes keeping its mass and its e^{-L}-mass (a mean-preserving spread of e^{-L}; module
+    docstring, "Speed"). The result dominates ``pmf``: its delta(eps) is >= for every eps."""
+    dense = pmf.to_dense_pmf()
+    if factor == 1:
+        return dense
+    h, lower = dense._discretization, dense._lower_loss  # noqa: SLF001
+    probs = np.asarray(dense._probs, dtype=float)  # noqa: SLF001
+    coarse_h = factor * h
+    first = lower // factor  # coarse node at or below the lowest loss (floor division)
+    head = lower - first * factor  # offset of the first fine point inside its coarse cell
+    cells = -(-(head + len(probs)) // factor)
+    padded = np.zeros(cells * factor)
+    padded[head:head + len(probs)] = probs
+    table = padded.reshape(cells, factor)  # row j: the fine points a + r h of cell [a, a + k h)
+    r = np.arange(factor, dtype=float)
+    # weight of the upper node b = a + k h: (1 - e^{-(l - a)}) / (1 - e^{-(b - a)}), l = a + r h
+    to_upper = np.expm1(-r * h) / math.expm1(-coarse_h)
+    out = np.zeros(cells + 1)
+    out[:-1] = table @ (1.0 - to_upper)
+    out[1:] += table @ to_upper
+    infinity_mass, pessimistic = dense._infinity_mass, dense._pessimistic_estimate  # noqa: SLF001
+    return pld_pmf.DensePLDPmf(coarse_h, int(first), out, infinity_mass, pessimistic)
+
+
+def coarsen(pld: pld_lib.PrivacyLossDistribution, factor: int) -> pld_lib.PrivacyLossDistribution:
+    """:func:`coarsen_pmf` applied to both neighbouring directions."""
+    remove = coarsen_pmf(pld._pmf_remove, factor)  # noqa: SLF001
+    if pld._symmetric:  # noqa: SLF001
+        return pld_lib.PrivacyLossDistribution(remove)
+    return pld_lib.PrivacyLossDistribution(remove, coarsen_pmf(pld._pmf_add, factor))  # noqa: SLF001
 
 
 def self_convolve_bounds(probs: np.ndarray, num_times: int, tail_mass_truncation: float) -> tuple[int, int]:
@@ -178,12 +338,12 @@ def self_convolve_bounds(probs: np.ndarray, num_times: int, tail_mass_truncation
     return lower, upper
 
 
-def _self_compose_pmf(pmf, num_times: int, tail_mass_truncation: float, workers: int):
+def _self_compose_pmf(pmf, num_times: int, tail_mass_truncation: float, workers: int, margin: float = 0.0):
     """``DensePLDPmf.self_compose`` with a real FFT (half the work of the library's complex one).
 
     Same Chernoff truncation bounds and the same mass bookkeeping as dp_accounting (the
     truncated mass goes to the infinity mass, i.e. into delta); only the arithmetic path of
-    the convolution differs.
+    the convolution differs. ``margin`` is added to the infinity mass (item 4 of "Speed").
     """
     dense = pmf.to_dense_pmf()
     probs = np.asarray(dense._probs, dtype=float)  # noqa: SLF001
@@ -193,21 +353,40 @@ def _self_compose_pmf(pmf, num_times: int, tail_mass_truncation: float, workers:
     spectrum = sp_fft.rfft(probs, size, workers=workers)
     conv = sp_fft.irfft(spectrum ** num_times, size, workers=workers)
     out = np.roll(conv, -lo)[:out_len]
-    inf_prob = tail_mass_truncation - math.expm1(num_times * math.log1p(-dense._infinity_mass))  # noqa: SLF001
+    inf_prob = margin + tail_mass_truncation - math.expm1(num_times * math.log1p(-dense._infinity_mass))  # noqa: SLF001
     return pld_pmf.DensePLDPmf(dense._discretization, dense._lower_loss * num_times + lo, out,  # noqa: SLF001
                                inf_prob, dense._pessimistic_estimate)  # noqa: SLF001
 
 
 def self_compose(pld: pld_lib.PrivacyLossDistribution, num_times: int, *, tail_mass_truncation: float = 1e-15,
-                 workers: int = 1) -> pld_lib.PrivacyLossDistribution:
+                 workers: int = 1, margin: float = 0.0) -> pld_lib.PrivacyLossDistribution:
     """``PrivacyLossDistribution.self_compose`` through :func:`_self_compose_pmf` (both directions)."""
     if num_times == 1:
         return pld
-    remove = _self_compose_pmf(pld._pmf_remove, num_times, tail_mass_truncation, workers)  # noqa: SLF001
+    remove = _self_compose_pmf(pld._pmf_remove, num_times, tail_mass_truncation, workers, margin)  # noqa: SLF001
     if pld._symmetric:  # noqa: SLF001
         return pld_lib.PrivacyLossDistribution(remove)
-    add = _self_compose_pmf(pld._pmf_add, num_times, tail_mass_truncation, workers)  # noqa: SLF001
+    add = _self_compose_pmf(pld._pmf_add, num_times, tail_mass_truncation, workers, margin)  # noqa: SLF001
     return pld_lib.PrivacyLossDistribution(remove, add)
+
+
+def coarse_self_compose(pld: pld_lib.PrivacyLossDistribution, num_times: int, *,
+                        interval: float = COMPOSITION_INTERVAL, tail_mass_truncation: float = 1e-15,
+                        workers: int = 1) -> pld_lib.PrivacyLossDistribution:
+    """N-fold composition on the grid k h ~ ``interval``: :func:`coarsen`, then :func:`self_compose`
+    with one extra ``tail_mass_truncation`` in the infinity mass. Dominates dp_accounting's
+    ``pld.self_compose(num_times)`` for every eps (module docstring, "Speed"); with k = 1 it is
+    exactly :func:`self_compose`."""
+    if num_times == 1:
+        return pld
+    k_max = composition_factor(pld._pmf_remove._discretization, interval)  # noqa: SLF001
+    # one k for both directions (they are composed separately, but one grid keeps eps's
+    # max over directions comparable); the narrower direction decides
+    k = min(split_factor(pld._pmf_remove, k_max), split_factor(pld._pmf_add, k_max))  # noqa: SLF001
+    if k == 1:
+        return self_compose(pld, num_times, tail_mass_truncation=tail_mass_truncation, workers=workers)
+    return self_compose(coarsen(pld, k), num_times, tail_mass_truncation=tail_mass_truncation, workers=workers,
+                        margin=tail_mass_truncation)
 
 
 def _epsilon_for_delta_pmf(pmf, delta: float, chunk: int = 1 << 16) -> float:

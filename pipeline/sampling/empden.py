@@ -9,6 +9,12 @@ half-way is still accounted) covering all ``n_out`` outputs of the call.
 The public denoiser is any callable ``D(x, sigma) -> x0_hat`` on image-shaped tensors with a
 Python float ``sigma`` (e.g. an EDM-preconditioned network trained on public data only); its
 steps are post-processing and add no privacy cost (EMPDEN Sec. 6).
+
+``public_data`` (optional, every sampler) switches the empirical denoiser's normaliser from
+eq. 38's constant beta |S| alone to the public marginal Z = p_hat_pub(x_t) of
+:func:`pipeline.privacy.empirical_denoiser.log_public_marginal` (eq. 37's normaliser estimated on
+public records): the literal constant normaliser leaves E_hat = 0 in image dimensions. Z reads
+only public data and the state, so the ledger line and eps are the same either way.
 """
 
 from __future__ import annotations
@@ -55,12 +61,31 @@ def edm_heun(x: torch.Tensor, denoiser: PublicDenoiser, times: np.ndarray) -> to
 
 
 def _private_block(x: torch.Tensor, data: emp.PreparedData, times: np.ndarray, *, C: float, beta: float,
-                   subset_for_step: Callable[[], torch.Tensor | None], generator: torch.Generator) -> torch.Tensor:
-    """Run the private steps times[0] -> ... -> times[-1] on flattened states x [b, d]."""
+                   subset_for_step: Callable[[], torch.Tensor | None], generator: torch.Generator,
+                   public: emp.PreparedData | None = None) -> torch.Tensor:
+    """Run the private steps times[0] -> ... -> times[-1] on flattened states x [b, d].
+
+    With ``public`` records every step divides v by Z = p_hat_pub(x_t) (public, no privacy cost).
+    """
     for t_cur, t_next in zip(times[:-1], times[1:]):
+        log_z = None if public is None else emp.log_public_marginal(x, public, float(t_cur))
         x = emp.private_step(x, data, float(t_cur), float(t_next), C=C, beta=beta, subset=subset_for_step(),
-                             generator=generator)
+                             generator=generator, log_normaliser=log_z)
     return x
+
+
+def prepare_public(public_data: torch.Tensor | None, private: emp.PreparedData) -> emp.PreparedData | None:
+    """The public normaliser's records, prepared like the private ones (None: eq. 38's constant normaliser)."""
+    if public_data is None:
+        return None
+    pub = emp.prepare_data(public_data, dtype=private.x0.dtype, device=private.x0.device)
+    if pub.d != private.d:
+        raise ValueError(f"public normaliser records have dimension {pub.d}, the private records {private.d}")
+    return pub
+
+
+def _normaliser_name(public: emp.PreparedData | None) -> emp.Normaliser:
+    return "constant" if public is None else "public_marginal"
 
 
 def _initial_state(b: int, d: int, sigma_max: float, data: emp.PreparedData,
@@ -76,22 +101,26 @@ def _chunks(n_out: int, batch_size: int) -> list[int]:
 
 def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, sink: emp.LedgerSink,
                       generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=50),
-                      dtype: torch.dtype = torch.float64, batch_size: int = 256) -> torch.Tensor:
+                      dtype: torch.dtype = torch.float64, batch_size: int = 256,
+                      public_data: torch.Tensor | None = None) -> torch.Tensor:
     """Full-batch private sampling from sigma_max down to sigma_min (EMPDEN Sec. 3.2, Sec. 5.1).
 
     Every step uses all n records (S = D); the N - 1 steps t_0 -> t_{N-1} = sigma_min are private
     and the output is the state at sigma_min (vary ``schedule.sigma_min`` for the sigma_min sweep).
+    ``public_data``: public records for the public-marginal normaliser (module docstring), or None.
     Returns [n_out, *data.shape[1:]] on the generator's device.
     """
     device = generator.device
     prep = emp.prepare_data(data, dtype=dtype, device=device)
+    pub = prepare_public(public_data, prep)
     times = schedule.times()[: schedule.N]  # t_0 .. t_{N-1} = sigma_min
-    emp.record_full_batch(sink, schedule, k=schedule.N - 1, C=C, beta=beta, n=prep.n, n_out=n_out)
+    emp.record_full_batch(sink, schedule, k=schedule.N - 1, C=C, beta=beta, n=prep.n, n_out=n_out,
+                          normaliser=_normaliser_name(pub))
     out = []
     for b in _chunks(n_out, batch_size):
         x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
         out.append(_private_block(x, prep, times, C=C, beta=beta, subset_for_step=lambda: None,
-                                  generator=generator))
+                                  generator=generator, public=pub))
     return torch.cat(out).reshape(n_out, *data.shape[1:])
 
 
@@ -112,7 +141,7 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
                   generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=39),
                   resample: Literal["per_output", "per_step"] = "per_output",
                   dtype: torch.dtype = torch.float64, public_dtype: torch.dtype = torch.float32,
-                  batch_size: int = 256) -> torch.Tensor:
+                  batch_size: int = 256, public_data: torch.Tensor | None = None) -> torch.Tensor:
     """EMPDEN Algorithm 1: subsampled private block to t0, re-noise to t1, public denoiser t1 -> 0.
 
     ``resample="per_output"`` (Algorithm 1, accounted by Prop. 4.1) draws each output's B-subset
@@ -121,27 +150,30 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
     k = ceil(p N / 100) steps of the N-step grid, t1 is T grid points above t0, and the public
     denoiser runs EDM Heun along the grid from t1 to 0. The private block runs in ``dtype``
     (float64: see the precision note of :mod:`pipeline.privacy.empirical_denoiser`), the public
-    part in ``public_dtype`` (a network's dtype). Returns [n_out, *data.shape[1:]] in ``public_dtype``.
+    part in ``public_dtype`` (a network's dtype). ``public_data``: public records for the
+    public-marginal normaliser (module docstring), or None for eq. 38's constant.
+    Returns [n_out, *data.shape[1:]] in ``public_dtype``.
     """
     device = generator.device
     k, t0, t1 = hybrid_times(schedule, p_percent, T)
     prep = emp.prepare_data(data, dtype=dtype, device=device)
+    pub = prepare_public(public_data, prep)
     times = schedule.times()
     if resample not in ("per_output", "per_step"):
         raise ValueError(f"resample must be per_output or per_step, got {resample!r}")
     if not 1 <= B <= prep.n:
         raise ValueError(f"subsample size B must be in [1, n={prep.n}], got {B}")
     record = emp.record_outputwise if resample == "per_output" else emp.record_per_step
-    record(sink, schedule, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_out)
+    record(sink, schedule, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_out, normaliser=_normaliser_name(pub))
     out = []
     for b in _chunks(n_out, batch_size):
         x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
         if resample == "per_output":
             subset = emp.draw_subsets(prep.n, B, b, generator=generator, device=device)
             x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, subset_for_step=lambda: subset,
-                               generator=generator)
+                               generator=generator, public=pub)
         else:
-            x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, generator=generator,
+            x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, generator=generator, public=pub,
                                subset_for_step=lambda: emp.draw_subsets(prep.n, B, b, generator=generator,
                                                                         device=device))
         x = renoise(x, t0, t1, generator=generator).reshape(b, *data.shape[1:]).to(public_dtype)

@@ -12,10 +12,15 @@ from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule, step_mu
 
 
-def denoise(x_t, data, t, *, C, beta, subset=None, method="auto"):
+def denoise(x_t, data, t, *, C, beta, subset=None, method="auto", public=None):
+    """E_hat; with ``public`` records, normalised by Z = p_hat_pub(x_t) over them (the public marginal)."""
     prep = emp.prepare_data(torch.as_tensor(data, dtype=torch.float64))
-    return emp.clipped_empirical_denoiser(torch.as_tensor(x_t, dtype=torch.float64), prep, t, C=C, beta=beta,
-                                          subset=subset, method=method).numpy()
+    x_t = torch.as_tensor(x_t, dtype=torch.float64)
+    log_z = None
+    if public is not None:
+        log_z = emp.log_public_marginal(x_t, emp.prepare_data(torch.as_tensor(public, dtype=torch.float64)), t)
+    return emp.clipped_empirical_denoiser(x_t, prep, t, C=C, beta=beta, subset=subset, method=method,
+                                          log_normaliser=log_z).numpy()
 
 
 def reference(x_t: np.ndarray, data: np.ndarray, t: float, *, C: float, beta: float) -> np.ndarray:
@@ -30,8 +35,11 @@ def reference(x_t: np.ndarray, data: np.ndarray, t: float, *, C: float, beta: fl
 
 # --------------------------------------------------------------------------- sensitivity
 
-def _neighbour_changes(rng, n, d, C, beta, t, n_xt, *, adversarial: bool):
-    """Max ||E_hat(D) - E_hat(D')|| over x_t for replace-one and remove-one neighbours of a random D."""
+def _neighbour_changes(rng, n, d, C, beta, t, n_xt, *, adversarial: bool, public=None):
+    """Max ||E_hat(D) - E_hat(D')|| over x_t for replace-one and remove-one neighbours of a random D.
+
+    ``public``: records of a public-marginal normaliser, the same for D and D' (it is public).
+    """
     if adversarial:
         # one record a against n-1 copies of -a, seen from x_t = 0 where (t = 0.02, ||a|| = 0.02)
         # p ||a|| ~ 100 >> C, so every v is clipped: the extreme case of both neighbour relations.
@@ -45,9 +53,9 @@ def _neighbour_changes(rng, n, d, C, beta, t, n_xt, *, adversarial: bool):
                          t * rng.normal(size=(n_xt - n_xt // 2, d))])
     replaced = data.copy()
     replaced[0] = -data[0] if adversarial else rng.uniform(-1, 1, size=d)
-    base = denoise(x_t, data, t, C=C, beta=beta)
-    change_replace = np.linalg.norm(base - denoise(x_t, replaced, t, C=C, beta=beta), axis=1).max()
-    change_remove = np.linalg.norm(base - denoise(x_t, data[1:], t, C=C, beta=beta), axis=1).max()
+    base = denoise(x_t, data, t, C=C, beta=beta, public=public)
+    change_replace = np.linalg.norm(base - denoise(x_t, replaced, t, C=C, beta=beta, public=public), axis=1).max()
+    change_remove = np.linalg.norm(base - denoise(x_t, data[1:], t, C=C, beta=beta, public=public), axis=1).max()
     return change_replace, change_remove
 
 
@@ -108,6 +116,45 @@ def test_subsampled_sensitivity_is_2C_over_beta_B(method):
     assert norms[1] == 0.0, "an output whose subset misses the record does not move"
 
 
+@pytest.mark.parametrize("C,beta", [(1.0, 1.0), (0.05, 1.0), (3.0, 0.5)])
+def test_a_public_normaliser_keeps_the_sensitivity_at_2C_over_beta_S(C, beta):
+    """v = x0 p(x_t|x0) / Z(x_t) with Z from public records only: still ||E_hat(D) - E_hat(D')|| <= 2C/(beta|S|).
+
+    Z is the same for D and D' (it reads no private record), and the clip still bounds every
+    term, so replace-one and remove-one change E_hat by at most 2C/(beta n); the bound is still
+    attained (public records far from x_t = 0 make Z tiny, so every term is clipped).
+    """
+    rng = np.random.default_rng(10)
+    n, d = 6, 3
+    public = rng.uniform(-1, 1, size=(5, d))
+    bound = emp.sensitivity(C=C, beta=beta, subset_size=n)
+    for trial in range(12):
+        t = float(np.exp(rng.uniform(np.log(0.05), np.log(5.0))))
+        changes = _neighbour_changes(rng, n, d, C, beta, t, 40, adversarial=False, public=public)
+        assert max(changes) <= bound * (1 + 1e-9), f"trial {trial}: change {max(changes)} > bound {bound}"
+    far = 3.0 + rng.uniform(size=(5, d))
+    changes = _neighbour_changes(rng, n, d, C, beta, 0.02, 1, adversarial=True, public=far)
+    assert max(changes) <= bound * (1 + 1e-9)
+    assert min(changes) >= 0.999 * bound, "the bound 2C/(beta|S|) is attained by both neighbour relations"
+
+
+@pytest.mark.parametrize("method", ["mask", "gather"])
+def test_a_public_normaliser_keeps_the_subsampled_sensitivity_at_2C_over_beta_B(method):
+    rng = np.random.default_rng(11)
+    n, d, B, C, t = 10, 3, 4, 0.5, 0.2
+    data = rng.uniform(-1, 1, size=(n, d))
+    public = rng.uniform(-1, 1, size=(7, d))
+    x_t = data[rng.integers(n, size=30)] + t * rng.normal(size=(30, d))
+    subset = emp.draw_subsets(n, B, 30, generator=torch.Generator().manual_seed(0))
+    base = denoise(x_t, data, t, C=C, beta=1.0, subset=subset, method=method, public=public)
+    bound = emp.sensitivity(C=C, beta=1.0, subset_size=B)
+    for r in range(n):
+        replaced = data.copy()
+        replaced[r] = rng.uniform(-1, 1, size=d)
+        change = base - denoise(x_t, replaced, t, C=C, beta=1.0, subset=subset, method=method, public=public)
+        assert np.linalg.norm(change, axis=1).max() <= bound * (1 + 1e-9), f"record {r}"
+
+
 # --------------------------------------------------------------------------- the formula
 
 @pytest.mark.parametrize("t", [0.3, 1.0, 5.0])
@@ -125,6 +172,63 @@ def test_unclipped_full_batch_is_the_empirical_marginal_times_the_posterior_mean
     prep = emp.prepare_data(torch.as_tensor(data))
     np.testing.assert_allclose(emp.empirical_posterior_mean(torch.as_tensor(x_t), prep, t).numpy(),
                                posterior_mean, rtol=1e-9, atol=1e-12)
+
+
+def test_log_public_marginal_is_the_log_mixture_density_of_the_public_records():
+    """log p_hat_pub(x_t) = log (1/m) sum_j N(x_t; y_j, t^2 I), against scipy's densities."""
+    rng = np.random.default_rng(12)
+    public = rng.uniform(-1, 1, size=(9, 4))
+    x_t = rng.normal(size=(5, 4))
+    for t in (0.1, 1.0, 30.0):
+        log_p = np.stack([multivariate_normal(mean=y, cov=t**2).logpdf(x_t) for y in public], axis=1)
+        got = emp.log_public_marginal(torch.as_tensor(x_t), emp.prepare_data(torch.as_tensor(public)), t).numpy()
+        np.testing.assert_allclose(got, logsumexp(log_p, axis=1) - np.log(len(public)), rtol=1e-10, err_msg=f"t={t}")
+
+
+@pytest.mark.parametrize("t", [0.05, 0.3, 1.0, 5.0])
+def test_normalised_by_the_marginal_of_the_same_set_unclipped_E_hat_is_the_posterior_mean(t):
+    """Z = p_hat_t(x_t) of the private set itself, C -> infinity, beta = 1: E_hat = E[x0 | x_t] (eq. 37).
+
+    The public-marginal normaliser is eq. 37's normaliser estimated on other records; on the same
+    records it is eq. 37 exactly. Reference: scipy's softmax of the log densities.
+    """
+    rng = np.random.default_rng(13)
+    n, d = 20, 5
+    data = rng.uniform(-1, 1, size=(n, d))
+    x_t = np.vstack([data[:3] + t * rng.normal(size=(3, d)), t * rng.normal(size=(3, d))])
+    log_p = np.stack([multivariate_normal(mean=x0, cov=t**2).logpdf(x_t) for x0 in data], axis=1)
+    posterior_mean = softmax(log_p, axis=1) @ data
+    for method, subset in (("mask", None), ("gather", torch.arange(n).repeat(len(x_t), 1))):
+        got = denoise(x_t, data, t, C=1e300, beta=1.0, public=data, subset=subset, method=method)
+        np.testing.assert_allclose(got, posterior_mean, rtol=1e-8, atol=1e-12, err_msg=method)
+    prep = emp.prepare_data(torch.as_tensor(data))
+    np.testing.assert_allclose(emp.empirical_posterior_mean(torch.as_tensor(x_t), prep, t).numpy(), posterior_mean,
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_at_d_256_only_the_public_normaliser_gives_a_nonzero_E_hat_over_the_edm_grid():
+    """16x16 images: the literal eq. 38 (Z = 1) rounds E_hat to 0 at mid and high noise; Z = p_hat_pub does not.
+
+    States are private records plus t-noise (x_t ~ p_t of the private set); private and public
+    records are independent draws of the same law. (Far from every private record, e.g. pure
+    noise at small t, E_hat ~ 0 is right: there p_hat_priv / p_hat_pub is itself ~ 0.)
+    """
+    from pipeline.privacy.schedule import EDMSchedule
+
+    rng = np.random.default_rng(14)
+    d, C = 256, 1.0
+    private = emp.prepare_data(torch.as_tensor(rng.uniform(-1, 1, size=(30, d))))
+    public = emp.prepare_data(torch.as_tensor(rng.uniform(-1, 1, size=(50, d))))
+    for t in map(float, EDMSchedule(N=39).times()[:-1]):
+        x_t = private.x0[:6] + t * torch.as_tensor(rng.normal(size=(6, d)))
+        log_z = emp.log_public_marginal(x_t, public, t)
+        normalised = emp.clipped_empirical_denoiser(x_t, private, t, C=C, beta=1.0, log_normaliser=log_z)
+        norms = normalised.norm(dim=1)
+        # not merely > 0: a sizeable share of C at every noise level
+        assert (norms > 1e-3 * C).all(), f"t={t}: {norms}"
+        if t >= 1.0:
+            literal = emp.clipped_empirical_denoiser(x_t, private, t, C=C, beta=1.0)
+            assert literal.norm(dim=1).max() < 1e-100, f"t={t}: eq. 38 literally is not inert here"
 
 
 def test_log_space_computation_is_finite_and_exact_at_64x64_over_the_whole_edm_range():
@@ -226,6 +330,12 @@ def test_bad_parameters_raise_one_line_errors():
         emp.clipped_empirical_denoiser(torch.zeros(1, 3, dtype=torch.float64), prep, 1.0, C=1.0, beta=1.0)
     with pytest.raises(ValueError, match="t must be > 0"):
         emp.clipped_empirical_denoiser(torch.zeros(1, 2, dtype=torch.float64), prep, 0.0, C=1.0, beta=1.0)
+    with pytest.raises(ValueError, match="log_normaliser must have shape"):
+        emp.clipped_empirical_denoiser(torch.zeros(2, 2, dtype=torch.float64), prep, 1.0, C=1.0, beta=1.0,
+                                       log_normaliser=torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="non-finite"):
+        emp.clipped_empirical_denoiser(torch.zeros(1, 2, dtype=torch.float64), prep, 1.0, C=1.0, beta=1.0,
+                                       log_normaliser=torch.full((1,), float("-inf"), dtype=torch.float64))
 
 
 def test_all_zero_records_give_zero_not_nan():

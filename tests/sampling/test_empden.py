@@ -162,3 +162,50 @@ def test_an_edm_preconditioned_unet_is_a_public_denoiser(data, sink):
                                sink=sink, generator=torch.Generator().manual_seed(6), schedule=EDMSchedule(N=12))
     assert out.shape == (2, 1, 4, 4) and out.dtype == torch.float32 and torch.isfinite(out).all()
     assert not out.requires_grad, "sampling builds no autograd graph"
+
+
+def test_public_normaliser_changes_the_samples_but_not_the_claim(data, tmp_path):
+    """public_data switches eq. 38's constant normaliser to Z = p_hat_pub(x_t): other samples, the same ledger claim.
+
+    Z reads only public records and the released state, so sensitivity, noise and eps are those
+    of the constant normaliser; only the ledger's extra.normaliser names the choice.
+    """
+    public = torch.rand(25, 1, 4, 4, generator=torch.Generator().manual_seed(9)) * 2 - 1
+    out, lines = {}, {}
+    for name, pub in (("constant", None), ("public_marginal", public)):
+        s = emp.LedgerSink(path=tmp_path / f"{name}.jsonl", stage="t", config_id="t", seed=0, delta=1e-5,
+                           pld=COARSE_PLD)
+        out[name] = empden.sample_hybrid(data, n_out=3, B=8, p_percent=55, T=2,
+                                         public_denoiser=RecordingDenoiser(torch.zeros(1)), C=0.5, beta=1.0, sink=s,
+                                         generator=torch.Generator().manual_seed(7), public_data=pub)
+        (lines[name],) = [e for _, e in ledger.read_ledger(s.path)]
+    assert not torch.equal(out["constant"], out["public_marginal"])
+    a, b = lines["constant"], lines["public_marginal"]
+    assert (a.extra["normaliser"], b.extra["normaliser"]) == ("constant", "public_marginal")
+    assert a.claimed_epsilon == b.claimed_epsilon and a.sensitivity == b.sensitivity and a.noise_std == b.noise_std
+    assert a.dp_event() == b.dp_event()
+
+
+def test_every_private_step_divides_by_the_public_marginal_at_its_own_state(data, sink, monkeypatch):
+    public = torch.rand(25, 1, 4, 4, generator=torch.Generator().manual_seed(9)) * 2 - 1
+    pub = emp.prepare_data(public)
+    seen = []
+    real_step = emp.private_step
+
+    def checking_step(x, prep, t, t_next, **kw):
+        torch.testing.assert_close(kw["log_normaliser"], emp.log_public_marginal(x, pub, t), rtol=0, atol=0)
+        seen.append(t)
+        return real_step(x, prep, t, t_next, **kw)
+
+    monkeypatch.setattr(emp, "private_step", checking_step)
+    schedule = EDMSchedule(N=8)
+    empden.sample_full_batch(data, n_out=2, C=1.0, beta=1.0, sink=sink, generator=torch.Generator().manual_seed(8),
+                             schedule=schedule, public_data=public)
+    assert seen == pytest.approx(list(schedule.times()[:7]))
+
+
+def test_public_records_of_another_dimension_are_refused(data, sink):
+    with pytest.raises(ValueError, match="public normaliser records have dimension 9"):
+        empden.sample_full_batch(data, n_out=1, C=1.0, beta=1.0, sink=sink, generator=torch.Generator(),
+                                 schedule=EDMSchedule(N=4), public_data=torch.zeros(3, 1, 3, 3))
+    assert not sink.path.exists(), "nothing ran, so nothing is claimed"

@@ -1,0 +1,347 @@
+"""Stage ``empden_sample``: one cell of the EMPDEN grid -> a split of samples and its ledger line.
+
+A cell (:class:`pipeline.sampling.empden_grid.Cell`) names the sampler and its symbols; the
+schedule, clip norm C and the accountant settings come from the config's ``accounting``
+section, so the eps a cell claims in its ledger is the eps the accounting tables compute for
+the same (mu_bar_B, q_B, N_out). The samplers are :mod:`pipeline.sampling.empden`:
+
+* ``hybrid`` / ``per_step``: :func:`~pipeline.sampling.empden.sample_hybrid` (Algorithm 1 /
+  Prop. C.1) on the N-step grid (EMPDEN: N = 39), public denoiser from t1 = t_{k-T} to 0;
+* ``full_batch``: :func:`~pipeline.sampling.empden.sample_full_batch` on the N_full_batch-step
+  grid (EMPDEN: 50) ending at the cell's sigma_min (Sec. 6.1, Figure 4);
+* ``public_only``: the public denoiser alone (EDM Heun over the N-step grid): no private data
+  is read, no ledger line, eps = 0 (reference row of Table 2).
+
+The empirical denoiser's normaliser (params ``normaliser``): ``constant`` is EMPDEN eq. 38
+literally (divide by beta |S| only), which is inert at image dimensions (the kernel values are
+~1e-54 or smaller at d = 256, so E_hat = 0); ``public_marginal`` also divides by
+p_hat_pub(x_t) over the public split (``--in public_data=PATH``, optionally a fixed random subset
+of ``normaliser_n`` records), i.e. eq. 37 with its normaliser estimated on public data. It costs
+no privacy (see :mod:`pipeline.privacy.empirical_denoiser`): ledger lines and eps are unchanged.
+
+Images are mapped to [-1, 1] (the public denoiser's scale) and back to uint8 with clipping.
+Samples are unconditional: every label is -1, which the evaluation stage scores in
+FID/KID/precision-recall and leaves out of the label-aware metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.device import resolve_device
+from pipeline.io import Split, load_split, save_split
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import empirical_denoiser as emp
+from pipeline.privacy import ledger
+from pipeline.privacy.schedule import EDMSchedule, block_mu, step_mu
+from pipeline.sampling import empden
+from pipeline.sampling.empden_grid import Cell
+from pipeline.stage import PipelineError, stage
+
+log = logging.getLogger(__name__)
+
+#: label of an unconditional sample (pipeline.evaluation.stage: negative = no label)
+UNCONDITIONAL = -1
+
+PARAMS_DOC = {
+    "cell": "the cell: {method, seed, beta, p_percent, B, T, sigma_min} (pipeline.sampling.empden_grid.Cell)",
+    "accounting": "the config's `accounting` section: schedule (sigma_min/max, rho, N, N_full_batch), C, "
+                  "C_scales_with_subset, delta, discretisation, log_mass_truncation",
+    "n_out": "number of samples to release (the N_out the ledger line accounts for)",
+    "batch_size": "outputs sampled at once (memory only; default 256)",
+    "normaliser": "constant (eq. 38 literally) | public_marginal (Z = p_hat_pub(x_t) over --in public_data; "
+                  "default constant)",
+    "normaliser_n": "public records used by public_marginal: a fixed random subset of this size (null = all)",
+    "device": "auto | cpu | cuda[:N]",
+    "threads": "torch CPU threads (default 1)",
+    "config_id": "id of the configuration (ledger and manifest provenance)",
+}
+
+
+def to_model_scale(images: np.ndarray) -> torch.Tensor:
+    """uint8 [N, C, H, W] -> float64 in [-1, 1] (the scale of the public EDM denoiser, sigma_data = 0.5)."""
+    return torch.from_numpy(images).to(torch.float64).div_(127.5).sub_(1.0)
+
+
+def to_uint8(x: torch.Tensor) -> np.ndarray:
+    """[-1, 1] -> uint8 with clipping (a state still at noise level sigma_min > 0 leaves [-1, 1])."""
+    return ((x.detach().to(torch.float64).clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
+
+
+def effective_clip(accounting: Mapping[str, Any], subset_size: int) -> float:
+    """The clip norm the sampler uses: C |S| when accounting.C_scales_with_subset, else C.
+
+    The same convention as :meth:`pipeline.accounting.empden.AccountingConfig.mu_t`, so the
+    sampler's mu_t (eq. 39) equals the accounting tables' mu_t for the same cell.
+    """
+    C = float(accounting["C"])
+    return C * subset_size if accounting["C_scales_with_subset"] else C
+
+
+def schedule_of(cell: Cell, accounting: Mapping[str, Any]) -> EDMSchedule:
+    """EDM grid of the cell: N_full_batch steps to the cell's sigma_min for full batch, else N steps."""
+    if cell.method == "full_batch":
+        return EDMSchedule(sigma_min=float(cell.sigma_min), sigma_max=float(accounting["sigma_max"]),
+                           rho=float(accounting["rho"]), N=int(accounting["N_full_batch"]))
+    return EDMSchedule(sigma_min=float(accounting["sigma_min"]), sigma_max=float(accounting["sigma_max"]),
+                       rho=float(accounting["rho"]), N=int(accounting["N"]))
+
+
+#: seed of the fixed random subset of public records behind the public-marginal normaliser: a
+#: constant, so every cell (and seed) divides by the same public Z.
+NORMALISER_SUBSET_SEED = 0
+
+
+def public_normaliser_data(params: Mapping[str, Any], path: Path | None, *,
+                           shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The public records of the ``public_marginal`` normaliser in model scale, or None for ``constant``.
+
+    ``normaliser_n`` keeps a fixed random subset (seed NORMALISER_SUBSET_SEED) to bound the cost of
+    Z at paper scale (one [outputs, m] kernel matrix per step).
+    """
+    kind = params.get("normaliser", "constant")
+    if kind not in emp.NORMALISERS:
+        raise PipelineError(f"empden_sample: normaliser must be one of {', '.join(emp.NORMALISERS)}, got {kind!r}")
+    if kind == "constant":
+        return None
+    if path is None:
+        raise PipelineError("empden_sample: normaliser public_marginal needs the public split (--in public_data=PATH)")
+    public = load_split(path)
+    if tuple(public.images.shape[1:]) != shape:
+        raise PipelineError(f"empden_sample: public split {path} has images {'x'.join(map(str, public.images.shape[1:]))}"
+                            f", the private images are {'x'.join(map(str, shape))}")
+    data = to_model_scale(public.images)
+    m = params.get("normaliser_n")
+    if m is not None and int(m) < data.shape[0]:
+        if int(m) < 1:
+            raise PipelineError(f"empden_sample: normaliser_n must be >= 1, got {m}")
+        keep = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(NORMALISER_SUBSET_SEED))
+        data = data[keep[: int(m)]]
+    return data
+
+
+def _public_denoiser(path: Path | None, *, shape: tuple[int, ...], device: torch.device) -> empden.PublicDenoiser:
+    from pipeline.models.checkpoint import load_denoiser
+
+    if path is None:
+        raise PipelineError("empden_sample: this method needs the public denoiser (--in public=PATH)")
+    net = load_denoiser(path, device=device)
+    cfg = getattr(getattr(net, "unet", None), "config", None)
+    if cfg is not None and (cfg.in_channels, cfg.sample_size) != (shape[0], shape[1]):
+        raise PipelineError(f"empden_sample: public denoiser {path} is for {cfg.in_channels}x{cfg.sample_size}"
+                            f"x{cfg.sample_size} images, the private images are {'x'.join(map(str, shape))}")
+
+    # EMPDEN's samples are unconditional. A class-conditional public denoiser trained with label
+    # dropout (classifier-free guidance) has a null label, the extra last embedding row
+    # (pipeline.models.unet.UNetSpec): ask it the unconditional question with that label.
+    n_embeds = getattr(cfg, "num_class_embeds", None) if cfg is not None else None
+    null_label = None if not n_embeds else n_embeds - 1
+
+    def denoise(x: torch.Tensor, sigma: float) -> torch.Tensor:
+        if null_label is None:
+            return net(x, sigma)
+        return net(x, sigma, torch.full((x.shape[0],), null_label, dtype=torch.long, device=x.device))
+
+    return denoise
+
+
+def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser | None, shape: tuple[int, ...],
+             accounting: Mapping[str, Any], n_out: int, sink: emp.LedgerSink | None, device: torch.device,
+             batch_size: int = 256, public_data: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Sample ``n_out`` outputs of ``cell``; return them in [-1, 1] scale and the cell's privacy facts.
+
+    The facts (k, t0, t1, n, q_B, mu_bar_B, C used, normaliser) go into the samples' manifest, so
+    the tables can recompute every eps from the cell alone. ``public_data`` (model scale): the
+    records of the public-marginal normaliser, None for eq. 38's constant one.
+    """
+    gen = torch.Generator(device=device).manual_seed(cell.seed)
+    sched = schedule_of(cell, accounting)
+    facts: dict[str, Any] = {**cell.as_dict(), "n_out": n_out, "N": sched.N, "sigma_max": sched.sigma_max,
+                             "rho": sched.rho, "sigma_min_schedule": sched.sigma_min,
+                             "normaliser": "constant" if public_data is None else "public_marginal",
+                             "normaliser_n": None if public_data is None else int(public_data.shape[0])}
+    if cell.method == "public_only":
+        x = sched.sigma_max * torch.randn((n_out, *shape), generator=gen, device=device)
+        out = torch.cat([empden.edm_heun(chunk, public, sched.times()) for chunk in x.split(batch_size)])
+        return out, {**facts, "k_steps": 0, "n": None, "q_B": 0.0, "mu_bar_B": 0.0}
+    assert private is not None and sink is not None
+    data = to_model_scale(private.images)
+    n = data.shape[0]
+    if cell.method == "full_batch":
+        C = effective_clip(accounting, n)
+        out = empden.sample_full_batch(data, n_out=n_out, C=C, beta=cell.beta, sink=sink, generator=gen,
+                                       schedule=sched, batch_size=batch_size, public_data=public_data)
+        mu_t = step_mu(sched, C=C, beta=cell.beta, batch_size=n)[: sched.N - 1]
+        return out, {**facts, "k_steps": sched.N - 1, "n": n, "C_used": C, "q_B": 1.0,
+                     "mu_bar_B": block_mu(mu_t, len(mu_t)), "mu_total": math.sqrt(n_out) * block_mu(mu_t, len(mu_t))}
+    if cell.B > n:
+        raise PipelineError(f"empden_sample: subsample size B={cell.B} exceeds the private set size n={n}")
+    C = effective_clip(accounting, cell.B)
+    try:
+        k, t0, t1 = empden.hybrid_times(sched, cell.p_percent, cell.T)
+    except ValueError as exc:
+        raise PipelineError(f"empden_sample {cell.name}: {exc}") from None
+    out = empden.sample_hybrid(data, n_out=n_out, B=cell.B, p_percent=cell.p_percent, T=cell.T,
+                               public_denoiser=public, C=C, beta=cell.beta, sink=sink, generator=gen,
+                               schedule=sched, resample="per_output" if cell.method == "hybrid" else "per_step",
+                               batch_size=batch_size, public_data=public_data)
+    mu_bar = block_mu(step_mu(sched, C=C, beta=cell.beta, batch_size=cell.B), k)
+    return out, {**facts, "k_steps": k, "t0": t0, "t1": t1, "n": n, "C_used": C, "q_B": cell.B / n,
+                 "mu_bar_B": mu_bar}
+
+
+@stage("empden_sample", inputs=("private",), outputs=("samples",), optional_inputs=("public", "public_data"),
+       optional_outputs=("ledger",), params=PARAMS_DOC)
+def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """One EMPDEN cell (hybrid, per_step, full_batch or public_only): samples as a split, one ledger line."""
+    try:
+        cell = Cell(**{k: v for k, v in params["cell"].items() if k != "cell"})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PipelineError(f"empden_sample: bad params.cell ({exc})") from None
+    accounting = params.get("accounting")
+    if not accounting:
+        raise PipelineError("empden_sample: params need the config's `accounting` section")
+    n_out = int(params.get("n_out", 0))
+    if n_out < 1:
+        raise PipelineError(f"empden_sample: n_out must be >= 1, got {n_out}")
+    torch.set_num_threads(int(params.get("threads", 1)))
+    device = resolve_device(params.get("device", "auto"))
+    config_id = str(params.get("config_id", "unknown"))
+    private = load_split(inputs["private"])
+    shape = tuple(private.images.shape[1:])
+    public_data = None
+    if cell.private:
+        public_data = public_normaliser_data(params, inputs.get("public_data"), shape=shape)
+    public = None
+    if cell.method != "full_batch":
+        public = _public_denoiser(inputs.get("public"), shape=shape, device=device)
+    sink = None
+    if cell.private:
+        if "ledger" not in outputs:
+            raise PipelineError(f"empden_sample: a {cell.method} cell reads private data and needs --out ledger=PATH")
+        # A rerun replaces the cell's transcript: it describes the samples this run writes.
+        Path(outputs["ledger"]).unlink(missing_ok=True)
+        sink = emp.LedgerSink(path=Path(outputs["ledger"]), stage="empden_sample", config_id=config_id,
+                              seed=cell.seed, delta=float(accounting["delta"]),
+                              pld=acc.PLDSettings(float(accounting["discretisation"]),
+                                                  float(accounting["log_mass_truncation"])))
+    log.info("empden_sample %s: n_out=%d on %s", cell.name, n_out, device)
+    x, facts = run_cell(cell, private=private if cell.private else None, public=public, shape=shape,
+                        accounting=accounting, n_out=n_out, sink=sink, device=device,
+                        batch_size=int(params.get("batch_size", 256)), public_data=public_data)
+    if sink is not None:
+        entries = [e for _, e in ledger.read_ledger(sink.path)]
+        facts["claimed_epsilon"] = entries[-1].claimed_epsilon
+        facts["delta"] = entries[-1].delta
+        log.info("%s: claimed eps_u = %.4g at delta = %g", cell.name, facts["claimed_epsilon"], facts["delta"])
+    else:
+        facts["claimed_epsilon"], facts["delta"] = 0.0, float(accounting["delta"])
+    images = to_uint8(x.reshape(n_out, *shape))
+    save_split(outputs["samples"], Split(images, np.full(n_out, UNCONDITIONAL, dtype=np.int64)),
+               name=f"empden_{cell.name}", source="empden_sample", seed=cell.seed,
+               extra={"empden": facts, "config_id": config_id})
+
+
+def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: float, B: int, T: int, beta: float,
+                 accounting: Mapping[str, Any], n_rows: int, seed: int, sink: emp.LedgerSink,
+                 device: torch.device, public_data: torch.Tensor | None = None
+                 ) -> dict[str, list[tuple[float, torch.Tensor]]]:
+    """Every state of ``n_rows`` Algorithm-1 trajectories, output-wise and per-step, from identical noise.
+
+    EMPDEN Figure 2: the same initial noise (the generator is reseeded per scheme and the
+    initial state is its first draw, as in :func:`~pipeline.sampling.empden.sample_hybrid`),
+    then the private block with one B-subset reused (``per_output``) or a fresh one per step
+    (``per_step``), the re-noising to t1 and the public denoiser to 0. Showing the states is a
+    release of its own: both runs are recorded in ``sink`` (Prop. 4.1 and Prop. C.1) first.
+    ``public_data``: records of the public-marginal normaliser (None: eq. 38's constant).
+    Returns scheme -> [(noise level, state [n_rows, C, H, W] in [-1, 1] scale), ...].
+    """
+    sched = EDMSchedule(sigma_min=float(accounting["sigma_min"]), sigma_max=float(accounting["sigma_max"]),
+                        rho=float(accounting["rho"]), N=int(accounting["N"]))
+    shape = tuple(private.images.shape[1:])
+    prep = emp.prepare_data(to_model_scale(private.images), device=device)
+    pub = empden.prepare_public(public_data, prep)
+    normaliser = "constant" if pub is None else "public_marginal"
+    if B > prep.n:
+        raise PipelineError(f"empden figure 2: subsample size B={B} exceeds the private set size n={prep.n}")
+    try:
+        k, t0, t1 = empden.hybrid_times(sched, p_percent, T)
+    except ValueError as exc:
+        raise PipelineError(f"empden figure 2: {exc}") from None
+    C = effective_clip(accounting, B)
+    emp.record_outputwise(sink, sched, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_rows, normaliser=normaliser)
+    emp.record_per_step(sink, sched, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_rows, normaliser=normaliser)
+    times = sched.times()
+    out: dict[str, list[tuple[float, torch.Tensor]]] = {}
+    for scheme in ("per_output", "per_step"):
+        gen = torch.Generator(device=device).manual_seed(seed)
+        x = sched.sigma_max * torch.randn((n_rows, prep.d), generator=gen, device=device, dtype=prep.x0.dtype)
+        states = [(float(times[0]), x.reshape(n_rows, *shape).float())]
+        subset = emp.draw_subsets(prep.n, B, n_rows, generator=gen, device=device) if scheme == "per_output" else None
+        for i in range(k):
+            s = subset if subset is not None else emp.draw_subsets(prep.n, B, n_rows, generator=gen, device=device)
+            log_z = None if pub is None else emp.log_public_marginal(x, pub, float(times[i]))
+            x = emp.private_step(x, prep, float(times[i]), float(times[i + 1]), C=C, beta=beta, subset=s,
+                                 generator=gen, log_normaliser=log_z)
+            states.append((float(times[i + 1]), x.reshape(n_rows, *shape).float()))
+        x = empden.renoise(x, t0, t1, generator=gen).reshape(n_rows, *shape).float()
+        states.append((t1, x))
+        for i in range(k - T, sched.N):
+            x = empden.edm_heun(x, public, times[i:i + 2])
+            states.append((float(times[i + 1]), x))
+        out[scheme] = states
+    return out
+
+
+@stage("empden_figure2_trajectories", inputs=("private", "public"), outputs=("figure", "ledger"),
+       optional_inputs=("public_data",),
+       params={"figure2": "the config's empden.figure2 ({p, B, T, n_rows, n_columns})",
+               "beta": "public normaliser (accounting.beta)",
+               **{k: PARAMS_DOC[k] for k in ("normaliser", "normaliser_n")}, "seed": "generation seed (identical initial noise)",
+               **{k: PARAMS_DOC[k] for k in ("accounting", "device", "threads", "config_id")}})
+def empden_figure2_trajectories(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
+                                params: Mapping[str, Any]) -> None:
+    """EMPDEN Figure 2: output-wise vs per-step subsampling from identical initial noise (rows = samples,
+    columns = decreasing noise levels); its own ledger lines."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.reporting import save_figure
+
+    f2, accounting = params.get("figure2"), params.get("accounting")
+    if not f2 or not accounting:
+        raise PipelineError("empden_figure2_trajectories: params need figure2 and accounting")
+    torch.set_num_threads(int(params.get("threads", 1)))
+    device = resolve_device(params.get("device", "auto"))
+    private = load_split(inputs["private"])
+    shape = tuple(private.images.shape[1:])
+    public = _public_denoiser(inputs["public"], shape=shape, device=device)
+    seed, n_rows, n_cols = int(params.get("seed", 0)), int(f2.get("n_rows", 4)), int(f2.get("n_columns", 8))
+    Path(outputs["ledger"]).unlink(missing_ok=True)
+    sink = emp.LedgerSink(path=Path(outputs["ledger"]), stage="empden_figure2_trajectories",
+                          config_id=str(params.get("config_id", "unknown")), seed=seed,
+                          delta=float(accounting["delta"]),
+                          pld=acc.PLDSettings(float(accounting["discretisation"]),
+                                              float(accounting["log_mass_truncation"])))
+    traj = trajectories(private, public, p_percent=float(f2["p"]), B=int(f2["B"]), T=int(f2["T"]),
+                        beta=float(params.get("beta", accounting["beta"])), accounting=accounting, n_rows=n_rows,
+                        seed=seed, sink=sink, device=device,
+                        public_data=public_normaliser_data(params, inputs.get("public_data"), shape=shape))
+    fig, axes = plt.subplots(1, 2, figsize=(2 * n_cols * 0.8 + 1, n_rows * 0.8 + 0.8))
+    for ax, (scheme, title) in zip(axes, (("per_output", "(a) output-wise"), ("per_step", "(b) per-step"))):
+        states = traj[scheme]
+        idx = np.unique(np.linspace(0, len(states) - 1, n_cols).round().astype(int))
+        grid = np.concatenate([np.concatenate(list(to_uint8(states[i][1])), axis=1) for i in idx], axis=2)
+        ax.imshow(grid[0] if grid.shape[0] == 1 else grid.transpose(1, 2, 0), cmap="gray", vmin=0, vmax=255)
+        side = shape[-1]
+        ax.set_xticks([side * (j + 0.5) for j in range(len(idx))], [f"{states[i][0]:.3g}" for i in idx], fontsize=6)
+        ax.set_yticks([])
+        ax.set_xlabel("noise level sigma")
+        ax.set_title(f"{title}, B = {f2['B']}, p = {f2['p']}%, T = {f2['T']}", fontsize=8)
+    save_figure(fig, outputs["figure"])

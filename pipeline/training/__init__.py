@@ -1,0 +1,1 @@
+"""Training: the resumable loop, public EDM pretraining and DPDM's DP-SGD training stages."""

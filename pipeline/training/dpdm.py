@@ -1,0 +1,284 @@
+"""Stage ``train_dpdm``: DP-SGD training of a class-conditional denoiser (DPDM, Dockhorn et al. 2023).
+
+The private split is read by exactly one mechanism, DP-SGD (:mod:`pipeline.privacy.dpsgd`):
+Poisson sampling with rate q = batch_size / N, per-example gradients clipped to C, Gaussian
+noise sigma C on the sum, T steps. Before any private record is touched, sigma is calibrated
+so that the certified (pessimistic PLD) eps of the whole run's event is <= the target
+(:func:`pipeline.privacy.dpsgd.plan_for_budget`); that event is the run's ledger line
+(:func:`pipeline.privacy.dpsgd.ledger_entry`), written to the ``ledger`` output.
+
+DPDM's ingredients (Sec. 3, App. C):
+
+* **configuration** (``parameterisation``): EDM, v-prediction, VP or VE, each a denoiser
+  D(x, sigma, y) in the VE convention with its per-draw loss and sigma distribution
+  (:mod:`pipeline.models.edm`, :mod:`pipeline.models.precond`).
+* **noise multiplicity** K: each example's loss averages K (sigma, noise) draws BEFORE its
+  gradient is clipped, so the mechanism and the ledger line are the same for every K.
+* **class conditioning with label dropout** for classifier-free guidance: every step each
+  label is replaced by the null class with probability ``label_dropout``, from a generator
+  independent of the data.
+* **EMA** of the weights; the EMA is what the model file holds (sampling uses it).
+* optional **initialisation from the public denoiser** (input ``init``, the output of
+  ``pretrain_public``), as public pretraining in DPDM's follow-ups; parameters whose shapes
+  match are copied, the rest keep their fresh initialisation (logged).
+
+Nothing computed from the private data other than the DP-SGD updates leaves this stage: the
+training losses are not logged, shown or written (they would be an unaccounted release).
+Resumable after a kill through :mod:`pipeline.training.loop` (the mechanism's noise generator
+is checkpointed with the rest, so a resumed run releases exactly the run that was accounted).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.device import resolve_device
+from pipeline.io import atomic_path, read_json, write_json
+from pipeline.models.checkpoint import read_denoiser_meta, save_denoiser
+from pipeline.models.precond import parameterisation as get_parameterisation
+from pipeline.models.unet import build_unet
+from pipeline.privacy import dpsgd, ledger
+from pipeline.stage import PipelineError, stage
+from pipeline.training import loop
+from pipeline.training.data import drop_labels, load_training_split, to_model_scale, unet_spec_for
+
+log = logging.getLogger(__name__)
+
+STAGE = "train_dpdm"
+RESUME_INSENSITIVE = ("checkpoint_every_s", "device", "threads", "micro_batch", "config_id")
+
+PARAMS_DOC = {
+    "parameterisation": "edm | vpred | vp | ve: the diffusion configuration (DPDM App. C; default edm)",
+    "epsilon": "target eps (required): sigma is calibrated so the certified PLD eps of the run is <= it",
+    "delta": "target delta (default 1e-5)",
+    "clip": "per-example gradient clip norm C (default 1.0; DPDM uses 1)",
+    "batch_size": "expected logical batch size; Poisson sampling rate q = batch_size / N (default 256)",
+    "epochs": "passes over the data: T = ceil(epochs * N / batch_size) steps (default 10; ignored if steps is set)",
+    "steps": "number of DP-SGD steps T (optional; overrides epochs)",
+    "lr": "Adam learning rate (default 3e-4, DPDM App. C)",
+    "K": "noise multiplicity: (sigma, noise) draws averaged per example before clipping (default 1; DPDM 32)",
+    "ema_decay": "EMA decay of the saved weights (default 0.999, DPDM App. C)",
+    "label_dropout": "probability of the null label per example and step, classifier-free guidance (default 0.1)",
+    "class_conditional": "condition on the labels (default true)",
+    "unet": "UNetSpec architecture keys (block_out_channels, attention, layers_per_block, norm_num_groups, "
+            "dropout); image size, channels and classes come from the data (default: the embedded UNet)",
+    "checkpoint_every_s": "wall-clock seconds between resumable checkpoints (default 300)",
+    "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only (default 64)",
+    "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise)",
+    "config_id": "id of the configuration (recorded on the ledger line and in the model's meta)",
+    "device": "auto | cpu | cuda[:N] (default auto)",
+    "threads": "torch CPU threads (default 1)",
+    "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/train_dpdm/<model name>)",
+}
+_KNOWN = set(PARAMS_DOC)
+
+
+@dataclass(frozen=True)
+class DPDMConfig:
+    """The stage's params with defaults (see ``PARAMS_DOC``)."""
+
+    epsilon: float
+    parameterisation: str = "edm"
+    delta: float = 1e-5
+    clip: float = 1.0
+    batch_size: int = 256
+    epochs: float = 10.0
+    steps: int | None = None
+    lr: float = 3e-4
+    K: int = 1
+    ema_decay: float = 0.999
+    label_dropout: float = 0.1
+    class_conditional: bool = True
+    unet: dict[str, Any] = field(default_factory=dict)
+    checkpoint_every_s: float = 300.0
+    micro_batch: int = 64
+    seed: int = 0
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> DPDMConfig:
+        unknown = sorted(set(params) - _KNOWN)
+        if unknown:
+            raise PipelineError(f"stage {STAGE}: unknown param {unknown[0]!r} (known: {', '.join(sorted(_KNOWN))})")
+        if "epsilon" not in params:
+            raise PipelineError(f"stage {STAGE}: param epsilon (the target eps) is required")
+        kept = {k: params[k] for k in cls.__dataclass_fields__ if k in params and params[k] is not None}
+        cfg = cls(**kept)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        def bad(key: str, want: str) -> PipelineError:
+            return PipelineError(f"stage {STAGE}: param {key} must be {want}, got {getattr(self, key)!r}")
+
+        if self.parameterisation not in ("edm", "vpred", "vp", "ve"):
+            raise bad("parameterisation", "one of edm, vpred, vp, ve")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise bad("epsilon", "> 0 and finite")
+        if not 0 < self.delta < 1:
+            raise bad("delta", "in (0, 1)")
+        if not self.clip > 0:
+            raise bad("clip", "> 0")
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise bad("batch_size", "an integer >= 1")
+        if self.steps is None and not self.epochs > 0:
+            raise bad("epochs", "> 0")
+        if self.steps is not None and not (isinstance(self.steps, int) and self.steps >= 1):
+            raise bad("steps", "an integer >= 1")
+        if not (isinstance(self.K, int) and self.K >= 1):
+            raise bad("K", "an integer >= 1")
+        if not self.lr > 0:
+            raise bad("lr", "> 0")
+        if not 0 <= self.ema_decay < 1:
+            raise bad("ema_decay", "in [0, 1)")
+        if not 0 <= self.label_dropout <= 1:
+            raise bad("label_dropout", "in [0, 1]")
+        if not (isinstance(self.micro_batch, int) and self.micro_batch >= 1):
+            raise bad("micro_batch", "an integer >= 1")
+        if not self.checkpoint_every_s > 0:
+            raise bad("checkpoint_every_s", "> 0")
+
+    def n_steps(self, n: int) -> int:
+        return self.steps if self.steps is not None else max(1, math.ceil(self.epochs * n / self.batch_size))
+
+
+def init_from_public(model: nn.Module, path: Path) -> dict[str, Any]:
+    """Copy the public denoiser's weights into ``model`` where names and shapes match.
+
+    Public data only, so no privacy cost. Returns a summary (copied / skipped names) for the meta.
+    """
+    blob = torch.load(path, map_location="cpu", weights_only=True) if Path(path).is_file() else None
+    if not isinstance(blob, dict) or "state_dict" not in blob:
+        read_denoiser_meta(path)  # raises the one-line error for a missing or foreign file
+        raise PipelineError(f"{path}: no state_dict in the denoiser file")
+    own = model.state_dict()
+    copied, skipped = [], []
+    for k, v in blob["state_dict"].items():
+        if k in own and own[k].shape == v.shape:
+            own[k] = v
+            copied.append(k)
+        else:
+            skipped.append(k)
+    if not copied:
+        raise PipelineError(f"input init {path}: no parameter matches this model (different UNet architecture?)")
+    model.load_state_dict(own)
+    fresh = sorted(set(own) - set(copied))
+    log.info("init from %s (%s): copied %d tensors, %d skipped, %d left fresh", path, blob.get("precond"),
+             len(copied), len(skipped), len(fresh))
+    return {"path": str(path), "precond": blob.get("precond"), "copied": len(copied), "skipped": skipped,
+            "fresh": fresh, "meta": blob.get("meta", {})}
+
+
+def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str) -> dpsgd.DPSGDPlan:
+    """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training).
+
+    The calibrated sigma is kept beside the resumable state (``plan.json``, keyed by the run's
+    params hash) so a resumed run continues with the SAME mechanism it started with, without
+    repeating the bisection (minutes at paper scale); its eps is recomputed by the caller.
+    """
+    plan_kw = dict(max_grad_norm=cfg.clip, sampling_rate=cfg.batch_size / n, dataset_size=n, steps=steps,
+                   delta=cfg.delta)
+    if cache.is_file():
+        cached = read_json(cache)
+        if cached.get("params_hash") == run_hash:
+            log.info("%s: sigma %.6g from %s (resumed run)", STAGE, cached["noise_multiplier"], cache)
+            return dpsgd.DPSGDPlan(noise_multiplier=float(cached["noise_multiplier"]), **plan_kw)
+    try:
+        plan = dpsgd.plan_for_budget(target_epsilon=cfg.epsilon, delta=cfg.delta, max_grad_norm=cfg.clip,
+                                     batch_size=cfg.batch_size, dataset_size=n, steps=steps)
+    except dpsgd.DPSGDError as exc:
+        raise PipelineError(f"stage {STAGE}: {exc}") from None
+    write_json(cache, {"params_hash": run_hash, "noise_multiplier": plan.noise_multiplier, **plan_kw})
+    return plan
+
+
+@stage(STAGE, inputs=("data",), optional_inputs=("init",), outputs=("model", "ledger", "metrics"),
+       params=PARAMS_DOC)
+def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """DP-SGD training of a (class-conditional) diffusion denoiser with noise multiplicity (DPDM)."""
+    cfg = DPDMConfig.from_params(params)
+    config_id = str(params.get("config_id", "unknown"))
+    device = resolve_device(str(params.get("device", "auto")))
+    if device.type == "cpu":
+        torch.set_num_threads(int(params.get("threads", 1)))
+    split, data_sha = load_training_split(inputs["data"], "data")
+    n = len(split)
+    if cfg.batch_size > n:
+        raise PipelineError(f"stage {STAGE}: batch_size {cfg.batch_size} exceeds the {n} private records")
+    spec = unet_spec_for(cfg.unet, split, class_conditional=cfg.class_conditional)
+    config = get_parameterisation(cfg.parameterisation)
+
+    run_params = {**asdict(cfg), "data_sha256": data_sha, "unet_spec": spec.to_json(),
+                  "init": read_denoiser_meta(inputs["init"]) if inputs.get("init") else None}
+    run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
+    ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
+        outputs["model"], STAGE)
+
+    # 1. the mechanism, fixed before any private record is used
+    total_steps = cfg.n_steps(n)
+    t0 = time.perf_counter()
+    plan = calibrated_plan(cfg, n, total_steps, ck_dir / "plan.json", run_hash)
+    certified = plan.epsilon()
+    if certified > cfg.epsilon:  # cannot happen for a fresh calibration; guards an edited plan.json
+        raise PipelineError(f"stage {STAGE}: plan certifies eps {certified:.6g} > target {cfg.epsilon}")
+    calibration_s = time.perf_counter() - t0
+    log.info("%s: q=%.5f, T=%d, sigma=%.4f calibrated in %.1f s: certified eps %.4f <= target %.4f at delta %g",
+             STAGE, plan.sampling_rate, total_steps, plan.noise_multiplier, calibration_s, certified,
+             cfg.epsilon, cfg.delta)
+
+    # 2. the model (public initialisation is post-processing of public data)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed % 2 ** 32)
+    model = config.build(build_unet(spec)).to(device)
+    init_info = init_from_public(model, inputs["init"]) if inputs.get("init") else None
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)  # Poisson sampling, diffusion draws, label dropout
+    noise_gen = torch.Generator(device=device).manual_seed(cfg.seed + 2)  # the Gaussian mechanism
+    engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
+                         multiplicity=dpsgd.NoiseMultiplicity(cfg.K, config.sigma_sampler), generator=gen,
+                         noise_generator=noise_gen)
+    images = to_model_scale(split.images).to(device)
+    labels = torch.from_numpy(split.labels.astype(np.int64)).to(device) if spec.num_classes else None
+
+    def step(i: int) -> float:
+        engine.steps_taken = i  # the engine refuses to run past the accounted T
+        data = (images,) if labels is None else (images, drop_labels(labels, cfg.label_dropout, spec.num_classes, gen))
+        engine.step(optimizer, data)
+        return float("nan")  # the private loss is deliberately not recorded
+
+    res = loop.run_training(model=model, optimizer=optimizer, step_fn=step, total_steps=total_steps,
+                            state_path=ck_dir / loop.STATE_FILE, run_hash=run_hash, ema_decay=cfg.ema_decay,
+                            checkpoint_every_s=cfg.checkpoint_every_s,
+                            generators={"draws": gen, "mechanism": noise_gen}, desc=STAGE, show_loss=False)
+
+    # 3. the release: weights + the ledger line of the mechanism that produced them
+    entry = dpsgd.ledger_entry(plan, stage=STAGE, config_id=config_id, seed=cfg.seed,
+                               extra={"parameterisation": cfg.parameterisation, "data_sha256": data_sha})
+    with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
+        ledger.append_entry(tmp, entry)
+    meta = {"stage": STAGE, "private": True, "parameterisation": cfg.parameterisation, "epsilon": certified,
+            "target_epsilon": cfg.epsilon, "delta": cfg.delta, "noise_multiplier": plan.noise_multiplier,
+            "clip": cfg.clip, "sampling_rate": plan.sampling_rate, "expected_batch_size": plan.expected_batch_size,
+            "K": cfg.K, "steps": total_steps, "lr": cfg.lr, "ema_decay": cfg.ema_decay, "weights": "ema",
+            "label_dropout": cfg.label_dropout, "class_conditional": cfg.class_conditional, "n_train": n,
+            "data_sha256": data_sha, "init": None if init_info is None else init_info["path"],
+            "config_id": config_id, "seed": cfg.seed, "accountant": "pld_pessimistic"}
+    save_denoiser(outputs["model"], res.ema.cpu(), unet=spec, precond=config.precond, meta=meta)
+    write_json(outputs["metrics"], {
+        "format": "dpgen-train-metrics/1", "stage": STAGE, **meta, "resumed_from": res.resumed_from,
+        "wall_s_this_run": res.wall_s, "calibration_s": calibration_s, "device": str(device),
+        "s_per_step": res.wall_s / max(1, res.steps - res.resumed_from), "unet": spec.to_json(),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "init_fresh_tensors": None if init_info is None else init_info["fresh"],
+        "note": "no training loss is reported: it is a function of the private data"})
+    log.info("%s: %d steps (resumed from %d) in %.1f s, eps %.4f (delta %g), K=%d",
+             STAGE, total_steps, res.resumed_from, res.wall_s, certified, cfg.delta, cfg.K)

@@ -1,0 +1,225 @@
+# DPDM (Dockhorn et al. 2023): DP-SGD training with noise multiplicity, DPDM samplers, the
+# evaluation core, then the main table, the K / sampler / configuration ablations and sample grids.
+# Code: pipeline/training/dpdm.py (train_dpdm), pipeline/sampling/dpdm_stage.py (sample_dpdm,
+# dpdm_sample_grid), pipeline/reporting/dpdm.py (dpdm_table). Run names and paths: rules/common.smk.
+#
+#   snakemake results/digits/models/dpdm/edm_eps1_K4_seed0.pt                 one training run
+#   snakemake results/digits/samples/dpdm/edm_eps1_K4_seed0/churn.npz         one sample set
+#   snakemake results/digits/eval/dpdm/vpred_eps0p2_K4_seed0/ddim/metrics.json
+# Any run name works as a target (e.g. K16 or seed3), not only those the tables use.
+
+# a sampler name the tables use but the config lacks is a one-line error now, not mid-DAG
+dpdm_check_config()
+# every run writes its own transcript; the replay reads them all
+LEDGER_TRANSCRIPTS.extend(dpdm_ledgers())
+
+
+rule train_dpdm:
+    """One DP-SGD run (sigma calibrated to the run's eps before training): the EMA denoiser + its ledger line."""
+    input:
+        unpack(dpdm_train_inputs),
+    output:
+        model=EXPDIR / "models" / "dpdm" / "{run}.pt",
+        ledger=EXPDIR / "ledger" / "train_dpdm_{run}.jsonl",
+        metrics=EXPDIR / "train" / "dpdm" / "{run}.json",
+    wildcard_constraints:
+        run=DPDM_RUN_PATTERN,
+    params:
+        p=dpdm_train_params,
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "train_dpdm" / "{run}.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=dpdm_train_mem_mb(),
+        runtime=dpdm_train_runtime_min(),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline train_dpdm {params.ins} --out model={output.model} ledger={output.ledger}"
+        " metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+
+
+rule sample_dpdm:
+    """Labelled samples of one run with one named sampler (post-processing: no ledger line)."""
+    input:
+        denoiser=EXPDIR / "models" / "dpdm" / "{run}.pt",
+    output:
+        samples=EXPDIR / "samples" / "dpdm" / "{run}" / "{sampler}.npz",
+        manifest=EXPDIR / "samples" / "dpdm" / "{run}" / "{sampler}.json",
+    wildcard_constraints:
+        run=DPDM_RUN_PATTERN,
+        sampler="[A-Za-z0-9_]+",
+    params:
+        p=dpdm_sample_params,
+    log:
+        LOGS / "sample_dpdm" / "{run}_{sampler}.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=4000,
+        runtime=dpdm_sample_runtime_min(),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline sample_dpdm --in denoiser={input.denoiser} --out samples={output.samples}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule evaluate_dpdm:
+    """Score one sample set with the evaluation core (FID/KID/P&R, per-class FID, downstream accuracy)."""
+    input:
+        samples=EXPDIR / "samples" / "dpdm" / "{run}" / "{sampler}.npz",
+        test=DATA / "test.npz",
+        evalnet=EVALNET / "evalnet.pt",
+    output:
+        metrics=EXPDIR / "eval" / "dpdm" / "{run}" / "{sampler}" / "metrics.json",
+    wildcard_constraints:
+        run=DPDM_RUN_PATTERN,
+        sampler="[A-Za-z0-9_]+",
+    params:
+        p=lambda wildcards: params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"],
+                                        name=f"dpdm/{wildcards.run}/{wildcards.sampler}"),
+    log:
+        LOGS / "evaluate_dpdm" / "{run}_{sampler}.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=6000,
+        runtime=lambda wc: evaluation_runtime_min(),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
+        " evalnet={input.evalnet} --out metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+
+
+rule dpdm_table_main:
+    """DPDM Table 1: FID and downstream accuracy (logreg/MLP/CNN) per target eps, certified eps from the ledger."""
+    input:
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_main_rows())),
+    output:
+        table=TABLES / "dpdm_table_main.parquet",
+    params:
+        p=lambda wildcards: dpdm_table_params(dpdm_main_rows()),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_main_rows())),
+    log:
+        LOGS / "dpdm_table_main.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+
+
+rule dpdm_table_noise_multiplicity:
+    """DPDM Table 4 / Figure 4: noise multiplicity K at one eps (same mechanism, same eps, for every K)."""
+    input:
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_noise_multiplicity_rows())),
+    output:
+        table=TABLES / "dpdm_table_noise_multiplicity.parquet",
+    params:
+        p=lambda wildcards: dpdm_table_params(dpdm_noise_multiplicity_rows()),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_noise_multiplicity_rows())),
+    log:
+        LOGS / "dpdm_table_noise_multiplicity.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+
+
+rule dpdm_table_samplers:
+    """DPDM Table 5 / App. F.4.3: deterministic DDIM vs stochastic DDIM vs EDM churn on one run."""
+    input:
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_sampler_rows())),
+    output:
+        table=TABLES / "dpdm_table_samplers.parquet",
+    params:
+        p=lambda wildcards: dpdm_table_params(dpdm_sampler_rows()),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_sampler_rows())),
+    log:
+        LOGS / "dpdm_table_samplers.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+
+
+rule dpdm_table_configurations:
+    """DPDM App. C / Table 3: diffusion configurations (EDM, v-prediction, VP, VE) at one small eps."""
+    input:
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_configuration_rows())),
+    output:
+        table=TABLES / "dpdm_table_configurations.parquet",
+    params:
+        p=lambda wildcards: dpdm_table_params(dpdm_configuration_rows()),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_configuration_rows())),
+    log:
+        LOGS / "dpdm_table_configurations.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+
+
+rule dpdm_samples_by_epsilon:
+    """Figure: main-sampler samples of every target eps (one panel per eps, one row per class)."""
+    input:
+        unpack(lambda wildcards: dpdm_grid_inputs()),
+    output:
+        png=FIGURES / "dpdm_samples_by_epsilon.png",
+        pdf=FIGURES / "dpdm_samples_by_epsilon.pdf",
+    params:
+        ins=lambda wildcards: io_args("--in", dpdm_grid_inputs()),
+        p=lambda wildcards: params_json(per_class=config["dpdm"]["sampling"]["per_class"], titles=dpdm_grid_titles(),
+                                        title=f"DPDM samples ({config['dpdm']['sampling']['main']}) by target eps"),
+    log:
+        LOGS / "dpdm_samples_by_epsilon.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+
+
+rule dpdm_samples_by_sampler:
+    """Figure: the sampler ablation's samples (one panel per sampler)."""
+    input:
+        unpack(lambda wildcards: dpdm_sampler_grid_inputs()),
+    output:
+        png=FIGURES / "dpdm_samples_by_sampler.png",
+        pdf=FIGURES / "dpdm_samples_by_sampler.pdf",
+    params:
+        ins=lambda wildcards: io_args("--in", dpdm_sampler_grid_inputs()),
+        p=lambda wildcards: params_json(per_class=config["dpdm"]["sampling"]["per_class"],
+                                        title=f"DPDM samplers at eps = {dpdm_sampler_rows()[0]['eps_target']:g}"),
+    log:
+        LOGS / "dpdm_samples_by_sampler.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png} --params {params.p:q} > {log} 2>&1"

@@ -1,0 +1,304 @@
+# EMPDEN sampling grid (Sec. 6, App. J): one target path per cell, then the evaluation core,
+# then Tables 2, 3, 8/9, 10 and Figures 2, 3, 4 right.
+# Code: pipeline/sampling/empden_stage.py (sampling), pipeline/accounting/empden_results.py
+# (tables, figures); cells and their names: pipeline/sampling/empden_grid.py.
+#
+#   snakemake results/digits/samples/empden/hybrid/p65_B25_T3_beta1_s0.npz     one cell
+#   snakemake results/digits/eval/empden/hybrid/p65_B25_T3_beta1_s0/metrics.json
+# Numbers in paths have no dots: beta 0.5 is beta0p5, sigma_min 0.002 is smin0p002.
+
+EMPDEN_SAMPLES = EXPDIR / "samples" / "empden"
+#: the public EDM denoiser (rule pretrain_public, rules/pretrain.smk)
+EMPDEN_PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
+EMPDEN_TABLE8 = TABLES / "empden_table8_grid.parquet"
+#: the public split behind the public-marginal normaliser of the empirical denoiser (empden.normaliser;
+#: pipeline/privacy/empirical_denoiser.py): an input of every private cell, none for "constant"
+EMPDEN_NORMALISER_INPUT = (
+    {"public_data": DATA / "public.npz"} if config["empden"]["normaliser"] == "public_marginal" else {}
+)
+#: the normaliser settings, added to every private stage's params
+EMPDEN_NORMALISER_PARAMS = {k: config["empden"][k] for k in ("normaliser", "normaliser_n")}
+
+# every cell writes its own transcript; the replay reads them all
+LEDGER_TRANSCRIPTS.extend(empden_ledgers())
+
+
+rule empden_sample_subsampled:
+    """One hybrid (Algorithm 1) or per-step (Prop. C.1) cell: samples + its ledger line."""
+    input:
+        unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
+        private=DATA / "private_train.npz",
+        public=EMPDEN_PUBLIC_DENOISER,
+    output:
+        samples=EMPDEN_SAMPLES / "{method}" / "p{p}_B{B}_T{T}_beta{beta}_s{seed}.npz",
+        manifest=EMPDEN_SAMPLES / "{method}" / "p{p}_B{B}_T{T}_beta{beta}_s{seed}.json",
+        ledger=EXPDIR / "ledger" / "empden_sample_{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.jsonl",
+    wildcard_constraints:
+        method="hybrid|per_step",
+        p="[0-9p]+",
+        B="[0-9]+",
+        T="[0-9]+",
+        beta="[0-9p]+",
+        seed="[0-9]+",
+    params:
+        p=lambda wildcards: json.dumps({**json.loads(empden_sample_params(wildcards.method, wildcards)),
+                                        **EMPDEN_NORMALISER_PARAMS}, sort_keys=True),
+        norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+    log:
+        LOGS / "empden_sample" / "{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=empden_sample_mem_mb(),
+        runtime=empden_sample_runtime_min(),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline empden_sample --in private={input.private} public={input.public} {params.norm_in}"
+        " --out samples={output.samples} ledger={output.ledger} --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_sample_full_batch:
+    """One full-batch cell (every record at every step, down to sigma_min; Sec. 6.1, Figure 4)."""
+    input:
+        unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
+        private=DATA / "private_train.npz",
+    output:
+        samples=EMPDEN_SAMPLES / "full_batch" / "smin{smin}_beta{beta}_s{seed}.npz",
+        manifest=EMPDEN_SAMPLES / "full_batch" / "smin{smin}_beta{beta}_s{seed}.json",
+        ledger=EXPDIR / "ledger" / "empden_sample_full_batch_smin{smin}_beta{beta}_s{seed}.jsonl",
+    wildcard_constraints:
+        smin="[0-9p]+",
+        beta="[0-9p]+",
+        seed="[0-9]+",
+    params:
+        p=lambda wildcards: json.dumps({**json.loads(empden_sample_params("full_batch", wildcards)),
+                                        **EMPDEN_NORMALISER_PARAMS}, sort_keys=True),
+        norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+    log:
+        LOGS / "empden_sample" / "full_batch_smin{smin}_beta{beta}_s{seed}.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=empden_sample_mem_mb(),
+        runtime=empden_sample_runtime_min(),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline empden_sample --in private={input.private} {params.norm_in}"
+        " --out samples={output.samples} ledger={output.ledger} --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_sample_public_only:
+    """The public denoiser alone (no private block, eps = 0): Table 2's reference row."""
+    input:
+        private=DATA / "private_train.npz",  # read for the image shape only
+        public=EMPDEN_PUBLIC_DENOISER,
+    output:
+        samples=EMPDEN_SAMPLES / "public_only" / "s{seed}.npz",
+        manifest=EMPDEN_SAMPLES / "public_only" / "s{seed}.json",
+    wildcard_constraints:
+        seed="[0-9]+",
+    params:
+        p=lambda wildcards: empden_sample_params("public_only", wildcards),
+    log:
+        LOGS / "empden_sample" / "public_only_s{seed}.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=4000,
+        runtime=empden_sample_runtime_min(),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline empden_sample --in private={input.private} public={input.public}"
+        " --out samples={output.samples} --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_evaluate:
+    """Score one cell's samples with the evaluation core (FID/KID/precision-recall vs the test split)."""
+    input:
+        samples=EMPDEN_SAMPLES / "{cell}.npz",
+        test=DATA / "test.npz",
+        evalnet=EVALNET / "evalnet.pt",
+    output:
+        metrics=EXPDIR / "eval" / "empden" / "{cell}" / "metrics.json",
+    wildcard_constraints:
+        cell="(hybrid|per_step|full_batch|public_only)/[A-Za-z0-9_]+",
+    params:
+        p=lambda wildcards: params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"],
+                                        name=f"empden/{wildcards.cell}"),
+    log:
+        LOGS / "empden_evaluate" / "{cell}.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=6000,
+        runtime=lambda wildcards: evaluation_runtime_min(),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
+        " evalnet={input.evalnet} --out metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_table8_grid:
+    """EMPDEN Tables 8/9: every cell with FID, PLD [eps_l, eps_u] and Edgeworth eps_ew."""
+    input:
+        unpack(lambda wildcards: empden_table8_inputs()),
+    output:
+        table=EMPDEN_TABLE8,
+    params:
+        ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
+        p=params_json(accounting=config["accounting"], config_id=CONFIG_ID),
+    log:
+        LOGS / "empden_table8_grid.log",
+    threads: 1
+    resources:
+        mem_mb=ACCOUNTING_MEM_MB,
+        runtime=ACCOUNTING_RUNTIME_MIN,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table8_grid --in {params.ins} --out table={output.table}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_table2_comparison:
+    """EMPDEN Table 2 (our rows): best hybrid cells against the public-only and full-private references."""
+    input:
+        grid=EMPDEN_TABLE8,
+    output:
+        table=TABLES / "empden_table2_comparison.parquet",
+    params:
+        p=params_json(beta=config["accounting"]["beta"], config_id=CONFIG_ID),
+    log:
+        LOGS / "empden_table2_comparison.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table2_comparison --in grid={input.grid} --out table={output.table}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_table3_beta:
+    """EMPDEN Table 3: the public normaliser beta against eps and FID."""
+    input:
+        grid=EMPDEN_TABLE8,
+    output:
+        table=TABLES / "empden_table3_beta.parquet",
+    params:
+        p=params_json(beta_ablation=config["empden"]["beta_ablation"], seed=config["empden"]["seeds"][0],
+                      config_id=CONFIG_ID),
+    log:
+        LOGS / "empden_table3_beta.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table3_beta --in grid={input.grid} --out table={output.table}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_table10_seeds:
+    """EMPDEN Table 10: the handoff sweep at one (B, T), FID mean +- std over generation seeds."""
+    input:
+        grid=EMPDEN_TABLE8,
+    output:
+        table=TABLES / "empden_table10_seeds.parquet",
+    params:
+        p=params_json(repeated_seeds=config["empden"]["repeated_seeds"], beta=config["accounting"]["beta"],
+                      config_id=CONFIG_ID),
+    log:
+        LOGS / "empden_table10_seeds.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_table10_seeds --in grid={input.grid} --out table={output.table}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_figure3_tradeoffs:
+    """EMPDEN Figure 3: FID against certified eps_u varying t0, T and q."""
+    input:
+        grid=EMPDEN_TABLE8,
+    output:
+        png=FIGURES / "empden_figure3_tradeoffs.png",
+        pdf=FIGURES / "empden_figure3_tradeoffs.pdf",
+    params:
+        p=params_json(beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], config_id=CONFIG_ID),
+    log:
+        LOGS / "empden_figure3_tradeoffs.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_figure3_tradeoffs --in grid={input.grid} --out figure={output.png}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_figure4_samples:
+    """EMPDEN Figure 4 right: full-batch samples along the sigma_min sweep, with eps and FID."""
+    input:
+        unpack(lambda wildcards: {"grid": EMPDEN_TABLE8, **empden_figure4_inputs()}),
+    output:
+        png=FIGURES / "empden_figure4_samples.png",
+        pdf=FIGURES / "empden_figure4_samples.pdf",
+    params:
+        ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
+        p=params_json(n_images=config["empden"]["figure_images"], config_id=CONFIG_ID),
+    log:
+        LOGS / "empden_figure4_samples.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline empden_figure4_samples --in {params.ins} --out figure={output.png}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_figure2_trajectories:
+    """EMPDEN Figure 2: output-wise vs per-step trajectories from identical noise (its own ledger lines)."""
+    input:
+        unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
+        private=DATA / "private_train.npz",
+        public=EMPDEN_PUBLIC_DENOISER,
+    output:
+        png=FIGURES / "empden_figure2_trajectories.png",
+        pdf=FIGURES / "empden_figure2_trajectories.pdf",
+        ledger=EXPDIR / "ledger" / "empden_figure2_trajectories.jsonl",
+    params:
+        p=params_json(figure2=config["empden"]["figure2"], accounting=config["accounting"],
+                      beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], device=config["device"],
+                      threads=torch_threads(), config_id=CONFIG_ID, **EMPDEN_NORMALISER_PARAMS),
+        norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+    log:
+        LOGS / "empden_figure2_trajectories.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=empden_sample_mem_mb(),
+        runtime=15,
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline empden_figure2_trajectories --in private={input.private} public={input.public}"
+        " {params.norm_in}"
+        " --out figure={output.png} ledger={output.ledger} --params {params.p:q} > {log} 2>&1"

@@ -1,0 +1,84 @@
+# EMPDEN proxy diagnostics (Sec. 3.3, 6.3, App. F): is the empirical denoiser on the private
+# set a proxy for the public neural denoiser along the sampling trajectory?
+# Code: pipeline/diagnostics/empden_proxy.py. They read the private set without DP (as the
+# paper's do): descriptive tables, not private releases, so no ledger transcript.
+
+#: the public EDM denoiser (rule pretrain_public, rules/pretrain.smk)
+DIAG_PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
+DIAG_RUNTIME_MIN = empden_diagnostics_runtime_min()
+DIAG_MEM_MB = empden_diagnostics_mem_mb()
+
+
+rule empden_table4_proxy:
+    """EMPDEN Table 4 + Figure 1: cos(x_t - E_hat, x_t - D) and ||E_hat - D||^2 along the trajectory."""
+    input:
+        private=DATA / "private_train.npz",
+        denoiser=DIAG_PUBLIC_DENOISER,
+    output:
+        table=TABLES / "empden_table4_proxy.parquet",
+        figure=FIGURES / "empden_figure1_proxy_cosine.png",
+    params:
+        p=empden_diagnostics_params(),
+    log:
+        LOGS / "empden_table4_proxy.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=DIAG_MEM_MB,
+        runtime=DIAG_RUNTIME_MIN,
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline empden_table4_proxy --in private={input.private} denoiser={input.denoiser}"
+        " --out table={output.table} figure={output.figure} --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_table1_window_swap:
+    """EMPDEN Tables 1, 5, 6: empirical denoiser swapped into one window vs that window's noise redrawn."""
+    input:
+        private=DATA / "private_train.npz",
+        denoiser=DIAG_PUBLIC_DENOISER,
+        evalnet=rules.train_evalnet.output.model,
+    output:
+        table1=TABLES / "empden_table1_window_swap.parquet",
+        table5=TABLES / "empden_table5_endpoint_agreement.parquet",
+        table6=TABLES / "empden_table6_image_agreement.parquet",
+    params:
+        p=empden_diagnostics_params(),
+    log:
+        LOGS / "empden_table1_window_swap.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=DIAG_MEM_MB,
+        runtime=DIAG_RUNTIME_MIN,
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline empden_table1_window_swap --in private={input.private} denoiser={input.denoiser}"
+        " evalnet={input.evalnet} --out table1={output.table1} table5={output.table5} table6={output.table6}"
+        " --params {params.p:q} > {log} 2>&1"
+
+
+rule empden_figure6_critical_window:
+    """EMPDEN Figure 6a: the evaluation classifier's probability of the final label along the trajectory."""
+    input:
+        denoiser=DIAG_PUBLIC_DENOISER,
+        evalnet=rules.train_evalnet.output.model,
+    output:
+        table=TABLES / "empden_figure6_critical_window.parquet",
+        figure=FIGURES / "empden_figure6_critical_window.png",
+    params:
+        p=empden_diagnostics_params(),
+    log:
+        LOGS / "empden_figure6_critical_window.log",
+    threads: torch_threads()
+    resources:
+        gpu=1,
+        mem_mb=4000,
+        runtime=DIAG_RUNTIME_MIN,
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline empden_figure6_critical_window --in denoiser={input.denoiser} evalnet={input.evalnet}"
+        " --out table={output.table} figure={output.figure} --params {params.p:q} > {log} 2>&1"

@@ -1,0 +1,45 @@
+"""DPDM's Snakemake wiring (rules/dpdm.smk): run names are target paths, tables pull the runs they need."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from tests.test_workflow import snakemake
+
+TABLES = ["dpdm_table_main", "dpdm_table_noise_multiplicity", "dpdm_table_samplers", "dpdm_table_configurations"]
+
+
+def _config(tmp_path, **dpdm):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "dpdm": {"init": "scratch", **dpdm}}))
+    return str(cfg)
+
+
+def _jobs(stdout: str) -> dict[str, int]:
+    table = stdout.split("Job stats:")[1].split("total")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def test_tables_figures_and_any_run_name_dry_run_with_shared_runs_trained_once(repo, tmp_path):
+    results = tmp_path / "results"
+    targets = [str(results / "tables" / f"{t}.parquet") for t in TABLES]
+    targets += [str(results / "figures" / f"dpdm_samples_by_{x}.png") for x in ("epsilon", "sampler")]
+    # any run name is a target path too, not only those the tables use
+    targets.append(str(results / "digits" / "samples" / "dpdm" / "ve_eps3p5_K16_seed7" / "churn.npz"))
+    res = snakemake(repo, "-n", "--cores", "2", *targets, "--configfile", _config(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    jobs = _jobs(res.stdout)
+    # eps {0.2, 1, 10} at K=4 (EDM), K=1 at eps 10, v-prediction at eps 0.2 (+ the extra VE run)
+    assert jobs["train_dpdm"] == 5 + 1
+    # 3 main + K1 + 2 more samplers at eps 10 + v-prediction = 7 scored sample sets (+ the extra one)
+    assert jobs["sample_dpdm"] == 7 + 1 and jobs["evaluate_dpdm"] == 7
+    for run in ("edm_eps0p2_K4_seed0", "vpred_eps0p2_K4_seed0", "edm_eps10_K1_seed0", "run=ve_eps3p5_K16_seed7"):
+        assert run in res.stdout
+
+
+def test_an_unknown_main_sampler_is_a_one_line_config_error(repo, tmp_path):
+    res = snakemake(repo, "-n", "--cores", "1", "--configfile", _config(tmp_path, sampling={"main": "heun"}))
+    assert res.returncode != 0
+    assert "config error at dpdm.sampling: no sampler named 'heun'" in res.stdout + res.stderr

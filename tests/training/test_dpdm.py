@@ -1,0 +1,150 @@
+"""train_dpdm: the released model comes with a ledger line that replays, within budget, for any K."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.accounting.replay import replay_transcripts
+from pipeline.io import Split, save_split
+from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
+from pipeline.privacy import ledger
+from pipeline.stage import PipelineError
+from pipeline.training.dpdm import train_dpdm
+
+TINY_UNET = {"block_out_channels": [8, 16], "attention": [False, False], "norm_num_groups": 4}
+# eps = 1 keeps the PLD calibration fast (large sigma, narrow privacy-loss support)
+BASE = {"epsilon": 1.0, "delta": 1e-5, "batch_size": 8, "steps": 2, "unet": TINY_UNET, "micro_batch": 4,
+        "device": "cpu", "seed": 3, "config_id": "test"}
+
+
+@pytest.fixture(scope="module")
+def private_split(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("data") / "private_train.npz"
+    save_split(path, Split(rng.integers(0, 256, (40, 1, 8, 8), dtype=np.uint8), np.arange(40) % 3),
+               name="private_train", source="test", seed=0)
+    return path
+
+
+def run(tmp, data, **params):
+    out = {"model": tmp / "models" / "dpdm" / "run.pt", "ledger": tmp / "ledger" / "train_dpdm.jsonl",
+           "metrics": tmp / "models" / "dpdm" / "run.json"}
+    train_dpdm({"data": data}, out, {**BASE, **params})
+    return out
+
+
+def mechanism_fields(path):
+    (_, entry), = ledger.read_ledger(path)
+    d = json.loads(entry.to_json())
+    d.pop("time_utc")
+    return d
+
+
+@pytest.fixture(scope="module")
+def k1_and_k4(private_split, tmp_path_factory):
+    return (run(tmp_path_factory.mktemp("k1"), private_split, K=1),
+            run(tmp_path_factory.mktemp("k4"), private_split, K=4))
+
+
+def test_ledger_line_replays_and_certifies_the_target(k1_and_k4):
+    out, _ = k1_and_k4
+    (claim,) = replay_transcripts([out["ledger"]])
+    assert claim["ok"] and claim["stage"] == "train_dpdm"
+    assert claim["recomputed_epsilon"] <= BASE["epsilon"]
+    meta = read_denoiser_meta(out["model"])
+    assert meta["epsilon"] == pytest.approx(claim["claimed_epsilon"])
+    assert meta["steps"] == 2 and meta["K"] == 1 and meta["private"]
+    (_, entry), = ledger.read_ledger(out["ledger"])
+    assert entry.sampling["probability"] == pytest.approx(8 / 40)  # q = batch_size / N, as trained
+    assert entry.noise_multiplier == pytest.approx(meta["noise_multiplier"])
+
+
+def test_noise_multiplicity_leaves_the_ledger_unchanged_but_changes_the_weights(k1_and_k4):
+    a, b = k1_and_k4
+    assert mechanism_fields(a["ledger"]) == mechanism_fields(b["ledger"])
+    wa, wb = (torch.load(o["model"], weights_only=True)["state_dict"] for o in (a, b))
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # K really entered the training
+
+
+def test_the_metrics_hold_no_training_loss(k1_and_k4):
+    metrics = json.loads(k1_and_k4[0]["metrics"].read_text())
+    assert not any("loss" in k for k in metrics)
+    state = torch.load(k1_and_k4[0]["model"].parents[2] / "checkpoints" / "train_dpdm" / "run" / "state.pt",
+                       weights_only=False)
+    assert all(np.isnan(state["losses"]))
+
+
+def test_rerun_resumes_from_the_finished_state_to_the_same_model(private_split, tmp_path):
+    out = run(tmp_path, private_split, parameterisation="vpred")
+    first = torch.load(out["model"], weights_only=True)["state_dict"]
+    out = run(tmp_path, private_split, parameterisation="vpred", checkpoint_every_s=7)  # not part of the hash
+    assert json.loads(out["metrics"].read_text())["resumed_from"] == 2
+    second = torch.load(out["model"], weights_only=True)["state_dict"]
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    net = load_denoiser(out["model"])
+    x = torch.zeros(2, 1, 8, 8)
+    assert net(x, torch.tensor([0.5, 5.0]), torch.tensor([0, 3])).shape == x.shape  # label 3 = the null class
+
+
+def test_init_from_a_public_denoiser_copies_matching_weights(private_split, tmp_path):
+    from pipeline.models.checkpoint import save_denoiser
+    from pipeline.models.edm import EDMPrecond
+    from pipeline.models.unet import UNetSpec, build_unet
+    from pipeline.training.dpdm import init_from_public
+
+    spec = UNetSpec(image_size=8, block_out_channels=(8, 16), attention=(False, False), norm_num_groups=4,
+                    num_classes=3)
+    torch.manual_seed(5)
+    public = EDMPrecond(build_unet(spec))
+    save_denoiser(tmp_path / "public.pt", public, unet=spec, precond="edm")
+    torch.manual_seed(6)
+    fresh = EDMPrecond(build_unet(spec))
+    info = init_from_public(fresh, tmp_path / "public.pt")
+    assert info["fresh"] == [] and info["skipped"] == []
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), public.state_dict().values()))
+
+
+@pytest.mark.parametrize("params,match", [({"epsilon": None}, "epsilon"), ({"K": 0}, "K must be"),
+                                          ({"parameterisation": "ddpm"}, "parameterisation"),
+                                          ({"bacth_size": 3}, "unknown param 'bacth_size'"),
+                                          ({"batch_size": 41}, "exceeds the 40 private records")])
+def test_bad_params_are_one_line_errors(private_split, tmp_path, params, match):
+    p = {**BASE, **params}
+    if p.get("epsilon") is None:
+        p.pop("epsilon")
+    with pytest.raises(PipelineError, match=match):
+        train_dpdm({"data": private_split}, {"model": tmp_path / "m.pt", "ledger": tmp_path / "l.jsonl",
+                                              "metrics": tmp_path / "m.json"}, p)
+
+
+def test_a_run_interrupted_after_a_checkpoint_resumes_to_the_uninterrupted_model(k1_and_k4, private_split,
+                                                                                 tmp_path, monkeypatch):
+    from pipeline.training import loop
+
+    original = loop.run_training
+
+    def interrupted(**kw):
+        step_fn = kw["step_fn"]
+
+        def step(i):
+            if i == 1:  # step 0 is done and checkpointed (checkpoint_every_s is tiny)
+                raise KeyboardInterrupt("simulated kill")
+            return step_fn(i)
+
+        return original(**{**kw, "step_fn": step})
+
+    monkeypatch.setattr(loop, "run_training", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, private_split, K=1, checkpoint_every_s=1e-9)
+    monkeypatch.setattr(loop, "run_training", original)
+    assert torch.load(tmp_path / "checkpoints" / "train_dpdm" / "run" / "state.pt", weights_only=False)["step"] == 1
+    out = run(tmp_path, private_split, K=1)
+    assert json.loads(out["metrics"].read_text())["resumed_from"] == 1
+    reference = torch.load(k1_and_k4[0]["model"], weights_only=True)["state_dict"]
+    resumed = torch.load(out["model"], weights_only=True)["state_dict"]
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)  # same noise, same batches
+    assert mechanism_fields(out["ledger"]) == mechanism_fields(k1_and_k4[0]["ledger"])
