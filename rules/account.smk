@@ -7,7 +7,8 @@
 
 #: private set size n of the accounting: accounting.n, else data.private.n_private_train
 ACCOUNTING_N = config["accounting"]["n"] or config["data"]["private"]["n_private_train"]
-if ACCOUNTING_N is None:
+_NEEDS_N = any(config[k]["enabled"] for k in ("accounting", "empden", "empden_diagnostics"))
+if ACCOUNTING_N is None and _NEEDS_N:
     raise WorkflowError("config error at accounting.n: set it when data.private.n_private_train is null")
 ACCOUNTING_PARAMS = params_json(accounting=config["accounting"], n=ACCOUNTING_N, config_id=CONFIG_ID, seed=SEED)
 

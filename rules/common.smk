@@ -18,7 +18,8 @@ except ConfigError as _exc:
     sys.exit(f"{_exc}")
 config.clear()
 config.update(_validated)
-validate(config, schema=str(schema_path()), set_default=True)
+# defaults were filled by validate_config (which also handles null-able sections)
+validate(config, schema=str(schema_path()), set_default=False)
 
 # Rules call `python -m pipeline`: make that the interpreter running Snakemake (e.g. the
 # .venv's) unless an activated conda env (--use-conda) puts its own python first.

@@ -4,6 +4,7 @@ and the embedded default DAG end to end at a tiny size."""
 from __future__ import annotations
 
 import os
+import json
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,15 @@ TINY = {
         "evalnet": {"epochs": 3, "width": 8},
         "downstream": {"cnn_epochs": 2, "mlp_hidden": 32},
     },
+    # every method at a toy size: one cell each, a few optimisation steps
+    "pretrain": {"steps": 4, "batch_size": 16, "unet": {"block_out_channels": [8, 16]}},
+    "empden": {"n_out": 20, "grid": [{"p": [55], "B": [25], "T": [3]}], "beta_ablation": None,
+               "repeated_seeds": None, "figure2": None, "full_batch": {"sigma_min": [0.5]}},
+    "empden_diagnostics": {"n_trajectories": 4, "batch_size": 4, "proxy_seeds": 1, "bootstrap_resamples": 100},
+    "dpdm": {"epsilons": [10], "batch_size": 50, "epochs": 0.05, "K": 2, "micro_batch": 25,
+             "unet": {"block_out_channels": [8, 16]},
+             "sampling": {"n_samples": 20, "batch_size": 20, "per_class": 1},
+             "noise_multiplicity": None, "sampler_ablation": None, "parameterisation_ablation": None},
 }
 
 
@@ -114,7 +124,13 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert table["acc_logreg"].iloc[0] > 0.5
     for fig in ("data_samples.png", "data_samples.pdf"):
         assert (results / "figures" / fig).stat().st_size > 1000
-    assert "reference_real" in (results / "index.html").read_text()
+    index = (results / "index.html").read_text()
+    for name in ("reference_real", "empden_table8_grid", "empden_table4_proxy", "dpdm_table_main"):
+        assert name in index
+        assert len(pd.read_parquet(results / "tables" / f"{name}.parquet")) >= 1
+    # the hybrid cell and the DPDM run claimed their epsilon, and the replay recomputed every claim
+    replay = json.loads((results / "tiny" / "ledger" / "replay.json").read_text())
+    assert replay["all_ok"] and len(replay["claims"]) >= 3
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # nothing left to do: a second run is a no-op
     again = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))
