@@ -115,8 +115,9 @@ def public_normaliser_data(params: Mapping[str, Any], path: Path | None, *,
         raise PipelineError("empden_sample: normaliser public_marginal needs the public split (--in public_data=PATH)")
     public = load_split(path)
     if tuple(public.images.shape[1:]) != shape:
-        raise PipelineError(f"empden_sample: public split {path} has images {'x'.join(map(str, public.images.shape[1:]))}"
-                            f", the private images are {'x'.join(map(str, shape))}")
+        raise PipelineError(f"empden_sample: public split {path} has images "
+                            f"{'x'.join(map(str, public.images.shape[1:]))}, the private images are "
+                            f"{'x'.join(map(str, shape))}")
     data = to_model_scale(public.images)
     m = params.get("normaliser_n")
     if m is not None and int(m) < data.shape[0]:
@@ -303,8 +304,8 @@ def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: fl
 @stage("empden_figure2_trajectories", inputs=("private", "public"), outputs=("figure", "ledger"),
        optional_inputs=("public_data",),
        params={"figure2": "the config's empden.figure2 ({p, B, T, n_rows, n_columns})",
-               "beta": "public normaliser (accounting.beta)",
-               **{k: PARAMS_DOC[k] for k in ("normaliser", "normaliser_n")}, "seed": "generation seed (identical initial noise)",
+               "beta": "public normaliser (accounting.beta)", "seed": "generation seed (identical initial noise)",
+               **{k: PARAMS_DOC[k] for k in ("normaliser", "normaliser_n")},
                **{k: PARAMS_DOC[k] for k in ("accounting", "device", "threads", "config_id")}})
 def empden_figure2_trajectories(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
                                 params: Mapping[str, Any]) -> None:

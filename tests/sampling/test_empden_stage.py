@@ -207,3 +207,18 @@ def test_bad_normaliser_settings_fail_with_one_line(files, tmp_path, normaliser,
     with pytest.raises(PipelineError, match=message) as err:
         run(files, tmp_path, cell, n_out=1, normaliser=normaliser, **kwargs)
     assert "\n" not in str(err.value)
+
+
+def test_the_default_normaliser_is_the_public_marginal():
+    """eq. 38 read literally (constant) is inert at image dimensions, so the embedded default normalises publicly."""
+    cfg = validate_config({})["empden"]
+    assert cfg["normaliser"] == "public_marginal" and cfg["normaliser_n"] is None
+
+
+def test_figure2_records_the_public_normaliser_in_both_ledger_lines(files, tmp_path):
+    out = {"figure": tmp_path / "f2.png", "ledger": tmp_path / "f2.jsonl"}
+    empden_figure2_trajectories(
+        {"private": files / "private_train.npz", "public": files / "public_edm.pt",
+         "public_data": files / "public.npz"}, out, {"figure2": {"p": 55, "B": 10, "T": 2, "n_rows": 2, "n_columns": 4}, "accounting": ACCOUNTING,
+              "beta": 1.0, "seed": 0, "device": "cpu", "normaliser": "public_marginal"})
+    assert [e.extra["normaliser"] for _, e in ledger.read_ledger(out["ledger"])] == ["public_marginal"] * 2
