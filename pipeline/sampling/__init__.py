@@ -1,7 +1,10 @@
 """Samplers that turn denoisers into images.
 
 * :mod:`.empden` -- EMPDEN's private samplers (full batch, output-wise subsampled hybrid of
-  Algorithm 1, per-step resampling) and the public EDM Heun sampler they hand off to.
+  Algorithm 1, per-step resampling) and the public EDM Heun sampler they hand off to;
+  :mod:`.empden_stage` / :mod:`.empden_grid` -- one grid cell as a DAG stage and its path names.
+* :mod:`.dpdm` -- DPDM's samplers (deterministic / stochastic DDIM, EDM with churn,
+  classifier-free guidance) for any ``dpgen-denoiser/1`` file; :mod:`.dpdm_stage` -- the stages.
 
 The private parts (the clipped empirical denoiser, its noise and its ledger lines) live in
 :mod:`pipeline.privacy.empirical_denoiser`; these samplers only call them and never compute eps.
