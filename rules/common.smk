@@ -179,6 +179,11 @@ def empden_n_out():
     return config["empden"]["n_out"] or config["accounting"]["N_out"]
 
 
+def empden_normaliser_params():
+    """The empirical denoiser's normaliser settings (public_only cells ignore them)."""
+    return {k: config["empden"][k] for k in ("normaliser", "normaliser_n")}
+
+
 def empden_sample_params(method, wildcards):
     """Stage params of one cell, parsed from its target path's wildcards."""
     from pipeline.sampling.empden_grid import cell_from_wildcards
@@ -186,7 +191,8 @@ def empden_sample_params(method, wildcards):
     cell = cell_from_wildcards(method, wildcards)
     return params_json(cell=cell.as_dict(), accounting=config["accounting"], n_out=empden_n_out(),
                        batch_size=config["empden"]["batch_size"], device=config["device"],
-                       threads=torch_threads(), config_id=CONFIG_ID)
+                       threads=torch_threads(), config_id=CONFIG_ID,
+                       **empden_normaliser_params())
 
 
 def empden_table8_inputs():

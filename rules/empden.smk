@@ -16,8 +16,6 @@ EMPDEN_TABLE8 = TABLES / "empden_table8_grid.parquet"
 EMPDEN_NORMALISER_INPUT = (
     {"public_data": DATA / "public.npz"} if config["empden"]["normaliser"] == "public_marginal" else {}
 )
-#: the normaliser settings, added to every private stage's params
-EMPDEN_NORMALISER_PARAMS = {k: config["empden"][k] for k in ("normaliser", "normaliser_n")}
 
 # every cell writes its own transcript; the replay reads them all
 LEDGER_TRANSCRIPTS.extend(empden_ledgers())
@@ -41,8 +39,7 @@ rule empden_sample_subsampled:
         beta="[0-9p]+",
         seed="[0-9]+",
     params:
-        p=lambda wildcards: json.dumps({**json.loads(empden_sample_params(wildcards.method, wildcards)),
-                                        **EMPDEN_NORMALISER_PARAMS}, sort_keys=True),
+        p=lambda wildcards: empden_sample_params(wildcards.method, wildcards),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_sample" / "{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.log",
@@ -72,8 +69,7 @@ rule empden_sample_full_batch:
         beta="[0-9p]+",
         seed="[0-9]+",
     params:
-        p=lambda wildcards: json.dumps({**json.loads(empden_sample_params("full_batch", wildcards)),
-                                        **EMPDEN_NORMALISER_PARAMS}, sort_keys=True),
+        p=lambda wildcards: empden_sample_params("full_batch", wildcards),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_sample" / "full_batch_smin{smin}_beta{beta}_s{seed}.log",
@@ -287,7 +283,7 @@ rule empden_figure2_trajectories:
     params:
         p=params_json(figure2=config["empden"]["figure2"], accounting=config["accounting"],
                       beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], device=config["device"],
-                      threads=torch_threads(), config_id=CONFIG_ID, **EMPDEN_NORMALISER_PARAMS),
+                      threads=torch_threads(), config_id=CONFIG_ID, **empden_normaliser_params()),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_figure2_trajectories.log",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,3 +18,17 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch and BLAS/OpenMP on one thread: tiny models run fastest so on a shared 2-core machine
+    (the stages do the same through their ``threads`` param)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with threadpool_limits(1):
+        yield
+    torch.set_num_threads(before)

@@ -105,15 +105,27 @@ class TrainResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _numpy_state() -> dict[str, Any]:
+    """numpy's global MT19937 state as tensors and numbers, so the file loads with ``weights_only=True``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _set_numpy_state(state: Mapping[str, Any]) -> None:
+    np.random.set_state((state["name"], state["keys"].numpy().astype(np.uint32), state["pos"],
+                         state["has_gauss"], state["cached_gaussian"]))
+
+
 def _rng_state(generators: Mapping[str, torch.Generator]) -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+    return {"torch": torch.get_rng_state(), "numpy": _numpy_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "generators": {k: g.get_state() for k, g in generators.items()}}
 
 
 def _set_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Generator]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    _set_numpy_state(state["numpy"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     for k, g in generators.items():
@@ -136,8 +148,7 @@ def load_state(path: Path, run_hash: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        # numpy's RNG state is a tuple holding an ndarray: not loadable with weights_only
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated file cannot happen (atomic rename) but a foreign one can
         log.warning("%s: unreadable training state (%s); starting afresh", path, exc)
         return None

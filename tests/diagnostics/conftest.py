@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from threadpoolctl import threadpool_limits
 
 from pipeline.evaluation.evalnet import EvalNet, save_evalnet
 from pipeline.io import Split, save_split
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond
 from pipeline.models.unet import UNetSpec, build_unet
+from tests.conftest import one_thread
 
 SHAPE = (1, 8, 8)
 SPEC = UNetSpec(image_size=8, channels=1, block_out_channels=(8, 8), attention=(False, False), norm_num_groups=4)
@@ -21,11 +21,8 @@ SPEC = UNetSpec(image_size=8, channels=1, block_out_channels=(8, 8), attention=(
 @pytest.fixture(scope="package", autouse=True)
 def _one_thread():
     """Tiny models run fastest on one thread on a shared machine (as the stages do via ``threads``)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
+    with one_thread():
         yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="package")

@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
-from threadpoolctl import threadpool_limits
 
 from pipeline.data.stage import resize_images
 from pipeline.evaluation.evalnet import TrainConfig, train_evalnet
 from pipeline.io import Split, read_json, save_split
+from tests.conftest import one_thread
 
 SIDE = 16
 #: eval net of the tests: a few epochs on a few hundred digits (well above chance, fast)
@@ -62,11 +61,8 @@ def _one_thread():
     training several times slower. Snakemake does the same for real runs: it sets
     OMP_NUM_THREADS and friends to each rule's ``threads``.
     """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(1):
+    with one_thread():
         yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
