@@ -62,7 +62,8 @@ class Preconditioned(nn.Module):
         self.unet = vmap_friendly_attention(unet)
 
     def coefficients(self, sigma: Tensor) -> EDMCoefficients:
-        raise NotImplementedError
+        """c_skip, c_out, c_in, c_noise of this configuration (Karras et al. 2022, Table 1); each subclass defines it."""
+        raise NotImplementedError(f"{type(self).__name__} must define coefficients(sigma)")
 
     def forward(self, x: Tensor, sigma: Tensor, class_labels: Tensor | None = None) -> Tensor:
         sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
