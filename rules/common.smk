@@ -262,9 +262,11 @@ def empden_diagnostics_targets():
 
 
 def empden_diagnostics_params():
-    """Params of every proxy-diagnostics rule (the schedule, C and beta are the accounting section's)."""
+    """Params of every proxy-diagnostics rule (the schedule, C and beta are the accounting section's,
+    the normaliser the sampler's)."""
     return params_json(diagnostics=config["empden_diagnostics"], accounting=config["accounting"],
-                       config_id=CONFIG_ID, seed=SEED, device=config["device"], threads=torch_threads())
+                       config_id=CONFIG_ID, seed=SEED, device=config["device"], threads=torch_threads(),
+                       **empden_normaliser_params())
 
 
 def empden_diagnostics_runtime_min():

@@ -1,7 +1,8 @@
 # EMPDEN proxy diagnostics (Sec. 3.3, 6.3, App. F): is the empirical denoiser on the private
 # set a proxy for the public neural denoiser along the sampling trajectory?
 # Code: pipeline/diagnostics/empden_proxy.py. They read the private set without DP (as the
-# paper's do): descriptive tables, not private releases, so no ledger transcript.
+# paper's do): descriptive tables, not private releases, so no ledger transcript. Tables 1/4/5/6
+# use the sampler's empirical denoiser, normaliser included (EMPDEN_NORMALISER_INPUT, rules/empden.smk).
 
 #: the public EDM denoiser (rule pretrain_public, rules/pretrain.smk)
 DIAG_PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
@@ -12,6 +13,7 @@ DIAG_MEM_MB = empden_diagnostics_mem_mb()
 rule empden_table4_proxy:
     """EMPDEN Table 4 + Figure 1: cos(x_t - E_hat, x_t - D) and ||E_hat - D||^2 along the trajectory."""
     input:
+        unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
         private=DATA / "private_train.npz",
         denoiser=DIAG_PUBLIC_DENOISER,
     output:
@@ -19,6 +21,7 @@ rule empden_table4_proxy:
         figure=FIGURES / "empden_figure1_proxy_cosine.png",
     params:
         p=empden_diagnostics_params(),
+        norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_table4_proxy.log",
     threads: torch_threads()
@@ -29,13 +32,14 @@ rule empden_table4_proxy:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_table4_proxy --in private={input.private} denoiser={input.denoiser}"
+        "python -m pipeline empden_table4_proxy --in private={input.private} denoiser={input.denoiser} {params.norm_in}"
         " --out table={output.table} figure={output.figure} --params {params.p:q} > {log} 2>&1"
 
 
 rule empden_table1_window_swap:
     """EMPDEN Tables 1, 5, 6: empirical denoiser swapped into one window vs that window's noise redrawn."""
     input:
+        unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
         private=DATA / "private_train.npz",
         denoiser=DIAG_PUBLIC_DENOISER,
         evalnet=rules.train_evalnet.output.model,
@@ -45,6 +49,7 @@ rule empden_table1_window_swap:
         table6=TABLES / "empden_table6_image_agreement.parquet",
     params:
         p=empden_diagnostics_params(),
+        norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_table1_window_swap.log",
     threads: torch_threads()
@@ -56,7 +61,7 @@ rule empden_table1_window_swap:
         GPU_ENV
     shell:
         "python -m pipeline empden_table1_window_swap --in private={input.private} denoiser={input.denoiser}"
-        " evalnet={input.evalnet} --out table1={output.table1} table5={output.table5} table6={output.table6}"
+        " evalnet={input.evalnet} {params.norm_in} --out table1={output.table1} table5={output.table5} table6={output.table6}"
         " --params {params.p:q} > {log} 2>&1"
 
 

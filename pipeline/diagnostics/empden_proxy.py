@@ -10,9 +10,10 @@ run with the *public* neural denoiser D (the all-neural reference trajectory):
   cos(x_t - E_hat, x_t - D) between the denoising directions of the empirical denoiser E_hat
   (on the private set) and of D, and the per-step gap ||E_hat - D||^2 (App. F), each
   averaged over trajectories, then mean +- standard error over seeds. E_hat is the clipped,
-  publicly normalised denoiser the private sampler really uses (eq. 38; "the actual denoising
-  direction induced by the update rule", Figure 1 caption) and, as a reference, the unclipped
-  normalised posterior mean of the empirical measure (eq. 4).
+  publicly normalised denoiser the private sampler really uses (eq. 38 with the sampler's
+  ``empden.normaliser``: the same clip, beta and public Z; "the actual denoising direction
+  induced by the update rule", Figure 1 caption) and, as a reference, the unclipped normalised
+  posterior mean of the empirical measure (eq. 4).
 * **Window swap vs noise redraw** (Tables 1, 5, 6): on the N = 39 grid, with the initial
   noise and all step noises fixed, (swap) E_hat replaces D inside one window of steps, (ref.)
   D is kept and only that window's step noises are re-drawn. Each endpoint is compared with
@@ -55,6 +56,8 @@ from pipeline.models.checkpoint import load_denoiser
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule, log_snr, private_steps
 from pipeline.reporting import save_figure, write_table
+from pipeline.sampling.empden import prepare_public
+from pipeline.sampling.empden_stage import public_normaliser_data
 from pipeline.stage import PipelineError, stage
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
@@ -109,7 +112,9 @@ class EmpiricalDenoiser:
     """E_hat(x, t) on the private set, image-shaped in and out (the :data:`Denoiser` interface).
 
     ``clipped``: eq. 38 with clip norm ``C`` (the effective one, see :func:`effective_clip`) and
-    public normaliser ``beta``; ``posterior_mean``: the unclipped, exactly normalised eq. 4.
+    public normaliser ``beta``, each v divided by the public marginal Z = p_hat_pub(x_t) of
+    ``public`` when given (the sampler's ``public_marginal`` normaliser; None: eq. 38's Z = 1);
+    ``posterior_mean``: the unclipped, exactly normalised eq. 4.
     ``subset`` [b, B] gives each trajectory of the batch its own B records (Algorithm 1), or
     None for the whole private set.
     """
@@ -119,11 +124,14 @@ class EmpiricalDenoiser:
     C: float
     beta: float
     subset: torch.Tensor | None = None
+    public: emp.PreparedData | None = None
 
     def __call__(self, x: torch.Tensor, t: float) -> torch.Tensor:
         flat = x.reshape(x.shape[0], -1).to(self.data.x0.dtype)
         if self.kind == "clipped":
-            out = emp.clipped_empirical_denoiser(flat, self.data, t, C=self.C, beta=self.beta, subset=self.subset)
+            log_z = None if self.public is None else emp.log_public_marginal(flat, self.public, t)
+            out = emp.clipped_empirical_denoiser(flat, self.data, t, C=self.C, beta=self.beta, subset=self.subset,
+                                                 log_normaliser=log_z)
         elif self.kind == "posterior_mean":
             out = posterior_mean(flat, self.data, t, subset=self.subset)
         else:
@@ -322,6 +330,8 @@ PARAMS_DOC = {
     "seed": "integer seed of the trajectories (initial noise, step noises, redraws, subsets)",
     "device": "auto | cpu | cuda[:N]",
     "threads": "torch CPU threads (optional)",
+    "normaliser": "constant | public_marginal: the sampler's empden.normaliser (public_marginal reads --in public_data)",
+    "normaliser_n": "public records behind public_marginal (empden.normaliser_n; null = all)",
 }
 
 
@@ -334,6 +344,8 @@ class Settings:
     config_id: str
     seed: int
     device: torch.device
+    #: the sampler's normaliser params (``normaliser``, ``normaliser_n``), as empden_sample reads them
+    normaliser: dict[str, Any]
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Settings:
@@ -343,7 +355,8 @@ class Settings:
             torch.set_num_threads(int(params["threads"]))
         return cls(diag=sections["empden_diagnostics"], accounting=sections["accounting"],
                    config_id=str(params.get("config_id", "unknown")), seed=int(params.get("seed", 0)),
-                   device=resolve_device(params.get("device", "auto")))
+                   device=resolve_device(params.get("device", "auto")),
+                   normaliser={k: params[k] for k in ("normaliser", "normaliser_n") if k in params})
 
     def schedule(self, N: int) -> EDMSchedule:
         a = self.accounting
@@ -382,8 +395,10 @@ def _load_classifier(path: Path, device: torch.device, shape: tuple[int, int, in
     return net
 
 
-def _empirical(s: Settings, data: emp.PreparedData, kind: EmpiricalKind, chunk: int, b: int) -> EmpiricalDenoiser:
-    """The chunk's empirical denoiser: full private set, or one B-subset per trajectory (Algorithm 1)."""
+def _empirical(s: Settings, data: emp.PreparedData, kind: EmpiricalKind, chunk: int, b: int,
+               public: emp.PreparedData | None = None) -> EmpiricalDenoiser:
+    """The chunk's empirical denoiser: full private set, or one B-subset per trajectory (Algorithm 1);
+    ``public``: the records of the sampler's public-marginal normaliser (None: eq. 38's constant)."""
     B = s.diag["B"]
     subset = None
     if B is not None:
@@ -392,12 +407,24 @@ def _empirical(s: Settings, data: emp.PreparedData, kind: EmpiricalKind, chunk: 
         subset = emp.draw_subsets(data.n, B, b, generator=generator(s.seed, _STREAM_SUBSET, chunk)).to(data.x0.device)
     size = data.n if B is None else B
     C = effective_clip(s.accounting["C"], scales_with_subset=s.accounting["C_scales_with_subset"], subset_size=size)
-    return EmpiricalDenoiser(data=data, kind=kind, C=C, beta=s.accounting["beta"], subset=subset)
+    return EmpiricalDenoiser(data=data, kind=kind, C=C, beta=s.accounting["beta"], subset=subset, public=public)
+
+
+def _load_public_normaliser(s: Settings, path: Path | None, data: emp.PreparedData,
+                            shape: tuple[int, int, int]) -> emp.PreparedData | None:
+    """The sampler's public-marginal normaliser records (params normaliser / normaliser_n, the
+    ``empden`` section's), prepared like the private ones; None for eq. 38's constant."""
+    try:
+        public = public_normaliser_data(s.normaliser, path, shape=shape)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise PipelineError(f"input public_data: {exc}") from None
+    return prepare_public(public, data)
 
 
 def _provenance(s: Settings, data: emp.PreparedData, N: int) -> dict[str, Any]:
     size = data.n if s.diag["B"] is None else s.diag["B"]
     return {"N": N, "n_trajectories": s.diag["n_trajectories"], "subset_size": size,
+            "normaliser": s.normaliser.get("normaliser", "constant"),
             "C_effective": effective_clip(s.accounting["C"], scales_with_subset=s.accounting["C_scales_with_subset"],
                                           subset_size=size),
             "beta": float(s.accounting["beta"]), "non_private_diagnostic": True}
@@ -420,12 +447,14 @@ def hybrid_phase(step: int, N: int, handoffs: Sequence[float]) -> str:
 # --------------------------------------------------------------------------- stages
 
 
-@stage("empden_table4_proxy", inputs=("private", "denoiser"), outputs=("table", "figure"), params=PARAMS_DOC)
+@stage("empden_table4_proxy", inputs=("private", "denoiser"), outputs=("table", "figure"),
+       optional_inputs=("public_data",), params=PARAMS_DOC)
 def empden_table4_proxy(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """EMPDEN Table 4 + Figure 1: cos(x_t - E_hat, x_t - D) and ||E_hat - D||^2 along the trajectory."""
     s = Settings.from_params(params)
     data, shape = _load_private(inputs["private"], s.device)
     neural, _ = _load_neural(inputs["denoiser"], s.device, shape)
+    public = _load_public_normaliser(s, inputs.get("public_data"), data, shape)
     schedule = s.schedule(s.diag["proxy_N"])
     times = schedule.times()
     N = schedule.N
@@ -435,7 +464,7 @@ def empden_table4_proxy(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
         sq = {k: [] for k in EMPIRICAL_KINDS}
         for chunk, b in s.chunks():
             x_T, eps = trajectory_noise((b, *shape), N, schedule.sigma_max, s.seed, rep, chunk, device=s.device)
-            emps = {k: _empirical(s, data, k, chunk, b) for k in EMPIRICAL_KINDS}
+            emps = {k: _empirical(s, data, k, chunk, b, public) for k in EMPIRICAL_KINDS}
             res = proxy_along_trajectory(x_T, times, eps, neural, emps)
             for k in EMPIRICAL_KINDS:
                 cos[k].append(res[k][0])
@@ -508,13 +537,14 @@ def _clip(s: Settings) -> ZeroShotCLIP | None:
 
 
 @stage("empden_table1_window_swap", inputs=("private", "denoiser", "evalnet"),
-       outputs=("table1", "table5", "table6"), params=PARAMS_DOC)
+       outputs=("table1", "table5", "table6"), optional_inputs=("public_data",), params=PARAMS_DOC)
 def empden_table1_window_swap(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
                               params: Mapping[str, Any]) -> None:
     """EMPDEN Tables 1, 5, 6: swap the empirical denoiser into one window vs redraw that window's noise."""
     s = Settings.from_params(params)
     data, shape = _load_private(inputs["private"], s.device)
     neural, _ = _load_neural(inputs["denoiser"], s.device, shape)
+    public = _load_public_normaliser(s, inputs.get("public_data"), data, shape)
     labeller = EvalNetClassifier(_load_classifier(inputs["evalnet"], s.device, shape))
     clip = _clip(s)
     embedders: list[Classifier] = [labeller] + ([clip] if clip is not None else [])
@@ -524,7 +554,7 @@ def empden_table1_window_swap(inputs: Mapping[str, Path], outputs: Mapping[str, 
     agree: dict[tuple[str, str], list[EndpointAgreement]] = {(w.name, v): [] for w in windows for v in ("swap", "ref")}
     for chunk, b in tqdm(s.chunks(), desc="window swap batches"):
         x_T, eps = trajectory_noise((b, *shape), schedule.N, schedule.sigma_max, s.seed, chunk, device=s.device)
-        e_hat = _empirical(s, data, s.diag["empirical"], chunk, b)
+        e_hat = _empirical(s, data, s.diag["empirical"], chunk, b, public)
         w_index = {w.name: j for j, w in enumerate(windows)}
 
         def redraw(w: Window) -> torch.Tensor:

@@ -108,21 +108,21 @@ def public_normaliser_data(params: Mapping[str, Any], path: Path | None, *,
     """
     kind = params.get("normaliser", "constant")
     if kind not in emp.NORMALISERS:
-        raise PipelineError(f"empden_sample: normaliser must be one of {', '.join(emp.NORMALISERS)}, got {kind!r}")
+        raise PipelineError(f"config error at empden.normaliser: must be one of {', '.join(emp.NORMALISERS)}, got {kind!r}")
     if kind == "constant":
         return None
     if path is None:
-        raise PipelineError("empden_sample: normaliser public_marginal needs the public split (--in public_data=PATH)")
+        raise PipelineError("empden.normaliser public_marginal needs the public split (--in public_data=PATH)")
     public = load_split(path)
     if tuple(public.images.shape[1:]) != shape:
-        raise PipelineError(f"empden_sample: public split {path} has images "
+        raise PipelineError(f"input public_data: {path} has images "
                             f"{'x'.join(map(str, public.images.shape[1:]))}, the private images are "
                             f"{'x'.join(map(str, shape))}")
     data = to_model_scale(public.images)
     m = params.get("normaliser_n")
     if m is not None and int(m) < data.shape[0]:
         if int(m) < 1:
-            raise PipelineError(f"empden_sample: normaliser_n must be >= 1, got {m}")
+            raise PipelineError(f"config error at empden.normaliser_n: must be >= 1, got {m}")
         keep = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(NORMALISER_SUBSET_SEED))
         data = data[keep[: int(m)]]
     return data

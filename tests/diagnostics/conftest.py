@@ -27,14 +27,18 @@ def _one_thread():
 
 @pytest.fixture(scope="package")
 def files(tmp_path_factory):
-    """Paths of a private split, a public denoiser file and an evaluation net file."""
+    """Paths of a private split, a public denoiser file, an evaluation net file and a public split."""
     root = tmp_path_factory.mktemp("diag")
     rng = np.random.default_rng(0)
     private = root / "private_train.npz"
     save_split(private, Split(rng.integers(0, 256, size=(30, *SHAPE), dtype=np.uint8), rng.integers(0, 10, 30)),
                name="private_train", source="test", seed=0)
+    public = root / "public.npz"
+    save_split(public, Split(rng.integers(0, 256, size=(40, *SHAPE), dtype=np.uint8), rng.integers(0, 10, 40)),
+               name="public", source="test", seed=0)
     torch.manual_seed(0)
     save_denoiser(root / "public_edm.pt", EDMPrecond(build_unet(SPEC)), unet=SPEC, precond="edm")
     torch.manual_seed(0)
     save_evalnet(EvalNet(SHAPE, 10, width=4, feature_dim=8), root / "evalnet.pt")
-    return {"private": private, "denoiser": root / "public_edm.pt", "evalnet": root / "evalnet.pt"}
+    return {"private": private, "denoiser": root / "public_edm.pt", "evalnet": root / "evalnet.pt",
+            "public_data": public}

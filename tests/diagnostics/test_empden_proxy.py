@@ -102,6 +102,20 @@ def test_empirical_denoiser_kinds_match_the_privacy_module():
     torch.testing.assert_close(dx.posterior_mean(x.flatten(1), data, 1.3, subset=one), data.x0[[4, 1]])
 
 
+def test_clipped_denoiser_uses_the_samplers_public_normaliser():
+    """Table 4's clipped E_hat is the sampler's: v divided by the public marginal Z before the clip."""
+    x0 = torch.rand(6, *SHAPE, dtype=torch.float64) * 2 - 1
+    data, public = emp.prepare_data(x0), emp.prepare_data(torch.rand(9, *SHAPE, dtype=torch.float64) * 2 - 1)
+    x = torch.randn(2, *SHAPE, dtype=torch.float64)
+    got = dx.EmpiricalDenoiser(data, "clipped", C=0.7, beta=2.0, public=public)(x, 1.3).flatten(1)
+    log_z = emp.log_public_marginal(x.flatten(1), public, 1.3)
+    want = emp.clipped_empirical_denoiser(x.flatten(1), data, 1.3, C=0.7, beta=2.0, log_normaliser=log_z)
+    torch.testing.assert_close(got, want)
+    # the normaliser matters: without it (eq. 38's Z = 1) the 64-pixel kernel leaves a different E_hat
+    plain = dx.EmpiricalDenoiser(data, "clipped", C=0.7, beta=2.0)(x, 1.3).flatten(1)
+    assert not torch.allclose(got, plain)
+
+
 def test_effective_clip_follows_the_accounting_convention():
     assert dx.effective_clip(0.5, scales_with_subset=True, subset_size=100) == 50.0
     assert dx.effective_clip(0.5, scales_with_subset=False, subset_size=100) == 0.5
@@ -131,6 +145,27 @@ def test_table4_stage_writes_both_empirical_variants_per_grid_point(files, tmp_p
     assert df["cos_se"].notna().all()  # two seeds give a standard error
     np.testing.assert_allclose(df["t"].iloc[0], 80.0)
     assert out["figure"].is_file() and out["figure"].with_suffix(".pdf").is_file()
+
+
+def test_table4_stage_uses_the_samplers_normaliser(files, tmp_path):
+    outs = {}
+    for kind in ("constant", "public_marginal"):
+        out = {"table": tmp_path / f"t4_{kind}.parquet", "figure": tmp_path / f"fig1_{kind}.png"}
+        ins = {k: files[k] for k in ("private", "denoiser", "public_data")}
+        dx.empden_table4_proxy(ins, out, {**_params(tmp_path), "normaliser": kind, "normaliser_n": 20})
+        outs[kind] = pd.read_parquet(out["table"])
+        assert (outs[kind]["normaliser"] == kind).all()
+    clipped = {k: df[df["empirical"] == "clipped"]["cos_mean"].to_numpy() for k, df in outs.items()}
+    pm = {k: df[df["empirical"] == "posterior_mean"]["cos_mean"].to_numpy() for k, df in outs.items()}
+    np.testing.assert_allclose(pm["constant"], pm["public_marginal"])  # the reference does not change
+    assert not np.allclose(clipped["constant"], clipped["public_marginal"])
+
+
+def test_public_marginal_without_the_public_split_is_one_line(files, tmp_path):
+    out = {"table": tmp_path / "t4.parquet", "figure": tmp_path / "fig1.png"}
+    with pytest.raises(PipelineError, match="public_marginal needs the public split"):
+        dx.empden_table4_proxy({k: files[k] for k in ("private", "denoiser")}, out,
+                               {**_params(tmp_path), "normaliser": "public_marginal"})
 
 
 def test_window_swap_stage_writes_tables_1_5_6(files, tmp_path):

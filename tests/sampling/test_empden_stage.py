@@ -199,8 +199,8 @@ def test_normaliser_n_keeps_a_fixed_subset_of_the_public_records(files, tmp_path
 
 @pytest.mark.parametrize(("normaliser", "kwargs", "message"), [
     ({"normaliser": "public_marginal"}, {"with_public_data": False}, "needs the public split"),
-    ({"normaliser": "posterior"}, {}, "normaliser must be one of"),
-    ({"normaliser": "public_marginal", "normaliser_n": 0}, {}, "normaliser_n must be >= 1"),
+    ({"normaliser": "posterior"}, {}, "empden.normaliser: must be one of"),
+    ({"normaliser": "public_marginal", "normaliser_n": 0}, {}, "normaliser_n: must be >= 1"),
 ])
 def test_bad_normaliser_settings_fail_with_one_line(files, tmp_path, normaliser, kwargs, message):
     cell = Cell("hybrid", seed=0, beta=1.0, p_percent=55, B=10, T=2)
