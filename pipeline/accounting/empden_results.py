@@ -31,7 +31,7 @@ from pipeline.stage import PipelineError, stage
 #: metric columns carried from evaluate_samples into Table 8
 METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall")
 FACTS = ("cell", "method", "seed", "beta", "p_percent", "B", "T", "sigma_min", "k_steps", "t0", "t1", "n",
-         "q_B", "mu_bar_B", "n_out", "delta", "claimed_epsilon")
+         "q_B", "mu_bar_B", "n_out", "delta", "claimed_epsilon", "normaliser", "normaliser_n")
 EPS = ("eps_lower_estimate", "eps_upper_bound", "eps_edgeworth_estimate", "edgeworth_valid", "edgeworth_reason")
 TABLE_DOC = {"config_id": "id of the configuration (provenance column)"}
 
@@ -106,7 +106,7 @@ def grid_rows(pairs: list[tuple[Path, Path]], accounting: Mapping[str, Any]) -> 
     for col in ("beta", "p_percent", "sigma_min", "t0", "t1", "q_B", "mu_bar_B", *METRICS,
                 "eps_lower_estimate", "eps_upper_bound", "eps_edgeworth_estimate"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-    for col in ("B", "T", "n", "k_steps"):
+    for col in ("B", "T", "n", "k_steps", "normaliser_n"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
     order = {"public_only": 0, "hybrid": 1, "per_step": 2, "full_batch": 3}
     df["_o"] = df["method"].map(order)

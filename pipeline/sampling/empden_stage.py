@@ -171,7 +171,9 @@ def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser
     if cell.method == "public_only":
         x = sched.sigma_max * torch.randn((n_out, *shape), generator=gen, device=device)
         out = torch.cat([empden.edm_heun(chunk, public, sched.times()) for chunk in x.split(batch_size)])
-        return out, {**facts, "k_steps": 0, "n": None, "q_B": 0.0, "mu_bar_B": 0.0}
+        # no empirical denoiser runs, so no normaliser either
+        return out, {**facts, "k_steps": 0, "n": None, "q_B": 0.0, "mu_bar_B": 0.0, "normaliser": None,
+                     "normaliser_n": None}
     assert private is not None and sink is not None
     data = to_model_scale(private.images)
     n = data.shape[0]

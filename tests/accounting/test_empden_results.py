@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -76,6 +77,9 @@ def test_table8_has_one_row_per_cell_with_its_fid(grid):
     for cell in CELLS:
         assert df.loc[cell.name, "fid"] == pytest.approx(fid_of(cell))
     assert {"config_id", "seed", "eps_upper_bound", "eps_lower_estimate", "eps_edgeworth_estimate"} <= set(df.columns)
+    # the normaliser each cell's empirical denoiser used (none runs in the public-only row)
+    assert (df.drop(index="public_only/s0")["normaliser"] == "constant").all()
+    assert pd.isna(df.loc["public_only/s0", "normaliser"])
 
 
 def test_table8_eps_grows_with_p_and_with_B_and_public_only_is_free(grid):
