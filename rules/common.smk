@@ -431,8 +431,11 @@ def dpdm_train_params(wildcards):
     param, eps, K, seed = dpdm_parse_run(wildcards.run)
     keys = ("delta", "clip", "batch_size", "epochs", "lr", "ema_decay", "label_dropout", "class_conditional",
             "unet", "checkpoint_every_s", "micro_batch")
+    # partial fine-tuning only makes sense on top of the public weights (a scratch run trains all)
+    trainable = d["trainable"] if dpdm_init(param) == "public" else None
     return params_json(parameterisation=param, epsilon=eps, K=K, seed=seed, config_id=CONFIG_ID,
-                       device=config["device"], threads=torch_threads(), **{k: d[k] for k in keys})
+                       device=config["device"], threads=torch_threads(), trainable=trainable,
+                       **{k: d[k] for k in keys})
 
 
 def dpdm_sample_params(wildcards):

@@ -21,6 +21,12 @@ DPDM's ingredients (Sec. 3, App. C):
 * optional **initialisation from the public denoiser** (input ``init``, the output of
   ``pretrain_public``), as public pretraining in DPDM's follow-ups; parameters whose shapes
   match are copied, the rest keep their fresh initialisation (logged).
+* optional **partial fine-tuning** (``trainable``): only parameters whose names match one of
+  the glob patterns get per-example gradients, clipping and noise; the rest stay frozen at
+  their (public) values. The Gaussian noise grows with the number of noised coordinates while
+  the clipped signal does not, so fine-tuning a small subset (DP-LDM, Liu et al. 2024: the
+  attention modules and the conditioning embedder) keeps more signal per step at the same eps.
+  The mechanism and its ledger line do not depend on the subset.
 
 Nothing computed from the private data other than the DP-SGD updates leaves this stage: the
 training losses are not logged, shown or written (they would be an unaccounted release).
@@ -30,6 +36,7 @@ is checkpointed with the rest, so a resumed run releases exactly the run that wa
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
 import time
@@ -74,6 +81,8 @@ PARAMS_DOC = {
             "dropout); image size, channels and classes come from the data (default: the embedded UNet)",
     "checkpoint_every_s": "wall-clock seconds between resumable checkpoints (default 300)",
     "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only (default 64)",
+    "trainable": "glob patterns of the parameter names DP-SGD updates (e.g. ['*attentions*', "
+                 "'unet.class_embedding.*']); null = every parameter (default)",
     "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise)",
     "config_id": "id of the configuration (recorded on the ledger line and in the model's meta)",
     "device": "auto | cpu | cuda[:N] (default auto)",
@@ -102,6 +111,7 @@ class DPDMConfig:
     unet: dict[str, Any] = field(default_factory=dict)
     checkpoint_every_s: float = 300.0
     micro_batch: int = 64
+    trainable: tuple[str, ...] | None = None
     seed: int = 0
 
     @classmethod
@@ -112,6 +122,11 @@ class DPDMConfig:
         if "epsilon" not in params:
             raise PipelineError(f"stage {STAGE}: param epsilon (the target eps) is required")
         kept = {k: params[k] for k in cls.__dataclass_fields__ if k in params and params[k] is not None}
+        if "trainable" in kept:
+            pats = kept["trainable"]
+            if isinstance(pats, str) or not all(isinstance(x, str) and x for x in pats):
+                raise PipelineError(f"stage {STAGE}: param trainable must be a list of glob patterns, got {pats!r}")
+            kept["trainable"] = tuple(pats)
         cfg = cls(**kept)
         cfg.check()
         return cfg
@@ -149,6 +164,20 @@ class DPDMConfig:
 
     def n_steps(self, n: int) -> int:
         return self.steps if self.steps is not None else max(1, math.ceil(self.epochs * n / self.batch_size))
+
+
+def freeze_all_but(model: nn.Module, patterns: tuple[str, ...] | None) -> int:
+    """Leave ``requires_grad`` only on parameters whose names match a glob in ``patterns``
+    (None: all); the DP-SGD engine noises exactly those. Returns how many scalars train."""
+    if patterns is not None:
+        names = [n for n, _ in model.named_parameters()]
+        for pat in patterns:
+            if not any(fnmatch.fnmatchcase(n, pat) for n in names):
+                raise PipelineError(f"stage {STAGE}: param trainable pattern {pat!r} matches no parameter "
+                                    f"(names look like {names[0]!r}, {names[-1]!r})")
+        for n, p in model.named_parameters():
+            p.requires_grad_(any(fnmatch.fnmatchcase(n, pat) for pat in patterns))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def init_from_public(model: nn.Module, path: Path) -> dict[str, Any]:
@@ -240,7 +269,8 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     np.random.seed(cfg.seed % 2 ** 32)
     model = config.build(build_unet(spec)).to(device)
     init_info = init_from_public(model, inputs["init"]) if inputs.get("init") else None
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    n_trainable = freeze_all_but(model, cfg.trainable)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed + 1)  # Poisson sampling, diffusion draws, label dropout
     noise_gen = torch.Generator(device=device).manual_seed(cfg.seed + 2)  # the Gaussian mechanism
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
@@ -270,6 +300,7 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
             "clip": cfg.clip, "sampling_rate": plan.sampling_rate, "expected_batch_size": plan.expected_batch_size,
             "K": cfg.K, "steps": total_steps, "lr": cfg.lr, "ema_decay": cfg.ema_decay, "weights": "ema",
             "label_dropout": cfg.label_dropout, "class_conditional": cfg.class_conditional, "n_train": n,
+            "trainable": None if cfg.trainable is None else list(cfg.trainable), "n_trainable": n_trainable,
             "data_sha256": data_sha, "init": None if init_info is None else init_info["path"],
             "config_id": config_id, "seed": cfg.seed, "accountant": "pld_pessimistic"}
     save_denoiser(outputs["model"], res.ema.cpu(), unet=spec, precond=config.precond, meta=meta)

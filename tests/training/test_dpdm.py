@@ -148,3 +148,40 @@ def test_a_run_interrupted_after_a_checkpoint_resumes_to_the_uninterrupted_model
     resumed = torch.load(out["model"], weights_only=True)["state_dict"]
     assert all(torch.equal(reference[k], resumed[k]) for k in reference)  # same noise, same batches
     assert mechanism_fields(out["ledger"]) == mechanism_fields(k1_and_k4[0]["ledger"])
+
+
+def test_partial_fine_tuning_moves_only_the_trainable_weights_under_the_same_mechanism(private_split, tmp_path):
+    from pipeline.models.checkpoint import save_denoiser
+    from pipeline.models.edm import EDMPrecond
+    from pipeline.models.unet import UNetSpec, build_unet
+
+    spec = UNetSpec(image_size=8, block_out_channels=(8, 16), attention=(False, False), norm_num_groups=4,
+                    num_classes=3)
+    torch.manual_seed(5)
+    save_denoiser(tmp_path / "public.pt", EDMPrecond(build_unet(spec)), unet=spec, precond="edm")
+    public = load_denoiser(tmp_path / "public.pt").state_dict()
+    patterns = ["unet.class_embedding.*", "unet.conv_out.*"]
+    outs = {}
+    for name, trainable in (("part", patterns), ("all", None)):
+        out = {"model": tmp_path / name / "m.pt", "ledger": tmp_path / name / "l.jsonl",
+               "metrics": tmp_path / name / "m.json"}
+        train_dpdm({"data": private_split, "init": tmp_path / "public.pt"}, out,
+                   {**BASE, "ema_decay": 0.0, "trainable": trainable})
+        outs[name] = out
+    released = load_denoiser(outs["part"]["model"]).state_dict()
+    moved = {k for k in public if not torch.equal(public[k], released[k])}
+    assert moved and all(k.startswith(("unet.class_embedding.", "unet.conv_out.")) for k in moved)
+    meta = read_denoiser_meta(outs["part"]["model"])
+    assert meta["trainable"] == patterns and 0 < meta["n_trainable"] < meta_all_trainable(outs["all"])
+    # the mechanism (and so eps) does not depend on which coordinates are noised
+    assert mechanism_fields(outs["part"]["ledger"]) == mechanism_fields(outs["all"]["ledger"])
+
+
+def meta_all_trainable(out) -> int:
+    return read_denoiser_meta(out["model"])["n_trainable"]
+
+
+def test_a_trainable_pattern_that_matches_nothing_is_one_line(private_split, tmp_path):
+    with pytest.raises(PipelineError, match="trainable pattern 'unet.nothing.*' matches no parameter") as err:
+        run(tmp_path, private_split, trainable=["unet.nothing.*"])
+    assert "\n" not in str(err.value)
