@@ -3,8 +3,8 @@
 # Code: pipeline/sampling/empden_stage.py (sampling), pipeline/accounting/empden_results.py
 # (tables, figures); cells and their names: pipeline/sampling/empden_grid.py.
 #
-#   snakemake results/digits/samples/empden/hybrid/p65_B25_T3_beta1_s0.npz     one cell
-#   snakemake results/digits/eval/empden/hybrid/p65_B25_T3_beta1_s0/metrics.json
+#   snakemake results/digits/samples/empden/hybrid/p50_B100_T3_beta1_s0.npz     one cell
+#   snakemake results/digits/eval/empden/hybrid/p50_B100_T3_beta1_s0/metrics.json
 # Numbers in paths have no dots: beta 0.5 is beta0p5, sigma_min 0.002 is smin0p002.
 
 EMPDEN_SAMPLES = EXPDIR / "samples" / "empden"
