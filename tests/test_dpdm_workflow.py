@@ -33,8 +33,8 @@ def test_tables_figures_and_any_run_name_dry_run_with_shared_runs_trained_once(r
     jobs = _jobs(res.stdout)
     # eps {0.2, 1, 10} at K=4 (EDM), K=1 at eps 10, v-prediction at eps 0.2 (+ the extra VE run)
     assert jobs["train_dpdm"] == 5 + 1
-    # 3 main + K1 + 2 more samplers at eps 10 + v-prediction = 7 scored sample sets (+ the extra one)
-    assert jobs["sample_dpdm"] == 7 + 1 and jobs["evaluate_dpdm"] == 7
+    # 3 main + K1 + 3 more samplers at eps 10 + v-prediction = 8 scored sample sets (+ the extra one)
+    assert jobs["sample_dpdm"] == 8 + 1 and jobs["evaluate_dpdm"] == 8
     for run in ("edm_eps0p2_K4_seed0", "vpred_eps0p2_K4_seed0", "edm_eps10_K1_seed0", "run=ve_eps3p5_K16_seed7"):
         assert run in res.stdout
 
