@@ -133,10 +133,11 @@ def evalnet_runtime_min():
 
 
 def evaluation_runtime_min():
-    """SLURM runtime (minutes) for scoring one sample set (features + 3 downstream classifiers)."""
+    """SLURM runtime (minutes) for scoring one sample set (features + 3 downstream classifiers, each repeated)."""
     n = config["data"]["private"]["n_test"]
     side = config["data"]["image_size"]
-    epochs = config["evaluation"]["downstream"]["cnn_epochs"]
+    down = config["evaluation"]["downstream"]
+    epochs = down["cnn_epochs"] * down["repeats"]
     return max(10, int(4 * epochs * n * (side / 16) ** 2 * 2e-3 / 60) + 10)
 
 
@@ -360,14 +361,14 @@ def dpdm_noise_multiplicity_rows():
 
 
 def dpdm_sampler_rows():
-    """Rows of dpdm_table_samplers: the main run at one epsilon under every listed sampler."""
+    """Rows of dpdm_table_samplers: the main run of each listed epsilon under every listed sampler."""
     d, ab = config["dpdm"], config["dpdm"]["sampler_ablation"]
     seed = d["seeds"][0]
-    return [{"row": s, "run": dpdm_main_run(ab["epsilon"], seed), "eps_target": float(ab["epsilon"]),
-             "parameterisation": dpdm_parameterisation(ab["epsilon"]), "K": d["K"], "sampler": s, "seed": seed,
+    return [{"row": f"{s}_eps{dpdm_num(e)}", "run": dpdm_main_run(e, seed), "eps_target": float(e),
+             "parameterisation": dpdm_parameterisation(e), "K": d["K"], "sampler": s, "seed": seed,
              "sampler_settings": json.dumps(dpdm_sampler_settings(s), sort_keys=True),
-             "init": dpdm_init(dpdm_parameterisation(ab["epsilon"]))}
-            for s in ab["samplers"]]
+             "init": dpdm_init(dpdm_parameterisation(e))}
+            for e in ab["epsilons"] for s in ab["samplers"]]
 
 
 def dpdm_configuration_rows():
@@ -476,9 +477,15 @@ def dpdm_grid_titles():
     return {f"eps_{dpdm_num(e)}": f"eps = {e:g}" for e in config["dpdm"]["epsilons"]}
 
 
+def dpdm_sampler_grid_eps():
+    """The epsilon figure dpdm_samples_by_sampler shows: the largest of the sampler ablation."""
+    return max(config["dpdm"]["sampler_ablation"]["epsilons"])
+
+
 def dpdm_sampler_grid_inputs():
-    """Figure dpdm_samples_by_sampler: the sampler ablation's samples."""
-    return {r["sampler"]: dpdm_samples_path(r["run"], r["sampler"]) for r in dpdm_sampler_rows()}
+    """Figure dpdm_samples_by_sampler: the sampler ablation's samples at :func:`dpdm_sampler_grid_eps`."""
+    return {r["sampler"]: dpdm_samples_path(r["run"], r["sampler"]) for r in dpdm_sampler_rows()
+            if r["eps_target"] == float(dpdm_sampler_grid_eps())}
 
 
 def dpdm_targets():

@@ -138,7 +138,7 @@ rule dpdm_table_noise_multiplicity:
 
 
 rule dpdm_table_samplers:
-    """DPDM Table 5 / App. F.4.3: deterministic DDIM vs stochastic DDIM vs EDM churn on one run."""
+    """DPDM Table 5 / App. F.4.3: every listed sampler (DDIM, stochastic DDIM, churn, guided) on each eps's main run."""
     input:
         unpack(lambda wildcards: dpdm_table_inputs(dpdm_sampler_rows())),
     output:
@@ -203,7 +203,7 @@ rule dpdm_samples_by_epsilon:
 
 
 rule dpdm_samples_by_sampler:
-    """Figure: the sampler ablation's samples (one panel per sampler)."""
+    """Figure: the sampler ablation's samples at its largest eps (one panel per sampler)."""
     input:
         unpack(lambda wildcards: dpdm_sampler_grid_inputs()),
     output:
@@ -212,7 +212,7 @@ rule dpdm_samples_by_sampler:
     params:
         ins=lambda wildcards: io_args("--in", dpdm_sampler_grid_inputs()),
         p=lambda wildcards: params_json(per_class=config["dpdm"]["sampling"]["per_class"],
-                                        title=f"DPDM samplers at eps = {dpdm_sampler_rows()[0]['eps_target']:g}"),
+                                        title=f"DPDM samplers at eps = {dpdm_sampler_grid_eps():g}"),
     log:
         LOGS / "dpdm_samples_by_sampler.log",
     threads: 1

@@ -33,10 +33,20 @@ def test_tables_figures_and_any_run_name_dry_run_with_shared_runs_trained_once(r
     jobs = _jobs(res.stdout)
     # eps {0.2, 1, 10} at K=4 (EDM), K=1 at eps 10, v-prediction at eps 0.2 (+ the extra VE run)
     assert jobs["train_dpdm"] == 5 + 1
-    # 3 main + K1 + 3 more samplers at eps 10 + v-prediction = 8 scored sample sets (+ the extra one)
-    assert jobs["sample_dpdm"] == 8 + 1 and jobs["evaluate_dpdm"] == 8
+    # 4 samplers x 3 eps (main sampler included) + K1 + v-prediction = 14 scored sample sets (+ the extra one)
+    assert jobs["sample_dpdm"] == 14 + 1 and jobs["evaluate_dpdm"] == 14
     for run in ("edm_eps0p2_K4_seed0", "vpred_eps0p2_K4_seed0", "edm_eps10_K1_seed0", "run=ve_eps3p5_K16_seed7"):
         assert run in res.stdout
+    for sampler in ("ddim", "stochastic_ddim", "churn", "guided"):  # the sampler ablation covers every eps
+        for eps in ("0p2", "1", "10"):
+            assert f"edm_eps{eps}_K4_seed0/{sampler}.npz" in res.stdout
+
+
+def test_an_old_single_epsilon_sampler_ablation_is_a_one_line_config_error(repo, tmp_path):
+    cfg = _config(tmp_path, sampler_ablation={"epsilon": 10, "samplers": ["ddim"]})
+    res = snakemake(repo, "-n", "--cores", "1", "--configfile", cfg)
+    assert res.returncode != 0
+    assert "config error at dpdm.sampler_ablation.epsilon: unknown key (did you mean 'epsilons'?)" in res.stdout + res.stderr
 
 
 def test_an_unknown_main_sampler_is_a_one_line_config_error(repo, tmp_path):

@@ -20,15 +20,20 @@ def true_pairs(digits):
     return downstream_accuracy(digits.real, digits.test, seed=0, **SMALL)
 
 
+def means(out):
+    return {k: v for k, v in out.items() if not k.endswith("_std")}
+
+
 def test_real_pairs_train_classifiers_far_above_chance(true_pairs):
-    assert set(true_pairs) == {f"acc_{c}" for c in CLASSIFIERS}
-    for name, acc in true_pairs.items():
+    assert set(true_pairs) == {f"acc_{c}{s}" for c in CLASSIFIERS for s in ("", "_std")}
+    for name, acc in means(true_pairs).items():
         assert acc > 0.6, name  # chance: 0.1
+    assert all(true_pairs[f"acc_{c}_std"] is None for c in CLASSIFIERS)  # one repeat: no spread to report
 
 
 def test_shuffled_labels_give_chance_accuracy(digits):
     out = downstream_accuracy(digits.shuffled(digits.real), digits.test, seed=0, **SMALL)
-    for name, acc in out.items():
+    for name, acc in means(out).items():
         assert acc < 0.2, name
 
 
@@ -46,7 +51,18 @@ def test_a_collapsed_generator_scores_its_class_frequency(digits):
     ones = digits.real.subset(np.flatnonzero(digits.real.labels == 1))
     out = downstream_accuracy(ones, digits.test, seed=0, **SMALL)
     share_of_ones = float(np.mean(digits.test.labels == 1))
-    assert all(acc == pytest.approx(share_of_ones) for acc in out.values())
+    assert all(acc == pytest.approx(share_of_ones) for acc in means(out).values())
+
+
+def test_repeats_report_the_mean_and_spread_over_consecutive_classifier_seeds(digits):
+    """acc_cnn with repeats = 3 from seed 4 is the mean of the single runs at seeds 4, 5, 6."""
+    kw = {"classifiers": ["cnn"], **SMALL}
+    single = [downstream_accuracy(digits.real, digits.test, seed=s, **kw)["acc_cnn"] for s in (4, 5, 6)]
+    assert len(set(single)) > 1  # the seeds really differ, so the mean below identifies them
+    out = downstream_accuracy(digits.real, digits.test, seed=4, repeats=3, **kw)
+    assert out["acc_cnn"] == pytest.approx(np.mean(single))
+    assert out["acc_cnn_std"] == pytest.approx(np.std(single, ddof=1))
+    assert out["acc_logreg"] is None and out["acc_logreg_std"] is None
 
 
 def test_unconditional_samples_have_no_downstream_accuracy(digits):
@@ -57,6 +73,8 @@ def test_unconditional_samples_have_no_downstream_accuracy(digits):
 def test_bad_requests_are_one_line(digits):
     with pytest.raises(PipelineError, match="expected one of logreg, mlp, cnn"):
         downstream_accuracy(digits.real, digits.test, classifiers=["svm"])
+    with pytest.raises(PipelineError, match="downstream repeats: expected an integer >= 1, got 0"):
+        downstream_accuracy(digits.real, digits.test, repeats=0)
     rgb = Split(np.repeat(digits.real.images, 3, axis=1), digits.real.labels)
     with pytest.raises(PipelineError, match=r"synthetic images are \[3, 16, 16\] but test images \[1, 16, 16\]"):
         downstream_accuracy(rgb, digits.test, device=torch.device("cpu"))
