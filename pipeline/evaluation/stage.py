@@ -12,8 +12,8 @@ Keys (all floats unless noted; lower is better for fid*/kid*, higher for the res
 ``recall``, ``prc_neighborhood`` (int, k), ``fid_class_<c>`` for each test class and
 ``fid_class_mean``, ``label_consistency``, ``acc_logreg``, ``acc_mlp``, ``acc_cnn``
 (downstream test accuracy, mean over ``downstream.repeats`` classifier seeds) and
-``acc_<classifier>_std`` (their standard deviation), ``seed`` (int), ``wall_s``. A metric that does not apply
-(labels absent, classifier not selected, class too small) is ``null``.
+``acc_<classifier>_std`` (their standard deviation), ``seed`` (int), ``wall_s``. A metric
+that does not apply (labels absent, classifier not selected, class too small) is ``null``.
 
 Samples whose label is negative count as unconditional: they enter FID/KID/PRC but not the
 label-aware metrics or the downstream classifiers.
@@ -66,7 +66,8 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
     out["label_consistency"] = label_consistency(evalnet, samples, batch_size=cfg["batch_size"])
     down = cfg["downstream"]
     out.update(downstream_accuracy(samples, test, classifiers=down["classifiers"], seed=seed,
-                                   repeats=down["repeats"], mlp_hidden=down["mlp_hidden"], cnn=cnn_config(cfg), device=dev))
+                                   repeats=down["repeats"], mlp_hidden=down["mlp_hidden"], cnn=cnn_config(cfg),
+                                   device=dev))
     out["wall_s"] = time.perf_counter() - start
     return out
 

@@ -26,7 +26,8 @@ from pipeline.stage import PipelineError, stage
 
 #: metric columns copied from evaluate_samples' JSON (null when the metric does not apply)
 METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_class_mean", "label_consistency",
-           "acc_logreg", "acc_mlp", "acc_cnn", "acc_logreg_std", "acc_mlp_std", "acc_cnn_std", "n_samples", "n_test", "feature_extractor")
+           "acc_logreg", "acc_mlp", "acc_cnn", "acc_logreg_std", "acc_mlp_std", "acc_cnn_std",
+           "n_samples", "n_test", "feature_extractor")
 
 
 def run_privacy(ledger_path: str | Path) -> dict[str, Any]:
