@@ -97,7 +97,7 @@ TINY = {
         "batch_size": 100,
         "kid_subset_size": 50,
         "evalnet": {"epochs": 3, "width": 8},
-        "downstream": {"cnn_epochs": 2, "mlp_hidden": 32},
+        "downstream": {"cnn_epochs": 2, "mlp_hidden": 32, "repeats": 2},
     },
     # every method at a toy size: one cell each, a few optimisation steps
     "pretrain": {"steps": 4, "batch_size": 16, "unet": {"block_out_channels": [8, 16]}},

@@ -13,10 +13,10 @@ from pipeline.io import Split, read_json, save_split
 #: the tests' sizes; every other key takes the schema default
 EVALUATION = {"kid_subsets": 10, "kid_subset_size": 100,
               "evalnet": {"width": 16, "feature_dim": 64, "batch_size": 32, "lr": 0.003},
-              "downstream": {"cnn_epochs": 3, "mlp_hidden": 32}}
+              "downstream": {"cnn_epochs": 3, "mlp_hidden": 32, "repeats": 2}}
 KEYS = {"name", "n_samples", "n_test", "feature_extractor", "fid", "kid_mean", "kid_std", "kid_subset_size",
         "precision", "recall", "prc_neighborhood", "label_consistency", "acc_logreg", "acc_mlp", "acc_cnn",
-        "fid_class_mean", "seed", "wall_s", *(f"fid_class_{c}" for c in range(10))}
+        "acc_logreg_std", "acc_mlp_std", "acc_cnn_std", "fid_class_mean", "seed", "wall_s", *(f"fid_class_{c}" for c in range(10))}
 
 
 def _run(split_files, evalnet, out, *, samples=None, params=None) -> int:
@@ -38,6 +38,7 @@ def test_cli_writes_one_flat_row_of_every_metric(split_files, evalnet, tmp_path)
     # one level deep, scalars only: the report stage turns keys into Parquet columns
     assert all(v is None or isinstance(v, (int, float, str)) for v in row.values())
     assert row["label_consistency"] > 0.7 and row["acc_logreg"] > 0.6 and row["precision"] > 0.8
+    assert row["acc_cnn_std"] >= 0  # two classifier seeds: a spread is reported
 
 
 def test_noise_samples_score_worse_on_every_metric(split_files, evalnet, tmp_path, digits):
