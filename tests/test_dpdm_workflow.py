@@ -46,7 +46,8 @@ def test_an_old_single_epsilon_sampler_ablation_is_a_one_line_config_error(repo,
     cfg = _config(tmp_path, sampler_ablation={"epsilon": 10, "samplers": ["ddim"]})
     res = snakemake(repo, "-n", "--cores", "1", "--configfile", cfg)
     assert res.returncode != 0
-    assert "config error at dpdm.sampler_ablation.epsilon: unknown key (did you mean 'epsilons'?)" in res.stdout + res.stderr
+    expected = "config error at dpdm.sampler_ablation.epsilon: unknown key (did you mean 'epsilons'?)"
+    assert expected in res.stdout + res.stderr
 
 
 def test_an_unknown_main_sampler_is_a_one_line_config_error(repo, tmp_path):

@@ -84,13 +84,13 @@ def downstream_accuracy(train: Split, test: Split, *, classifiers: Sequence[str]
     if len(labelled) == 0:
         return out
     classes = np.unique(labelled.labels)
+    n_classes = int(max(labelled.labels.max(), test.labels.max()) + 1)
     for kind in classifiers:
         accs = []
         for rep_seed in range(seed, seed + repeats):
             if len(classes) == 1:
                 acc = float(np.mean(test.labels == classes[0]))
             elif kind == "cnn":
-                n_classes = int(max(labelled.labels.max(), test.labels.max()) + 1)
                 model = fit_classifier(labelled, cnn, seed=rep_seed, device=device, n_classes=n_classes,
                                        desc=f"downstream cnn (seed {rep_seed})")
                 acc = accuracy(model, test)

@@ -36,6 +36,7 @@ In every row lambda(sigma) c_out(sigma)^2 = 1: F regresses its effective target
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,16 +55,16 @@ VP_BETA_D, VP_BETA_MIN, VP_EPS_T, VP_M = 19.9, 0.1, 1e-5, 1000
 SIGMA_MIN, SIGMA_MAX = 0.002, 80.0
 
 
-class Preconditioned(nn.Module):
+class Preconditioned(nn.Module, abc.ABC):
     """D(x; sigma, y) = c_skip x + c_out F(c_in x; c_noise, y) for the coefficients of a subclass."""
 
     def __init__(self, unet: nn.Module) -> None:
         super().__init__()
         self.unet = vmap_friendly_attention(unet)
 
+    @abc.abstractmethod
     def coefficients(self, sigma: Tensor) -> EDMCoefficients:
         """c_skip, c_out, c_in, c_noise of this configuration (Karras et al. 2022, Table 1); each subclass defines it."""
-        raise NotImplementedError(f"{type(self).__name__} must define coefficients(sigma)")
 
     def forward(self, x: Tensor, sigma: Tensor, class_labels: Tensor | None = None) -> Tensor:
         sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)

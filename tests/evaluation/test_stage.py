@@ -16,7 +16,8 @@ EVALUATION = {"kid_subsets": 10, "kid_subset_size": 100,
               "downstream": {"cnn_epochs": 3, "mlp_hidden": 32, "repeats": 2}}
 KEYS = {"name", "n_samples", "n_test", "feature_extractor", "fid", "kid_mean", "kid_std", "kid_subset_size",
         "precision", "recall", "prc_neighborhood", "label_consistency", "acc_logreg", "acc_mlp", "acc_cnn",
-        "acc_logreg_std", "acc_mlp_std", "acc_cnn_std", "fid_class_mean", "seed", "wall_s", *(f"fid_class_{c}" for c in range(10))}
+        "acc_logreg_std", "acc_mlp_std", "acc_cnn_std", "fid_class_mean", "seed", "wall_s",
+        *(f"fid_class_{c}" for c in range(10))}
 
 
 def _run(split_files, evalnet, out, *, samples=None, params=None) -> int:
