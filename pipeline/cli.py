@@ -8,12 +8,16 @@ by calling the stage object directly. ``python -m pipeline --help`` lists them;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
+import os
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pipeline.config import ConfigError
 from pipeline.stage import PipelineError, StageSpec
@@ -119,10 +123,73 @@ def _stage_parser(spec: StageSpec) -> argparse.ArgumentParser:
     return p
 
 
+def _split_log(argv: list[str]) -> tuple[list[str], Path | None]:
+    """Remove ``--log PATH`` from ``argv`` (anywhere after the stage name)."""
+    if "--log" not in argv:
+        return argv, None
+    i = argv.index("--log")
+    if i + 1 >= len(argv):
+        raise PipelineError("--log: expected a file path")
+    return argv[:i] + argv[i + 2:], Path(argv[i + 1])
+
+
+@contextlib.contextmanager
+def _logging_to(path: Path | None) -> Iterator[TextIO]:
+    """Send everything the stage prints (Python and C level, fds 1 and 2) to ``path``; yield the console.
+
+    Rules call stages with ``--log {log:q}`` rather than ``> {log} 2>&1`` so that the one-line
+    cause of a failure reaches the console too (Snakemake prints only the failed shell command),
+    while progress and warnings stay in the job's log.
+    """
+    if path is None:
+        yield sys.stderr
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    console = os.fdopen(os.dup(saved[2]), "w", buffering=1)
+    streams = sys.stdout, sys.stderr
+    with open(path, "w", buffering=1) as log_file:
+        for fd in (1, 2):
+            os.dup2(log_file.fileno(), fd)
+        sys.stdout = sys.stderr = log_file  # Python-level writers too, wherever sys.std* pointed
+        try:
+            yield console
+        finally:
+            log_file.flush()
+            sys.stdout, sys.stderr = streams
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
+            console.close()
+
+
+def _run_stage(argv: list[str], console: TextIO, log_path: Path | None) -> int:
+    name = argv[0]
+    try:
+        spec = load_stage(name)
+        args = _stage_parser(spec).parse_args(argv[1:])
+        spec(_pairs(args.inputs, "--in"), _pairs(args.outputs, "--out"), _params(args.params))
+    except (PipelineError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if log_path is not None:
+            print(f"error: {name}: {exc}", file=console)
+        return 2
+    except Exception as exc:  # a bug, not bad input: the traceback goes to the log, its last line to the console
+        if log_path is None:
+            raise
+        traceback.print_exc()
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"error: {name} failed with {type(exc).__name__}: {first} (traceback in {log_path})", file=console)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m pipeline STAGE [--in KEY=PATH ...] [--out KEY=PATH ...] [--params JSON]\n")
+        print("usage: python -m pipeline STAGE [--in KEY=PATH ...] [--out KEY=PATH ...] [--params JSON] [--log FILE]\n")
         print("stages:")
         for name in STAGES:
             print(f"  {name}")
@@ -131,16 +198,16 @@ def main(argv: list[str] | None = None) -> int:
             for name in EXTRA_COMMANDS:
                 print(f"  {name}")
         print("\n`python -m pipeline STAGE --help` shows a stage's inputs, outputs and params.")
+        print("--log FILE sends the stage's output to FILE; an error's one-line cause is printed on the console too.")
         return 0
     if argv[0] in EXTRA_COMMANDS:
         module, attr = EXTRA_COMMANDS[argv[0]].split(":")
         return int(getattr(importlib.import_module(module), attr)(argv[1:]) or 0)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        spec = load_stage(argv[0])
-        args = _stage_parser(spec).parse_args(argv[1:])
-        spec(_pairs(args.inputs, "--in"), _pairs(args.outputs, "--out"), _params(args.params))
-    except (PipelineError, ConfigError) as exc:
+        argv, log_path = _split_log(argv)
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    with _logging_to(log_path) as console:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        return _run_stage(argv, console, log_path)

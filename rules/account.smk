@@ -10,7 +10,7 @@ ACCOUNTING_N = config["accounting"]["n"] or config["data"]["private"]["n_private
 _NEEDS_N = any(config[k]["enabled"] for k in ("accounting", "empden", "empden_diagnostics"))
 if ACCOUNTING_N is None and _NEEDS_N:
     raise WorkflowError("config error at accounting.n: set it when data.private.n_private_train is null")
-ACCOUNTING_PARAMS = params_json(accounting=config["accounting"], n=ACCOUNTING_N, config_id=CONFIG_ID, seed=SEED)
+ACCOUNTING_PARAMS = stage_params(accounting=config["accounting"], n=ACCOUNTING_N, seed=SEED)
 
 # PLD cost grows ~10x per decade of h (EMPDEN's h = 1e-5 takes ~1 min and GBs for a strong block)
 _FINE_PLD = config["accounting"]["discretisation"] < 1e-4
@@ -50,8 +50,8 @@ rule empden_blocks:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_blocks --out blocks={output.blocks} ledger={output.ledger}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_blocks --out blocks={output.blocks:q} ledger={output.ledger:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_table7_accountants:
@@ -69,8 +69,8 @@ rule empden_table7_accountants:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table7_accountants --in blocks={input.blocks}"
-        " --out table={output.table} > {log} 2>&1"
+        "python -m pipeline empden_table7_accountants --in blocks={input.blocks:q}"
+        " --out table={output.table:q} --log {log:q}"
 
 
 rule empden_table8_9_eps:
@@ -88,8 +88,8 @@ rule empden_table8_9_eps:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table8_9_eps --in blocks={input.blocks}"
-        " --out table={output.table} > {log} 2>&1"
+        "python -m pipeline empden_table8_9_eps --in blocks={input.blocks:q}"
+        " --out table={output.table:q} --log {log:q}"
 
 
 rule empden_table11_edgeworth_clt_pld:
@@ -107,8 +107,8 @@ rule empden_table11_edgeworth_clt_pld:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table11_edgeworth_clt_pld --in blocks={input.blocks}"
-        " --out table={output.table} > {log} 2>&1"
+        "python -m pipeline empden_table11_edgeworth_clt_pld --in blocks={input.blocks:q}"
+        " --out table={output.table:q} --log {log:q}"
 
 
 rule empden_table12_rdp:
@@ -126,8 +126,8 @@ rule empden_table12_rdp:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table12_rdp --in blocks={input.blocks}"
-        " --out table={output.table} > {log} 2>&1"
+        "python -m pipeline empden_table12_rdp --in blocks={input.blocks:q}"
+        " --out table={output.table:q} --log {log:q}"
 
 
 rule empden_table13_theoretical_asr:
@@ -145,8 +145,8 @@ rule empden_table13_theoretical_asr:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table13_theoretical_asr --out table={output.table}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_table13_theoretical_asr --out table={output.table:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_figure4_full_batch:
@@ -165,7 +165,7 @@ rule empden_figure4_full_batch:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_figure4_full_batch --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_figure4_full_batch --out figure={output.png:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_figure5_mu_vs_logsnr:
@@ -184,7 +184,7 @@ rule empden_figure5_mu_vs_logsnr:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_figure5_mu_vs_logsnr --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_figure5_mu_vs_logsnr --out figure={output.png:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_figure7_stopping_traces:
@@ -203,7 +203,7 @@ rule empden_figure7_stopping_traces:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_figure7_stopping_traces --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_figure7_stopping_traces --out figure={output.png:q} --params {params.p:q} --log {log:q}"
 
 
 rule replay:
@@ -214,7 +214,7 @@ rule replay:
         report=REPLAY_REPORT,
     params:
         ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
-        p=params_json(config_id=CONFIG_ID),
+        p=stage_params(),
     log:
         LOGS / "replay.log",
     threads: 1
@@ -224,5 +224,5 @@ rule replay:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline replay --in {params.ins} --out report={output.report}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline replay --in {params.ins} --out report={output.report:q}"
+        " --params {params.p:q} --log {log:q}"

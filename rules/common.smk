@@ -9,8 +9,10 @@ sys.path.insert(0, workflow.basedir)
 
 from snakemake.utils import validate
 
-from pipeline.config import ConfigError, config_id, schema_path, validate_config
+from pipeline.config import ConfigError, config_id, deep_merge, schema_path, typed_overrides, validate_config
 
+# nested --config values arrive as strings from Snakemake ('dpdm={enabled: false}'): type them
+config.update(deep_merge(config, typed_overrides(workflow.config_settings.overwrite_config)))
 try:
     _validated = validate_config(config)
 except ConfigError as _exc:
@@ -35,13 +37,37 @@ DATA = EXPDIR / "data"
 LOGS = EXPDIR / "logs"
 TABLES = RESULTS / "tables"
 FIGURES = RESULTS / "figures"
-CONFIG_ID = config_id(config)
 SEED = config["seed"]
 
 
 def params_json(**sections):
     """Stage params as one JSON string (quote in shell with {params.p:q})."""
     return json.dumps(sections, sort_keys=True)
+
+
+#: params that change how a job runs, never what it computes: left out of a stage's config id
+RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s")
+
+
+def stage_params(**params):
+    """Stage params as JSON, with ``config_id`` the id of exactly these settings (runtime keys aside).
+
+    A rule's params hold what its output depends on and nothing more: Snakemake reruns a job
+    whose params changed, so an id of the whole config would rerun every job on any edit.
+    The id a table row carries therefore names the settings of the stage that made it.
+    """
+    settings = {k: v for k, v in params.items() if k not in RUNTIME_PARAMS}
+    return params_json(config_id=config_id(settings), **params)
+
+
+#: accounting keys that only list the accounting tables' grids; the EMPDEN mechanism itself
+#: (schedule, C, beta, delta, PLD settings) is the rest, and only that reaches the samplers
+ACCOUNTING_GRID_KEYS = ("p", "B", "mu_bar_B", "sigma_min_sweep", "asr_q", "asr_N", "rdp_orders", "N_out")
+
+
+def accounting_mechanism():
+    """The `accounting` section without its table grids: what an EMPDEN cell's noise and claim depend on."""
+    return {k: v for k, v in config["accounting"].items() if k not in ACCOUNTING_GRID_KEYS}
 
 
 def io_args(flag, mapping):
@@ -94,7 +120,7 @@ def sensgeo_targets():
 def sensgeo_params(section):
     """Params of one SENSGEO rule: its config section, the config id and the seed."""
     sg = config["sensgeo"]
-    return params_json(config_id=CONFIG_ID, seed=sg["seed"], **{section: sg[section]})
+    return stage_params(seed=sg["seed"], **{section: sg[section]})
 
 
 def report_inputs():
@@ -190,10 +216,9 @@ def empden_sample_params(method, wildcards):
     from pipeline.sampling.empden_grid import cell_from_wildcards
 
     cell = cell_from_wildcards(method, wildcards)
-    return params_json(cell=cell.as_dict(), accounting=config["accounting"], n_out=empden_n_out(),
+    return stage_params(cell=cell.as_dict(), accounting=accounting_mechanism(), n_out=empden_n_out(),
                        batch_size=config["empden"]["batch_size"], device=config["device"],
-                       threads=torch_threads(), config_id=CONFIG_ID,
-                       **empden_normaliser_params())
+                       threads=torch_threads(), **empden_normaliser_params())
 
 
 def empden_table8_inputs():
@@ -265,8 +290,8 @@ def empden_diagnostics_targets():
 def empden_diagnostics_params():
     """Params of every proxy-diagnostics rule (the schedule, C and beta are the accounting section's,
     the normaliser the sampler's)."""
-    return params_json(diagnostics=config["empden_diagnostics"], accounting=config["accounting"],
-                       config_id=CONFIG_ID, seed=SEED, device=config["device"], threads=torch_threads(),
+    return stage_params(diagnostics=config["empden_diagnostics"], accounting=accounting_mechanism(),
+                       seed=SEED, device=config["device"], threads=torch_threads(),
                        **empden_normaliser_params())
 
 
@@ -390,7 +415,7 @@ def dpdm_table_inputs(rows):
 
 
 def dpdm_table_params(rows):
-    return params_json(rows=rows, config_id=CONFIG_ID, seed=SEED)
+    return stage_params(rows=rows, seed=SEED)
 
 
 def dpdm_sampler_settings(name):
@@ -434,8 +459,8 @@ def dpdm_train_params(wildcards):
             "unet", "checkpoint_every_s", "micro_batch")
     # partial fine-tuning only makes sense on top of the public weights (a scratch run trains all)
     trainable = d["trainable"] if dpdm_init(param) == "public" else None
-    return params_json(parameterisation=param, epsilon=eps, K=K, seed=seed, config_id=CONFIG_ID,
-                       device=config["device"], threads=torch_threads(), trainable=trainable,
+    return stage_params(parameterisation=param, epsilon=eps, K=K, seed=seed, device=config["device"],
+                        threads=torch_threads(), trainable=trainable,
                        **{k: d[k] for k in keys})
 
 

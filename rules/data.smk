@@ -18,4 +18,4 @@ rule prepare_data:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline prepare_data {params.out} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline prepare_data {params.out} --params {params.p:q} --log {log:q}"

@@ -37,8 +37,8 @@ rule train_dpdm:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline train_dpdm {params.ins} --out model={output.model} ledger={output.ledger}"
-        " metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline train_dpdm {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
+        " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
 rule sample_dpdm:
@@ -63,8 +63,8 @@ rule sample_dpdm:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline sample_dpdm --in denoiser={input.denoiser} --out samples={output.samples}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline sample_dpdm --in denoiser={input.denoiser:q} --out samples={output.samples:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule evaluate_dpdm:
@@ -91,8 +91,8 @@ rule evaluate_dpdm:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
-        " evalnet={input.evalnet} --out metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
+        " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
 rule dpdm_table_main:
@@ -113,7 +113,7 @@ rule dpdm_table_main:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table:q} --params {params.p:q} --log {log:q}"
 
 
 rule dpdm_table_noise_multiplicity:
@@ -134,7 +134,7 @@ rule dpdm_table_noise_multiplicity:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table:q} --params {params.p:q} --log {log:q}"
 
 
 rule dpdm_table_samplers:
@@ -155,7 +155,7 @@ rule dpdm_table_samplers:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table:q} --params {params.p:q} --log {log:q}"
 
 
 rule dpdm_table_configurations:
@@ -176,7 +176,7 @@ rule dpdm_table_configurations:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline dpdm_table {params.ins} --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline dpdm_table {params.ins} --out table={output.table:q} --params {params.p:q} --log {log:q}"
 
 
 rule dpdm_samples_by_epsilon:
@@ -199,7 +199,7 @@ rule dpdm_samples_by_epsilon:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png:q} --params {params.p:q} --log {log:q}"
 
 
 rule dpdm_samples_by_sampler:
@@ -222,4 +222,4 @@ rule dpdm_samples_by_sampler:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png:q} --params {params.p:q} --log {log:q}"

@@ -51,8 +51,8 @@ rule empden_sample_subsampled:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_sample --in private={input.private} public={input.public} {params.norm_in}"
-        " --out samples={output.samples} ledger={output.ledger} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_sample --in private={input.private:q} public={input.public:q} {params.norm_in}"
+        " --out samples={output.samples:q} ledger={output.ledger:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_sample_full_batch:
@@ -81,8 +81,8 @@ rule empden_sample_full_batch:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_sample --in private={input.private} {params.norm_in}"
-        " --out samples={output.samples} ledger={output.ledger} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_sample --in private={input.private:q} {params.norm_in}"
+        " --out samples={output.samples:q} ledger={output.ledger:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_sample_public_only:
@@ -107,8 +107,8 @@ rule empden_sample_public_only:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_sample --in private={input.private} public={input.public}"
-        " --out samples={output.samples} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_sample --in private={input.private:q} public={input.public:q}"
+        " --out samples={output.samples:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_evaluate:
@@ -134,8 +134,8 @@ rule empden_evaluate:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
-        " evalnet={input.evalnet} --out metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
+        " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_table8_grid:
@@ -146,7 +146,7 @@ rule empden_table8_grid:
         table=EMPDEN_TABLE8,
     params:
         ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
-        p=params_json(accounting=config["accounting"], config_id=CONFIG_ID),
+        p=stage_params(accounting=config["accounting"]),
     log:
         LOGS / "empden_table8_grid.log",
     threads: 1
@@ -156,8 +156,8 @@ rule empden_table8_grid:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table8_grid --in {params.ins} --out table={output.table}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_table8_grid --in {params.ins} --out table={output.table:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_table2_comparison:
@@ -167,7 +167,7 @@ rule empden_table2_comparison:
     output:
         table=TABLES / "empden_table2_comparison.parquet",
     params:
-        p=params_json(beta=config["accounting"]["beta"], config_id=CONFIG_ID),
+        p=stage_params(beta=config["accounting"]["beta"]),
     log:
         LOGS / "empden_table2_comparison.log",
     threads: 1
@@ -177,8 +177,8 @@ rule empden_table2_comparison:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table2_comparison --in grid={input.grid} --out table={output.table}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_table2_comparison --in grid={input.grid:q} --out table={output.table:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_table3_beta:
@@ -188,8 +188,7 @@ rule empden_table3_beta:
     output:
         table=TABLES / "empden_table3_beta.parquet",
     params:
-        p=params_json(beta_ablation=config["empden"]["beta_ablation"], seed=config["empden"]["seeds"][0],
-                      config_id=CONFIG_ID),
+        p=stage_params(beta_ablation=config["empden"]["beta_ablation"], seed=config["empden"]["seeds"][0]),
     log:
         LOGS / "empden_table3_beta.log",
     threads: 1
@@ -199,8 +198,8 @@ rule empden_table3_beta:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table3_beta --in grid={input.grid} --out table={output.table}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_table3_beta --in grid={input.grid:q} --out table={output.table:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_table10_seeds:
@@ -210,8 +209,7 @@ rule empden_table10_seeds:
     output:
         table=TABLES / "empden_table10_seeds.parquet",
     params:
-        p=params_json(repeated_seeds=config["empden"]["repeated_seeds"], beta=config["accounting"]["beta"],
-                      config_id=CONFIG_ID),
+        p=stage_params(repeated_seeds=config["empden"]["repeated_seeds"], beta=config["accounting"]["beta"]),
     log:
         LOGS / "empden_table10_seeds.log",
     threads: 1
@@ -221,8 +219,8 @@ rule empden_table10_seeds:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table10_seeds --in grid={input.grid} --out table={output.table}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_table10_seeds --in grid={input.grid:q} --out table={output.table:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_figure3_tradeoffs:
@@ -233,7 +231,7 @@ rule empden_figure3_tradeoffs:
         png=FIGURES / "empden_figure3_tradeoffs.png",
         pdf=FIGURES / "empden_figure3_tradeoffs.pdf",
     params:
-        p=params_json(beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], config_id=CONFIG_ID),
+        p=stage_params(beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0]),
     log:
         LOGS / "empden_figure3_tradeoffs.log",
     threads: 1
@@ -243,8 +241,8 @@ rule empden_figure3_tradeoffs:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_figure3_tradeoffs --in grid={input.grid} --out figure={output.png}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_figure3_tradeoffs --in grid={input.grid:q} --out figure={output.png:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_figure4_samples:
@@ -256,7 +254,7 @@ rule empden_figure4_samples:
         pdf=FIGURES / "empden_figure4_samples.pdf",
     params:
         ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
-        p=params_json(n_images=config["empden"]["figure_images"], config_id=CONFIG_ID),
+        p=stage_params(n_images=config["empden"]["figure_images"]),
     log:
         LOGS / "empden_figure4_samples.log",
     threads: 1
@@ -266,8 +264,8 @@ rule empden_figure4_samples:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_figure4_samples --in {params.ins} --out figure={output.png}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_figure4_samples --in {params.ins} --out figure={output.png:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_figure2_trajectories:
@@ -281,9 +279,9 @@ rule empden_figure2_trajectories:
         pdf=FIGURES / "empden_figure2_trajectories.pdf",
         ledger=EXPDIR / "ledger" / "empden_figure2_trajectories.jsonl",
     params:
-        p=params_json(figure2=config["empden"]["figure2"], accounting=config["accounting"],
+        p=stage_params(figure2=config["empden"]["figure2"], accounting=accounting_mechanism(),
                       beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], device=config["device"],
-                      threads=torch_threads(), config_id=CONFIG_ID, **empden_normaliser_params()),
+                      threads=torch_threads(), **empden_normaliser_params()),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_figure2_trajectories.log",
@@ -295,6 +293,6 @@ rule empden_figure2_trajectories:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_figure2_trajectories --in private={input.private} public={input.public}"
+        "python -m pipeline empden_figure2_trajectories --in private={input.private:q} public={input.public:q}"
         " {params.norm_in}"
-        " --out figure={output.png} ledger={output.ledger} --params {params.p:q} > {log} 2>&1"
+        " --out figure={output.png:q} ledger={output.ledger:q} --params {params.p:q} --log {log:q}"

@@ -32,8 +32,8 @@ rule empden_table4_proxy:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_table4_proxy --in private={input.private} denoiser={input.denoiser} {params.norm_in}"
-        " --out table={output.table} figure={output.figure} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_table4_proxy --in private={input.private:q} denoiser={input.denoiser:q} {params.norm_in}"
+        " --out table={output.table:q} figure={output.figure:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_table1_window_swap:
@@ -60,9 +60,9 @@ rule empden_table1_window_swap:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_table1_window_swap --in private={input.private} denoiser={input.denoiser}"
-        " evalnet={input.evalnet} {params.norm_in} --out table1={output.table1} table5={output.table5} table6={output.table6}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_table1_window_swap --in private={input.private:q} denoiser={input.denoiser:q}"
+        " evalnet={input.evalnet:q} {params.norm_in} --out table1={output.table1:q} table5={output.table5:q} table6={output.table6:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule empden_figure6_critical_window:
@@ -85,5 +85,5 @@ rule empden_figure6_critical_window:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline empden_figure6_critical_window --in denoiser={input.denoiser} evalnet={input.evalnet}"
-        " --out table={output.table} figure={output.figure} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline empden_figure6_critical_window --in denoiser={input.denoiser:q} evalnet={input.evalnet:q}"
+        " --out table={output.table:q} figure={output.figure:q} --params {params.p:q} --log {log:q}"

@@ -23,8 +23,8 @@ rule train_evalnet:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline train_evalnet --in train={input.train} test={input.test}"
-        " --out model={output.model} metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline train_evalnet --in train={input.train:q} test={input.test:q}"
+        " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
 rule evaluate_reference_real:
@@ -47,5 +47,5 @@ rule evaluate_reference_real:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline evaluate_samples --in samples={input.samples} test={input.test}"
-        " evalnet={input.evalnet} --out metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
+        " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"

@@ -27,7 +27,7 @@ rule pretrain_public:
         model=PUBLIC_EDM,
         metrics=EXPDIR / "train" / "pretrain_public" / "metrics.json",
     params:
-        p=params_json(pretrain=config["pretrain"], seed=SEED, config_id=CONFIG_ID, device=config["device"],
+        p=stage_params(pretrain=config["pretrain"], seed=SEED, device=config["device"],
                       threads=torch_threads()),
     log:
         LOGS / "pretrain_public.log",
@@ -39,5 +39,5 @@ rule pretrain_public:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline pretrain_public --in public={input.public}"
-        " --out model={output.model} metrics={output.metrics} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline pretrain_public --in public={input.public:q}"
+        " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"

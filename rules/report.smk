@@ -9,8 +9,7 @@ rule reference_real:
     output:
         table=TABLES / "reference_real.parquet",
     params:
-        p=params_json(
-            config_id=CONFIG_ID,
+        p=stage_params(
             seed=SEED,
             rows={"reference_real": {"experiment": EXP, "method": "real held-out data (no privacy)"}},
         ),
@@ -23,8 +22,8 @@ rule reference_real:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline collect_table --in reference_real={input.reference_real}"
-        " --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline collect_table --in reference_real={input.reference_real:q}"
+        " --out table={output.table:q} --params {params.p:q} --log {log:q}"
 
 
 rule data_samples:
@@ -45,7 +44,7 @@ rule data_samples:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline data_figure {params.ins} --out figure={output.png} > {log} 2>&1"
+        "python -m pipeline data_figure {params.ins} --out figure={output.png:q} --log {log:q}"
 
 
 rule index_html:
@@ -66,4 +65,4 @@ rule index_html:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline index_html {params.ins} --out index={output} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline index_html {params.ins} --out index={output:q} --params {params.p:q} --log {log:q}"

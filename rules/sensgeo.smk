@@ -20,8 +20,8 @@ rule sensgeo_fig1_naive_vs_exact:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline sensgeo_fig1_naive_vs_exact --out figure={output.png} table={output.table}"
-        " --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline sensgeo_fig1_naive_vs_exact --out figure={output.png:q} table={output.table:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule sensgeo_table_guarantees:
@@ -39,7 +39,7 @@ rule sensgeo_table_guarantees:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline sensgeo_table_guarantees --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline sensgeo_table_guarantees --out table={output.table:q} --params {params.p:q} --log {log:q}"
 
 
 rule sensgeo_table_sdp:
@@ -57,7 +57,7 @@ rule sensgeo_table_sdp:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline sensgeo_table_sdp --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline sensgeo_table_sdp --out table={output.table:q} --params {params.p:q} --log {log:q}"
 
 
 rule sensgeo_fig_mi_snr:
@@ -76,7 +76,7 @@ rule sensgeo_fig_mi_snr:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline sensgeo_fig_mi_snr --out figure={output.png} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline sensgeo_fig_mi_snr --out figure={output.png:q} --params {params.p:q} --log {log:q}"
 
 
 rule sensgeo_table_bridge:
@@ -94,4 +94,4 @@ rule sensgeo_table_bridge:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline sensgeo_table_bridge --out table={output.table} --params {params.p:q} > {log} 2>&1"
+        "python -m pipeline sensgeo_table_bridge --out table={output.table:q} --params {params.p:q} --log {log:q}"

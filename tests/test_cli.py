@@ -45,3 +45,56 @@ def test_usage_errors_are_one_line(argv, message, capsys):
 def test_module_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True, text=True, check=True)
     assert "prepare_data" in out.stdout
+
+
+def _fake_stage(monkeypatch, fn):
+    """Register ``fn`` as the stage ``fake`` (no inputs or outputs)."""
+    from pipeline.stage import stage
+
+    monkeypatch.setitem(sys.modules, "fake_stage_module", type(sys)("fake_stage_module"))
+    sys.modules["fake_stage_module"].fake = stage("fake")(fn)
+    monkeypatch.setitem(STAGES, "fake", "fake_stage_module:fake")
+
+
+def test_with_log_the_stage_output_goes_to_the_log_and_a_bad_input_to_the_console_too(monkeypatch, tmp_path, capfd):
+    from pipeline.stage import PipelineError
+
+    def fake(inputs, outputs, params):
+        print("progress 1/2")
+        raise PipelineError("input data: file x.npz is truncated")
+
+    _fake_stage(monkeypatch, fake)
+    log = tmp_path / "logs dir" / "fake.log"
+    assert main(["fake", "--log", str(log)]) == 2
+    out, err = capfd.readouterr()
+    # Snakemake prints only the failed command: the console needs the cause, in one line
+    assert err == "error: fake: input data: file x.npz is truncated\n" and out == ""
+    text = log.read_text()
+    assert "progress 1/2" in text and "error: input data: file x.npz is truncated" in text
+
+
+def test_with_log_a_crash_keeps_its_traceback_in_the_log_and_names_it_on_the_console(monkeypatch, tmp_path, capfd):
+    def fake(inputs, outputs, params):
+        raise RuntimeError("CUDA out of memory\nsecond line")
+
+    _fake_stage(monkeypatch, fake)
+    log = tmp_path / "fake.log"
+    assert main(["fake", "--log", str(log)]) == 1
+    err = capfd.readouterr().err
+    assert err == f"error: fake failed with RuntimeError: CUDA out of memory (traceback in {log})\n"
+    assert "Traceback (most recent call last)" in log.read_text()
+
+
+def test_with_log_a_successful_stage_prints_nothing_on_the_console(monkeypatch, tmp_path, capfd):
+    import logging
+
+    def fake(inputs, outputs, params):
+        logging.getLogger("fake").warning("half way")
+        print("done", file=sys.stderr)
+
+    _fake_stage(monkeypatch, fake)
+    log = tmp_path / "fake.log"
+    assert main(["fake", "--log", str(log)]) == 0
+    out, err = capfd.readouterr()
+    assert out == err == ""
+    assert "done" in log.read_text()

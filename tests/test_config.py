@@ -79,3 +79,49 @@ def test_config_id_is_stable_and_sensitive():
     assert config_id(a) == config_id(b)
     b["seed"] = 1
     assert config_id(a) != config_id(b)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"data": {"image_size": 14},
+          "pretrain": {"unet": {"block_out_channels": [16, 32, 64], "attention": [False, True, True]}}},
+         "config error at pretrain.unet: image_size 14 is not divisible by 2^(levels-1) for 3 levels"),
+        ({"dpdm": {"unet": {"block_out_channels": [12, 32], "norm_num_groups": 8}}},
+         "config error at dpdm.unet: every block_out_channels entry must be divisible by norm_num_groups=8, "
+         "got (12, 32)"),
+        ({"empden": {"grid": [{"p": [30], "B": [3000], "T": [3]}]}},
+         "config error at empden.grid[0].B: subset size B=3000 exceeds the private set size n=2500"),
+        ({"accounting": {"B": [25, 5000]}},
+         "config error at accounting.B: subset size B=5000 exceeds the private set size n=2500"),
+        ({"dpdm": {"batch_size": 3000}},
+         "config error at dpdm.batch_size: expected at most data.private.n_private_train=2500 (the sampling rate "
+         "q = batch_size / N must be <= 1), got 3000"),
+        ({"data": {"private": {"n_test": 3000}}},
+         "config error at data.private: n_private_train + n_eval_train + n_reference + n_test = 7000 exceeds "
+         "the 5000 embedded MNIST digits"),
+    ],
+)
+def test_sizes_that_would_fail_inside_a_job_fail_at_validation(config, message):
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert str(err.value) == message
+
+
+def test_size_checks_pass_the_defaults_and_skip_unknown_dataset_sizes():
+    validate_config({})
+    # with the whole train split of a dataset on disk, n is known only once the data stage ran
+    validate_config({"data": {"private": {"source": "mnist", "n_private_train": None}},
+                     "empden": {"grid": [{"p": [30], "B": [3000], "T": [3]}]}})
+
+
+def test_nested_command_line_values_are_typed_like_yaml():
+    from pipeline.config import typed_overrides
+
+    # Snakemake hands `--config 'dpdm={enabled: false, K: 2, lr: 1e-3}' seed=3` over like this
+    raw = {"dpdm": {"enabled": "false", "K": "2", "lr": "0.001", "seeds": ["0", "1"],
+                    "sampling": {"main": "guided"}}, "seed": 3}
+    typed = typed_overrides(raw)
+    assert typed == {"dpdm": {"enabled": False, "K": 2, "lr": 0.001, "seeds": [0, 1],
+                              "sampling": {"main": "guided"}}, "seed": 3}
+    assert validate_config(typed)["dpdm"]["enabled"] is False

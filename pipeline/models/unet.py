@@ -9,9 +9,10 @@ UNet: it is the field's maintained implementation (DPDM and EDM use the same blo
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # torch stays unimported: config validation checks a UNetSpec before any job runs
+    from torch import nn
 
 
 @dataclass(frozen=True)
