@@ -95,10 +95,14 @@ class AccountingConfig:
 
     def mu_t(self, subset_size: int, *, N: int | None = None, sigma_min: float | None = None) -> np.ndarray:
         """Per-step mu_t of eq. 39 over a subset of ``subset_size`` records (B, or n for full batch)."""
+        return step_mu(self.schedule(N=N, sigma_min=sigma_min), C=self.clip(subset_size), beta=self.beta,
+                       batch_size=subset_size)
+
+    def clip(self, subset_size: int) -> float:
+        """The clip norm C of eq. 39 for a subset of ``subset_size`` records."""
         # C_scales_with_subset: the effective clip norm is C |S| (see the schema), so the
         # 1/|S| of the sensitivity 2C/|S| cancels.
-        C = self.C * subset_size if self.C_scales_with_subset else self.C
-        return step_mu(self.schedule(N=N, sigma_min=sigma_min), C=C, beta=self.beta, batch_size=subset_size)
+        return self.C * subset_size if self.C_scales_with_subset else self.C
 
     @property
     def pld(self) -> acc.PLDSettings:
@@ -153,8 +157,16 @@ def account_block(cfg: AccountingConfig, mu_bar: float, q: float) -> dict[str, A
 
 def claim_entry(cfg: AccountingConfig, row: Mapping[str, Any], *, stage_name: str, config_id: str,
                 seed: int) -> ledger.LedgerEntry:
-    """The ledger line for one block: its event and its certified eps_u (PLD, pessimistic)."""
+    """The ledger line for one block: its event and its certified eps_u (PLD, pessimistic).
+
+    A grid block also records its schedule, C and beta, so the replay can rebuild mu_bar_B
+    (eq. 9) and the event from them; a block with mu_bar_B given directly records only that.
+    """
     event = acc.outputwise_event(row["mu_bar_B"], row["q_B"], cfg.N_out)
+    mechanism = {}
+    if row["source"] == "schedule":
+        mechanism = {"sigma_min": cfg.sigma_min, "sigma_max": cfg.sigma_max, "rho": cfg.rho, "N": cfg.N,
+                     "C": cfg.clip(row["B"]), "beta": cfg.beta}
     return ledger.LedgerEntry(
         stage=stage_name, mechanism="empden_outputwise_block", event=ledger.event_to_dict(event),
         sensitivity=1.0, noise_std=1.0 / row["mu_bar_B"],
@@ -163,7 +175,8 @@ def claim_entry(cfg: AccountingConfig, row: Mapping[str, Any], *, stage_name: st
         claimed_epsilon=row["eps_upper_bound"],
         accountant={"name": "pld_pessimistic", **acc.describe(cfg.pld)}, config_id=config_id, seed=seed,
         extra={"kind": "configuration_claim", "p_percent": _json_num(row["p_percent"]), "k_steps": row["k_steps"],
-               "source": row["source"], "mu_bar_B": row["mu_bar_B"], "proposition": "EMPDEN Prop. 4.1"})
+               "source": row["source"], "mu_bar_B": row["mu_bar_B"], "proposition": "EMPDEN Prop. 4.1",
+               **mechanism})
 
 
 def _json_num(x: float) -> float | None:

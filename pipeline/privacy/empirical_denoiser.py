@@ -71,6 +71,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from dp_accounting import dp_event
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
@@ -409,6 +410,48 @@ def _schedule_extra(schedule: EDMSchedule, k: int, C: float, beta: float, normal
             "k_steps": k, "t_end": float(t[k]), "C": C, "beta": beta, "normaliser": normaliser}
 
 
+@dataclass(frozen=True)
+class SamplerMechanism:
+    """A sampler run's mechanism rebuilt from its parameters alone (the ledger line's event).
+
+    ``mu_core`` is the largest per-step GDP parameter of the event (for an output-wise block,
+    mu_bar_B), so the line's noise multiplier is 1/mu_core; ``q`` is the sampling rate (1 for
+    full batch). The ``record_*`` functions and the replay's rebuild
+    (:mod:`pipeline.privacy.rebuild`) both call these, so there is one formula.
+    """
+
+    event: dp_event.DpEvent
+    sensitivity: float
+    mu_core: float
+    q: float
+
+
+def full_batch_mechanism(schedule: EDMSchedule, *, k: int, C: float, beta: float, n: int,
+                         n_out: int) -> SamplerMechanism:
+    """k private steps over all n records, n_out outputs, composed exactly in GDP (Sec. 3.2, eq. 39)."""
+    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=n)[:k]
+    return SamplerMechanism(acc.full_batch_event(mu_t, n_out), sensitivity(C=C, beta=beta, subset_size=n),
+                            float(np.max(mu_t)), 1.0)
+
+
+def outputwise_mechanism(schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
+                         n_out: int) -> SamplerMechanism:
+    """One B-subset per output reused over k steps: mu_bar_B (eq. 9) amplified by q_B = B/n (Prop. 4.1)."""
+    mu_bar = block_mu(step_mu(schedule, C=C, beta=beta, batch_size=B), k)
+    q = B / n
+    return SamplerMechanism(acc.outputwise_event(mu_bar, q, n_out), sensitivity(C=C, beta=beta, subset_size=B),
+                            mu_bar, q)
+
+
+def per_step_mechanism(schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
+                       n_out: int) -> SamplerMechanism:
+    """A fresh B-subset at every private step: each mu_t amplified by q = B/n (Prop. C.1)."""
+    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=B)[:k]
+    q = B / n
+    return SamplerMechanism(acc.per_step_event(mu_t, q, n_out), sensitivity(C=C, beta=beta, subset_size=B),
+                            float(np.max(mu_t)), q)
+
+
 def record_full_batch(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, n: int,
                       n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
     """Ledger line of a full-batch run: k private steps over all n records, n_out outputs (Sec. 3.2).
@@ -416,11 +459,10 @@ def record_full_batch(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: flo
     Every step touches every record, so the run composes the k Gaussian mechanisms of every
     output exactly in GDP: mu = sqrt(n_out * sum_i mu_ti^2).
     """
-    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=n)[:k]
-    event = acc.full_batch_event(mu_t, n_out)
-    return _claim(sink, event, mechanism="empden_full_batch", sens=sensitivity(C=C, beta=beta, subset_size=n),
-                  mu_core=float(np.max(mu_t)), sampling={"scheme": "none", "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_total": acc.gdp_mu_of_event(event),
+    m = full_batch_mechanism(schedule, k=k, C=C, beta=beta, n=n, n_out=n_out)
+    return _claim(sink, m.event, mechanism="empden_full_batch", sens=m.sensitivity,
+                  mu_core=m.mu_core, sampling={"scheme": "none", "n": n}, count=n_out,
+                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_total": acc.gdp_mu_of_event(m.event),
                          "section": "EMPDEN Sec. 3.2"}, gdp=True)
 
 
@@ -431,23 +473,17 @@ def record_outputwise(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: flo
     One B-subset per output reused over the k-step block: the block is one Gaussian with
     mu_bar_B = sqrt(sum mu_t^2) (|S| = B), amplified once by q_B = B/n, composed over n_out.
     """
-    mu_bar = block_mu(step_mu(schedule, C=C, beta=beta, batch_size=B), k)
-    q = B / n
-    event = acc.outputwise_event(mu_bar, q, n_out)
-    return _claim(sink, event, mechanism="empden_outputwise_block",
-                  sens=sensitivity(C=C, beta=beta, subset_size=B), mu_core=mu_bar,
-                  sampling={"scheme": "fixed_size_per_output", "probability": q, "B": B, "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_bar_B": mu_bar,
+    m = outputwise_mechanism(schedule, k=k, C=C, beta=beta, B=B, n=n, n_out=n_out)
+    return _claim(sink, m.event, mechanism="empden_outputwise_block", sens=m.sensitivity, mu_core=m.mu_core,
+                  sampling={"scheme": "fixed_size_per_output", "probability": m.q, "B": B, "n": n}, count=n_out,
+                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_bar_B": m.mu_core,
                          "proposition": "EMPDEN Prop. 4.1"})
 
 
 def record_per_step(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
                     n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
     """Ledger line of per-step resampling: a fresh B-subset at every private step (Prop. C.1)."""
-    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=B)[:k]
-    q = B / n
-    event = acc.per_step_event(mu_t, q, n_out)
-    return _claim(sink, event, mechanism="empden_per_step_subsampled",
-                  sens=sensitivity(C=C, beta=beta, subset_size=B), mu_core=float(np.max(mu_t)),
-                  sampling={"scheme": "fixed_size_per_step", "probability": q, "B": B, "n": n}, count=n_out,
+    m = per_step_mechanism(schedule, k=k, C=C, beta=beta, B=B, n=n, n_out=n_out)
+    return _claim(sink, m.event, mechanism="empden_per_step_subsampled", sens=m.sensitivity, mu_core=m.mu_core,
+                  sampling={"scheme": "fixed_size_per_step", "probability": m.q, "B": B, "n": n}, count=n_out,
                   extra={**_schedule_extra(schedule, k, C, beta, normaliser), "proposition": "EMPDEN Prop. C.1"})

@@ -234,14 +234,22 @@ def append_entry(path: str | Path, entry: LedgerEntry) -> None:
 
 
 def read_ledger(path: str | Path) -> Iterator[tuple[int, LedgerEntry]]:
-    """Yield (line number, entry) of a transcript; a bad line raises naming file:line."""
+    """Yield (line number, entry) of a transcript; a bad line raises naming file:line.
+
+    :func:`append_entry` writes whole newline-terminated lines only, so a blank line or a last
+    line without its newline means the transcript was cut or edited: both are refused rather
+    than skipped, since a claim lost that way would otherwise go unnoticed.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: ledger transcript not found (run the stage that writes it)")
     with path.open() as fh:
         for lineno, line in enumerate(fh, 1):
+            if not line.endswith("\n"):
+                raise LedgerError(f"{path}:{lineno}: truncated transcript (the last line has no newline; "
+                                  f"a write was cut off)")
             if not line.strip():
-                continue
+                raise LedgerError(f"{path}:{lineno}: blank line (a transcript holds one JSON entry per line)")
             try:
                 yield lineno, LedgerEntry.from_dict(json.loads(line))
             except (json.JSONDecodeError, LedgerError) as exc:

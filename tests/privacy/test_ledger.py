@@ -75,3 +75,32 @@ def test_a_bad_line_is_reported_with_file_and_line(tmp_path):
         fh.write('{"stage": "oops"\n')
     with pytest.raises(ledger.LedgerError, match=r"x\.jsonl:2"):
         list(ledger.read_ledger(path))
+
+
+def test_a_transcript_cut_mid_line_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    ledger.append_entry(path, entry())
+    ledger.append_entry(path, entry(claimed_epsilon=4.0))
+    path.write_bytes(path.read_bytes()[:-30])
+    with pytest.raises(ledger.LedgerError, match=r"x\.jsonl:2: truncated transcript"):
+        list(ledger.read_ledger(path))
+
+
+def test_a_last_line_without_its_newline_is_refused_even_if_it_parses(tmp_path):
+    # append_entry writes whole lines only: a missing newline means the write was cut off
+    path = tmp_path / "x.jsonl"
+    ledger.append_entry(path, entry())
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    json.loads(path.read_text())
+    with pytest.raises(ledger.LedgerError, match=r"x\.jsonl:1: truncated transcript"):
+        list(ledger.read_ledger(path))
+
+
+def test_a_blank_line_is_refused_not_skipped(tmp_path):
+    path = tmp_path / "x.jsonl"
+    ledger.append_entry(path, entry())
+    with path.open("a") as fh:
+        fh.write("\n")
+    ledger.append_entry(path, entry())
+    with pytest.raises(ledger.LedgerError, match=r"x\.jsonl:2: blank line"):
+        list(ledger.read_ledger(path))

@@ -1,0 +1,234 @@
+"""Rebuild a ledger line's ``dp_accounting`` event from the mechanism parameters on that line.
+
+A line carries both the serialised event the eps was computed from and the parameters of the
+mechanism that ran (EMPDEN: the EDM schedule, k, C, beta, B, n, N_out; DP-SGD: sigma, C, the
+expected or fixed batch, N, T). The replay (:mod:`pipeline.accounting.replay`) recomputes eps
+from the event; this module makes sure that event is the one the parameters imply, so a line
+whose event was edited (e.g. mu_bar_B and q halved while B/n still says 0.02) is refused
+instead of certifying a smaller eps.
+
+Each mechanism name registers one rebuilder, and every rebuilder calls the code the mechanism
+itself used to build its line (:func:`pipeline.privacy.empirical_denoiser.outputwise_mechanism`
+and friends, :meth:`pipeline.privacy.dpsgd.DPSGDPlan.event`), so each formula exists once. A
+mechanism without a rebuilder cannot be checked and is refused, never passed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dp_accounting import dp_event
+
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import dpsgd
+from pipeline.privacy import empirical_denoiser as emp
+from pipeline.privacy import ledger
+from pipeline.privacy.schedule import EDMSchedule
+
+#: relative tolerance when comparing a stored float with its rebuilt value: the same code on
+#: the same parameters agrees to the last few ulps; a real edit differs by far more.
+REL_TOL = 1e-9
+
+
+class RebuildError(ledger.LedgerError):
+    """A line whose event cannot be rebuilt or differs from its rebuild; one line of text."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a line's parameters imply: its event and the values of the line's derived fields.
+
+    ``fields`` maps a dotted path into the line (``"sampling.probability"``,
+    ``"extra.mu_bar_B"``) to the value the parameters give it.
+    """
+
+    event: dp_event.DpEvent
+    fields: dict[str, Any]
+
+
+Rebuilder = Callable[[ledger.LedgerEntry], Expected]
+REBUILDERS: dict[str, Rebuilder] = {}
+
+
+def register(mechanism: str) -> Callable[[Rebuilder], Rebuilder]:
+    """Register the rebuilder of the ledger lines whose ``mechanism`` is ``mechanism``."""
+    def wrap(fn: Rebuilder) -> Rebuilder:
+        if mechanism in REBUILDERS:
+            raise ValueError(f"mechanism {mechanism!r} already has a rebuilder")
+        REBUILDERS[mechanism] = fn
+        return fn
+    return wrap
+
+
+# --------------------------------------------------------------------------- reading parameters
+
+_MISSING = object()
+
+
+def _lookup(entry: ledger.LedgerEntry, path: str) -> Any:
+    head, *rest = path.split(".")
+    value: Any = getattr(entry, head, _MISSING)
+    for key in rest:
+        value = value.get(key, _MISSING) if isinstance(value, Mapping) else _MISSING
+    return value
+
+
+def param(entry: ledger.LedgerEntry, path: str, kind: type = float) -> Any:
+    """The mechanism parameter at ``path`` of the line, as ``kind``; a missing or ill-typed one raises."""
+    value = _lookup(entry, path)
+    if value is _MISSING or value is None:
+        raise RebuildError(f"mechanism {entry.mechanism!r}: the line lacks parameter {path}, needed to rebuild "
+                           f"its event")
+    if kind is str:
+        if not isinstance(value, str):
+            raise RebuildError(f"mechanism {entry.mechanism!r}: parameter {path} must be a string, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RebuildError(f"mechanism {entry.mechanism!r}: parameter {path} must be a finite number, got {value!r}")
+    if kind is int:
+        if value != int(value):
+            raise RebuildError(f"mechanism {entry.mechanism!r}: parameter {path} must be an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _edm_schedule(entry: ledger.LedgerEntry) -> EDMSchedule:
+    return EDMSchedule(sigma_min=param(entry, "extra.sigma_min"), sigma_max=param(entry, "extra.sigma_max"),
+                       rho=param(entry, "extra.rho"), N=param(entry, "extra.N", int))
+
+
+def _empden_args(entry: ledger.LedgerEntry) -> dict[str, Any]:
+    """Schedule, k, C and beta of an EMPDEN line (C is the clip norm eq. 39 used, already scaled)."""
+    return {"k": param(entry, "extra.k_steps", int), "C": param(entry, "extra.C"),
+            "beta": param(entry, "extra.beta"), "n_out": entry.count}
+
+
+# --------------------------------------------------------------------------- the rebuilders
+
+@register("empden_outputwise_block")
+def _empden_outputwise(entry: ledger.LedgerEntry) -> Expected:
+    """Algorithm 1 / Prop. 4.1: mu_bar_B (eq. 9) of the k-step block over B records, q_B = B/n."""
+    B, n = param(entry, "sampling.B", int), param(entry, "sampling.n", int)
+    if entry.extra.get("source") == "given":
+        # a configuration claim for a mu_bar_B given directly (App. G): no schedule behind it
+        mu_bar = param(entry, "extra.mu_bar_B")
+        event, q = acc.outputwise_event(mu_bar, B / n, entry.count), B / n
+    else:
+        m = emp.outputwise_mechanism(_edm_schedule(entry), B=B, n=n, **_empden_args(entry))
+        event, mu_bar, q = m.event, m.mu_core, m.q
+    return Expected(event, {"noise_multiplier": 1.0 / mu_bar, "extra.mu_bar_B": mu_bar,
+                            "sampling.scheme": "fixed_size_per_output", "sampling.probability": q,
+                            "adjacency": "add_or_remove_one"})
+
+
+@register("empden_per_step_subsampled")
+def _empden_per_step(entry: ledger.LedgerEntry) -> Expected:
+    """Prop. C.1: a fresh B-subset at each of the k private steps, each mu_t (eq. 39) amplified by B/n."""
+    B, n = param(entry, "sampling.B", int), param(entry, "sampling.n", int)
+    m = emp.per_step_mechanism(_edm_schedule(entry), B=B, n=n, **_empden_args(entry))
+    return Expected(m.event, {"noise_multiplier": 1.0 / m.mu_core, "sampling.scheme": "fixed_size_per_step",
+                              "sampling.probability": m.q, "adjacency": "add_or_remove_one"})
+
+
+@register("empden_full_batch")
+def _empden_full_batch(entry: ledger.LedgerEntry) -> Expected:
+    """Sec. 3.2: k steps over all n records, composed exactly in GDP."""
+    n = param(entry, "sampling.n", int)
+    m = emp.full_batch_mechanism(_edm_schedule(entry), n=n, **_empden_args(entry))
+    return Expected(m.event, {"noise_multiplier": 1.0 / m.mu_core, "sampling.scheme": "none",
+                              "extra.mu_total": acc.gdp_mu_of_event(m.event), "adjacency": "add_or_remove_one"})
+
+
+_DPSGD_SCHEMES: dict[str, dpsgd.Sampling] = {"poisson": "poisson", "fixed_size_per_step": "fixed_size"}
+
+
+@register("dpsgd")
+def _dpsgd(entry: ledger.LedgerEntry) -> Expected:
+    """DP-SGD (Abadi et al. 2016; DPDM App. A): T steps of a sampled Gaussian with multiplier sigma.
+
+    q is rebuilt from the batch, not read from the event: the expected batch size q N
+    (Poisson) or the fixed batch B (sampling without replacement), over N.
+    """
+    scheme = param(entry, "sampling.scheme", str)
+    if scheme not in _DPSGD_SCHEMES:
+        raise RebuildError(f"mechanism 'dpsgd': sampling scheme {scheme!r} is not one DP-SGD runs "
+                           f"({', '.join(_DPSGD_SCHEMES)})")
+    sampling = _DPSGD_SCHEMES[scheme]
+    n = param(entry, "sampling.n", int)
+    batch = param(entry, "extra.expected_batch_size") if sampling == "poisson" else param(entry, "sampling.B", int)
+    plan = dpsgd.DPSGDPlan(noise_multiplier=param(entry, "extra.dpsgd_noise_multiplier"),
+                           max_grad_norm=param(entry, "extra.max_grad_norm"), sampling_rate=batch / n,
+                           dataset_size=n, steps=entry.count, delta=entry.delta, sampling=sampling)
+    fields: dict[str, Any] = {"sensitivity": plan.sensitivity, "noise_std": plan.noise_std,
+                              "sampling.probability": plan.sampling_rate, "adjacency": plan.adjacency}
+    if entry.accountant.get("name") == "rdp":
+        # dp_accounting's RDP defaults to add/remove; the relation must be the line's adjacency
+        fields["accountant.neighboring_relation"] = plan.adjacency
+    return Expected(plan.event(), fields)
+
+
+# --------------------------------------------------------------------------- comparing
+
+def rebuild(entry: ledger.LedgerEntry) -> Expected:
+    """The event and derived fields ``entry``'s own parameters imply."""
+    fn = REBUILDERS.get(entry.mechanism)
+    if fn is None:
+        raise RebuildError(f"mechanism {entry.mechanism!r} has no registered rebuilder (known: "
+                           f"{', '.join(sorted(REBUILDERS))}), so its event cannot be checked")
+    try:
+        return fn(entry)
+    except RebuildError:
+        raise
+    except (ValueError, acc.AccountingError) as exc:  # DPSGDError, EDMSchedule, ... are ValueErrors
+        raise RebuildError(f"mechanism {entry.mechanism!r}: its parameters build no valid mechanism ({exc})") from None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
+    return a == b
+
+
+def _diff(stored: Any, rebuilt: Any, where: str) -> list[str]:
+    """Every place ``stored`` and ``rebuilt`` (plain JSON data) differ, as text."""
+    if isinstance(stored, Mapping) and isinstance(rebuilt, Mapping):
+        out = []
+        for key in sorted(set(stored) | set(rebuilt)):
+            if key not in stored or key not in rebuilt:
+                out.append(f"{where}.{key}: {'missing from the line' if key not in stored else 'not expected'}")
+            else:
+                out += _diff(stored[key], rebuilt[key], f"{where}.{key}")
+        return out
+    if isinstance(stored, list) and isinstance(rebuilt, list):
+        if len(stored) != len(rebuilt):
+            return [f"{where}: {len(stored)} items, the parameters give {len(rebuilt)}"]
+        return [d for i, (s, r) in enumerate(zip(stored, rebuilt)) for d in _diff(s, r, f"{where}[{i}]")]
+    if not _same(stored, rebuilt):
+        return [f"{where} is {stored!r}, the parameters give {rebuilt!r}"]
+    return []
+
+
+def mismatches(entry: ledger.LedgerEntry, expected: Expected) -> list[str]:
+    """Every way the line differs from what its parameters imply (empty if it matches)."""
+    out = _diff(entry.event, ledger.event_to_dict(expected.event), "event")
+    for path, value in expected.fields.items():
+        stored = _lookup(entry, path)
+        if stored is _MISSING:
+            out.append(f"{path} missing from the line")
+        elif not _same(stored, value):
+            out.append(f"{path} is {stored!r}, the parameters give {value!r}")
+    return out
+
+
+def check(entry: ledger.LedgerEntry) -> None:
+    """Raise :class:`RebuildError` unless ``entry``'s event and fields are exactly what its parameters imply."""
+    found = mismatches(entry, rebuild(entry))
+    if found:
+        more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+        raise RebuildError(f"mechanism {entry.mechanism!r}: {found[0]}{more}; the event does not match the "
+                           f"line's mechanism parameters")
