@@ -26,6 +26,7 @@ from pipeline.accounting.empden import AccountingConfig, account_block
 from pipeline.io import load_split, manifest_path, read_json
 from pipeline.privacy import accountants as acc
 from pipeline.reporting import read_table, save_figure, write_table
+from pipeline.reporting.figures import readable_log_axis
 from pipeline.stage import PipelineError, stage
 
 #: metric columns carried from evaluate_samples into Table 8
@@ -232,22 +233,28 @@ def empden_figure3_tradeoffs(inputs, outputs, params) -> None:
     if df.empty:
         raise PipelineError("empden_figure3_tradeoffs: no hybrid cell at the main beta and seed in the grid table")
     T_ref, B_min = _reference_T(df), int(df["B"].min())
+    delta = float(df["delta"].iloc[0])
+    # (title, rows, one line per value of, points ordered by, entry label, legend title)
     panels = [
-        (f"(a) varying t0 (T = {T_ref})", df[df["T"] == T_ref], "p_percent", "B", lambda v: f"p = {v:g}%"),
+        (f"(a) varying t0 (T = {T_ref})", df[df["T"] == T_ref], "p_percent", "B", lambda v: f"p = {v:g}%",
+         "private share p\n(points: B)"),
         (f"(b) varying T (q = {B_min / int(df['n'].iloc[0]):.2g})", df[df["B"] == B_min], "T", "p_percent",
-         lambda v: f"T = {int(v)}"),
-        (f"(c) varying q (T = {T_ref})", df[df["T"] == T_ref], "q_B", "p_percent", lambda v: f"q = {v:.2g}"),
+         lambda v: f"T = {int(v)}", "re-noising steps T\n(points: p)"),
+        (f"(c) varying q (T = {T_ref})", df[df["T"] == T_ref], "q_B", "p_percent", lambda v: f"q = {v:.2g}",
+         "subsample rate q = B/n\n(points: p)"),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (title, sub, line_key, along, label) in zip(axes, panels):
+    for ax, (title, sub, line_key, along, label, legend_title) in zip(axes, panels):
         for value, g in sub.groupby(line_key):
             g = g.sort_values(along)
             ax.plot(g["eps_upper_bound"], g["fid"], "o-", label=label(value))
         ax.set_xscale("log")
-        ax.set_xlabel("certified eps_u (PLD)")
-        ax.set_ylabel("FID")
+        # eps often spans less than a decade: default log ticks label minor ticks and collide
+        readable_log_axis(ax.xaxis)
+        ax.set_xlabel(f"certified $\\varepsilon_u$ (PLD pessimistic, $\\delta$ = {delta:g})")
+        ax.set_ylabel("FID (lower is better)")
         ax.set_title(title)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title=legend_title, title_fontsize=7)
     save_figure(fig, outputs["figure"])
 
 

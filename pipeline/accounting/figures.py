@@ -23,6 +23,7 @@ from pipeline.accounting.empden import PARAMS_DOC, AccountingConfig
 from pipeline.privacy import accountants as acc
 from pipeline.privacy.schedule import block_mu, log_snr
 from pipeline.reporting import save_figure
+from pipeline.reporting.figures import readable_log_axis
 from pipeline.stage import stage
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
@@ -88,22 +89,36 @@ def stopping_steps(N: int) -> list[int]:
 
 @stage("empden_figure7_stopping_traces", outputs=("figure",), params=PARAMS_DOC)
 def empden_figure7_stopping_traces(inputs, outputs, params) -> None:
-    """EMPDEN Figure 7: eps(delta) traces and trade-off curves for full-batch stopping times."""
+    """EMPDEN Figure 7: eps(delta) traces and trade-off curves for full-batch stopping times.
+
+    The left panel's eps axis is logarithmic: stopping after k steps moves eps over many
+    decades (mu from ~0.01 to ~300), which a linear axis collapses onto zero. Where delta(0) of
+    a weak mechanism is already below delta, eps = 0 and that part of its trace is not drawn.
+    """
     cfg = AccountingConfig.from_params(params)
     t = cfg.schedule(N=cfg.N_full_batch).times()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    deltas = np.logspace(-12, -0.5, 40)
+    steps = cfg.N_full_batch - 1
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    deltas = np.logspace(-12, -0.5, 60)
     alpha = np.linspace(0, 1, 401)
     for k in stopping_steps(cfg.N_full_batch):
         mu = full_batch_mu(cfg, cfg.sigma_min, k)
-        done = k / (cfg.N_full_batch - 1)
-        label = f"complete at {done:.2f} (σ = {t[k]:.3g}, μ = {mu:.3g})"
-        left.semilogy([acc.gdp_epsilon(float(d), mu) for d in deltas], deltas, label=label)
-        right.plot(alpha, trade_off(alpha, mu), label=label)
+        eps = np.array([acc.gdp_epsilon(float(d), mu) for d in deltas])
+        label = f"{k / steps:.0%}: k = {k}, σ_k = {t[k]:.3g}, μ = {mu:.3g}"
+        line, = left.loglog(np.where(eps > 0, eps, np.nan), deltas)
+        right.plot(alpha, trade_off(alpha, mu), color=line.get_color(), label=label)
     left.axhline(cfg.delta, color="k", ls=":", lw=1)
-    left.set(xlabel="ε", ylabel="δ", title="GDP → (ε, δ), full batch")
-    left.legend(fontsize=6)
-    right.plot(alpha, 1 - alpha, "k--", lw=1, label="indistinguishable")
-    right.set(xlabel="Type I error", ylabel="Type II error", title="trade-off curves")
-    right.legend(fontsize=6)
+    left.annotate(f"δ = {cfg.delta:g} (accounting.delta)", (0.02, cfg.delta), xycoords=("axes fraction", "data"),
+                  xytext=(0, 3), textcoords="offset points", fontsize=7)
+    readable_log_axis(left.xaxis)
+    left.set(xlabel="ε (nats; exact GDP → (ε, δ), eq. 44)", ylabel="δ (probability)",
+             title=f"(ε, δ) of the full-batch sampler stopped early (σ_min = {cfg.sigma_min:g})")
+    left.title.set_fontsize(9)
+    right.plot(alpha, 1 - alpha, "k--", lw=1, label="β = 1 − α: indistinguishable")
+    right.set(xlabel="Type I error α (false-positive rate)", ylabel="Type II error β (false-negative rate)",
+              title="trade-off curves G_μ(α) (eq. 42)")
+    right.title.set_fontsize(9)
+    right.legend(fontsize=7, title=f"stopped after k of {steps} private steps\n(share of the schedule, "
+                                   f"noise level σ_k reached, GDP μ)", title_fontsize=7,
+                 loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     save_figure(fig, outputs["figure"])

@@ -250,19 +250,23 @@ def sensgeo_fig_mi_snr(inputs: Mapping[str, Path], outputs: Mapping[str, Path], 
     half_mmse = midp.binary_mmse(snr) / 2
     kappas = [float(k) for k in p["kappa"]]
     rho_max = [midp.calibrate_rho_star(k) for k in kappas]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.0, 3.8))
-    a1.semilogx(snr, cap, label="C(snr) = I(B; Y) (nats)")
-    a1.semilogx(snr, half_mmse, "--", label="dC/dsnr = mmse/2 (I-MMSE)")
-    a1.axhline(math.log(2), color="grey", lw=0.8, ls=":", label="log 2")
-    for k in kappas:
-        a1.axhline(k, color="C3", lw=0.6, alpha=0.5)
-    a1.set_xlabel("SNR = rho_* / 4  (Y = q B/2 + Z, q = sqrt(rho_*))")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.0, 4.2))
+    a1.semilogx(snr, cap, label="C(snr) = I(B; Y): exact MI-DP level (nats)")
+    a1.semilogx(snr, half_mmse, "--", label="dC/dsnr = mmse/2 > 0 (I-MMSE): C increases")
+    a1.axhline(math.log(2), color="grey", lw=0.8, ls=":", label="log 2 nats = 1 bit: most a binary record can leak")
+    # Each budget kappa as a dotted level ending where C reaches it: the largest admissible SNR.
+    snr_max = [r / 4 for r in rho_max]
+    for i, (k, s_k) in enumerate(zip(kappas, snr_max)):
+        a1.plot([snr[0], s_k], [k, k], color="C3", lw=0.7, ls=":", marker="o", ms=4, markevery=[1],
+                label="MI budgets κ (sensgeo.mi.kappa), each ending at its largest SNR C⁻¹(κ)" if i == 0 else None)
+    a1.set_xlabel("SNR = ρ* / 4   (channel Y = q B/2 + Z, q = √ρ*)")
+    a1.set_ylabel("nats (C);  nats per unit SNR (slope)")
     a1.set_title("SENSGEO Sec. VI: binary-input Gaussian channel", fontsize=9)
-    a1.legend(fontsize=8)
-    a2.loglog(kappas, rho_max, "o-")
-    a2.set_xlabel("MI-DP budget kappa (nats)")
-    a2.set_ylabel("largest rho_* = 4 C^-1(kappa)")
-    a2.set_title("calibration: kappa-MI-DP iff rho_* <= 4 C^-1(kappa)", fontsize=9)
+    a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    a2.loglog(kappas, rho_max, "o-", color="C3")
+    a2.set_xlabel("MI-DP budget κ (nats)")
+    a2.set_ylabel("largest ρ* = 4 C⁻¹(κ)  (dimensionless)")
+    a2.set_title("calibration: κ-MI-DP iff ρ* ≤ 4 C⁻¹(κ)", fontsize=9)
     for k, r in zip(kappas, rho_max):
         log.info("MI-DP kappa=%.4g nats -> rho_* <= %.6g", k, r)
     save_figure(fig, outputs["figure"])
