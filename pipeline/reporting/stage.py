@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.io import atomic_path, load_split, read_json
+from pipeline.reporting import verdict
 from pipeline.reporting.figures import save_figure
 from pipeline.reporting.tables import read_table, write_table
 from pipeline.stage import PipelineError, stage
@@ -96,6 +97,18 @@ def _table_html(path: Path, max_rows: int = 20) -> str:
     return shown.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–", border=0) + more
 
 
+def _replay_section(inputs: Mapping[str, Path], out: Path) -> str:
+    """The replay verdict banner from the one ``.json`` input (the replay report), or a warning if none."""
+    reports = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".json"}
+    if len(reports) > 1:
+        raise PipelineError(f"stage index_html: expected one replay report (.json input), got {len(reports)}: "
+                            f"{', '.join(reports)}")
+    if not reports:
+        return verdict.MISSING_HTML
+    (path,) = reports.values()
+    return verdict.verdict_html(verdict.replay_verdict(read_json(path), path), os.path.relpath(path, out.parent))
+
+
 @stage(
     "index_html",
     outputs=("index",),
@@ -103,12 +116,13 @@ def _table_html(path: Path, max_rows: int = 20) -> str:
     params={"title": "page title"},
 )
 def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """``results/index.html``: every table (first rows inline, link to the Parquet) and figure."""
+    """``results/index.html``: the ledger replay verdict (``--in replay=replay.json``), every table (first
+    rows inline, link to the Parquet) and figure."""
     out = Path(outputs["index"])
     parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(params.get('title', 'results'))}</title>",
              "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
              "font-size:12px}td,th{padding:2px 6px;border-bottom:1px solid #ddd}img{max-width:100%}</style>",
-             f"<h1>{html.escape(params.get('title', 'results'))}</h1>"]
+             f"<h1>{html.escape(params.get('title', 'results'))}</h1>", _replay_section(inputs, out)]
     tables = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".parquet"}
     figures = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".png"}
     parts.append("<h2>Tables</h2>")
