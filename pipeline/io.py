@@ -9,6 +9,10 @@ Dataset split format (``dpgen-split/1``), written once by the data stage:
   ``counts_per_class``, the seed, and ``sha256``: the hex digest of the array contents
   (dtype, shape and bytes of every array in name order; not of the zip file, whose
   timestamps vary), so a reader can check it loaded exactly what was written.
+
+Every read (:func:`load_split`, :func:`load_points`) checks the arrays against the manifest;
+a missing or unreadable manifest, a truncated file or a changed byte is a one-line
+:class:`~pipeline.stage.PipelineError` naming the file, never a traceback or a silent load.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +30,15 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.stage import DataNotFoundError, PipelineError
+
 SPLIT_FORMAT = "dpgen-split/1"
+
+
+class CorruptFileError(PipelineError, ValueError):
+    """A file exists but is not what it claims: unreadable, truncated, or its contents differ
+    from the sha256 its manifest records. Also a :class:`ValueError`, so callers that wrap
+    value errors with the name of their input keep working."""
 
 
 @contextlib.contextmanager
@@ -53,10 +66,15 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
+    """Parse the JSON file at ``path``; one-line errors naming the file when absent or corrupt."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: expected a JSON file here (was the stage that writes it run?)")
-    return json.loads(path.read_text())
+        raise DataNotFoundError(f"{path}: expected a JSON file here (was the stage that writes it run?)")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptFileError(f"{path}: not valid JSON ({_one_line(exc)}); truncated or edited? "
+                               "rerun the stage that writes it") from None
 
 
 def _json_default(obj: Any) -> Any:
@@ -126,18 +144,75 @@ def save_split(path: str | Path, split: Split, *, name: str, source: str, seed: 
     return manifest
 
 
-def load_split(path: str | Path, *, verify: bool = True) -> Split:
-    """Read a split written by :func:`save_split`; check its sha256 against the manifest."""
+def read_manifest(npz_path: str | Path) -> dict[str, Any]:
+    """The manifest of the split or point file at ``npz_path``, checked for the fields a reader needs.
+
+    A missing manifest is an error, not a reason to skip the check: without it nothing
+    says the arrays are the ones the data stage wrote.
+    """
+    npz_path = Path(npz_path)
+    mpath = manifest_path(npz_path)
+    if not mpath.is_file():
+        raise CorruptFileError(f"{npz_path}: manifest {mpath} missing, so its contents cannot be verified; "
+                               f"rerun the stage that writes it (snakemake {npz_path})")
+    try:
+        manifest = read_json(mpath)
+    except CorruptFileError as exc:
+        raise CorruptFileError(f"{npz_path}: manifest unreadable: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise CorruptFileError(f"{mpath}: expected a JSON object (the manifest of {npz_path}), "
+                               f"got {type(manifest).__name__}")
+    if manifest.get("format") != SPLIT_FORMAT:
+        raise CorruptFileError(f"{mpath}: expected format {SPLIT_FORMAT!r}, got {manifest.get('format')!r}")
+    sha = manifest.get("sha256")
+    if not (isinstance(sha, str) and len(sha) == 64):
+        raise CorruptFileError(f"{mpath}: expected a 64-hex 'sha256' of the arrays in {npz_path}, got {sha!r}")
+    return manifest
+
+
+def load_verified_arrays(path: str | Path, names: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays of the .npz at ``path`` and its manifest, after checking them against each other.
+
+    Every failure (file or manifest missing, truncated zip, bad CRC, absent array, sha256
+    mismatch) is one :class:`~pipeline.stage.PipelineError` line naming the file.
+    """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: dataset split not found (run the data stage: snakemake {path})")
-    with np.load(path) as z:
-        arrays = {k: z[k] for k in z.files}
-    if verify and manifest_path(path).is_file():
-        want = read_json(manifest_path(path))["sha256"]
-        if arrays_sha256(arrays) != want:
-            raise ValueError(f"{path}: contents do not match the sha256 in {manifest_path(path)}")
-    return Split(arrays["images"], arrays["labels"])
+        raise DataNotFoundError(f"{path}: dataset split not found (run the data stage: snakemake {path})")
+    manifest = read_manifest(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError) as exc:
+        raise CorruptFileError(f"{path}: not a readable .npz ({_one_line(exc)}); truncated or edited? "
+                               f"rerun the stage that writes it (snakemake {path})") from None
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        found = ", ".join(sorted(arrays)) or "none"
+        raise CorruptFileError(f"{path}: expected arrays {', '.join(names)}, found {found}")
+    if arrays_sha256(arrays) != manifest["sha256"]:
+        raise CorruptFileError(f"{path}: contents do not match the sha256 in {manifest_path(path)}; "
+                               f"the file was changed after it was written (rerun: snakemake {path})")
+    return arrays, manifest
+
+
+def load_split(path: str | Path) -> Split:
+    """Read a split written by :func:`save_split`, verified against its manifest's sha256.
+
+    There is deliberately no way to skip the check: every stage that reads a split relies
+    on it being the data the ledger and the manifests describe.
+    """
+    arrays, _ = load_verified_arrays(path, ("images", "labels"))
+    try:
+        return Split(arrays["images"], arrays["labels"])
+    except ValueError as exc:
+        raise CorruptFileError(f"{path}: not an image split ({exc})") from None
+
+
+def load_points(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read toy points written by :func:`save_points` (``points [N, 2]``, ``labels [N]``), verified."""
+    arrays, _ = load_verified_arrays(path, ("points", "labels"))
+    return arrays["points"], arrays["labels"]
 
 
 def save_points(path: str | Path, points: np.ndarray, labels: np.ndarray, *, name: str, source: str,
@@ -155,3 +230,8 @@ def save_points(path: str | Path, points: np.ndarray, labels: np.ndarray, *, nam
         np.savez(tmp, **arrays)
     write_json(manifest_path(path), manifest)
     return manifest
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"

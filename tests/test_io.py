@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from pipeline.io import Split, atomic_path, load_split, manifest_path, save_split
+from pipeline.io import (Split, atomic_path, load_points, load_split, manifest_path, read_json, save_points,
+                         save_split)
+from pipeline.stage import PipelineError
 
 
 def _split(n: int = 12, seed: int = 0) -> Split:
@@ -59,3 +62,117 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
             raise RuntimeError("crash")
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+# --------------------------------------------------------------------------------------
+# every load is verified: corrupt, tampered or unverifiable files end in one line
+# --------------------------------------------------------------------------------------
+
+
+def _truncate(path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _repack_with_one_pixel_changed(npz) -> None:
+    with np.load(npz) as z:
+        images, labels = z["images"].copy(), z["labels"]
+    images[0, 0, 0, 0] ^= 1
+    np.savez(npz, images=images, labels=labels)
+
+
+def _corrupt(kind: str, npz) -> None:
+    """Damage the split at ``npz`` (written by save_split) the way a crash or an edit would."""
+    manifest = manifest_path(npz)
+    if kind == "truncated npz":
+        _truncate(npz)
+    elif kind == "npz replaced by text":
+        npz.write_text("not a zip\n")
+    elif kind == "truncated manifest":
+        _truncate(manifest)
+    elif kind == "manifest not an object":
+        manifest.write_text("[]\n")
+    elif kind == "manifest without sha256":
+        m = json.loads(manifest.read_text())
+        del m["sha256"]
+        manifest.write_text(json.dumps(m))
+    elif kind == "pixel changed":
+        _repack_with_one_pixel_changed(npz)
+    elif kind == "pixel changed, manifest deleted":
+        _repack_with_one_pixel_changed(npz)
+        manifest.unlink()
+    elif kind == "manifest deleted":
+        manifest.unlink()
+    else:
+        raise AssertionError(kind)
+
+
+CORRUPTIONS = ["truncated npz", "npz replaced by text", "truncated manifest", "manifest not an object",
+               "manifest without sha256", "pixel changed", "pixel changed, manifest deleted", "manifest deleted"]
+#: what each message must say, beyond naming the file
+EXPECTED = {"truncated npz": "not a readable .npz", "npz replaced by text": "not a readable .npz",
+            "truncated manifest": "not valid JSON", "manifest not an object": "expected a JSON object",
+            "manifest without sha256": "sha256", "pixel changed": "do not match the sha256",
+            "pixel changed, manifest deleted": "missing", "manifest deleted": "missing"}
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_every_damaged_split_is_refused_in_one_line_naming_the_file(tmp_path, kind):
+    npz = tmp_path / "private_train.npz"
+    save_split(npz, _split(), name="private_train", source="unit", seed=0)
+    _corrupt(kind, npz)
+    with pytest.raises(PipelineError) as err:
+        load_split(npz)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert str(npz) in msg and EXPECTED[kind] in msg
+
+
+def test_missing_manifest_says_what_to_rerun(tmp_path):
+    npz = tmp_path / "s.npz"
+    save_split(npz, _split(), name="s", source="unit", seed=0)
+    manifest_path(npz).unlink()
+    where = re.escape(str(tmp_path))
+    with pytest.raises(PipelineError, match=rf"^{where}/s.npz: manifest {where}/s.json missing.*snakemake"):
+        load_split(npz)
+
+
+def test_toy_points_round_trip_and_are_verified(tmp_path):
+    rng = np.random.default_rng(0)
+    pts, lab = rng.standard_normal((20, 2)), rng.integers(0, 4, 20)
+    save_points(tmp_path / "toy.npz", pts, lab, name="toy", source="unit", seed=0)
+    got_pts, got_lab = load_points(tmp_path / "toy.npz")
+    np.testing.assert_array_equal(got_pts, pts.astype(np.float32))
+    np.testing.assert_array_equal(got_lab, lab)
+    np.savez(tmp_path / "toy.npz", points=got_pts + 1, labels=got_lab)
+    with pytest.raises(PipelineError, match="toy.npz: contents do not match the sha256"):
+        load_points(tmp_path / "toy.npz")
+
+
+def test_points_file_is_not_taken_for_an_image_split(tmp_path):
+    save_points(tmp_path / "toy.npz", np.zeros((3, 2)), np.zeros(3), name="toy", source="unit", seed=0)
+    with pytest.raises(PipelineError, match=r"toy.npz: expected arrays images, labels, found labels, points"):
+        load_split(tmp_path / "toy.npz")
+
+
+def test_corrupt_json_names_the_file(tmp_path):
+    (tmp_path / "m.json").write_text('{"eps": 1.')
+    with pytest.raises(PipelineError, match=r"m.json: not valid JSON") as err:
+        read_json(tmp_path / "m.json")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_cli_reports_a_damaged_input_split_as_one_line_exit_2(tmp_path, capsys, kind):
+    from pipeline.cli import main
+
+    private, test = tmp_path / "private_train.npz", tmp_path / "test.npz"
+    save_split(private, _split(seed=1), name="private_train", source="unit", seed=0)
+    save_split(test, _split(seed=2), name="test", source="unit", seed=0)
+    _corrupt(kind, private)
+    rc = main(["data_figure", "--in", f"private_train={private}", f"test={test}",
+               "--out", f"figure={tmp_path / 'fig.png'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("error: ") and str(private) in err[0], err
+    assert not (tmp_path / "fig.png").exists()

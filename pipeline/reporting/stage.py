@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.io import atomic_path, load_split, read_json
+from pipeline.io import atomic_path, load_points, load_split, read_json
 from pipeline.reporting import verdict
 from pipeline.reporting.figures import save_figure
 from pipeline.reporting.tables import read_table, write_table
@@ -81,8 +81,7 @@ def data_figure(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
         ax.set_title(f"{key} (n={len(split)})")
         ax.set_axis_off()
     if "toy" in inputs:
-        with np.load(inputs["toy"]) as z:
-            pts, lab = z["points"], z["labels"]
+        pts, lab = load_points(inputs["toy"])
         ax = axes[0][-1]
         ax.scatter(pts[:, 0], pts[:, 1], c=lab, s=2, cmap="tab10")
         ax.set_aspect("equal")
