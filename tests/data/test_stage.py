@@ -79,8 +79,16 @@ def test_public_and_toy_splits(splits):
 
 
 def test_split_sizes_larger_than_the_data_are_a_config_error(tmp_path):
+    too_many = {"n_private_train": 3500, "n_eval_train": 1000, "n_test": 1000}
+    # config validation catches it before any job starts ...
+    with pytest.raises(ConfigError, match=r"^config error at data.private: .* = 6000 exceeds the 5000 embedded"):
+        _run(tmp_path, private=too_many, **REAL_ONLY)
+    # ... and the stage itself when called with unvalidated params (tests, by hand)
+    data = validate_config({"data": REAL_ONLY})["data"]
+    data["private"].update(too_many)
+    outs = {k: tmp_path / f"{k}.npz" for k in ("private_train", "eval_train", "reference", "test")}
     with pytest.raises(ConfigError, match="ask for 6000 images but the embedded MNIST"):
-        _run(tmp_path, private={"n_private_train": 3500, "n_eval_train": 1000, "n_test": 1000}, **REAL_ONLY)
+        prepare_data({}, outs, {"data": data, "seed": 0})
 
 
 def test_null_private_size_takes_the_rest(tmp_path):
