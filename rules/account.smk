@@ -207,14 +207,19 @@ rule empden_figure7_stopping_traces:
 
 
 rule replay:
-    """Recompute every ledger claim from the transcripts alone; fail on an understated eps."""
+    """Recompute every ledger claim from the transcripts alone; fail on an understated eps, an event its
+    line's parameters do not rebuild, or a transcript that is missing, empty, cut off or short."""
     input:
         unpack(lambda wildcards: {Path(p).stem: p for p in ledger_transcripts()}),
     output:
         report=REPLAY_REPORT,
     params:
         ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
-        p=stage_params(),
+        # the claims each private stage writes: one per EMPDEN block, two for Figure 2
+        # (output-wise and per-step), one per sampling cell or DPDM run
+        p=lambda wildcards: stage_params(expected_claims={
+            Path(t).stem: {Path(EMPDEN_LEDGER).stem: _N_BLOCKS, "empden_figure2_trajectories": 2}.get(Path(t).stem, 1)
+            for t in ledger_transcripts()}),
     log:
         LOGS / "replay.log",
     threads: 1

@@ -79,19 +79,15 @@ def write_figure2(path: Path) -> None:
                  sink=sink(path), device=torch.device("cpu"))
 
 
-def accounting_config(**overrides) -> accounting.AccountingConfig:
-    section = {**ACCOUNTING, "n": 500, "B": [10], "p": [55.0], "N_out": 20, **overrides}
-    return accounting.AccountingConfig.from_params({"accounting": section})
+def accounting_section(**overrides) -> dict:
+    return {**ACCOUNTING, "n": 500, "B": [10], "p": [55.0], "N_out": 20, "C_scales_with_subset": True,
+            "mu_bar_B": [0.9], **overrides}
 
 
-def write_configuration_claims(path: Path, cfg: accounting.AccountingConfig | None = None) -> None:
-    """``empden_blocks``' claims for the (p, B) grid and a mu_bar_B given directly (App. G)."""
-    cfg = cfg or accounting_config(C_scales_with_subset=True, mu_bar_B=[0.9])
-    for row in accounting.block_plan(cfg):
-        eps = acc.pld_epsilon(acc.outputwise_event(row["mu_bar_B"], row["q_B"], cfg.N_out), cfg.delta,
-                              settings=cfg.pld)
-        ledger.append_entry(path, accounting.claim_entry(cfg, {**row, "eps_upper_bound": eps}, stage_name="empden_blocks",
-                                                         config_id="c", seed=0))
+def write_configuration_claims(path: Path, **overrides) -> None:
+    """The ``empden_blocks`` stage's claims: the (p, B) grid and a mu_bar_B given directly (App. G)."""
+    accounting.empden_blocks({}, {"blocks": path.with_suffix(".blocks.json"), "ledger": path},
+                             {"accounting": accounting_section(**overrides), "config_id": "c", "seed": 0})
 
 
 def write_dpsgd_poisson(path: Path) -> None:
@@ -173,7 +169,7 @@ def test_a_genuine_line_is_rebuilt_from_its_parameters_and_replays(genuine, tmp_
 
 def test_configuration_claims_rebuild_the_accounting_tables_mu_bar(genuine):
     """The grid block's mu_bar_B (eq. 9, C scaled with the subset) is what the rebuild derives from its line."""
-    cfg = accounting_config(C_scales_with_subset=True, mu_bar_B=[0.9])
+    cfg = accounting.AccountingConfig.from_params({"accounting": accounting_section()})
     entries = [e for _, e in ledger.read_ledger(genuine["configuration_claims"])]
     assert [e.extra["source"] for e in entries] == ["schedule", "given"]
     for row, entry in zip(accounting.block_plan(cfg), entries):
@@ -235,9 +231,8 @@ def test_an_event_weakened_behind_its_parameters_fails(genuine, tmp_path, name):
 
 def test_the_issue_example_halved_mu_bar_and_q_at_b_over_n_0p02_fails(tmp_path):
     """Issue #13: mu_bar_B and q halved in the event while the line still says B/n = 0.02."""
-    cfg = accounting_config(p=[65.0], N_out=1000)  # B/n = 10/500
     path = tmp_path / "a.jsonl"
-    write_configuration_claims(path, cfg)
+    write_configuration_claims(path, p=[65.0], N_out=1000, mu_bar_B=None)  # B/n = 10/500
     honest = json.loads(path.read_text())
     assert honest["sampling"]["B"] / honest["sampling"]["n"] == 0.02
 
