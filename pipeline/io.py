@@ -18,6 +18,7 @@ a missing or unreadable manifest, a truncated file or a changed byte is a one-li
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -41,11 +42,46 @@ class CorruptFileError(PipelineError, ValueError):
     value errors with the name of their input keep working."""
 
 
+def _proc_umask() -> int | None:
+    """The umask from ``/proc/self/status`` (Linux >= 4.7): read without changing it, so no race."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _swapped_umask() -> int:
+    # POSIX can only read the umask by setting it: done once per process, because a file
+    # another thread creates between the two calls would get mode 0666/0777.
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def current_umask() -> int:
+    """The process umask: fresh from ``/proc`` where it exists, else read once and cached."""
+    mask = _proc_umask()
+    return _swapped_umask() if mask is None else mask
+
+
+def output_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: ``0o666 & ~umask``."""
+    return 0o666 & ~current_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only on success.
 
-    A crash never leaves a half-written output that Snakemake would take as done.
+    A crash never leaves a half-written output that Snakemake would take as done. The
+    output gets the mode a plain ``open(path, "w")`` would give (``0o666 & ~umask``), not
+    ``mkstemp``'s private 0600, so collaborators and web servers on a shared cluster can read
+    results exactly as the user's umask allows.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +90,8 @@ def atomic_path(path: str | Path, suffix: str | None = None) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # after the writer: some writers replace the file rather than truncate it
+        os.chmod(tmp_path, output_mode())
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from pipeline.io import (Split, atomic_path, load_points, load_split, manifest_path, read_json, save_points,
-                         save_split)
+from pipeline.io import (Split, atomic_path, current_umask, load_points, load_split, manifest_path, read_json,
+                         save_points, save_split)
 from pipeline.stage import PipelineError
 
 
@@ -62,6 +65,45 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
             raise RuntimeError("crash")
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+_UMASK_SCRIPT = """
+import os, stat, sys
+from pathlib import Path
+import numpy as np
+import pipeline.io as io
+umask, out, fallback = int(sys.argv[1], 8), Path(sys.argv[2]), sys.argv[3] == "fallback"
+if fallback:  # a system without /proc: the umask is read once by setting it
+    io._proc_umask = lambda: None
+os.umask(umask)
+io.write_json(out / "a.json", {"x": 1})
+io.save_split(out / "s.npz", io.Split(np.zeros((2, 1, 2, 2), np.uint8), np.zeros(2, np.int64)),
+              name="s", source="unit", seed=0)
+with open(out / "plain.txt", "w") as f:
+    f.write("what open() gives")
+print(" ".join(f"{p.name}={stat.S_IMODE(p.stat().st_mode):o}" for p in sorted(out.iterdir())))
+"""
+
+
+@pytest.mark.parametrize("how", ["proc", "fallback"])
+@pytest.mark.parametrize("umask, want", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_outputs_honour_the_umask_like_a_plain_open(tmp_path, repo, umask, want, how):
+    # mkstemp's 0600 would hide every result from a collaborator on a shared cluster
+    res = subprocess.run([sys.executable, "-c", _UMASK_SCRIPT, f"{umask:o}", str(tmp_path), how], cwd=repo,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    modes = dict(item.split("=") for item in res.stdout.split())
+    assert set(modes) == {"a.json", "plain.txt", "s.json", "s.npz"}  # no temporary left behind
+    assert {name: int(m, 8) for name, m in modes.items()} == dict.fromkeys(modes, want)
+
+
+def test_reading_the_umask_does_not_change_it():
+    before = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027
+        assert os.umask(0o027) == 0o027
+    finally:
+        os.umask(before)
 
 
 # --------------------------------------------------------------------------------------
