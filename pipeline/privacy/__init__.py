@@ -5,6 +5,8 @@ This package imports nothing from :mod:`pipeline.evaluation` or :mod:`pipeline.r
 
 * :mod:`.ledger` -- one JSON line per private mechanism execution (a serialised
   ``dp_accounting`` event plus its claim); the replay feeds the events to fresh accountants.
+* :mod:`.rebuild` -- per mechanism, the line's event rebuilt from the mechanism parameters on
+  the same line; the replay refuses a line whose event differs, or an unknown mechanism.
 * :mod:`.accountants` -- PLD (pessimistic = certified eps_u, optimistic = eps_l, NOT a bound),
   exact GDP, RDP and the GDP CLT estimate.
 * :mod:`.edgeworth` -- the degree-2 Edgeworth estimate of EMPDEN eq. 25 with the App. D
