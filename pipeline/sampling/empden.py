@@ -30,6 +30,8 @@ from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule, private_steps
 
 PublicDenoiser = Callable[[torch.Tensor, float], torch.Tensor]
+#: called with the number of outputs each finished batch added (e.g. a tqdm bar's ``update``)
+Progress = Callable[[int], object]
 
 
 def renoise(x: torch.Tensor, t0: float, t1: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -102,12 +104,13 @@ def _chunks(n_out: int, batch_size: int) -> list[int]:
 def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, sink: emp.LedgerSink,
                       generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=50),
                       dtype: torch.dtype = torch.float64, batch_size: int = 256,
-                      public_data: torch.Tensor | None = None) -> torch.Tensor:
+                      public_data: torch.Tensor | None = None, progress: Progress | None = None) -> torch.Tensor:
     """Full-batch private sampling from sigma_max down to sigma_min (EMPDEN Sec. 3.2, Sec. 5.1).
 
     Every step uses all n records (S = D); the N - 1 steps t_0 -> t_{N-1} = sigma_min are private
     and the output is the state at sigma_min (vary ``schedule.sigma_min`` for the sigma_min sweep).
     ``public_data``: public records for the public-marginal normaliser (module docstring), or None.
+    ``progress`` is called with each finished batch's number of outputs.
     Returns [n_out, *data.shape[1:]] on the generator's device.
     """
     device = generator.device
@@ -121,6 +124,8 @@ def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, 
         x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
         out.append(_private_block(x, prep, times, C=C, beta=beta, subset_for_step=lambda: None,
                                   generator=generator, public=pub))
+        if progress is not None:
+            progress(b)
     return torch.cat(out).reshape(n_out, *data.shape[1:])
 
 
@@ -141,7 +146,8 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
                   generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=39),
                   resample: Literal["per_output", "per_step"] = "per_output",
                   dtype: torch.dtype = torch.float64, public_dtype: torch.dtype = torch.float32,
-                  batch_size: int = 256, public_data: torch.Tensor | None = None) -> torch.Tensor:
+                  batch_size: int = 256, public_data: torch.Tensor | None = None,
+                  progress: Progress | None = None) -> torch.Tensor:
     """EMPDEN Algorithm 1: subsampled private block to t0, re-noise to t1, public denoiser t1 -> 0.
 
     ``resample="per_output"`` (Algorithm 1, accounted by Prop. 4.1) draws each output's B-subset
@@ -151,7 +157,8 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
     denoiser runs EDM Heun along the grid from t1 to 0. The private block runs in ``dtype``
     (float64: see the precision note of :mod:`pipeline.privacy.empirical_denoiser`), the public
     part in ``public_dtype`` (a network's dtype). ``public_data``: public records for the
-    public-marginal normaliser (module docstring), or None for eq. 38's constant.
+    public-marginal normaliser (module docstring), or None for eq. 38's constant. ``progress`` is
+    called with each finished batch's number of outputs.
     Returns [n_out, *data.shape[1:]] in ``public_dtype``.
     """
     device = generator.device
@@ -178,4 +185,6 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
                                                                         device=device))
         x = renoise(x, t0, t1, generator=generator).reshape(b, *data.shape[1:]).to(public_dtype)
         out.append(edm_heun(x, public_denoiser, times[k - T:]))
+        if progress is not None:
+            progress(b)
     return torch.cat(out)

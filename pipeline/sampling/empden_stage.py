@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from pipeline.device import resolve_device
 from pipeline.io import Split, load_split, save_split
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: label of an unconditional sample (pipeline.evaluation.stage: negative = no label)
 UNCONDITIONAL = -1
+#: seconds between progress lines in a job's log (a line per batch when batches are slower)
+PROGRESS_INTERVAL_S = 30.0
 
 PARAMS_DOC = {
     "cell": "the cell: {method, seed, beta, p_percent, B, T, sigma_min} (pipeline.sampling.empden_grid.Cell)",
@@ -155,12 +158,14 @@ def _public_denoiser(path: Path | None, *, shape: tuple[int, ...], device: torch
 
 def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser | None, shape: tuple[int, ...],
              accounting: Mapping[str, Any], n_out: int, sink: emp.LedgerSink | None, device: torch.device,
-             batch_size: int = 256, public_data: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+             batch_size: int = 256, public_data: torch.Tensor | None = None,
+             progress: empden.Progress | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Sample ``n_out`` outputs of ``cell``; return them in [-1, 1] scale and the cell's privacy facts.
 
     The facts (k, t0, t1, n, q_B, mu_bar_B, C used, normaliser) go into the samples' manifest, so
     the tables can recompute every eps from the cell alone. ``public_data`` (model scale): the
-    records of the public-marginal normaliser, None for eq. 38's constant one.
+    records of the public-marginal normaliser, None for eq. 38's constant one. ``progress`` is
+    called with the number of outputs each finished batch added.
     """
     gen = torch.Generator(device=device).manual_seed(cell.seed)
     sched = schedule_of(cell, accounting)
@@ -170,7 +175,12 @@ def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser
                              "normaliser_n": None if public_data is None else int(public_data.shape[0])}
     if cell.method == "public_only":
         x = sched.sigma_max * torch.randn((n_out, *shape), generator=gen, device=device)
-        out = torch.cat([empden.edm_heun(chunk, public, sched.times()) for chunk in x.split(batch_size)])
+        chunks = []
+        for chunk in x.split(batch_size):
+            chunks.append(empden.edm_heun(chunk, public, sched.times()))
+            if progress is not None:
+                progress(len(chunk))
+        out = torch.cat(chunks)
         # no empirical denoiser runs, so no normaliser either
         return out, {**facts, "k_steps": 0, "n": None, "q_B": 0.0, "mu_bar_B": 0.0, "normaliser": None,
                      "normaliser_n": None}
@@ -180,7 +190,8 @@ def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser
     if cell.method == "full_batch":
         C = effective_clip(accounting, n)
         out = empden.sample_full_batch(data, n_out=n_out, C=C, beta=cell.beta, sink=sink, generator=gen,
-                                       schedule=sched, batch_size=batch_size, public_data=public_data)
+                                       schedule=sched, batch_size=batch_size, public_data=public_data,
+                                       progress=progress)
         mu_t = step_mu(sched, C=C, beta=cell.beta, batch_size=n)[: sched.N - 1]
         return out, {**facts, "k_steps": sched.N - 1, "n": n, "C_used": C, "q_B": 1.0,
                      "mu_bar_B": block_mu(mu_t, len(mu_t)), "mu_total": math.sqrt(n_out) * block_mu(mu_t, len(mu_t))}
@@ -194,7 +205,7 @@ def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser
     out = empden.sample_hybrid(data, n_out=n_out, B=cell.B, p_percent=cell.p_percent, T=cell.T,
                                public_denoiser=public, C=C, beta=cell.beta, sink=sink, generator=gen,
                                schedule=sched, resample="per_output" if cell.method == "hybrid" else "per_step",
-                               batch_size=batch_size, public_data=public_data)
+                               batch_size=batch_size, public_data=public_data, progress=progress)
     mu_bar = block_mu(step_mu(sched, C=C, beta=cell.beta, batch_size=cell.B), k)
     return out, {**facts, "k_steps": k, "t0": t0, "t1": t1, "n": n, "C_used": C, "q_B": cell.B / n,
                  "mu_bar_B": mu_bar}
@@ -236,9 +247,13 @@ def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
                               pld=acc.PLDSettings(float(accounting["discretisation"]),
                                                   float(accounting["log_mass_truncation"])))
     log.info("empden_sample %s: n_out=%d on %s", cell.name, n_out, device)
-    x, facts = run_cell(cell, private=private if cell.private else None, public=public, shape=shape,
-                        accounting=accounting, n_out=n_out, sink=sink, device=device,
-                        batch_size=int(params.get("batch_size", 256)), public_data=public_data)
+    # A paper-scale cell samples for hours: the bar (stderr, i.e. the job's log) shows outputs
+    # done, elapsed time and the ETA after every batch, at most every PROGRESS_INTERVAL_S seconds.
+    with tqdm(total=n_out, desc=f"empden_sample {cell.name}", unit="img", mininterval=PROGRESS_INTERVAL_S) as bar:
+        x, facts = run_cell(cell, private=private if cell.private else None, public=public, shape=shape,
+                            accounting=accounting, n_out=n_out, sink=sink, device=device,
+                            batch_size=int(params.get("batch_size", 256)), public_data=public_data,
+                            progress=bar.update)
     if sink is not None:
         entries = [e for _, e in ledger.read_ledger(sink.path)]
         facts["claimed_epsilon"] = entries[-1].claimed_epsilon

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -222,3 +224,19 @@ def test_figure2_records_the_public_normaliser_in_both_ledger_lines(files, tmp_p
          "public_data": files / "public.npz"}, out, {"figure2": {"p": 55, "B": 10, "T": 2, "n_rows": 2, "n_columns": 4}, "accounting": ACCOUNTING,
               "beta": 1.0, "seed": 0, "device": "cpu", "normaliser": "public_marginal"})
     assert [e.extra["normaliser"] for _, e in ledger.read_ledger(out["ledger"])] == ["public_marginal"] * 2
+
+
+@pytest.mark.parametrize("cell", [Cell("hybrid", seed=0, beta=1.0, p_percent=55, B=10, T=2),
+                                  Cell("per_step", seed=0, beta=1.0, p_percent=55, B=10, T=2),
+                                  Cell("full_batch", seed=0, beta=1.0, sigma_min=1.0), Cell("public_only", seed=0)],
+                         ids=lambda c: c.method)
+def test_the_log_shows_outputs_done_after_every_batch(files, tmp_path, cell, capsys, monkeypatch):
+    """A long cell's log tail says how far it is: outputs done of n_out after each batch of 4 (6 = 4 + 2)."""
+    import pipeline.sampling.empden_stage as stage_module
+
+    monkeypatch.setattr(stage_module, "PROGRESS_INTERVAL_S", 0.0)  # every batch, not every 30 s
+    run(files, tmp_path, cell, n_out=6, with_ledger=cell.private)
+    log = capsys.readouterr().err
+    assert f"empden_sample {cell.name}" in log
+    assert re.search(r"4/6 \[[0-9:]+<[0-9:?]+", log), "no progress line (done/total [elapsed<eta]) after the first batch"
+    assert "6/6" in log
