@@ -99,10 +99,10 @@ def verdict_html(verdict: ReplayVerdict, href: str) -> str:
     word, colour = ("PASSED", "#1a7f37") if verdict.passed else ("FAILED", "#cf222e")
     summary = (f"{verdict.n_claims} ε claim(s) in {len(verdict.transcripts)} ledger transcript(s) recomputed from "
                f"the transcripts alone")
+    outcome = "every claimed ε is at least the recomputed certified ε" if verdict.passed else "see the failures below"
     parts = [f"<section id='replay' style='border:3px solid {colour};padding:4px 12px;margin:12px 0'>",
              f"<h2 style='color:{colour}'>Privacy ledger replay: {word}</h2>",
-             f"<p>{esc(summary)}; {'every claimed ε is at least the recomputed certified ε' if verdict.passed else 'see the failures below'}. "
-             f"Report: <a href='{esc(href)}'>{esc(href)}</a></p>"]
+             f"<p>{esc(summary)}; {outcome}. Report: <a href='{esc(href)}'>{esc(href)}</a></p>"]
     if verdict.transcripts:
         rows = "".join(
             f"<tr><td>{esc(t.name)}</td><td>{t.n_claims}</td>"

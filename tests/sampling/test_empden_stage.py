@@ -238,5 +238,5 @@ def test_the_log_shows_outputs_done_after_every_batch(files, tmp_path, cell, cap
     run(files, tmp_path, cell, n_out=6, with_ledger=cell.private)
     log = capsys.readouterr().err
     assert f"empden_sample {cell.name}" in log
-    assert re.search(r"4/6 \[[0-9:]+<[0-9:?]+", log), "no progress line (done/total [elapsed<eta]) after the first batch"
+    assert re.search(r"4/6 \[[0-9:]+<[0-9:?]+", log), "no progress line (done/total [elapsed<eta]) after batch 1"
     assert "6/6" in log
