@@ -48,13 +48,15 @@ rule data_samples:
 
 
 rule index_html:
-    """results/index.html: links every table and figure of rule all."""
+    """results/index.html: the ledger replay verdict, then every table and figure of rule all."""
     input:
         report_inputs(),
+        replay=REPLAY_REPORT,
     output:
         RESULTS / "index.html",
     params:
-        ins=io_args("--in", {f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()}),
+        ins=io_args("--in", {**{f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()},
+                             "replay": REPLAY_REPORT}),
         p=params_json(title=f"DP generative models: {EXP}"),
     log:
         LOGS / "index_html.log",

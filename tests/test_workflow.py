@@ -111,13 +111,43 @@ TINY = {
 }
 
 
+def planned_jobs(output: str) -> dict[str, int]:
+    """rule -> job count from the 'Job stats' table of a dry run (empty when nothing is to be done)."""
+    lines = output.splitlines()
+    if "Job stats:" not in lines:
+        return {}
+    jobs = {}
+    for line in lines[lines.index("Job stats:") + 3:]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+#: edits of one method's config key -> the only rules a rerun may plan (the method's own and the
+#: replay/index that read every method's outputs); each key must plan at least the first rule listed
+RERUN_SCOPE = {
+    "dpdm.seeds": ({"dpdm": {"seeds": [0, 1]}},
+                   {"train_dpdm", "sample_dpdm", "evaluate_dpdm", "dpdm_table_main", "dpdm_samples_by_epsilon",
+                    "replay", "index_html"}),
+    "empden.n_out": ({"empden": {"n_out": 10}},
+                     {"empden_sample_subsampled", "empden_sample_full_batch", "empden_sample_public_only",
+                      "empden_evaluate", "empden_table8_grid", "empden_table2_comparison", "empden_figure3_tradeoffs",
+                      "empden_figure4_samples", "replay", "index_html"}),
+    "accounting.asr_N": ({"accounting": {"asr_N": 60}}, {"empden_table13_theoretical_asr", "index_html"}),
+}
+
+
 @pytest.mark.slow
 def test_embedded_default_end_to_end_tiny(repo, tmp_path):
+    # a results folder with a space: every path a rule hands to the shell is quoted
+    results = tmp_path / "out dir"
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(tmp_path / "results")}))
+    cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(results)}))
     res = snakemake(repo, "--cores", "2", "all", "--configfile", str(cfg))
     assert res.returncode == 0, res.stderr[-3000:]
-    results = tmp_path / "results"
+    assert not (repo / "out").exists() and not (tmp_path / "out").exists()
     table = pd.read_parquet(results / "tables" / "reference_real.parquet")
     assert len(table) == 1 and {"fid", "config_id", "seed", "acc_cnn"} <= set(table.columns)
     # held-out real data against real test data: a well-trained classifier gets far above chance
@@ -135,4 +165,32 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # nothing left to do: a second run is a no-op
     again = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))
     assert "Nothing to be done" in again.stdout + again.stderr
+    # rerunning one configuration: editing one method's key replans that method's jobs only
+    for key, (override, allowed) in RERUN_SCOPE.items():
+        edit = tmp_path / f"edit_{key}.yaml"
+        edit.write_text(yaml.safe_dump(override))
+        res = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg), str(edit))
+        assert res.returncode == 0, res.stderr[-2000:]
+        jobs = planned_jobs(res.stdout + res.stderr)
+        assert next(iter(allowed)) in jobs and set(jobs) <= allowed, (key, jobs)
     shutil.rmtree(results)
+
+
+def test_nested_command_line_config_is_typed(repo, tmp_path):
+    res = snakemake(repo, "-n", "--cores", "1", "all", "--config", f"results_dir={tmp_path / 'r'}",
+                    "dpdm={enabled: false, K: 2}", "sensgeo={enabled: false}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    jobs = planned_jobs(res.stdout)
+    assert "train_dpdm" not in jobs and "sensgeo_table_sdp" not in jobs and "train_evalnet" in jobs
+
+
+def test_a_failed_job_shows_its_one_line_cause_on_the_console(repo, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "experiment": "x",
+                                   "data": {"data_root": str(tmp_path / "no data"),
+                                            "private": {"source": "mnist"}}}))
+    res = snakemake(repo, "--cores", "1", str(tmp_path / "results" / "x" / "data" / "test.npz"),
+                    "--configfile", str(cfg))
+    assert res.returncode != 0
+    causes = [line for line in res.stderr.splitlines() if line.startswith("error: prepare_data: ")]
+    assert len(causes) == 1 and "no data" in causes[0], res.stderr[-3000:]
