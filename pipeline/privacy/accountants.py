@@ -59,8 +59,9 @@ class PLDSettings:
     def __post_init__(self) -> None:
         if not 0 < self.value_discretization_interval < 1:
             raise AccountingError(f"PLD discretisation h must be in (0, 1), got {self.value_discretization_interval}")
-        if not self.log_mass_truncation_bound < 0:
-            raise AccountingError(f"log-mass truncation bound must be < 0, got {self.log_mass_truncation_bound}")
+        if not -math.inf < self.log_mass_truncation_bound < 0:
+            raise AccountingError(f"log-mass truncation bound must be finite and < 0, "
+                                  f"got {self.log_mass_truncation_bound}")
 
 
 # --------------------------------------------------------------------------- events
@@ -153,6 +154,8 @@ def gdp_epsilon(delta: float, mu: float) -> float:
     if f(0.0) <= 0:
         return 0.0
     hi = max(1.0, mu * mu)
+    if not math.isfinite(hi):  # mu > 1e154: eps ~ mu^2 / 2 is beyond a double; +inf is still a valid bound
+        return math.inf
     while f(hi) > 0:
         hi *= 2
     return float(optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-12, maxiter=500))
@@ -294,7 +297,10 @@ def clt_mu(blocks: Sequence[tuple[float, float, int]]) -> float:
     for mu, q, n in blocks:
         _check_mu(mu)
         _check_q(q)
-        total += n * q * q * math.expm1(mu * mu)
+        try:
+            total += n * q * q * math.expm1(mu * mu)
+        except OverflowError:  # mu > 26.6: the estimate is +inf (clt_epsilon reports eps = inf)
+            return math.inf
     return math.sqrt(total)
 
 
@@ -303,6 +309,8 @@ def clt_epsilon(blocks: Sequence[tuple[float, float, int]], delta: float) -> flo
     mu = clt_mu(blocks)
     if not math.isfinite(mu):
         return math.inf
+    if mu == 0:  # q^2 (e^{mu^2} - 1) underflowed: the estimate is a mechanism that reveals nothing
+        return 0.0
     return gdp_epsilon(delta, mu)
 
 

@@ -80,8 +80,11 @@ envs/requirements.txt and the equality tests fail loudly if a new version change
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
+from collections.abc import Iterator
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -139,6 +142,36 @@ class VectorizedGaussianPrivacyLoss(plm.GaussianPrivacyLoss):
         return float(deltas[0]) if is_scalar else deltas
 
 
+class GridTooLarge(ValueError):
+    """A PMF would exceed the grid limit set by :func:`grid_limit`; the message is one line."""
+
+
+#: Largest PMF (grid points) the code below may allocate; None: no limit (the pipeline's
+#: own stages, whose sizes are fixed by the config). Set with :func:`grid_limit`.
+_GRID_LIMIT: contextvars.ContextVar[int | None] = contextvars.ContextVar("fast_pld_grid_limit", default=None)
+
+
+@contextlib.contextmanager
+def grid_limit(max_points: int) -> Iterator[None]:
+    """Refuse (:class:`GridTooLarge`) any PMF of more than ``max_points`` points inside the block.
+
+    For user-typed parameters (``python -m pipeline account``): mu = 1e4 alone asks for a
+    1e11-point grid, which must be refused before the array is allocated, not by the OOM killer.
+    """
+    token = _GRID_LIMIT.set(int(max_points))
+    try:
+        yield
+    finally:
+        _GRID_LIMIT.reset(token)
+
+
+def _check_grid(points: int | float, what: str, h: float) -> None:
+    limit = _GRID_LIMIT.get()
+    if limit is not None and not points <= limit:
+        raise GridTooLarge(f"{what} would need {float(points):.3g} grid points at interval {h:g} "
+                           f"(limit {limit:.3g})")
+
+
 def _privacy_buckets_pmf(loss: VectorizedGaussianPrivacyLoss, pessimistic: bool, h: float):
     """dp_accounting's privacy-buckets discretisation (the ``use_connect_dots=False`` branch of
     ``_create_pld_pmf_from_monotone_privacy_loss``), with its per-bucket loop over
@@ -152,8 +185,9 @@ def _privacy_buckets_pmf(loss: VectorizedGaussianPrivacyLoss, pessimistic: bool,
         if value != math.inf:
             key = round_fn(value / h)
             pmf[key] = pmf.get(key, 0.0) + mass
-    r0 = math.floor(loss.privacy_loss(lower_x) / h)
     upper_loss = loss.privacy_loss(upper_x)
+    _check_grid((loss.privacy_loss(lower_x) - upper_loss) / h + 3, "the one-output PLD", h)
+    r0 = math.floor(loss.privacy_loss(lower_x) / h)
     # Buckets r0, r0 - 1, ... until the first r with h r <= L(upper_x), which closes at upper_x.
     rs = np.arange(r0, math.floor(upper_loss / h) - 2, -1, dtype=np.int64)
     closing = np.flatnonzero(h * rs <= upper_loss)[0]
@@ -191,6 +225,7 @@ def _connect_dots_pmf(loss: VectorizedGaussianPrivacyLoss, h: float):
     nodes, same formulas, but the dense array is returned directly instead of going through a
     dict of millions of keys (2 of the 3 s of a one-output PMF at h = 1e-5)."""
     bounds = loss.connect_dots_bounds()
+    _check_grid((bounds.epsilon_upper - bounds.epsilon_lower) / h + 2, "the one-output PLD", h)
     lower = math.floor(bounds.epsilon_lower / h)
     upper = math.ceil(bounds.epsilon_upper / h)
     deltas = np.asarray(loss.get_delta_for_epsilon(np.arange(lower, upper + 1) * h), dtype=float)
@@ -349,6 +384,7 @@ def _self_compose_pmf(pmf, num_times: int, tail_mass_truncation: float, workers:
     probs = np.asarray(dense._probs, dtype=float)  # noqa: SLF001
     lo, hi = self_convolve_bounds(probs, num_times, tail_mass_truncation)
     out_len = hi - lo + 1
+    _check_grid(max(out_len, len(probs)), f"the {num_times}-fold composed PLD", dense._discretization)  # noqa: SLF001
     size = sp_fft.next_fast_len(max(out_len, len(probs)), real=True)
     spectrum = sp_fft.rfft(probs, size, workers=workers)
     conv = sp_fft.irfft(spectrum ** num_times, size, workers=workers)
