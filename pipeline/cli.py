@@ -176,6 +176,12 @@ def _run_stage(argv: list[str], console: TextIO, log_path: Path | None) -> int:
         if log_path is not None:
             print(f"error: {name}: {exc}", file=console)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM; training loops save their state first and say where
+        message = f"interrupted: {exc}" if str(exc) else f"interrupted: {name}"
+        print(message, file=sys.stderr)
+        if log_path is not None:
+            print(message, file=console)
+        return int(getattr(exc, "exit_code", 130))  # the shell's 128 + signal
     except Exception as exc:  # a bug, not bad input: the traceback goes to the log, its last line to the console
         if log_path is None:
             raise

@@ -19,19 +19,30 @@ because the RNG states are restored too, a resumed run reaches bit-identical wei
 CPU (``tests/training/test_loop.py`` kills a run with SIGKILL to check this). A state file of
 different params is not resumed (it is overwritten at the next checkpoint).
 
+SIGINT (Ctrl-C, which also reaches the jobs Snakemake runs locally) and SIGTERM (what SLURM
+sends at the time limit or on ``scancel``, before SIGKILL) lose no work: the loop finishes
+the step in flight (a half-applied optimizer step is not a state to resume from), writes the
+state, restores the previous handlers and raises :class:`TrainingInterrupted`, which the
+command line reports in one line with exit status 128 + signal (130, 143). Only SIGKILL
+loses the steps since the last timed checkpoint.
+
 State files live under ``results/<experiment>/checkpoints/<stage>/<run>/`` and are never a
 declared Snakemake output, so a killed job's state survives Snakemake's clean-up of
-incomplete outputs.
+incomplete outputs (it deletes the outputs of a job it reruns, never this folder) and the
+rerun resumes from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +100,57 @@ class EMA:
             e.lerp_(p.detach(), 1 - beta)
         for e, b in zip(self.model.buffers(), model.buffers()):
             e.copy_(b)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on SIGINT/SIGTERM after saving its resumable state.
+
+    A ``KeyboardInterrupt`` so that no ``except Exception`` on the way out swallows it; the
+    message is one line saying where the state is and that a rerun resumes from it.
+    """
+
+    def __init__(self, signum: int, step: int, total_steps: int, state_path: Path | None, desc: str) -> None:
+        self.signum, self.step, self.total_steps, self.state_path = signum, step, total_steps, state_path
+        #: the shell's convention for death by a signal: 130 for SIGINT, 143 for SIGTERM
+        self.exit_code = 128 + signum
+        where = (f"state saved to {state_path}; rerun the same command to resume from step {step}"
+                 if state_path is not None else "checkpointing is disabled, nothing was saved")
+        super().__init__(f"{desc}: stopped by {signal.Signals(signum).name} at step {step}/{total_steps}; {where}")
+
+
+class _StopRequest:
+    """Turns SIGINT/SIGTERM into a flag the loop polls between steps.
+
+    Repeated signals change nothing: one stop request can reach a job twice (the terminal's
+    SIGINT goes to the whole foreground process group, a scheduler may add SIGTERM, SLURM
+    signals every step of a job), and the second must not abort the save the first asked for.
+    SIGKILL remains the way to stop without saving.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, desc: str) -> None:
+        self.desc = desc
+        self.signum: int | None = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+            log.warning("%s: %s received; finishing the current step, then saving the state",
+                        self.desc, signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_StopRequest]:
+        """Handle the signals while the block runs; the previous handlers come back afterwards."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # Python delivers signals to the main thread only: nothing to install
+            return
+        previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 @dataclass
@@ -173,6 +235,8 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
     ``generators``, whose states are checkpointed. The EMA is updated after every step.
     ``state_path=None`` disables checkpointing (tests, throw-away runs). ``show_loss=False`` keeps
     the loss off the progress bar (a private run's loss is an unaccounted function of its data).
+    SIGINT/SIGTERM during the loop end the step in flight, save the state and raise
+    :class:`TrainingInterrupted` (see the module docstring).
     """
     if not (isinstance(total_steps, int) and total_steps >= 0):
         raise ValueError(f"total_steps must be an integer >= 0, got {total_steps!r}")
@@ -203,18 +267,23 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
     start = last = time.monotonic()
     model.train()
     bar = tqdm(total=total_steps, initial=step, desc=desc, unit="step", mininterval=1.0)
-    while step < total_steps:
-        loss = float(step_fn(step))
-        ema.update(model, step)
-        losses.append(loss)
-        step += 1
-        bar.update(1)
-        if show_loss and step % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-        if time.monotonic() - last >= checkpoint_every_s and step < total_steps:
-            checkpoint()
-            last = time.monotonic()
-    bar.close()
-    checkpoint()
+    with _StopRequest(desc).installed() as stop:
+        while step < total_steps and stop.signum is None:
+            loss = float(step_fn(step))
+            ema.update(model, step)
+            losses.append(loss)
+            step += 1
+            bar.update(1)
+            if show_loss and step % 10 == 0:
+                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+            if time.monotonic() - last >= checkpoint_every_s and step < total_steps and stop.signum is None:
+                checkpoint()
+                last = time.monotonic()
+        bar.close()
+        # still under the handlers: a second signal must not cut this write short
+        checkpoint()
+    if stop.signum is not None:
+        raise TrainingInterrupted(stop.signum, step, total_steps, None if state_path is None else Path(state_path),
+                                  desc)
     return TrainResult(model=model, ema=ema.model, losses=losses, steps=step, resumed_from=resumed_from,
                        wall_s=time.monotonic() - start, checkpoints_written=written)

@@ -150,6 +150,47 @@ def test_a_run_interrupted_after_a_checkpoint_resumes_to_the_uninterrupted_model
     assert mechanism_fields(out["ledger"]) == mechanism_fields(k1_and_k4[0]["ledger"])
 
 
+def test_sigterm_mid_run_saves_the_state_and_the_rerun_releases_the_uninterrupted_model_and_ledger(
+        k1_and_k4, private_split, tmp_path, monkeypatch):
+    import signal
+
+    from pipeline.training import loop
+
+    original = loop.run_training
+
+    def terminated(**kw):
+        step_fn = kw["step_fn"]
+
+        def step(i):
+            if i == 0:  # SLURM's SIGTERM arrives during the first private step
+                signal.raise_signal(signal.SIGTERM)
+            return step_fn(i)
+
+        return original(**{**kw, "step_fn": step})
+
+    monkeypatch.setattr(loop, "run_training", terminated)
+    received = []  # a loop that ignored the signal fails here instead of killing the test run
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        with pytest.raises(loop.TrainingInterrupted) as info:
+            run(tmp_path, private_split, K=1, checkpoint_every_s=1e9)  # no timed checkpoint: only the signal saves
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    monkeypatch.setattr(loop, "run_training", original)
+    assert received == []
+    state = tmp_path / "checkpoints" / "train_dpdm" / "run" / "state.pt"
+    assert info.value.exit_code == 143 and str(state) in str(info.value)
+    assert torch.load(state, weights_only=False)["step"] == 1  # the step in flight finished, then was saved
+    assert not (tmp_path / "models" / "dpdm" / "run.pt").exists() and not (tmp_path / "ledger").exists()
+    out = run(tmp_path, private_split, K=1)
+    assert json.loads(out["metrics"].read_text())["resumed_from"] == 1
+    reference = torch.load(k1_and_k4[0]["model"], weights_only=True)["state_dict"]
+    resumed = torch.load(out["model"], weights_only=True)["state_dict"]
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)
+    # one ledger line for the planned T steps, however many processes ran them
+    assert mechanism_fields(out["ledger"]) == mechanism_fields(k1_and_k4[0]["ledger"])
+
+
 def test_partial_fine_tuning_moves_only_the_trainable_weights_under_the_same_mechanism(private_split, tmp_path):
     from pipeline.models.checkpoint import save_denoiser
     from pipeline.models.edm import EDMPrecond

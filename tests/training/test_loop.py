@@ -102,3 +102,97 @@ def test_ema_warm_up_then_decay():
 def test_checkpoint_dir_follows_the_results_layout(tmp_path):
     p = tmp_path / "results" / "digits" / "models" / "dpdm" / "eps1.pt"
     assert loop.checkpoint_dir_for(p, "train_dpdm") == tmp_path / "results" / "digits" / "checkpoints" / "train_dpdm" / "eps1"
+
+
+def _signalled_job(state, out):
+    """The tiny job with no timed checkpoint (every 1e9 s): a state on disk can only come from the signal."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "tests.training.resume_job", str(state), str(out), "0.02", "1e9"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_the_state_exits_128_plus_signal_and_a_rerun_resumes_to_identical_weights(tmp_path, sig):
+    reference = _isolated(lambda: train_tiny(None)).state_dict()
+    state, out = tmp_path / "ck" / "state.pt", tmp_path / "final.pt"
+    job = _signalled_job(state, out)
+    for line in job.stdout:  # the job announces each step as it starts
+        if line.strip() == "step 5":
+            break
+    job.send_signal(sig)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 128 + sig
+    saved = _step_on_disk(state)
+    assert 6 <= saved < TOTAL_STEPS, "step 5 was in flight: it must finish and be saved"
+    last = err.strip().splitlines()[-1]
+    assert f"stopped by {signal.Signals(sig).name} at step {saved}/{TOTAL_STEPS}" in last
+    assert str(state) in last and "rerun" in last and "Traceback" not in err
+    assert not out.exists()
+    assert _job(state, out, sleep=0.0).wait(timeout=120) == 0
+    resumed = torch.load(out, weights_only=True)
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+    assert _step_on_disk(state) == TOTAL_STEPS
+
+
+def _linear_run(state, total_steps, on_step=lambda i: None):
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(i):
+        on_step(i)
+        loss = model(torch.ones(1, 2)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return loop.run_training(model=model, optimizer=opt, step_fn=step, total_steps=total_steps, state_path=state,
+                             run_hash="lin", ema_decay=0.5, checkpoint_every_s=1e9)
+
+
+def test_the_loop_restores_the_callers_signal_handlers_and_repeated_signals_do_not_abort_the_save(tmp_path):
+    received = []
+
+    def callers(signum, frame):
+        received.append(signum)
+
+    before = {s: signal.signal(s, callers) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _linear_run(tmp_path / "done.pt", 3)
+        assert signal.getsignal(signal.SIGINT) is callers and signal.getsignal(signal.SIGTERM) is callers
+
+        def interrupt(i):  # what Ctrl-C under Snakemake delivers: the terminal's SIGINT, then SIGTERM
+            if i == 2:
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGTERM)
+
+        with pytest.raises(loop.TrainingInterrupted) as info:
+            _linear_run(tmp_path / "cut.pt", 10, interrupt)
+        assert received == [], "the loop, not the caller, must handle signals while it trains"
+        assert signal.getsignal(signal.SIGINT) is callers and signal.getsignal(signal.SIGTERM) is callers
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert info.value.exit_code == 130 and info.value.step == 3
+    assert _step_on_disk(tmp_path / "cut.pt") == 3
+    assert str(info.value).count("\n") == 0 and str(tmp_path / "cut.pt") in str(info.value)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["console", "--log"])
+def test_the_command_line_reports_an_interrupted_stage_in_one_line_with_128_plus_signal(tmp_path, monkeypatch,
+                                                                                        capfd, log):
+    from pipeline import cli
+    from pipeline.stage import stage
+
+    state = tmp_path / "checkpoints" / "state.pt"
+
+    @stage("tiny", params={})
+    def tiny(inputs, outputs, params):
+        raise loop.TrainingInterrupted(signal.SIGTERM, 7, 10, state, "tiny")
+
+    monkeypatch.setattr(cli, "load_stage", lambda name: tiny)
+    code = cli.main(["tiny", *(["--log", str(tmp_path / "tiny.log")] if log else [])])
+    out, err = capfd.readouterr()
+    assert code == 143
+    line, = err.splitlines()  # one line on the console, no traceback
+    assert line.startswith("interrupted: ") and str(state) in line and "step 7/10" in line and "rerun" in line
