@@ -225,7 +225,7 @@ def append_entry(path: str | Path, entry: LedgerEntry) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (entry.to_json() + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask applies, as for every output
     try:
         os.write(fd, line)
         os.fsync(fd)
