@@ -1,0 +1,296 @@
+"""Every paper preset (configs/*.yaml) runs end to end, at a tiny size, through Snakemake.
+
+Each test writes the preset's datasets as small files in torchvision's on-disk layout
+(tests/datasets.py), then runs ``snakemake --cores 2 all --configfile configs/<preset>.yaml
+<overrides>``. The overrides (a YAML file, derived from the preset itself) shrink only sizes:
+steps, epochs, sample and trajectory counts, grids and ablation lists, the PLD grid width h
+(EMPDEN's 1e-5 to 1e-3). They keep each preset's data sources, resolution and channels,
+feature extractor, DPDM UNets and every section the preset switches on or off. The one
+architectural change: the EMPDEN presets' public UNet keeps its levels, attention,
+layers per block and dropout but is 1/8 as wide, since the paper's 59M-parameter DDPM++
+costs ~3 s per image and network call on a CPU core and the hybrid sampler makes hundreds.
+
+torch-fidelity's Inception weights are a download (never done here), so the Inception
+presets first run without them and must stop with the one-line error naming the file and
+where to put it; the run then completes with a stand-in file of the same architecture
+(random weights, see ``inception_standin``), so the 299x299 Inception feature path runs end
+to end. Its FID values mean nothing; the wiring is what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from tests.datasets import CELEBA_ATTRS, IDX_SOURCES, write_celeba, write_cifar10, write_idx, write_image_folder
+
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+REPO = Path(__file__).resolve().parents[2]
+PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+
+#: images per official split written for a preset (the MNIST family and CIFAR-10: 12 and 10
+#: per class); the test split holds eval_train + reference + test below
+N_TRAIN, N_TEST = 120, 80
+HELD_OUT = {"n_eval_train": 40, "n_reference": 10, "n_test": 30}
+N_PUBLIC_FOLDER = 100
+#: the public EDM UNet of the EMPDEN presets, width divided by this (see the module docstring)
+EMPDEN_UNET_WIDTH_DIVISOR = 8
+#: each Snakemake call; a preset takes a few minutes on 2 cores
+TIMEOUT_S = 1500
+
+pytestmark = pytest.mark.presets
+
+
+# --------------------------------------------------------------------------------------
+# the preset's datasets, tiny, in torchvision's layout
+# --------------------------------------------------------------------------------------
+
+
+def _labelled(rng: np.random.Generator, n: int, shape: tuple[int, ...], classes: int = 10) -> tuple:
+    """``n`` random uint8 images of ``shape`` with every class present (round-robin labels)."""
+    return rng.integers(0, 256, (n, *shape), dtype=np.uint8), (np.arange(n) % classes).astype(np.uint8)
+
+
+def _write_celeba(root: Path, rng: np.random.Generator) -> None:
+    # official partitions: 0 train, 1 valid (never read), 2 test
+    partition = [0] * N_TRAIN + [1] * 10 + [2] * N_TEST
+    attrs = rng.integers(0, 2, (len(partition), len(CELEBA_ATTRS)))
+    colours = rng.integers(0, 256, (len(partition), 2, 3))
+    write_celeba(root, partition, attrs, colours)
+
+
+def write_source(source: str, root: Path, rng: np.random.Generator) -> None:
+    """Write the dataset ``source`` (a data.private/public.source value) under ``root``."""
+    if source in IDX_SOURCES:
+        train, test = _labelled(rng, N_TRAIN, (28, 28)), _labelled(rng, N_TEST, (28, 28))
+        write_idx(root / IDX_SOURCES[source] / "raw", train, test, gz=False)
+    elif source == "cifar10":
+        write_cifar10(root, _labelled(rng, N_TRAIN, (3, 32, 32)), _labelled(rng, N_TEST, (3, 32, 32)))
+    elif source == "celeba":
+        _write_celeba(root, rng)
+    else:
+        raise AssertionError(f"no writer for data source {source!r}: add one to tests/presets")
+
+
+def write_datasets(preset: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Every dataset ``preset`` reads, under ``root``; returns the data overrides that point there."""
+    rng = np.random.default_rng(0)
+    data = preset["data"]
+    write_source(data["private"]["source"], root, rng)
+    overrides: dict[str, Any] = {"data_root": str(root), "private": dict(HELD_OUT)}
+    public = data.get("public", {}).get("source", "printed_digits")
+    if public == "image_folder":
+        # ImageNet32 / FFHQ-64 stand-ins at the preset's resolution
+        size = data["image_size"]
+        images, labels = _labelled(rng, N_PUBLIC_FOLDER, (3, size, size))
+        write_image_folder(root / "public_folder", images, labels)
+        overrides["public"] = {"path": str(root / "public_folder")}
+    elif public not in ("none", "printed_digits") and public != data["private"]["source"]:
+        write_source(public, root, rng)
+    return overrides
+
+
+# --------------------------------------------------------------------------------------
+# tiny overrides, derived from the preset
+# --------------------------------------------------------------------------------------
+
+
+def _tiny_dpdm(d: dict[str, Any]) -> dict[str, Any]:
+    """DPDM at two DP-SGD steps: the preset's smallest and largest eps (so a
+    parameterisation_by_epsilon entry still applies), 3-step samplers, and each ablation the
+    preset has at its smallest size (K ablation: two values; configuration ablation: the run
+    the main table trains at that eps, so it adds no training run)."""
+    eps = sorted(d["epsilons"])
+    eps = [eps[0], eps[-1]] if len(eps) > 1 else eps
+    out: dict[str, Any] = {
+        "epsilons": eps, "batch_size": 8, "epochs": 0.1, "K": 2, "micro_batch": 8,
+        "sampling": {"n_samples": 20, "batch_size": 20, "per_class": 1,
+                     "samplers": {name: {"steps": 3} for name in d["sampling"]["samplers"]}},
+    }
+    if d.get("noise_multiplicity"):
+        out["noise_multiplicity"] = {"epsilon": eps[-1], "K": [1, 2]}
+    if d.get("sampler_ablation"):
+        out["sampler_ablation"] = {"epsilons": [eps[-1]], "samplers": d["sampler_ablation"]["samplers"]}
+    if d.get("parameterisation_ablation"):
+        at = d["parameterisation_ablation"]["epsilon"]
+        by_eps = {float(k): v for k, v in d.get("parameterisation_by_epsilon", {}).items()}
+        out["parameterisation_ablation"] = {"epsilon": at, "parameterisations": [by_eps.get(float(at), d["parameterisation"])]}
+    return out
+
+
+def _narrow_unet(unet: dict[str, Any]) -> dict[str, Any]:
+    widths = [max(8, c // EMPDEN_UNET_WIDTH_DIVISOR) for c in unet["block_out_channels"]]
+    return {"block_out_channels": widths, "norm_num_groups": 8}
+
+
+def _tiny_empden(e: dict[str, Any], B: int) -> dict[str, Any]:
+    """One grid cell (the preset's first p at T = 3), and each ablation the preset has at that
+    cell with two values; full-batch cells at the preset's extreme sigma_min."""
+    p = e["grid"][0]["p"][0]
+    out: dict[str, Any] = {"grid": [{"p": [p], "B": [B], "T": [3]}], "normaliser_n": 50}
+    if e.get("beta_ablation"):
+        out["beta_ablation"] = {"p": p, "B": B, "T": 3, "beta": [1, max(e["beta_ablation"]["beta"])]}
+    if e.get("repeated_seeds"):
+        out["repeated_seeds"] = {"p": [p], "B": B, "T": 3, "seeds": e["repeated_seeds"]["seeds"][:2]}
+    if e.get("figure2"):
+        out["figure2"] = {"p": p, "B": B, "T": 3, "n_rows": 2, "n_columns": 3}
+    sigma_min = e.get("full_batch", {}).get("sigma_min")
+    if sigma_min:
+        out["full_batch"] = {"sigma_min": sorted({min(sigma_min), max(sigma_min)})}
+    return out
+
+
+def tiny_overrides(preset: dict[str, Any], data: dict[str, Any], results: Path) -> dict[str, Any]:
+    """The override file merged over ``preset``: sizes only (see the module docstring)."""
+    over: dict[str, Any] = {
+        "results_dir": str(results),
+        "data": {**data, "toy": {"n": 200}},
+        "evaluation": {"batch_size": 50, "kid_subsets": 10, "kid_subset_size": 20, "evalnet": {"epochs": 1},
+                       "downstream": {"cnn_epochs": 1, "repeats": 1, "mlp_hidden": 16}},
+    }
+    if preset.get("sensgeo", {}).get("enabled", True):
+        # analytic, from its own config section only: no dataset or image size reaches it, so it
+        # is the same in every preset (its stages: tests/accounting/test_sensgeo_stage.py)
+        over["sensgeo"] = {"enabled": False}
+    if preset.get("dpdm", {}).get("enabled", True):
+        over["dpdm"] = _tiny_dpdm(preset["dpdm"])
+    empden = preset.get("empden", {}).get("enabled", True)
+    if empden:
+        B = 25
+        over["accounting"] = {"n": N_TRAIN, "N_out": 10, "N": 10, "N_full_batch": 10, "discretisation": 1.0e-3,
+                              "p": [preset["empden"]["grid"][0]["p"][0]], "B": [B], "sigma_min_sweep": [0.002, 5],
+                              "asr_q": [0.01], "asr_N": 40}
+        over["empden"] = _tiny_empden(preset["empden"], B)
+        over["pretrain"] = {"steps": 2, "batch_size": 4, "unet": _narrow_unet(preset["pretrain"]["unet"])}
+    if preset.get("empden_diagnostics", {}).get("enabled", True):
+        over["empden_diagnostics"] = {
+            "n_trajectories": 2, "batch_size": 2, "proxy_N": 8, "proxy_seeds": 1, "swap_N": 8,
+            "critical_window_N": 8, "bootstrap_resamples": 100,
+            "windows": [{"name": "early", "first": 1, "last": 3}, {"name": "all steps", "first": 0, "last": 7}]}
+    return over
+
+
+# --------------------------------------------------------------------------------------
+# running and reading the workflow
+# --------------------------------------------------------------------------------------
+
+
+def snakemake(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    run_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
+    return subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True, env=run_env,
+                          timeout=TIMEOUT_S)
+
+
+def summary_outputs(configfiles: list[str]) -> dict[Path, str]:
+    """Every file of the ``all`` DAG with Snakemake's status for it (``snakemake --summary``)."""
+    res = snakemake("--summary", "--cores", "1", "all", "--configfile", *configfiles)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split("\t") for line in res.stdout.splitlines() if "\t" in line]
+    header = rows[0]
+    assert header[0] == "output_file" and "status" in header, header
+    return {Path(r[0]): r[header.index("status")] for r in rows[1:]}
+
+
+def uses_inception(preset: dict[str, Any]) -> bool:
+    return preset.get("evaluation", {}).get("feature_extractor") == "inception-v3-compat"
+
+
+def image_shape(preset: dict[str, Any]) -> list[int]:
+    channels = 1 if preset["data"]["private"]["source"] in IDX_SOURCES else 3
+    size = preset["data"]["image_size"]
+    return [channels, size, size]
+
+
+# --------------------------------------------------------------------------------------
+# the tests
+# --------------------------------------------------------------------------------------
+
+
+def test_every_preset_is_covered():
+    assert PRESETS == ["celeba32", "celeba64", "cifar10", "fashion", "mnist"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
+    preset = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
+    results = tmp_path / "results"
+    overrides = tiny_overrides(preset, write_datasets(preset, tmp_path / "data"), results)
+    cfg = tmp_path / "tiny.yaml"
+    configfiles = [f"configs/{name}.yaml", str(cfg)]
+    exp = results / preset["experiment"]
+    start = time.monotonic()
+
+    inception = uses_inception(preset)
+    if inception:
+        # No weights anywhere (an empty torch hub) must stop the first evaluation with one
+        # actionable line (its data and eval net are reused by the next run).
+        cfg.write_text(yaml.safe_dump(overrides))
+        hub = tmp_path / "empty_torch_home"
+        res = snakemake("--cores", "2", str(exp / "eval" / "reference_real" / "metrics.json"),
+                        "--configfile", *configfiles, env={"TORCH_HOME": str(hub)})
+        assert res.returncode != 0
+        log = (exp / "logs" / "evaluate_reference_real.log").read_text()
+        lines = [line for line in log.splitlines() if "inception-v3-compat weights not found" in line]
+        assert len(lines) == 1 and "Traceback" not in log, log[-3000:]
+        expected = hub / "hub" / "checkpoints" / "weights-inception-2015-12-05-6726825d.pth"
+        assert f"not found at {expected}: copy weights-inception-2015-12-05-6726825d.pth there" in lines[0]
+        assert "evaluation.inception_weights" in lines[0]
+        # Inception on a CPU costs ~1 s per image (299x299), so the DAG is scored in the eval
+        # net's space and the reference row in Inception's (the last step below)
+        overrides["evaluation"]["feature_extractor"] = "evalnet"
+
+    cfg.write_text(yaml.safe_dump(overrides))
+    res = snakemake("--cores", "2", "all", "--configfile", *configfiles)
+    assert res.returncode == 0, res.stderr[-5000:]
+
+    # every file of the DAG of `all` exists and is up to date, so a rerun has nothing to do
+    outputs = summary_outputs(configfiles)
+    assert outputs and all(p.exists() for p in outputs), [str(p) for p in outputs if not p.exists()]
+    assert set(outputs.values()) == {"ok"}, {str(p): s for p, s in outputs.items() if s != "ok"}
+    again = snakemake("-n", "--cores", "2", "all", "--configfile", *configfiles)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    # every table has rows, the index links each one, and the replay recomputed every claim
+    tables = sorted((results / "tables").glob("*.parquet"))
+    assert tables and {t for t in outputs if t.suffix == ".parquet" and t.parent.name == "tables"} == set(tables)
+    index = (results / "index.html").read_text()
+    for table in tables:
+        assert len(pd.read_parquet(table)) >= 1, table.name
+        assert table.stem in index
+    replay = json.loads((exp / "ledger" / "replay.json").read_text())
+    assert replay["all_ok"], replay
+    ledgers = [p for p in outputs if p.suffix == ".jsonl" and p.parent.name == "ledger"]
+    assert ledgers and len(replay["claims"]) >= len(ledgers)
+
+    # the preset's resolution and channels reached every split and every sample set
+    manifests = [p.with_suffix(".json") for p in outputs if p.suffix == ".npz" and p.stem != "toy"]
+    shapes = {str(m.relative_to(exp)): json.loads(m.read_text())["shape"] for m in manifests}
+    assert shapes and all(s == image_shape(preset) for s in shapes.values()), shapes
+    reference = json.loads((exp / "eval" / "reference_real" / "metrics.json").read_text())
+    assert reference["feature_extractor"] == "evalnet" if inception else preset["evaluation"]["feature_extractor"]
+    assert np.isfinite(reference["fid"])
+
+    if inception:
+        # the preset's own feature space, with a stand-in weights file where the real one goes
+        overrides["evaluation"].update(feature_extractor="inception-v3-compat",
+                                       inception_weights=str(request.getfixturevalue("inception_standin")))
+        cfg.write_text(yaml.safe_dump(overrides))
+        res = snakemake("--cores", "2", str(results / "tables" / "reference_real.parquet"), "--configfile", *configfiles)
+        assert res.returncode == 0, res.stderr[-5000:]
+        reference = json.loads((exp / "eval" / "reference_real" / "metrics.json").read_text())
+        assert reference["feature_extractor"] == "inception-v3-compat" and np.isfinite(reference["fid"])
+        table = pd.read_parquet(results / "tables" / "reference_real.parquet")
+        assert table["feature_extractor"].tolist() == ["inception-v3-compat"]
+    print(f"preset {name}: end to end in {time.monotonic() - start:.0f} s")
+    shutil.rmtree(results)
