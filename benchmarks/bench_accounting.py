@@ -45,7 +45,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: E402
 
 from pipeline.privacy import accountants as acc  # noqa: E402
 from pipeline.privacy import fast_pld  # noqa: E402
-from pipeline.privacy.schedule import EDMSchedule, block_mu, private_steps, step_mu  # noqa: E402
+from pipeline.privacy.schedule import EDMSchedule, block_mu, k_private_steps, step_mu  # noqa: E402
 
 
 def naive(mu: float, q: float, n_out: int, delta: float, h: float,
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                          "on a busy machine: compare CPU seconds then)")
     args = ap.parse_args(argv)
     mu_t = step_mu(EDMSchedule(N=39), C=0.5, beta=1.0, batch_size=1)  # EMPDEN's released mu_bar_B
-    grid = [(p, B, block_mu(mu_t, private_steps(39, p)), B / args.n) for p in args.p for B in args.B]
+    grid = [(p, B, block_mu(mu_t, k_private_steps(39, p)), B / args.n) for p in args.p for B in args.B]
     jobs = [(mu, q, args.n_out, args.delta, args.h) for _, _, mu, q in grid]
 
     print(f"h={args.h:g} n={args.n} N_out={args.n_out} delta={args.delta:g}; processes: ours {args.workers}, "

@@ -49,7 +49,7 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 def bench(n: int, d: int, n_out: int, B: int, dtype: torch.dtype, device: torch.device, repeats: int,
           t: float) -> dict[str, float]:
     gen = torch.Generator(device=device).manual_seed(0)
-    data = emp.prepare_data(torch.rand(n, d, generator=gen, device=device) * 2 - 1, dtype=dtype, device=device)
+    data = emp.prepare_records(torch.rand(n, d, generator=gen, device=device) * 2 - 1, dtype=dtype, device=device)
     x_t = (data.x0[:n_out] + t * torch.randn(n_out, d, generator=gen, device=device, dtype=dtype)).contiguous()
     other = torch.randn(d, n, generator=gen, device=device, dtype=dtype)
     subset = emp.draw_subsets(n, B, n_out, generator=gen, device=device)

@@ -26,7 +26,7 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.edgeworth import Block, edgeworth_epsilon
 from pipeline.privacy.mia import asr_bound
-from pipeline.privacy.schedule import EDMSchedule, block_mu, private_steps, step_mu
+from pipeline.privacy.schedule import EDMSchedule, block_mu, k_private_steps, step_mu
 from pipeline.reporting import write_table
 from pipeline.stage import PipelineError, stage
 
@@ -123,7 +123,7 @@ def block_plan(cfg: AccountingConfig) -> list[dict[str, Any]]:
     t = cfg.schedule().times()
     plan: list[dict[str, Any]] = []
     for p in cfg.p:
-        k = private_steps(cfg.N, p)
+        k = k_private_steps(cfg.N, p)
         for B in cfg.B:
             plan.append({"source": "schedule", "p_percent": p, "k_steps": k, "t0": float(t[k]), "B": B,
                          "q_B": B / cfg.n, "mu_bar_B": block_mu(cfg.mu_t(B), k)})

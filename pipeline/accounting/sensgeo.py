@@ -132,7 +132,7 @@ def guarantee_row(rho_star: float, delta: float, plds: Mapping[bool, Any], pld_i
     acct = guarantees.rdp_to_dp_accountant(delta, rho_star)
     return {
         "rho_star": rho_star, "delta": delta, "mu_gdp": guarantees.gdp_mu(rho_star),
-        "rho_zcdp": guarantees.zcdp_rho(rho_star), "eps_rdp_alpha2": guarantees.rdp_epsilon(2.0, rho_star),
+        "rho_zcdp": guarantees.zcdp_rho(rho_star), "eps_rdp_alpha2": guarantees.renyi_curve(2.0, rho_star),
         "eps_exact": exact,
         "eps_pld_pessimistic_bound": float(plds[True].get_epsilon_for_delta(delta)),
         "eps_pld_optimistic_estimate": float(plds[False].get_epsilon_for_delta(delta)),

@@ -54,7 +54,7 @@ from pipeline.evaluation.evalnet import EvalNet, load_evalnet
 from pipeline.io import load_split
 from pipeline.models.checkpoint import load_denoiser
 from pipeline.privacy import empirical_denoiser as emp
-from pipeline.privacy.schedule import EDMSchedule, log_snr, private_steps
+from pipeline.privacy.schedule import EDMSchedule, k_private_steps, log_snr
 from pipeline.reporting import save_figure, write_table
 from pipeline.sampling.empden import prepare_public
 from pipeline.sampling.empden_stage import public_normaliser_data
@@ -375,7 +375,7 @@ def _load_private(path: Path, device: torch.device) -> tuple[emp.PreparedData, t
         raise PipelineError(f"input private: {exc}") from None
     # the data stage's uint8 images on the [-1, 1] scale the denoisers work in
     x0 = torch.from_numpy(split.images).to(torch.float64) / 127.5 - 1.0
-    return emp.prepare_data(x0, dtype=torch.float64, device=device), tuple(split.images.shape[1:])
+    return emp.prepare_records(x0, dtype=torch.float64, device=device), tuple(split.images.shape[1:])
 
 
 def _load_neural(path: Path, device: torch.device, shape: tuple[int, int, int] | None) -> tuple[Denoiser, tuple]:
@@ -432,8 +432,8 @@ def _provenance(s: Settings, data: emp.PreparedData, N: int) -> dict[str, Any]:
 
 def hybrid_phase(step: int, N: int, handoffs: Sequence[float]) -> str:
     """Which denoiser the hybrid sampler runs at ``step`` (Table 4's last column): the private
-    block is the first ceil(p N / 100) steps (:func:`pipeline.privacy.schedule.private_steps`)."""
-    ks = {p: private_steps(N, p) for p in handoffs}
+    block is the first ceil(p N / 100) steps (:func:`pipeline.privacy.schedule.k_private_steps`)."""
+    ks = {p: k_private_steps(N, p) for p in handoffs}
     for p, k in ks.items():
         if step == k:
             return f"switch {p:g}%"
@@ -500,7 +500,7 @@ def _figure1(df: pd.DataFrame, schedule: EDMSchedule, handoffs: Sequence[float],
         ax.fill_between(g["log_snr"], g["cos_mean"] - se, g["cos_mean"] + se, alpha=0.25)
     t = schedule.times()
     for p in handoffs:
-        k = private_steps(schedule.N, p)
+        k = k_private_steps(schedule.N, p)
         if k < schedule.N:
             ax.axvline(float(log_snr(t[k])), color="grey", ls=":", lw=1)
             ax.text(float(log_snr(t[k])), 0.02, f"{p:g}%", fontsize=7, rotation=90, va="bottom")

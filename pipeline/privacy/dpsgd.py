@@ -48,7 +48,6 @@ from typing import Any, Literal
 
 import torch
 from dp_accounting import dp_event
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
@@ -169,10 +168,7 @@ def _certified_epsilon(event: dp_event.DpEvent, delta: float, sampling: Sampling
         return acc.pld_epsilon(event, delta, settings=settings)
     # dp_accounting's PLD has no sampling-without-replacement event; its RDP accountant has
     # one, valid only under replace-one (Wang, Balle & Kasiviswanathan 2019, Thm 27).
-    # Written here because accountants.rdp_epsilon uses the add/remove relation.
-    rdp = rdp_lib.RdpAccountant(neighboring_relation=rdp_lib.NeighborRel.REPLACE_ONE)
-    rdp.compose(event)
-    return float(rdp.get_epsilon(delta))
+    return acc.rdp_epsilon(event, delta, replace_one=True)
 
 
 def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_rate: float, steps: int,

@@ -106,7 +106,7 @@ class PreparedData:
         return self.x0.shape[1]
 
 
-def prepare_data(data: torch.Tensor, *, dtype: torch.dtype = torch.float64,
+def prepare_records(data: torch.Tensor, *, dtype: torch.dtype = torch.float64,
                  device: torch.device | str | None = None) -> PreparedData:
     """Flatten ``data`` [n, ...] to [n, d] in ``dtype`` on ``device`` and precompute norms and unit vectors."""
     if data.ndim < 2 or data.shape[0] < 1:

@@ -62,8 +62,11 @@ def step_mu(schedule: EDMSchedule, *, C: float, beta: float, batch_size: int | f
     return (2.0 * C / (beta * batch_size)) * np.sqrt(2.0 * dt / t[:-1] ** 3)
 
 
-def private_steps(N: int, p_percent: float) -> int:
-    """Number of private (empirical) steps of a p% block on an N-step grid: ceil(p N / 100).
+def k_private_steps(N: int, p_percent: float) -> int:
+    """k, the number of private (empirical) steps of a p% block on an N-step grid: ceil(p N / 100).
+
+    Named for EMPDEN's k (the private block is steps 0..k-1; Algorithm 1's switch time t0 = t_k),
+    not to be confused with :func:`pipeline.privacy.empirical_denoiser.private_step`, which runs one step.
 
     The handoff after k steps lands at t_k. The ceiling is the convention that reproduces
     EMPDEN Table 7's mu_bar_B (0.69 / 1.56 / 2.09 / 2.84 for 55 / 62 / 65 / 67% of N = 39);

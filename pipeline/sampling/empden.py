@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pipeline.privacy import empirical_denoiser as emp
-from pipeline.privacy.schedule import EDMSchedule, private_steps
+from pipeline.privacy.schedule import EDMSchedule, k_private_steps
 
 PublicDenoiser = Callable[[torch.Tensor, float], torch.Tensor]
 #: called with the number of outputs each finished batch added (e.g. a tqdm bar's ``update``)
@@ -80,7 +80,7 @@ def prepare_public(public_data: torch.Tensor | None, private: emp.PreparedData) 
     """The public normaliser's records, prepared like the private ones (None: eq. 38's constant normaliser)."""
     if public_data is None:
         return None
-    pub = emp.prepare_data(public_data, dtype=private.x0.dtype, device=private.x0.device)
+    pub = emp.prepare_records(public_data, dtype=private.x0.dtype, device=private.x0.device)
     if pub.d != private.d:
         raise ValueError(f"public normaliser records have dimension {pub.d}, the private records {private.d}")
     return pub
@@ -114,7 +114,7 @@ def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, 
     Returns [n_out, *data.shape[1:]] on the generator's device.
     """
     device = generator.device
-    prep = emp.prepare_data(data, dtype=dtype, device=device)
+    prep = emp.prepare_records(data, dtype=dtype, device=device)
     pub = prepare_public(public_data, prep)
     times = schedule.times()[: schedule.N]  # t_0 .. t_{N-1} = sigma_min
     emp.record_full_batch(sink, schedule, k=schedule.N - 1, C=C, beta=beta, n=prep.n, n_out=n_out,
@@ -131,7 +131,7 @@ def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, 
 
 def hybrid_times(schedule: EDMSchedule, p_percent: float, T: int) -> tuple[int, float, float]:
     """(k, t0, t1) of a hybrid run: k = ceil(p N / 100) private steps end at t0 = t_k; t1 = t_{k-T}."""
-    k = private_steps(schedule.N, p_percent)
+    k = k_private_steps(schedule.N, p_percent)
     if k >= schedule.N:
         raise ValueError(f"a private block of p={p_percent}% covers all {schedule.N} steps; the hybrid needs "
                          f"t0 > 0 (use sample_full_batch for fully private sampling)")
@@ -163,7 +163,7 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
     """
     device = generator.device
     k, t0, t1 = hybrid_times(schedule, p_percent, T)
-    prep = emp.prepare_data(data, dtype=dtype, device=device)
+    prep = emp.prepare_records(data, dtype=dtype, device=device)
     pub = prepare_public(public_data, prep)
     times = schedule.times()
     if resample not in ("per_output", "per_step"):

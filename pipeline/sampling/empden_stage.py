@@ -284,7 +284,7 @@ def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: fl
     sched = EDMSchedule(sigma_min=float(accounting["sigma_min"]), sigma_max=float(accounting["sigma_max"]),
                         rho=float(accounting["rho"]), N=int(accounting["N"]))
     shape = tuple(private.images.shape[1:])
-    prep = emp.prepare_data(to_model_scale(private.images), device=device)
+    prep = emp.prepare_records(to_model_scale(private.images), device=device)
     pub = empden.prepare_public(public_data, prep)
     normaliser = "constant" if pub is None else "public_marginal"
     if B > prep.n:

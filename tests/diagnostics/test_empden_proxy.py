@@ -31,7 +31,7 @@ def _noise(b=3, N=6, keys=(0,)):
 
 
 def test_sde_step_is_the_private_samplers_update_with_its_noise():
-    data = emp.prepare_data(torch.rand(5, 4, dtype=torch.float64) * 2 - 1)
+    data = emp.prepare_records(torch.rand(5, 4, dtype=torch.float64) * 2 - 1)
     x = torch.randn(2, 4, dtype=torch.float64)
     expected = emp.private_step(x, data, 2.0, 1.5, C=0.3, beta=1.0, generator=torch.Generator().manual_seed(7))
     eps = torch.randn(x.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
@@ -89,7 +89,7 @@ def test_the_swap_uses_the_empirical_denoiser_inside_the_window_only(neural):
 
 def test_empirical_denoiser_kinds_match_the_privacy_module():
     x0 = torch.rand(6, *SHAPE, dtype=torch.float64) * 2 - 1
-    data = emp.prepare_data(x0)
+    data = emp.prepare_records(x0)
     x = torch.randn(2, *SHAPE, dtype=torch.float64)
     clipped = dx.EmpiricalDenoiser(data, "clipped", C=0.7, beta=2.0)(x, 1.3)
     torch.testing.assert_close(clipped.flatten(1), emp.clipped_empirical_denoiser(x.flatten(1), data, 1.3, C=0.7, beta=2.0))
@@ -105,7 +105,7 @@ def test_empirical_denoiser_kinds_match_the_privacy_module():
 def test_clipped_denoiser_uses_the_samplers_public_normaliser():
     """Table 4's clipped E_hat is the sampler's: v divided by the public marginal Z before the clip."""
     x0 = torch.rand(6, *SHAPE, dtype=torch.float64) * 2 - 1
-    data, public = emp.prepare_data(x0), emp.prepare_data(torch.rand(9, *SHAPE, dtype=torch.float64) * 2 - 1)
+    data, public = emp.prepare_records(x0), emp.prepare_records(torch.rand(9, *SHAPE, dtype=torch.float64) * 2 - 1)
     x = torch.randn(2, *SHAPE, dtype=torch.float64)
     got = dx.EmpiricalDenoiser(data, "clipped", C=0.7, beta=2.0, public=public)(x, 1.3).flatten(1)
     log_z = emp.log_public_marginal(x.flatten(1), public, 1.3)

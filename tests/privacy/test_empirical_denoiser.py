@@ -14,11 +14,11 @@ from pipeline.privacy.schedule import EDMSchedule, step_mu
 
 def denoise(x_t, data, t, *, C, beta, subset=None, method="auto", public=None):
     """E_hat; with ``public`` records, normalised by Z = p_hat_pub(x_t) over them (the public marginal)."""
-    prep = emp.prepare_data(torch.as_tensor(data, dtype=torch.float64))
+    prep = emp.prepare_records(torch.as_tensor(data, dtype=torch.float64))
     x_t = torch.as_tensor(x_t, dtype=torch.float64)
     log_z = None
     if public is not None:
-        log_z = emp.log_public_marginal(x_t, emp.prepare_data(torch.as_tensor(public, dtype=torch.float64)), t)
+        log_z = emp.log_public_marginal(x_t, emp.prepare_records(torch.as_tensor(public, dtype=torch.float64)), t)
     return emp.clipped_empirical_denoiser(x_t, prep, t, C=C, beta=beta, subset=subset, method=method,
                                           log_normaliser=log_z).numpy()
 
@@ -169,7 +169,7 @@ def test_unclipped_full_batch_is_the_empirical_marginal_times_the_posterior_mean
     log_marginal = logsumexp(log_p, axis=1) - np.log(n)
     got = denoise(x_t, data, t, C=1e300, beta=beta)
     np.testing.assert_allclose(got, np.exp(log_marginal)[:, None] / beta * posterior_mean, rtol=1e-9, atol=0)
-    prep = emp.prepare_data(torch.as_tensor(data))
+    prep = emp.prepare_records(torch.as_tensor(data))
     np.testing.assert_allclose(emp.empirical_posterior_mean(torch.as_tensor(x_t), prep, t).numpy(),
                                posterior_mean, rtol=1e-9, atol=1e-12)
 
@@ -181,7 +181,7 @@ def test_log_public_marginal_is_the_log_mixture_density_of_the_public_records():
     x_t = rng.normal(size=(5, 4))
     for t in (0.1, 1.0, 30.0):
         log_p = np.stack([multivariate_normal(mean=y, cov=t**2).logpdf(x_t) for y in public], axis=1)
-        got = emp.log_public_marginal(torch.as_tensor(x_t), emp.prepare_data(torch.as_tensor(public)), t).numpy()
+        got = emp.log_public_marginal(torch.as_tensor(x_t), emp.prepare_records(torch.as_tensor(public)), t).numpy()
         np.testing.assert_allclose(got, logsumexp(log_p, axis=1) - np.log(len(public)), rtol=1e-10, err_msg=f"t={t}")
 
 
@@ -201,7 +201,7 @@ def test_normalised_by_the_marginal_of_the_same_set_unclipped_E_hat_is_the_poste
     for method, subset in (("mask", None), ("gather", torch.arange(n).repeat(len(x_t), 1))):
         got = denoise(x_t, data, t, C=1e300, beta=1.0, public=data, subset=subset, method=method)
         np.testing.assert_allclose(got, posterior_mean, rtol=1e-8, atol=1e-12, err_msg=method)
-    prep = emp.prepare_data(torch.as_tensor(data))
+    prep = emp.prepare_records(torch.as_tensor(data))
     np.testing.assert_allclose(emp.empirical_posterior_mean(torch.as_tensor(x_t), prep, t).numpy(), posterior_mean,
                                rtol=1e-9, atol=1e-12)
 
@@ -217,8 +217,8 @@ def test_at_d_256_only_the_public_normaliser_gives_a_nonzero_E_hat_over_the_edm_
 
     rng = np.random.default_rng(14)
     d, C = 256, 1.0
-    private = emp.prepare_data(torch.as_tensor(rng.uniform(-1, 1, size=(30, d))))
-    public = emp.prepare_data(torch.as_tensor(rng.uniform(-1, 1, size=(50, d))))
+    private = emp.prepare_records(torch.as_tensor(rng.uniform(-1, 1, size=(30, d))))
+    public = emp.prepare_records(torch.as_tensor(rng.uniform(-1, 1, size=(50, d))))
     for t in map(float, EDMSchedule(N=39).times()[:-1]):
         x_t = private.x0[:6] + t * torch.as_tensor(rng.normal(size=(6, d)))
         log_z = emp.log_public_marginal(x_t, public, t)
@@ -241,7 +241,7 @@ def test_log_space_computation_is_finite_and_exact_at_64x64_over_the_whole_edm_r
     rng = np.random.default_rng(4)
     n, d, C, beta = 8, 3 * 64 * 64, 1.0, 1.0
     data = rng.uniform(-1, 1, size=(n, d))
-    prep = emp.prepare_data(torch.as_tensor(data))
+    prep = emp.prepare_records(torch.as_tensor(data))
     coords = rng.choice(d, size=20, replace=False)
     unit = data / np.linalg.norm(data, axis=1, keepdims=True)
     for t in [0.002, 0.01, 0.1, 0.2, 0.24, 0.26, 0.3, 1.0, 10.0, 80.0]:
@@ -301,7 +301,7 @@ def test_step_noise_is_exactly_the_noise_mu_t_claims():
     rng = np.random.default_rng(6)
     n, d, C, beta = 10, 20000, 1.0, 1.0
     data = torch.as_tensor(rng.uniform(-1, 1, size=(n, d)))
-    prep = emp.prepare_data(data)
+    prep = emp.prepare_records(data)
     schedule = EDMSchedule(N=12)
     times = schedule.times()
     mu_t = step_mu(schedule, C=C, beta=beta, batch_size=n)
@@ -321,7 +321,7 @@ def test_step_noise_is_exactly_the_noise_mu_t_claims():
 
 
 def test_bad_parameters_raise_one_line_errors():
-    prep = emp.prepare_data(torch.zeros(3, 2))
+    prep = emp.prepare_records(torch.zeros(3, 2))
     with pytest.raises(ValueError, match="clip norm C"):
         emp.clipped_empirical_denoiser(torch.zeros(1, 2, dtype=torch.float64), prep, 1.0, C=0.0, beta=1.0)
     with pytest.raises(ValueError, match="beta"):
@@ -339,7 +339,7 @@ def test_bad_parameters_raise_one_line_errors():
 
 
 def test_all_zero_records_give_zero_not_nan():
-    prep = emp.prepare_data(torch.zeros(3, 2))
+    prep = emp.prepare_records(torch.zeros(3, 2))
     out = emp.clipped_empirical_denoiser(torch.ones(2, 2, dtype=torch.float64), prep, 0.5, C=1.0, beta=1.0)
     assert torch.equal(out, torch.zeros_like(out))
 
@@ -350,7 +350,7 @@ def test_cuda_matches_cpu():
     data = torch.as_tensor(rng.uniform(-1, 1, size=(30, 48)))
     x_t = torch.as_tensor(rng.normal(size=(5, 48)))
     subset = emp.draw_subsets(30, 7, 5, generator=torch.Generator().manual_seed(0))
-    cpu = emp.clipped_empirical_denoiser(x_t, emp.prepare_data(data), 0.3, C=0.2, beta=1.0, subset=subset)
-    gpu = emp.clipped_empirical_denoiser(x_t.cuda(), emp.prepare_data(data, device="cuda"), 0.3, C=0.2, beta=1.0,
+    cpu = emp.clipped_empirical_denoiser(x_t, emp.prepare_records(data), 0.3, C=0.2, beta=1.0, subset=subset)
+    gpu = emp.clipped_empirical_denoiser(x_t.cuda(), emp.prepare_records(data, device="cuda"), 0.3, C=0.2, beta=1.0,
                                          subset=subset.cuda())
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-10, atol=1e-12)

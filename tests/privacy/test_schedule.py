@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.privacy.schedule import EDMSchedule, block_mu, log_snr, private_steps, step_mu
+from pipeline.privacy.schedule import EDMSchedule, block_mu, k_private_steps, log_snr, step_mu
 
 
 def test_edm_times_run_from_sigma_max_to_sigma_min_then_zero():
@@ -49,15 +49,15 @@ def test_later_steps_leak_more():
 
 
 @pytest.mark.parametrize("p, k", [(55, 22), (62, 25), (65, 26), (67, 27), (70, 28), (100, 39)])
-def test_private_steps_is_ceil_of_p_percent(p, k):
-    assert private_steps(39, p) == k
+def test_k_private_steps_is_ceil_of_p_percent(p, k):
+    assert k_private_steps(39, p) == k
 
 
 def test_block_mu_reproduces_empden_table7_mu_bar():
     # EMPDEN Table 7 prints mu_bar_B = 0.69 / 1.56 / 2.09 / 2.84 for the 55/62/65/67% blocks
     # of N = 39 with 2C/(beta |S|) = 1. A halved sensitivity (C/|S|) would halve all four.
     mu_t = step_mu(EDMSchedule(N=39), C=0.5, beta=1.0, batch_size=1)
-    got = [round(block_mu(mu_t, private_steps(39, p)), 2) for p in (55, 62, 65, 67)]
+    got = [round(block_mu(mu_t, k_private_steps(39, p)), 2) for p in (55, 62, 65, 67)]
     assert got == [0.69, 1.56, 2.09, 2.84]
 
 
@@ -82,4 +82,4 @@ def test_bad_step_parameters_are_refused():
     with pytest.raises(ValueError, match="C > 0"):
         step_mu(EDMSchedule(), C=0, beta=1, batch_size=1)
     with pytest.raises(ValueError, match="percent"):
-        private_steps(39, 0)
+        k_private_steps(39, 0)

@@ -10,7 +10,7 @@ from pipeline.accounting.replay import replay_transcripts
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
-from pipeline.privacy.schedule import EDMSchedule, block_mu, private_steps, step_mu
+from pipeline.privacy.schedule import EDMSchedule, block_mu, k_private_steps, step_mu
 from pipeline.sampling import empden
 
 COARSE_PLD = acc.PLDSettings(1e-3, -30.0)  # test speed only; the paper's settings are the default
@@ -60,7 +60,7 @@ def test_hybrid_hands_off_at_t1_and_the_public_denoiser_finishes_at_t0(data, sin
                                sink=sink, generator=torch.Generator().manual_seed(2), schedule=schedule)
     k, t0, t1 = empden.hybrid_times(schedule, 55, 3)
     t = schedule.times()
-    assert k == private_steps(39, 55) and t0 == t[k] and t1 == t[k - 3]
+    assert k == k_private_steps(39, 55) and t0 == t[k] and t1 == t[k - 3]
     assert max(public.sigmas) == pytest.approx(t1) and min(public.sigmas) > 0
     # Heun with D = z ends exactly at z (the last Euler step to t = 0 lands on D)
     torch.testing.assert_close(out, z.expand(3, 1, 4, 4))
@@ -87,7 +87,7 @@ def test_outputwise_sampler_draws_each_outputs_subset_once(data, sink, monkeypat
               sink=sink, generator=torch.Generator().manual_seed(3), batch_size=4)
     empden.sample_hybrid(data, n_out=10, **kw)
     assert calls == [4, 4, 2], "one subset per output, drawn once for the whole private block"
-    k = private_steps(39, 50)
+    k = k_private_steps(39, 50)
     for chunk in range(3):  # every private step of a chunk averages over that chunk's one subset
         steps = used[chunk * k:(chunk + 1) * k]
         assert all(s is steps[0] for s in steps) and steps[0].shape == (calls[chunk], 5)
@@ -115,7 +115,7 @@ def test_every_call_writes_one_replayable_ledger_line(data, sink):
     # what the lines claim is what the schedule says (eq. 39, eq. 9), not something else
     mu_full = np.sqrt(2 * np.sum(step_mu(full, C=0.5, beta=1.0, batch_size=40)[:9] ** 2))
     assert acc.gdp_mu_of_event(lines[0].dp_event()) == pytest.approx(mu_full, rel=1e-12)
-    k = private_steps(39, 55)
+    k = k_private_steps(39, 55)
     mu_bar = block_mu(step_mu(EDMSchedule(N=39), C=0.5, beta=1.0, batch_size=8), k)
     assert lines[1].dp_event() == acc.outputwise_event(mu_bar, 8 / 40, 3)
     assert lines[1].sensitivity == emp.sensitivity(C=0.5, beta=1.0, subset_size=8)
@@ -188,7 +188,7 @@ def test_public_normaliser_changes_the_samples_but_not_the_claim(data, tmp_path)
 
 def test_every_private_step_divides_by_the_public_marginal_at_its_own_state(data, sink, monkeypatch):
     public = torch.rand(25, 1, 4, 4, generator=torch.Generator().manual_seed(9)) * 2 - 1
-    pub = emp.prepare_data(public)
+    pub = emp.prepare_records(public)
     seen = []
     real_step = emp.private_step
 

@@ -16,7 +16,7 @@ from pipeline.models.edm import EDMPrecond
 from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
-from pipeline.privacy.schedule import block_mu, private_steps
+from pipeline.privacy.schedule import block_mu, k_private_steps
 from pipeline.sampling.empden_grid import Cell
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.sampling.empden_stage import empden_figure2_trajectories, empden_sample, trajectories
@@ -68,7 +68,7 @@ def test_hybrid_cell_claims_the_eps_the_accounting_tables_compute_for_the_same_b
     assert samples.images.shape == (6, 1, SIDE, SIDE) and samples.images.dtype == np.uint8
     assert (samples.labels == -1).all()  # unconditional samples
     cfg = AccountingConfig.from_params({"accounting": {**ACCOUNTING, "B": [10]}, "n": N_PRIVATE})
-    k = private_steps(cfg.N, 55)
+    k = k_private_steps(cfg.N, 55)
     assert facts["k_steps"] == k and facts["q_B"] == pytest.approx(10 / N_PRIVATE)
     assert facts["mu_bar_B"] == pytest.approx(block_mu(cfg.mu_t(10), k), rel=1e-12)
     (_, entry), = list(ledger.read_ledger(ledger_path))

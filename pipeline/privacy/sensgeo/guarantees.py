@@ -49,8 +49,12 @@ def _check_delta(delta: float) -> None:
 
 # --------------------------------------------------------------------------- Theorem 2
 
-def rdp_epsilon(alpha: float, rho_star: float) -> float:
-    """eps*_alpha = alpha rho_* / 2, the exact Renyi DP curve (SENSGEO Theorem 2)."""
+def renyi_curve(alpha: float, rho_star: float) -> float:
+    """eps*_alpha(Sigma) = alpha rho_* / 2, the exact Renyi DP curve at order alpha (SENSGEO Sec. IV, Theorem 2).
+
+    A closed form in rho_*, unlike :func:`pipeline.privacy.accountants.rdp_epsilon`, which converts
+    a composed DpEvent's RDP curve to an (eps, delta) guarantee.
+    """
     _check_rho(rho_star)
     if not alpha > 1:
         raise GuaranteeError(f"Renyi order alpha must be > 1, got {alpha!r}")
