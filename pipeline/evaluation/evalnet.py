@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from pipeline.config import validate_config
 from pipeline.device import resolve_device
+from pipeline.images import to_unit_scale
 from pipeline.io import Split, atomic_path, load_split, write_json
 from pipeline.stage import PipelineError, stage
 
@@ -96,7 +97,7 @@ class EvalNet(nn.Module):
 
     def features_and_logits(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Penultimate features (the FID feature space) and class logits."""
-        feats = self.body(images.float() / 127.5 - 1.0)
+        feats = self.body(to_unit_scale(images, torch.float32))
         return feats, self.head(feats)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

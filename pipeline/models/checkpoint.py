@@ -4,15 +4,21 @@ A training stage (public EDM pretraining, DPDM) ends by writing one ``.pt`` file
 what is needed to rebuild the network without the training code's config:
 
 * ``format``: ``"dpgen-denoiser/1"``
+* ``convention``: what the network's forward computes, a key of
+  :data:`pipeline.models.denoiser.CONVENTIONS` (``"ve_sigma"`` for every preconditioner,
+  ``"rectified_flow_t"`` for a velocity model); files written before this key existed hold a
+  preconditioner and are read as ``"ve_sigma"``
 * ``unet``: the :class:`~pipeline.models.unet.UNetSpec` as JSON
-* ``precond``: a key of :data:`PRECONDITIONERS` (``"edm"``, ...), ``precond_kwargs`` its arguments
+* ``precond``: a key of :data:`DENOISERS` (``"edm"``, ...), ``precond_kwargs`` its arguments
 * ``state_dict``: the weights to sample with (the EMA weights when training kept an EMA)
 * ``meta``: free JSON (stage, config_id, seed, steps, data sha256, privacy summary, ...)
 
-Every preconditioner is a module ``D(x, sigma, class_labels=None) -> x0_hat`` in the
-variance-exploding convention ``x = y + sigma n`` of Karras et al. 2022 (Table 1 expresses VP,
-VE and EDM this way), so samplers are written once against that interface. Resumable *training*
-checkpoints (optimizer, EMA, RNG state) are a training concern and live with the training loop.
+The loader checks that the registered class still speaks the recorded convention and, when the
+caller names the convention it needs (a VE-sigma sampler, a flow sampler), that the file holds
+it: a flow model handed to an EDM sampler fails with one line instead of sampling noise.
+A new model kind (e.g. a rectified-flow velocity network) joins with :func:`register_denoiser`.
+Resumable *training* checkpoints (optimizer, EMA, RNG state) are a training concern and live
+with the training loop.
 """
 
 from __future__ import annotations
@@ -24,25 +30,44 @@ import torch
 from torch import nn
 
 from pipeline.io import atomic_path
-from pipeline.models.edm import EDMPrecond
-from pipeline.models.precond import VEPrecond, VPPrecond, VPredPrecond
+from pipeline.models.denoiser import CONVENTIONS, VE_SIGMA
+from pipeline.models.precond import PRECONDITIONERS
 from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.stage import PipelineError
 
 DENOISER_FORMAT = "dpgen-denoiser/1"
 
-#: name -> class taking ``(unet, **precond_kwargs)``; training code registers its preconditioners here.
-PRECONDITIONERS: dict[str, type[nn.Module]] = {"edm": EDMPrecond, "vp": VPPrecond, "ve": VEPrecond,
-                                                "vpred": VPredPrecond}
+#: name -> class taking ``(unet, **precond_kwargs)`` with a ``convention`` class attribute;
+#: the four DPDM preconditioners, plus whatever :func:`register_denoiser` adds.
+DENOISERS: dict[str, type[nn.Module]] = dict(PRECONDITIONERS)
+
+
+def register_denoiser(name: str, cls: type[nn.Module]) -> None:
+    """Let files name ``cls`` as ``precond=name`` (it is built as ``cls(unet, **precond_kwargs)``).
+
+    ``cls.convention`` must be a key of :data:`~pipeline.models.denoiser.CONVENTIONS`; a name
+    already taken by another class is refused (two classes behind one name would load silently wrong).
+    """
+    convention = getattr(cls, "convention", None)
+    if convention not in CONVENTIONS:
+        raise ValueError(f"{cls.__name__}.convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    if DENOISERS.get(name, cls) is not cls:
+        raise ValueError(f"denoiser name {name!r} is already registered to {DENOISERS[name].__name__}")
+    DENOISERS[name] = cls
+
+
+def convention_of(cls: type[nn.Module]) -> str:
+    """The convention a registered class speaks (``ve_sigma`` unless it says otherwise)."""
+    return getattr(cls, "convention", VE_SIGMA)
 
 
 def save_denoiser(path: str | Path, denoiser: nn.Module, *, unet: UNetSpec, precond: str,
                   precond_kwargs: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> None:
-    """Write ``denoiser``'s weights with the spec that rebuilds it (atomically)."""
-    if precond not in PRECONDITIONERS:
-        raise ValueError(f"unknown preconditioner {precond!r} (known: {', '.join(PRECONDITIONERS)})")
-    blob = {"format": DENOISER_FORMAT, "unet": unet.to_json(), "precond": precond,
-            "precond_kwargs": dict(precond_kwargs or {}), "meta": dict(meta or {}),
+    """Write ``denoiser``'s weights with the spec that rebuilds it and its convention (atomically)."""
+    if precond not in DENOISERS:
+        raise ValueError(f"unknown preconditioner {precond!r} (known: {', '.join(DENOISERS)})")
+    blob = {"format": DENOISER_FORMAT, "convention": convention_of(DENOISERS[precond]), "unet": unet.to_json(),
+            "precond": precond, "precond_kwargs": dict(precond_kwargs or {}), "meta": dict(meta or {}),
             "state_dict": {k: v.detach().cpu() for k, v in denoiser.state_dict().items()}}
     with atomic_path(path) as tmp:
         torch.save(blob, tmp)
@@ -53,16 +78,39 @@ def read_denoiser_meta(path: str | Path) -> dict[str, Any]:
     return _load_blob(path)["meta"]
 
 
-def load_denoiser(path: str | Path, device: torch.device | str = "cpu") -> nn.Module:
-    """Rebuild the denoiser written by :func:`save_denoiser`, in eval mode on ``device``."""
+def read_denoiser_convention(path: str | Path) -> str:
+    """The convention a denoiser file holds (``ve_sigma`` for files from before the key existed)."""
+    return _convention(_load_blob(path))
+
+
+def load_denoiser(path: str | Path, device: torch.device | str = "cpu", *, convention: str | None = None) -> nn.Module:
+    """Rebuild the denoiser written by :func:`save_denoiser`, in eval mode on ``device``.
+
+    ``convention``: the one the caller's sampler needs (None accepts any); a file holding another
+    is a one-line error.
+    """
     blob = _load_blob(path)
-    cls = PRECONDITIONERS.get(blob["precond"])
+    cls = DENOISERS.get(blob["precond"])
     if cls is None:
         raise PipelineError(f"{path}: preconditioner {blob['precond']!r} is not known to this code "
-                            f"(known: {', '.join(PRECONDITIONERS)})")
+                            f"(known: {', '.join(DENOISERS)})")
+    stored = _convention(blob)
+    if stored != convention_of(cls):
+        raise PipelineError(f"{path}: holds a {stored} model but {blob['precond']!r} "
+                            f"({cls.__name__}) speaks {convention_of(cls)}")
+    if convention is not None and stored != convention:
+        raise PipelineError(f"{path}: holds a {stored} model ({CONVENTIONS[stored]}); this needs {convention}")
     model = cls(build_unet(UNetSpec.from_json(blob["unet"])), **blob["precond_kwargs"])
     model.load_state_dict(blob["state_dict"])
     return model.to(device).eval()
+
+
+def _convention(blob: dict[str, Any]) -> str:
+    # files written before the key existed hold one of the preconditioners, all VE sigma
+    stored = blob.get("convention", VE_SIGMA)
+    if stored not in CONVENTIONS:
+        raise PipelineError(f"denoiser file: unknown convention {stored!r} (known: {', '.join(CONVENTIONS)})")
+    return stored
 
 
 def _load_blob(path: str | Path) -> dict[str, Any]:

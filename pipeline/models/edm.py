@@ -24,21 +24,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+# EDMCoefficients and vmap_friendly_attention are re-exported: callers import them from here
+from pipeline.models.denoiser import EDMCoefficients, Preconditioned, vmap_friendly_attention
+
 #: DPDM App. C, EDM configuration (= Karras et al. 2022 Table 1).
 P_MEAN, P_STD, SIGMA_DATA = -1.2, 1.2, 0.5
-
-
-@dataclass(frozen=True)
-class EDMCoefficients:
-    c_skip: Tensor
-    c_out: Tensor
-    c_in: Tensor
-    c_noise: Tensor
 
 
 def edm_coefficients(sigma: Tensor, sigma_data: float = SIGMA_DATA) -> EDMCoefficients:
@@ -53,43 +47,20 @@ def edm_loss_weight(sigma: Tensor, sigma_data: float = SIGMA_DATA) -> Tensor:
     return (sigma ** 2 + sigma_data ** 2) / (sigma * sigma_data) ** 2
 
 
-def vmap_friendly_attention(module: nn.Module) -> nn.Module:
-    """Give every diffusers ``Attention`` the classic matmul processor (same mathematics).
+class EDMPrecond(Preconditioned):
+    """EDM's D(x; sigma, y) = c_skip x + c_out F(c_in x; c_noise, y) with F a ``UNet2DModel`` (Table 1, "Ours").
 
-    The default processor calls ``F.scaled_dot_product_attention``, whose CPU flash kernel
-    has no ``torch.func`` batching rule: under DP-SGD's ``vmap`` it falls back to a slow
-    per-example loop. ``UNet2DModel`` has no ``set_attn_processor``, so each module is set.
-    """
-    from diffusers.models.attention_processor import AttnProcessor
-
-    for sub in module.modules():
-        if hasattr(sub, "set_processor"):
-            sub.set_processor(AttnProcessor())
-    return module
-
-
-class EDMPrecond(nn.Module):
-    """D(x; sigma, y) = c_skip x + c_out F(c_in x; c_noise, y) with F a ``UNet2DModel``.
-
-    ``x`` is ``[B, C, H, W]`` in the data scale (images in [-1, 1]), ``sigma`` ``[B]`` (or a
-    scalar), ``class_labels`` ``[B]`` int64 for a UNet built with ``num_class_embeds``.
+    The :class:`~pipeline.models.denoiser.Preconditioned` forward with :func:`edm_coefficients`.
     """
 
     def __init__(self, unet: nn.Module, sigma_data: float = SIGMA_DATA) -> None:
-        super().__init__()
         if not sigma_data > 0:
             raise ValueError(f"sigma_data must be > 0, got {sigma_data}")
-        self.unet = vmap_friendly_attention(unet)
+        super().__init__(unet)
         self.sigma_data = float(sigma_data)
 
-    def forward(self, x: Tensor, sigma: Tensor, class_labels: Tensor | None = None) -> Tensor:
-        sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
-        if sigma.ndim == 0:
-            sigma = sigma.expand(x.shape[0])
-        c = edm_coefficients(sigma, self.sigma_data)
-        view = (-1,) + (1,) * (x.ndim - 1)
-        f = self.unet(c.c_in.reshape(view) * x, c.c_noise, class_labels=class_labels).sample
-        return c.c_skip.reshape(view) * x + c.c_out.reshape(view) * f
+    def coefficients(self, sigma: Tensor) -> EDMCoefficients:
+        return edm_coefficients(sigma, self.sigma_data)
 
 
 def edm_sigma_sampler(p_mean: float = P_MEAN, p_std: float = P_STD

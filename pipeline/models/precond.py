@@ -36,7 +36,6 @@ In every row lambda(sigma) c_out(sigma)^2 = 1: F regresses its effective target
 
 from __future__ import annotations
 
-import abc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +43,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pipeline.models.edm import EDMCoefficients, edm_draw_loss, edm_sigma_sampler, vmap_friendly_attention
+# Preconditioned is re-exported: the base class of every configuration, EDM's included
+from pipeline.models.denoiser import EDMCoefficients, Preconditioned
+from pipeline.models.edm import EDMPrecond, edm_draw_loss, edm_sigma_sampler
 
 SigmaSampler = Callable[[int, "torch.Generator | None"], Tensor]
 DrawLoss = Callable[..., Tensor]
@@ -53,27 +54,6 @@ DrawLoss = Callable[..., Tensor]
 VP_BETA_D, VP_BETA_MIN, VP_EPS_T, VP_M = 19.9, 0.1, 1e-5, 1000
 #: DPDM App. C: VE and v-prediction trained over sigma in [0.002, 80] (the EDM sampler's range).
 SIGMA_MIN, SIGMA_MAX = 0.002, 80.0
-
-
-class Preconditioned(nn.Module, abc.ABC):
-    """D(x; sigma, y) = c_skip x + c_out F(c_in x; c_noise, y) for the coefficients of a subclass."""
-
-    def __init__(self, unet: nn.Module) -> None:
-        super().__init__()
-        self.unet = vmap_friendly_attention(unet)
-
-    @abc.abstractmethod
-    def coefficients(self, sigma: Tensor) -> EDMCoefficients:
-        """c_skip, c_out, c_in, c_noise of this configuration (Karras et al. 2022, Table 1); each subclass defines it."""
-
-    def forward(self, x: Tensor, sigma: Tensor, class_labels: Tensor | None = None) -> Tensor:
-        sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
-        if sigma.ndim == 0:
-            sigma = sigma.expand(x.shape[0])
-        c = self.coefficients(sigma)
-        view = (-1,) + (1,) * (x.ndim - 1)
-        f = self.unet(c.c_in.reshape(view) * x, c.c_noise, class_labels=class_labels).sample
-        return c.c_skip.reshape(view) * x + c.c_out.reshape(view) * f
 
 
 # --------------------------------------------------------------------------- VP
@@ -195,6 +175,11 @@ def vpred_draw_loss(model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, n
 
 # --------------------------------------------------------------------------- the four configurations
 
+#: name -> preconditioner class taking ``(unet, **precond_kwargs)``: the key a denoiser file records
+#: (:mod:`pipeline.models.checkpoint` loads every one of them).
+PRECONDITIONERS: dict[str, type[Preconditioned]] = {"edm": EDMPrecond, "vp": VPPrecond, "ve": VEPrecond,
+                                                     "vpred": VPredPrecond}
+
 @dataclass(frozen=True)
 class Parameterisation:
     """One DPDM configuration: its denoiser class (a key of ``PRECONDITIONERS``), per-draw loss and sigma sampler."""
@@ -205,9 +190,7 @@ class Parameterisation:
     sigma_sampler: SigmaSampler
 
     def build(self, unet: nn.Module) -> nn.Module:
-        """The denoiser around ``unet`` (with default arguments, as :func:`save_denoiser` records none)."""
-        from pipeline.models.checkpoint import PRECONDITIONERS  # the registry imports this module
-
+        """The denoiser around ``unet`` (with default arguments, as the training stage's file records none)."""
         return PRECONDITIONERS[self.precond](unet)
 
 

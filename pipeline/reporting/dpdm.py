@@ -3,7 +3,7 @@
 One row per (training run, sampler): the sample-quality metrics of ``evaluate_samples`` joined
 with the run's privacy, read from the run's ledger transcript (the line ``train_dpdm`` wrote):
 ``eps_certified`` is recomputed here from the transcript alone by the replay's accountant
-(:func:`pipeline.accounting.replay.recompute`), so the table's epsilon is a bound that does not
+(:func:`pipeline.privacy.certify.recompute`), so the table's epsilon is a bound that does not
 trust the training stage; ``eps_claimed`` is what the stage claimed, ``eps_target`` what the
 config asked for. DPDM Table 1 (main: FID and downstream accuracy over epsilon), Table 4 / Fig. 4
 (noise multiplicity K), Table 5 / App. F.4.3 (samplers) and App. C (configurations) share this
@@ -18,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.accounting.replay import recompute
 from pipeline.io import read_json
 from pipeline.privacy import ledger
+from pipeline.privacy.certify import recompute
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 

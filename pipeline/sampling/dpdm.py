@@ -39,7 +39,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.privacy.schedule import EDMSchedule
+from pipeline import images
+from pipeline.diffusion.schedule import EDMSchedule
+from pipeline.diffusion.steps import heun_step
 
 #: D(x [B, C, H, W], sigma [B], class_labels [B] int64 or None) -> x0_hat [B, C, H, W]
 Denoiser = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
@@ -223,7 +225,10 @@ def stochastic_ddim_sampler(denoiser: Denoiser, latents: Tensor, class_labels: T
 
     x' = x + 2 (sigma' - sigma) (x - D) / sigma + sqrt(2 |sigma' - sigma| sigma) n  (EMPDEN eq. 1;
     DPDM code ``ddim_sampler(stochastic=True)``). The last interval sigma_min -> 0 is the final
-    denoising evaluation (an SDE step to 0 would overshoot).
+    denoising evaluation (an SDE step to 0 would overshoot). The update is
+    :func:`pipeline.diffusion.steps.eq1_step` with dt = sigma - sigma' written in DPDM's operation
+    order; the two orders differ in the last bits, and the released stochastic-DDIM samples were
+    drawn with this one, so it is kept (routing it through ``eq1_step`` would change those numbers).
     """
     x = latents * float(sigmas[0])
     for s, s_next in zip(sigmas[:-2], sigmas[1:-1]):
@@ -242,9 +247,14 @@ def edm_sampler(denoiser: Denoiser, latents: Tensor, class_labels: Tensor | None
 
     gamma_i = min(S_churn / N, churn_limit) if S_min <= sigma_i <= S_max else 0;
     sigma_hat = (1 + gamma_i) sigma_i; x_hat = x + sqrt(sigma_hat^2 - sigma_i^2) S_noise n; then a
-    Heun step sigma_hat -> sigma_{i+1} (Euler when sigma_{i+1} = 0). S_churn = 0 is Alg. 1.
+    Heun step sigma_hat -> sigma_{i+1} (:func:`pipeline.diffusion.steps.heun_step`, Euler when
+    sigma_{i+1} = 0). S_churn = 0 is Alg. 1.
     """
     n_steps = len(sigmas) - 1
+
+    def denoise(x: Tensor, sigma: float) -> Tensor:
+        return denoiser(x, _sigma_batch(x, sigma), class_labels)
+
     x = latents * float(sigmas[0])
     for s, s_next in zip(sigmas[:-1], sigmas[1:]):
         s, s_next = float(s), float(s_next)
@@ -252,12 +262,7 @@ def edm_sampler(denoiser: Denoiser, latents: Tensor, class_labels: Tensor | None
         s_hat = s * (1 + gamma)
         if gamma > 0:
             x = x + math.sqrt(s_hat ** 2 - s ** 2) * S_noise * _randn_like(x, generator)
-        d_cur = (x - denoiser(x, _sigma_batch(x, s_hat), class_labels).to(x.dtype)) / s_hat
-        x_next = x + (s_next - s_hat) * d_cur
-        if s_next > 0:  # second-order correction (Alg. 2, lines 9-11)
-            d_next = (x_next - denoiser(x_next, _sigma_batch(x, s_next), class_labels).to(x.dtype)) / s_next
-            x_next = x + (s_next - s_hat) * 0.5 * (d_cur + d_next)
-        x = x_next
+        x = heun_step(x, denoise, s_hat, s_next)
     return x
 
 
@@ -314,4 +319,4 @@ def generate(denoiser: Denoiser, n: int, *, shape: tuple[int, int, int], config:
 
 def to_uint8(x: Tensor) -> np.ndarray:
     """Data-scale images in [-1, 1] -> uint8 [0, 255] (the split format), clipping what the sampler overshoots."""
-    return ((x.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+    return images.to_uint8(x, torch.float32)

@@ -25,6 +25,7 @@ from torch import nn
 from pipeline.device import resolve_device
 from pipeline.io import Split, load_split, save_split
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
+from pipeline.models.denoiser import VE_SIGMA
 from pipeline.sampling.dpdm import SamplerConfig, generate, to_uint8
 from pipeline.stage import PipelineError, stage
 
@@ -103,7 +104,7 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
     seed = int(params.get("seed", 0))
     torch.set_num_threads(int(params.get("threads", 1)))
     device = resolve_device(params.get("device", "auto"))
-    denoiser = load_denoiser(inputs["denoiser"], device=device)
+    denoiser = load_denoiser(inputs["denoiser"], device=device, convention=VE_SIGMA)  # the samplers' D(x; sigma)
     meta = read_denoiser_meta(inputs["denoiser"])
     num_classes = denoiser_num_classes(denoiser)
     shape = denoiser_image_shape(denoiser)

@@ -26,8 +26,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from pipeline.diffusion.schedule import EDMSchedule
+from pipeline.diffusion.steps import heun_sampler
 from pipeline.privacy import empirical_denoiser as emp
-from pipeline.privacy.schedule import EDMSchedule, k_private_steps
+from pipeline.privacy.schedule import k_private_steps
 
 PublicDenoiser = Callable[[torch.Tensor, float], torch.Tensor]
 #: called with the number of outputs each finished batch added (e.g. a tqdm bar's ``update``)
@@ -45,21 +47,9 @@ def renoise(x: torch.Tensor, t0: float, t1: float, *, generator: torch.Generator
     return x + math.sqrt(t1**2 - t0**2) * eps
 
 
-@torch.no_grad()
-def edm_heun(x: torch.Tensor, denoiser: PublicDenoiser, times: np.ndarray) -> torch.Tensor:
-    """Deterministic EDM Heun sampler (Karras et al. 2022, Alg. 1 with S_churn = 0) along ``times``.
-
-    ``times`` decreases; a final 0 takes one Euler step. dx/dt = (x - D(x, t)) / t (EDM eq. 3).
-    """
-    for t_cur, t_next in zip(times[:-1], times[1:]):
-        t_cur, t_next = float(t_cur), float(t_next)
-        d_cur = (x - denoiser(x, t_cur).to(x.dtype)) / t_cur
-        x_next = x + (t_next - t_cur) * d_cur
-        if t_next > 0:
-            d_next = (x_next - denoiser(x_next, t_next).to(x.dtype)) / t_next
-            x_next = x + (t_next - t_cur) * 0.5 * (d_cur + d_next)
-        x = x_next
-    return x
+#: Deterministic EDM Heun sampler (Karras et al. 2022, Alg. 1 with S_churn = 0) along decreasing
+#: ``times``; a final 0 takes one Euler step. The public denoiser's steps (post-processing).
+edm_heun = heun_sampler
 
 
 def _private_block(x: torch.Tensor, data: emp.PreparedData, times: np.ndarray, *, C: float, beta: float,

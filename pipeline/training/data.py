@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pipeline.images import to_unit_scale
 from pipeline.io import Split, arrays_sha256, load_split, manifest_path, read_json
 from pipeline.models.unet import UNetSpec
 from pipeline.stage import PipelineError
@@ -31,8 +32,7 @@ def load_training_split(path: Path, role: str) -> tuple[Split, str]:
 
 def to_model_scale(images: np.ndarray | Tensor) -> Tensor:
     """uint8 ``[N, C, H, W]`` in 0..255 -> float32 in [-1, 1] (the scale every denoiser works in)."""
-    x = torch.as_tensor(images)
-    return x.to(torch.float32) / 127.5 - 1.0
+    return to_unit_scale(images, torch.float32)
 
 
 def drop_labels(labels: Tensor, p: float, num_classes: int, generator: torch.Generator | None) -> Tensor:
