@@ -27,6 +27,7 @@ from typing import Any
 from pipeline.io import write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger, rebuild
+from pipeline.privacy.certify import recompute  # one certified eps per line, shared with the result tables
 from pipeline.stage import PipelineError, stage
 
 log = logging.getLogger(__name__)
@@ -38,25 +39,6 @@ REL_TOL = 1e-6
 
 class ReplayError(PipelineError):
     """A claim the transcripts cannot back: understated, rebuilt differently, missing or cut off."""
-
-
-def recompute(entry: ledger.LedgerEntry) -> float:
-    """Certified eps of ``entry``'s event at its delta, by the accountant the entry names."""
-    event = entry.dp_event()
-    name = entry.accountant["name"]
-    if name == "pld_pessimistic":
-        settings = acc.PLDSettings(
-            float(entry.accountant.get("value_discretization_interval", acc.PAPER_DISCRETISATION)),
-            float(entry.accountant.get("log_mass_truncation_bound", acc.PAPER_LOG_MASS_TRUNCATION)))
-        # dp_accounting's own construction, not our faster one: the audit stays independent
-        return acc.pld_epsilon(event, entry.delta, settings=settings, reference=True)
-    if name == "rdp":
-        orders = entry.accountant.get("orders")
-        replace_one = entry.accountant.get("neighboring_relation") == "replace_one"
-        return acc.rdp_epsilon(event, entry.delta, orders=orders, replace_one=replace_one)
-    if name == "gdp":
-        return acc.gdp_epsilon(entry.delta, acc.gdp_mu_of_event(event))
-    raise PipelineError(f"replay: accountant {name!r} is not certified")  # validate() already refuses it
 
 
 def _expected_claims(value: Any) -> dict[str, int] | None:
