@@ -90,6 +90,27 @@ def _fill_defaults(instance: dict[str, Any], schema: Mapping[str, Any]) -> None:
             _fill_defaults(instance[key], sub)
 
 
+def schema_defaults(*section: str) -> dict[str, Any]:
+    """The schema's defaults of one section, nested objects filled, e.g. ``schema_defaults("dpdm")``
+    or ``schema_defaults("evaluation", "evalnet")``.
+
+    Stage code fills absent params from here rather than from defaults of its own, so the schema
+    stays the one place a default lives (``tests/test_defaults.py`` holds every stage dataclass to it).
+    Keys whose schema has no default are absent. Returns a fresh copy the caller may change.
+    """
+    node: Mapping[str, Any] = load_schema()
+    for i, key in enumerate(section):
+        properties = node.get("properties", {})
+        if key not in properties:
+            raise KeyError(f"schema has no section {'.'.join(section[: i + 1])}")
+        node = properties[key]
+    if node.get("type") != "object" and "properties" not in node:
+        raise KeyError(f"schema entry {'.'.join(section)} is not a section (an object with properties)")
+    out = copy.deepcopy(node.get("default", {}))
+    _fill_defaults(out, node)
+    return out
+
+
 def validate_config(config: Mapping[str, Any] | None, *, source: str = "config") -> dict[str, Any]:
     """Validate ``config`` against the schema and return a copy with defaults filled.
 

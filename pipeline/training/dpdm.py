@@ -41,7 +41,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.config import schema_defaults
 from pipeline.device import resolve_device
 from pipeline.io import atomic_path, read_json, write_json
 from pipeline.models.checkpoint import read_denoiser_meta, save_denoiser
@@ -65,53 +66,60 @@ STAGE = "train_dpdm"
 RESUME_INSENSITIVE = ("checkpoint_every_s", "device", "threads", "micro_batch", "config_id")
 
 PARAMS_DOC = {
-    "parameterisation": "edm | vpred | vp | ve: the diffusion configuration (DPDM App. C; default edm)",
+    "parameterisation": "edm | vpred | vp | ve: the diffusion configuration (DPDM App. C)",
     "epsilon": "target eps (required): sigma is calibrated so the certified PLD eps of the run is <= it",
-    "delta": "target delta (default 1e-5)",
-    "clip": "per-example gradient clip norm C (default 1.0; DPDM uses 1)",
-    "batch_size": "expected logical batch size; Poisson sampling rate q = batch_size / N (default 256)",
-    "epochs": "passes over the data: T = ceil(epochs * N / batch_size) steps (default 10; ignored if steps is set)",
+    "delta": "target delta",
+    "clip": "per-example gradient clip norm C (DPDM uses 1)",
+    "batch_size": "expected logical batch size; Poisson sampling rate q = batch_size / N",
+    "epochs": "passes over the data: T = ceil(epochs * N / batch_size) steps (ignored if steps is set)",
     "steps": "number of DP-SGD steps T (optional; overrides epochs)",
-    "lr": "Adam learning rate (default 3e-4, DPDM App. C)",
-    "K": "noise multiplicity: (sigma, noise) draws averaged per example before clipping (default 1; DPDM 32)",
-    "ema_decay": "EMA decay of the saved weights (default 0.999, DPDM App. C)",
-    "label_dropout": "probability of the null label per example and step, classifier-free guidance (default 0.1)",
-    "class_conditional": "condition on the labels (default true)",
+    "lr": "Adam learning rate (DPDM App. C: 3e-4 from scratch)",
+    "K": "noise multiplicity: (sigma, noise) draws averaged per example before clipping (DPDM 32)",
+    "ema_decay": "EMA decay of the saved weights (DPDM App. C: 0.999)",
+    "label_dropout": "probability of the null label per example and step, classifier-free guidance",
+    "class_conditional": "condition on the labels",
     "unet": "UNetSpec architecture keys (block_out_channels, attention, layers_per_block, norm_num_groups, "
-            "dropout); image size, channels and classes come from the data (default: the embedded UNet)",
-    "checkpoint_every_s": "wall-clock seconds between resumable checkpoints (default 300)",
-    "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only (default 64)",
+            "dropout); image size, channels and classes come from the data",
+    "checkpoint_every_s": "wall-clock seconds between resumable checkpoints",
+    "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only",
     "trainable": "glob patterns of the parameter names DP-SGD updates (e.g. ['*attentions*', "
-                 "'unet.class_embedding.*']); null = every parameter (default)",
-    "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise)",
+                 "'unet.class_embedding.*']); null = every parameter",
+    "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise; default 0)",
     "config_id": "id of the configuration (recorded on the ledger line and in the model's meta)",
     "device": "auto | cpu | cuda[:N] (default auto)",
     "threads": "torch CPU threads (default 1)",
     "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/train_dpdm/<model name>)",
 }
 _KNOWN = set(PARAMS_DOC)
+#: the config section the stage's params mirror: the one source of their defaults
+SCHEMA_SECTION = "dpdm"
 
 
 @dataclass(frozen=True)
 class DPDMConfig:
-    """The stage's params with defaults (see ``PARAMS_DOC``)."""
+    """The stage's params (see ``PARAMS_DOC``).
+
+    The fields that mirror the schema's ``dpdm`` section carry no defaults: :meth:`from_params`
+    fills absent ones from the schema (:func:`pipeline.config.schema_defaults`), so a default
+    lives in one place. Only ``steps`` and ``seed``, which the section does not have, default here.
+    """
 
     epsilon: float
-    parameterisation: str = "edm"
-    delta: float = 1e-5
-    clip: float = 1.0
-    batch_size: int = 256
-    epochs: float = 10.0
+    parameterisation: str
+    delta: float
+    clip: float
+    batch_size: int
+    epochs: float
+    lr: float
+    K: int
+    ema_decay: float
+    label_dropout: float
+    class_conditional: bool
+    unet: dict[str, Any]
+    checkpoint_every_s: float
+    micro_batch: int
+    trainable: tuple[str, ...] | None
     steps: int | None = None
-    lr: float = 3e-4
-    K: int = 1
-    ema_decay: float = 0.999
-    label_dropout: float = 0.1
-    class_conditional: bool = True
-    unet: dict[str, Any] = field(default_factory=dict)
-    checkpoint_every_s: float = 300.0
-    micro_batch: int = 64
-    trainable: tuple[str, ...] | None = None
     seed: int = 0
 
     @classmethod
@@ -119,10 +127,17 @@ class DPDMConfig:
         unknown = sorted(set(params) - _KNOWN)
         if unknown:
             raise PipelineError(f"stage {STAGE}: unknown param {unknown[0]!r} (known: {', '.join(sorted(_KNOWN))})")
-        if "epsilon" not in params:
+        if params.get("epsilon") is None:
             raise PipelineError(f"stage {STAGE}: param epsilon (the target eps) is required")
-        kept = {k: params[k] for k in cls.__dataclass_fields__ if k in params and params[k] is not None}
-        if "trainable" in kept:
+        given = {k: params[k] for k in cls.__dataclass_fields__ if k in params and params[k] is not None}
+        # an absent (or null) param takes the schema's default, as validate_config fills a config
+        section = schema_defaults(SCHEMA_SECTION)
+        kept = {k: section[k] for k in cls.__dataclass_fields__ if k in section} | given
+        if not isinstance(kept["unet"], Mapping):
+            raise PipelineError(f"stage {STAGE}: param unet must be a mapping of architecture keys, "
+                                f"got {kept['unet']!r}")
+        kept["unet"] = {**section["unet"], **kept["unet"]}  # nested keys too, as validate_config fills them
+        if kept["trainable"] is not None:
             pats = kept["trainable"]
             if isinstance(pats, str) or not all(isinstance(x, str) and x for x in pats):
                 raise PipelineError(f"stage {STAGE}: param trainable must be a list of glob patterns, got {pats!r}")
