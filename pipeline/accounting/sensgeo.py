@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline import seeds
 from pipeline.privacy.sensgeo import bridge, geometry, guarantees, midp, sdp
 from pipeline.reporting.figures import save_figure
 from pipeline.reporting.tables import write_table
@@ -56,7 +57,7 @@ def _provenance(params: Mapping[str, Any], stage_name: str) -> tuple[str, int]:
 
 def _rng(seed: int, salt: int) -> np.random.Generator:
     # One independent stream per output, so changing one grid never moves another table.
-    return np.random.default_rng([seed, salt])
+    return seeds.numpy_rng("sensgeo.output", seed, salt)
 
 
 # --------------------------------------------------------------------------- Fig. 1

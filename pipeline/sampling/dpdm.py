@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline import images
+from pipeline import images, seeds
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.diffusion.steps import heun_step
 
@@ -305,7 +305,7 @@ def generate(denoiser: Denoiser, n: int, *, shape: tuple[int, int, int], config:
     if config.guidance != 0 and num_classes < 1:
         raise ValueError(f"guidance scale {config.guidance} needs a class-conditional denoiser")
     labels = balanced_labels(n, num_classes)
-    generator = torch.Generator("cpu").manual_seed(int(seed))
+    generator = seeds.torch_generator("dpdm.sampling", seed)
     out = []
     for start in range(0, n, batch_size):
         b = min(batch_size, n - start)

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline import seeds
 from pipeline.config import schema_defaults
 from pipeline.device import resolve_device
 from pipeline.io import atomic_path, read_json, write_json
@@ -280,14 +281,13 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
              cfg.epsilon, cfg.delta)
 
     # 2. the model (public initialisation is post-processing of public data)
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed % 2 ** 32)
+    seeds.seed_globals("dpdm.init", cfg.seed)
     model = config.build(build_unet(spec)).to(device)
     init_info = init_from_public(model, inputs["init"]) if inputs.get("init") else None
     n_trainable = freeze_all_but(model, cfg.trainable)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)  # Poisson sampling, diffusion draws, label dropout
-    noise_gen = torch.Generator(device=device).manual_seed(cfg.seed + 2)  # the Gaussian mechanism
+    gen = seeds.torch_generator("dpdm.draws", cfg.seed)  # Poisson sampling, diffusion draws, label dropout
+    noise_gen = seeds.torch_generator("dpdm.mechanism_noise", cfg.seed, device=device)  # the Gaussian mechanism
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
                          multiplicity=dpsgd.NoiseMultiplicity(cfg.K, config.sigma_sampler), generator=gen,
                          noise_generator=noise_gen)

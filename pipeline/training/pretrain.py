@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pipeline import seeds
 from pipeline.config import validate_config
 from pipeline.device import resolve_device
 from pipeline.io import write_json
@@ -48,7 +49,7 @@ def epoch_batches(n: int, batch_size: int, step: int, seed: int) -> Tensor:
     so resuming needs no sampler state). The last partial batch of an epoch is skipped."""
     per_epoch = max(1, n // batch_size)
     epoch, k = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    perm = torch.randperm(n, generator=seeds.torch_generator("pretrain.batches", seed, epoch))
     return perm[k * batch_size:(k + 1) * batch_size] if n >= batch_size else perm
 
 
@@ -119,11 +120,10 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     images = torch.from_numpy(split.images).to(device)
     labels = torch.from_numpy(split.labels.astype(np.int64)).to(device) if spec.num_classes else None
 
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2 ** 32)
+    seeds.seed_globals("pretrain.init", seed)
     model = EDMPrecond(build_unet(spec), sigma_data=cfg["sigma_data"]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = seeds.torch_generator("pretrain.draws", seed)
     sampler = edm_sigma_sampler(cfg["p_mean"], cfg["p_std"])
     batch = min(cfg["batch_size"], len(split))
 

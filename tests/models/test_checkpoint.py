@@ -38,3 +38,99 @@ def test_missing_or_foreign_file_is_one_line(tmp_path):
     torch.save({"weights": 1}, tmp_path / "other.pt")
     with pytest.raises(PipelineError, match="not a dpgen-denoiser/1 file"):
         load_denoiser(tmp_path / "other.pt")
+
+
+# --------------------------------------------------------------------------- conventions
+
+from pipeline.models import checkpoint  # noqa: E402
+from pipeline.models.denoiser import CONVENTIONS, Preconditioned  # noqa: E402
+from pipeline.models.precond import PRECONDITIONERS  # noqa: E402
+
+SMALL = UNetSpec(image_size=8, block_out_channels=(8, 16), norm_num_groups=4)
+
+
+class StraightVelocity(torch.nn.Module):
+    """A rectified-flow velocity model v(x, t) = F(x; t): no preconditioning, t in [0, 1]."""
+
+    convention = "rectified_flow_t"
+
+    def __init__(self, unet: torch.nn.Module, t_scale: float = 1000.0) -> None:
+        super().__init__()
+        self.unet, self.t_scale = unet, float(t_scale)
+
+    def forward(self, x, t, class_labels=None):
+        t = torch.as_tensor(t, dtype=x.dtype).expand(x.shape[0])
+        return self.unet(x, t * self.t_scale, class_labels=class_labels).sample
+
+
+@pytest.fixture
+def flow_registered(monkeypatch):
+    monkeypatch.setitem(checkpoint.DENOISERS, "straight_velocity", StraightVelocity)
+    return "straight_velocity"
+
+
+@pytest.mark.parametrize("name", sorted(PRECONDITIONERS))
+def test_every_preconditioner_is_stored_as_ve_sigma_and_loads_to_the_same_function(tmp_path, name):
+    torch.manual_seed(0)
+    net = PRECONDITIONERS[name](build_unet(SMALL)).eval()
+    assert isinstance(net, Preconditioned)
+    save_denoiser(tmp_path / "d.pt", net, unet=SMALL, precond=name)
+    assert checkpoint.read_denoiser_convention(tmp_path / "d.pt") == "ve_sigma"
+    loaded = load_denoiser(tmp_path / "d.pt", convention="ve_sigma")
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(loaded(x, 0.3), net(x, 0.3))
+
+
+def test_a_flow_model_is_saved_and_loaded_through_the_same_module(tmp_path, flow_registered):
+    torch.manual_seed(0)
+    net = StraightVelocity(build_unet(SMALL), t_scale=500.0).eval()
+    save_denoiser(tmp_path / "flow.pt", net, unet=SMALL, precond=flow_registered, precond_kwargs={"t_scale": 500.0})
+    assert torch.load(tmp_path / "flow.pt", weights_only=True)["convention"] == "rectified_flow_t"
+    loaded = load_denoiser(tmp_path / "flow.pt", convention="rectified_flow_t")
+    assert isinstance(loaded, StraightVelocity) and loaded.t_scale == 500.0
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(loaded(x, 0.25), net(x, 0.25))
+    # a VE-sigma sampler refuses it with one line instead of reading t as sigma
+    with pytest.raises(PipelineError, match="holds a rectified_flow_t model .* this needs ve_sigma"):
+        load_denoiser(tmp_path / "flow.pt", convention="ve_sigma")
+
+
+def test_a_file_from_before_conventions_loads_as_ve_sigma(tmp_path):
+    torch.manual_seed(0)
+    net = EDMPrecond(build_unet(SMALL)).eval()
+    save_denoiser(tmp_path / "d.pt", net, unet=SMALL, precond="edm")
+    blob = torch.load(tmp_path / "d.pt", weights_only=True)
+    del blob["convention"]  # what every file written before this key existed looks like
+    torch.save(blob, tmp_path / "old.pt")
+    assert checkpoint.read_denoiser_convention(tmp_path / "old.pt") == "ve_sigma"
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(load_denoiser(tmp_path / "old.pt", convention="ve_sigma")(x, 0.3), net(x, 0.3))
+
+
+def test_a_file_whose_convention_disagrees_with_its_class_is_refused(tmp_path):
+    net = EDMPrecond(build_unet(SMALL))
+    save_denoiser(tmp_path / "d.pt", net, unet=SMALL, precond="edm")
+    blob = torch.load(tmp_path / "d.pt", weights_only=True)
+    torch.save({**blob, "convention": "rectified_flow_t"}, tmp_path / "lying.pt")
+    with pytest.raises(PipelineError, match="holds a rectified_flow_t model but 'edm' .* speaks ve_sigma"):
+        load_denoiser(tmp_path / "lying.pt")
+    torch.save({**blob, "convention": "vp_t"}, tmp_path / "unknown.pt")
+    with pytest.raises(PipelineError, match="unknown convention 'vp_t'"):
+        load_denoiser(tmp_path / "unknown.pt")
+
+
+def test_registering_checks_the_convention_and_refuses_a_taken_name(monkeypatch):
+    monkeypatch.setattr(checkpoint, "DENOISERS", dict(checkpoint.DENOISERS))
+
+    class NoConvention(torch.nn.Module):
+        pass
+
+    with pytest.raises(ValueError, match="convention must be one of"):
+        checkpoint.register_denoiser("x", NoConvention)
+    with pytest.raises(ValueError, match="'edm' is already registered to EDMPrecond"):
+        checkpoint.register_denoiser("edm", StraightVelocity)
+    checkpoint.register_denoiser("flow", StraightVelocity)
+    assert checkpoint.DENOISERS["flow"] is StraightVelocity and set(CONVENTIONS) >= {"ve_sigma", "rectified_flow_t"}

@@ -97,3 +97,13 @@ def test_the_wrapper_swaps_in_attention_that_vmap_can_batch_without_changing_out
     processors = [m.processor for m in net.modules() if hasattr(m, "set_processor")]
     assert processors and all(isinstance(p, AttnProcessor) for p in processors)
     torch.testing.assert_close(net(x, s), before, rtol=1e-5, atol=1e-5)
+
+
+def test_edm_is_a_preconditioned_denoiser_like_the_other_configurations():
+    from pipeline.models.denoiser import Preconditioned
+
+    net = edm.EDMPrecond(tiny_unet(), sigma_data=0.5)
+    assert isinstance(net, Preconditioned) and net.convention == "ve_sigma"
+    sigma = torch.tensor([0.3, 2.0])
+    c, want = net.coefficients(sigma), edm.edm_coefficients(sigma, 0.5)
+    assert all(torch.equal(getattr(c, k), getattr(want, k)) for k in ("c_skip", "c_out", "c_in", "c_noise"))

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from pipeline.models import precond
-from pipeline.models.checkpoint import PRECONDITIONERS, load_denoiser, save_denoiser
+from pipeline.models.checkpoint import load_denoiser, save_denoiser
+from pipeline.models.precond import PRECONDITIONERS
 from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.privacy import dpsgd
 
