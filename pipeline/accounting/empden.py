@@ -2,11 +2,18 @@
 
 ``empden_blocks`` is the one expensive stage: for each private block of the config -- the
 (p, B) grid of Appendix J on the N-step EDM schedule, plus any mu_bar_B given directly --
-it computes mu_bar_B (eq. 9), q_B = B/n and eps from every accountant (App. G): certified
+it takes mu_bar_B (eq. 9) and q_B = B/n from the block's
+:class:`~pipeline.privacy.empden_block.EmpdenBlock` (the value the sampler and the replay
+derive from too) and computes eps from every accountant (App. G): certified
 PLD eps_u, optimistic PLD eps_l (NOT a bound), Edgeworth with its App. D diagnostics, the
 GDP CLT estimate, RDP at delta and at 1/n^2. Each certified eps_u is also written as a
 claim to the ledger, so ``replay`` can recompute every number in the tables. The table
 stages only select and rename columns, so the same block is never accounted twice.
+
+These tables are the paper's own grid (``accounting.p`` x ``accounting.B`` at
+``accounting.N_out``, or ``accounting.mu_bar_B`` given directly), not the sampled cells, and
+say so in their ``grid`` column; the eps of the runs actually sampled (``empden.grid`` at
+``empden.n_out``) is Table 8's join, :func:`pipeline.accounting.empden_results.empden_table8_grid`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.edgeworth import Block, edgeworth_epsilon
 from pipeline.privacy.mia import asr_bound
-from pipeline.privacy.schedule import EDMSchedule, block_mu, k_private_steps, step_mu
+from pipeline.privacy.empden_block import EmpdenBlock
+from pipeline.privacy.schedule import EDMSchedule
 from pipeline.reporting import write_table
 from pipeline.stage import PipelineError, stage
 
@@ -93,16 +101,16 @@ class AccountingConfig:
         return EDMSchedule(sigma_min=sigma_min or self.sigma_min, sigma_max=self.sigma_max, rho=self.rho,
                            N=N or self.N)
 
-    def mu_t(self, subset_size: int, *, N: int | None = None, sigma_min: float | None = None) -> np.ndarray:
-        """Per-step mu_t of eq. 39 over a subset of ``subset_size`` records (B, or n for full batch)."""
-        return step_mu(self.schedule(N=N, sigma_min=sigma_min), C=self.clip(subset_size), beta=self.beta,
-                       batch_size=subset_size)
+    def block(self, B: int, *, k: int | None = None, p_percent: float | None = None, N: int | None = None,
+              sigma_min: float | None = None) -> EmpdenBlock:
+        """The output-wise block over B of n records on the (N-step, sigma_min) grid, k steps or p% of them."""
+        return EmpdenBlock.from_accounting({"C": self.C, "C_scales_with_subset": self.C_scales_with_subset,
+                                            "beta": self.beta}, schedule=self.schedule(N=N, sigma_min=sigma_min),
+                                           B=B, n=self.n, N_out=self.N_out, k=k, p_percent=p_percent)
 
-    def clip(self, subset_size: int) -> float:
-        """The clip norm C of eq. 39 for a subset of ``subset_size`` records."""
-        # C_scales_with_subset: the effective clip norm is C |S| (see the schema), so the
-        # 1/|S| of the sensitivity 2C/|S| cancels.
-        return self.C * subset_size if self.C_scales_with_subset else self.C
+    def mu_t(self, subset_size: int, *, N: int | None = None, sigma_min: float | None = None) -> np.ndarray:
+        """Per-step mu_t of eq. 39 at every step of the grid over ``subset_size`` records (B, or n for full batch)."""
+        return self.block(subset_size, k=N or self.N, N=N, sigma_min=sigma_min).mu_t
 
     @property
     def pld(self) -> acc.PLDSettings:
@@ -120,13 +128,12 @@ class AccountingConfig:
 
 def block_plan(cfg: AccountingConfig) -> list[dict[str, Any]]:
     """Every private block to account: the (p, B) grid, then any mu_bar_B given directly."""
-    t = cfg.schedule().times()
     plan: list[dict[str, Any]] = []
     for p in cfg.p:
-        k = k_private_steps(cfg.N, p)
         for B in cfg.B:
-            plan.append({"source": "schedule", "p_percent": p, "k_steps": k, "t0": float(t[k]), "B": B,
-                         "q_B": B / cfg.n, "mu_bar_B": block_mu(cfg.mu_t(B), k)})
+            block = cfg.block(B, p_percent=p)
+            plan.append({"source": "schedule", "p_percent": p, "k_steps": block.k, "t0": block.t0, "B": B,
+                         "q_B": block.q_B, "mu_bar_B": block.mu_bar_B})
     if cfg.mu_bar_B:
         B = min(cfg.B)
         paired = len(cfg.mu_bar_B) == len(cfg.p)
@@ -159,14 +166,16 @@ def claim_entry(cfg: AccountingConfig, row: Mapping[str, Any], *, stage_name: st
                 seed: int) -> ledger.LedgerEntry:
     """The ledger line for one block: its event and its certified eps_u (PLD, pessimistic).
 
-    A grid block also records its schedule, C and beta, so the replay can rebuild mu_bar_B
-    (eq. 9) and the event from them; a block with mu_bar_B given directly records only that.
+    A grid block also records its schedule, C (the effective clip) and beta, so the replay can
+    rebuild mu_bar_B (eq. 9) and the event from them; a block with mu_bar_B given directly
+    records only that.
     """
     event = acc.outputwise_event(row["mu_bar_B"], row["q_B"], cfg.N_out)
     mechanism = {}
     if row["source"] == "schedule":
-        mechanism = {"sigma_min": cfg.sigma_min, "sigma_max": cfg.sigma_max, "rho": cfg.rho, "N": cfg.N,
-                     "C": cfg.clip(row["B"]), "beta": cfg.beta}
+        block = cfg.block(row["B"], k=row["k_steps"])
+        event = block.event
+        mechanism = {k: v for k, v in block.schedule_extra().items() if k not in ("k_steps", "t_end")}
     return ledger.LedgerEntry(
         stage=stage_name, mechanism="empden_outputwise_block", event=ledger.event_to_dict(event),
         sensitivity=1.0, noise_std=1.0 / row["mu_bar_B"],
@@ -209,8 +218,16 @@ def read_blocks(path: Path) -> tuple[dict[str, Any], pd.DataFrame]:
     return data, df
 
 
+#: the ``grid`` column: which grid a row belongs to. These tables are the paper's grid (App. J /
+#: Table 7's given mu_bar_B), not the sampled cells (those are Table 8's join, empden_results).
+GRID_LABELS = {"schedule": "paper: accounting.p x accounting.B",
+               "given": "paper: accounting.mu_bar_B given directly"}
+ASR_GRID_LABEL = "paper: accounting.asr_q x Table 13 stopping points"
+
+
 def _write(df: pd.DataFrame, meta: Mapping[str, Any], out: Path, columns: list[str]) -> None:
     df = df[columns].reset_index(drop=True).copy()
+    df["grid"] = df["source"].map(GRID_LABELS)
     for col in ("n", "N_out", "delta"):
         if col in meta and col not in df:
             df[col] = meta[col]
@@ -283,18 +300,16 @@ def asr_rows(cfg: AccountingConfig) -> list[dict[str, Any]]:
     max(1, round((1 - s) T)) steps (at t = T the sampler has taken one private step). The
     subset size is q n (only used when C does not scale with the subset).
     """
-    times = cfg.schedule(N=cfg.asr_N).times()
     rows = []
     for q in cfg.asr_q:
         subset = max(1, round(q * cfg.n))
-        mu_t = cfg.mu_t(subset, N=cfg.asr_N)
         for label, s in STOPPING_POINTS.items():
-            k = max(1, round((1 - s) * cfg.asr_N))
-            mu_bar = block_mu(mu_t, k)
-            event = acc.outputwise_event(mu_bar, q, cfg.N_out)
+            block = cfg.block(subset, k=max(1, round((1 - s) * cfg.asr_N)), N=cfg.asr_N)
+            # the theoretical rows amplify by the q asked for, not by the rounded subset's B/n
+            event = acc.outputwise_event(block.mu_bar_B, q, cfg.N_out)
             eps = acc.pld_epsilon(event, cfg.delta, settings=cfg.pld)
-            rows.append({"q": q, "stopping_point": label, "k_steps": k, "t_stop": float(times[k]),
-                         "mu_bar_B": mu_bar, "eps_upper_bound": eps,
+            rows.append({"q": q, "stopping_point": label, "k_steps": block.k, "t_stop": block.t0,
+                         "mu_bar_B": block.mu_bar_B, "eps_upper_bound": eps,
                          "asr_upper_bound": asr_bound(eps, cfg.delta), "N_out": cfg.N_out, "delta": cfg.delta})
     return rows
 
@@ -305,6 +320,7 @@ def empden_table13_theoretical_asr(inputs, outputs, params) -> None:
     cfg = AccountingConfig.from_params(params)
     rows = asr_rows(cfg)
     df = pd.DataFrame(rows)
+    df["grid"] = ASR_GRID_LABEL
     df["n"] = cfg.n
     df["discretisation"] = cfg.discretisation
     df["log_mass_truncation"] = cfg.log_mass_truncation

@@ -2,7 +2,9 @@
 
 ``empden_table8_grid`` is the one stage that joins: for every sampled cell it reads the cell's
 facts (from the samples' manifest, written by ``empden_sample``) and its metrics (from
-``evaluate_samples``), and accounts each distinct output-wise block (mu_bar_B, q_B, N_out) once
+``evaluate_samples``), rebuilds the cell's private block from the facts
+(:meth:`pipeline.privacy.empden_block.EmpdenBlock.from_facts`: the value the sampler and its
+ledger line derived from), and accounts each distinct output-wise block (mu_bar_B, q_B, N_out) once
 with :func:`pipeline.accounting.empden.account_block` (App. G: certified PLD eps_u, optimistic
 eps_l -- NOT a bound --, Edgeworth estimate with its App. D diagnostics). Full-batch cells are
 exact GDP (Sec. 3.2), per-step cells carry their ledger's Prop. C.1 PLD bound, the public-only
@@ -25,6 +27,7 @@ import pandas as pd
 from pipeline.accounting.empden import AccountingConfig, account_block
 from pipeline.io import load_split, manifest_path, read_json
 from pipeline.privacy import accountants as acc
+from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.reporting import read_table, save_figure, write_table
 from pipeline.reporting.figures import readable_log_axis
 from pipeline.stage import PipelineError, stage
@@ -35,6 +38,11 @@ FACTS = ("cell", "method", "seed", "beta", "p_percent", "B", "T", "sigma_min", "
          "q_B", "mu_bar_B", "n_out", "delta", "claimed_epsilon", "normaliser", "normaliser_n")
 EPS = ("eps_lower_estimate", "eps_upper_bound", "eps_edgeworth_estimate", "edgeworth_valid", "edgeworth_reason")
 TABLE_DOC = {"config_id": "id of the configuration (provenance column)"}
+#: Table 8's ``grid`` column: its rows are the runs sampled, unlike the accounting tables' paper grid
+SAMPLED_GRID = "sampled: empden cells"
+#: relative tolerance between a manifest's mu_bar_B and the block its parameters rebuild (the same
+#: code on the same numbers agrees to the last bits; an edited manifest differs by far more)
+REL_TOL = 1e-9
 
 
 def _pairs(inputs: Mapping[str, Path]) -> list[tuple[Path, Path]]:
@@ -66,12 +74,25 @@ class BlockAccountant:
         self.base = dict(accounting)
         self.cache: dict[tuple[float, float, int, int], dict[str, Any]] = {}
 
-    def __call__(self, mu_bar: float, q: float, n_out: int, n: int, B: int) -> dict[str, Any]:
-        key = (mu_bar, q, n_out, n)
+    def __call__(self, block: EmpdenBlock) -> dict[str, Any]:
+        key = (block.mu_bar_B, block.q_B, block.N_out, block.n)
         if key not in self.cache:
-            cfg = AccountingConfig.from_params({"accounting": {**self.base, "B": [B], "n": n}, "n": n})
-            self.cache[key] = account_block(replace(cfg, N_out=n_out), mu_bar, q)
+            cfg = AccountingConfig.from_params({"accounting": {**self.base, "B": [block.B], "n": block.n},
+                                                "n": block.n})
+            self.cache[key] = account_block(replace(cfg, N_out=block.N_out), block.mu_bar_B, block.q_B)
         return self.cache[key]
+
+
+def facts_block(facts: Mapping[str, Any]) -> EmpdenBlock:
+    """The private block of a sampled cell, rebuilt from its manifest facts and checked against them."""
+    try:
+        block = EmpdenBlock.from_facts(facts)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PipelineError(f"cell {facts.get('cell')}: its manifest facts build no EMPDEN block ({exc})") from None
+    if not math.isclose(block.mu_bar_B, float(facts["mu_bar_B"]), rel_tol=REL_TOL, abs_tol=0.0):
+        raise PipelineError(f"cell {facts.get('cell')}: manifest mu_bar_B = {facts['mu_bar_B']!r} but its "
+                            f"parameters give {block.mu_bar_B!r}")
+    return block
 
 
 def cell_privacy(facts: Mapping[str, Any], blocks: BlockAccountant) -> dict[str, Any]:
@@ -84,12 +105,12 @@ def cell_privacy(facts: Mapping[str, Any], blocks: BlockAccountant) -> dict[str,
                 "accountant": "none (no private data read)"}
     if method == "full_batch":
         # exact GDP composition (Sec. 3.2): the bound is tight, there is no discretisation slack
-        eps = acc.gdp_epsilon(facts["delta"], facts["mu_total"])
+        eps = acc.gdp_epsilon(facts["delta"], facts_block(facts).mu_total)
         return {**none, "eps_lower_estimate": eps, "eps_upper_bound": eps, "accountant": "gdp (exact)"}
     if method == "per_step":
         # Prop. C.1, as claimed (and replayed) in the cell's ledger
         return {**none, "eps_upper_bound": facts["claimed_epsilon"], "accountant": "pld_pessimistic (Prop. C.1)"}
-    row = blocks(facts["mu_bar_B"], facts["q_B"], facts["n_out"], facts["n"], facts["B"])
+    row = blocks(facts_block(facts))
     return {**{k: row[k] for k in EPS}, "accountant": "pld_pessimistic (Prop. 4.1)"}
 
 
@@ -122,6 +143,7 @@ def empden_table8_grid(inputs: Mapping[str, Path], outputs: Mapping[str, Path], 
     if "accounting" not in params:
         raise PipelineError("empden_table8_grid: params need the config's `accounting` section")
     df = grid_rows(_pairs(inputs), params["accounting"])
+    df["grid"] = SAMPLED_GRID
     write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")))
 
 

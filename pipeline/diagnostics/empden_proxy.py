@@ -46,14 +46,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from pipeline import seeds
 from pipeline.config import validate_config
 from pipeline.device import resolve_device
 from pipeline.diagnostics.classifiers import Classifier, EvalNetClassifier, ZeroShotCLIP
 from pipeline.diagnostics.image_metrics import Interval, bootstrap_mean, paired_bootstrap_difference, psnr, ssim
+from pipeline.diffusion.steps import eq1_step
 from pipeline.evaluation.evalnet import EvalNet, load_evalnet
+from pipeline.images import to_pixel_scale, to_unit_scale
 from pipeline.io import load_split
 from pipeline.models.checkpoint import load_denoiser
 from pipeline.privacy import empirical_denoiser as emp
+from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.privacy.schedule import EDMSchedule, k_private_steps, log_snr
 from pipeline.reporting import save_figure, write_table
 from pipeline.sampling.empden import prepare_public
@@ -111,7 +115,7 @@ def posterior_mean(x_t: torch.Tensor, data: emp.PreparedData, t: float,
 class EmpiricalDenoiser:
     """E_hat(x, t) on the private set, image-shaped in and out (the :data:`Denoiser` interface).
 
-    ``clipped``: eq. 38 with clip norm ``C`` (the effective one, see :func:`effective_clip`) and
+    ``clipped``: eq. 38 with clip norm ``C`` (the block's effective one, ``EmpdenBlock.C_eff``) and
     public normaliser ``beta``, each v divided by the public marginal Z = p_hat_pub(x_t) of
     ``public`` when given (the sampler's ``public_marginal`` normaliser; None: eq. 38's Z = 1);
     ``posterior_mean``: the unclipped, exactly normalised eq. 4.
@@ -139,25 +143,17 @@ class EmpiricalDenoiser:
         return out.reshape(x.shape).to(x.dtype)
 
 
-def effective_clip(C: float, *, scales_with_subset: bool, subset_size: int) -> float:
-    """The clip norm of v(x0; x_t): C |S| when ``accounting.C_scales_with_subset`` (the convention
-    that reproduces EMPDEN's released mu_bar_B, see the config schema), else C as in eq. 39."""
-    return C * subset_size if scales_with_subset else C
-
-
 # --------------------------------------------------------------------------- the sampler
 
 
 def sde_step(x: torch.Tensor, x0_hat: torch.Tensor, t: float, t_next: float, eps: torch.Tensor) -> torch.Tensor:
     """One step of eq. 1 from t to t_next with the given standard-normal ``eps`` (held fixed by callers)."""
-    dt = t - t_next
-    return (1.0 - 2.0 * dt / t) * x + (2.0 * dt / t) * x0_hat + emp.sampler_noise_std(t, t_next) * eps
+    return eq1_step(x, x0_hat, t, t_next, eps)
 
 
 def generator(*keys: int) -> torch.Generator:
     """A CPU generator for one random stream; keys (seed, stream, ...) are mixed by SeedSequence."""
-    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state >> np.uint64(1)))
+    return torch.Generator().manual_seed(seeds.mix(keys))  # the empden_proxy.* streams of pipeline.seeds
 
 
 def trajectory_noise(shape: tuple[int, ...], N: int, sigma_max: float, *keys: int,
@@ -255,7 +251,7 @@ def window_variants(x_T: torch.Tensor, times: np.ndarray, eps: torch.Tensor, neu
 
 def to_pixels(x: torch.Tensor) -> torch.Tensor:
     """Model-scale images ([-1, 1]) as the uint8 grid a released sample would be (float 0..255)."""
-    return ((x.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round()
+    return to_pixel_scale(x, torch.float32)
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -362,6 +358,15 @@ class Settings:
         a = self.accounting
         return EDMSchedule(sigma_min=a["sigma_min"], sigma_max=a["sigma_max"], rho=a["rho"], N=N)
 
+    def block(self, n: int, schedule: EDMSchedule) -> EmpdenBlock:
+        """The sampler's block the diagnostic's E_hat stands for: B records per trajectory
+        (``empden_diagnostics.B``; all n when null), on every step of ``schedule``, with the
+        accounting section's C, its scaling and beta. Its :attr:`~EmpdenBlock.C_eff` is the clip."""
+        B = self.diag["B"]
+        return EmpdenBlock.from_accounting(self.accounting, schedule=schedule, B=n if B is None else B, n=n,
+                                           N_out=self.diag["n_trajectories"], k=schedule.N,
+                                           scheme="full_batch" if B is None else "per_output")
+
     def chunks(self) -> list[tuple[int, int]]:
         """(chunk index, size) of the trajectories processed together."""
         n, b = self.diag["n_trajectories"], self.diag["batch_size"]
@@ -374,12 +379,12 @@ def _load_private(path: Path, device: torch.device) -> tuple[emp.PreparedData, t
     except (FileNotFoundError, ValueError, KeyError) as exc:
         raise PipelineError(f"input private: {exc}") from None
     # the data stage's uint8 images on the [-1, 1] scale the denoisers work in
-    x0 = torch.from_numpy(split.images).to(torch.float64) / 127.5 - 1.0
+    x0 = to_unit_scale(split.images, torch.float64)
     return emp.prepare_records(x0, dtype=torch.float64, device=device), tuple(split.images.shape[1:])
 
 
 def _load_neural(path: Path, device: torch.device, shape: tuple[int, int, int] | None) -> tuple[Denoiser, tuple]:
-    model = load_denoiser(path, device)
+    model = load_denoiser(path, device, convention="ve_sigma")
     cfg = model.unet.config
     own = (int(cfg.in_channels), int(cfg.sample_size), int(cfg.sample_size))
     if shape is not None and own != tuple(shape):
@@ -396,7 +401,7 @@ def _load_classifier(path: Path, device: torch.device, shape: tuple[int, int, in
 
 
 def _empirical(s: Settings, data: emp.PreparedData, kind: EmpiricalKind, chunk: int, b: int,
-               public: emp.PreparedData | None = None) -> EmpiricalDenoiser:
+               public: emp.PreparedData | None = None, *, schedule: EDMSchedule) -> EmpiricalDenoiser:
     """The chunk's empirical denoiser: full private set, or one B-subset per trajectory (Algorithm 1);
     ``public``: the records of the sampler's public-marginal normaliser (None: eq. 38's constant)."""
     B = s.diag["B"]
@@ -405,9 +410,8 @@ def _empirical(s: Settings, data: emp.PreparedData, kind: EmpiricalKind, chunk: 
         if B > data.n:
             raise PipelineError(f"config error at empden_diagnostics.B: B={B} exceeds the private set (n={data.n})")
         subset = emp.draw_subsets(data.n, B, b, generator=generator(s.seed, _STREAM_SUBSET, chunk)).to(data.x0.device)
-    size = data.n if B is None else B
-    C = effective_clip(s.accounting["C"], scales_with_subset=s.accounting["C_scales_with_subset"], subset_size=size)
-    return EmpiricalDenoiser(data=data, kind=kind, C=C, beta=s.accounting["beta"], subset=subset, public=public)
+    block = s.block(data.n, schedule)
+    return EmpiricalDenoiser(data=data, kind=kind, C=block.C_eff, beta=block.beta, subset=subset, public=public)
 
 
 def _load_public_normaliser(s: Settings, path: Path | None, data: emp.PreparedData,
@@ -422,12 +426,10 @@ def _load_public_normaliser(s: Settings, path: Path | None, data: emp.PreparedDa
 
 
 def _provenance(s: Settings, data: emp.PreparedData, N: int) -> dict[str, Any]:
-    size = data.n if s.diag["B"] is None else s.diag["B"]
-    return {"N": N, "n_trajectories": s.diag["n_trajectories"], "subset_size": size,
-            "normaliser": s.normaliser.get("normaliser", "constant"),
-            "C_effective": effective_clip(s.accounting["C"], scales_with_subset=s.accounting["C_scales_with_subset"],
-                                          subset_size=size),
-            "beta": float(s.accounting["beta"]), "non_private_diagnostic": True}
+    block = s.block(data.n, s.schedule(N))
+    return {"N": N, "n_trajectories": s.diag["n_trajectories"], "subset_size": block.B,
+            "normaliser": s.normaliser.get("normaliser", "constant"), "C_effective": block.C_eff,
+            "beta": block.beta, "non_private_diagnostic": True}
 
 
 def hybrid_phase(step: int, N: int, handoffs: Sequence[float]) -> str:
@@ -464,7 +466,7 @@ def empden_table4_proxy(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
         sq = {k: [] for k in EMPIRICAL_KINDS}
         for chunk, b in s.chunks():
             x_T, eps = trajectory_noise((b, *shape), N, schedule.sigma_max, s.seed, rep, chunk, device=s.device)
-            emps = {k: _empirical(s, data, k, chunk, b, public) for k in EMPIRICAL_KINDS}
+            emps = {k: _empirical(s, data, k, chunk, b, public, schedule=schedule) for k in EMPIRICAL_KINDS}
             res = proxy_along_trajectory(x_T, times, eps, neural, emps)
             for k in EMPIRICAL_KINDS:
                 cos[k].append(res[k][0])
@@ -554,7 +556,7 @@ def empden_table1_window_swap(inputs: Mapping[str, Path], outputs: Mapping[str, 
     agree: dict[tuple[str, str], list[EndpointAgreement]] = {(w.name, v): [] for w in windows for v in ("swap", "ref")}
     for chunk, b in tqdm(s.chunks(), desc="window swap batches"):
         x_T, eps = trajectory_noise((b, *shape), schedule.N, schedule.sigma_max, s.seed, chunk, device=s.device)
-        e_hat = _empirical(s, data, s.diag["empirical"], chunk, b, public)
+        e_hat = _empirical(s, data, s.diag["empirical"], chunk, b, public, schedule=schedule)
         w_index = {w.name: j for j, w in enumerate(windows)}
 
         def redraw(w: Window) -> torch.Tensor:

@@ -10,7 +10,8 @@ EMPDEN Sec. 3.1 (eq. 4-6) and App. E (eq. 38): for a noisy state x_t and a recor
 One step of the sampler, ``x <- (1 - 2dt/t) x + (2dt/t) E_hat + sqrt(2 t dt) eps`` (eq. 1),
 is, after the public rescaling by t/(2dt), the Gaussian mechanism of eq. 6 with sensitivity
 2C/(beta |S|) and noise std sqrt(t^3 / (2 dt)): it is mu_t-GDP with
-mu_t = (2C/(beta|S|)) sqrt(2 dt / t^3) (eq. 39, :func:`pipeline.privacy.schedule.step_mu`).
+mu_t = (2C/(beta|S|)) sqrt(2 dt / t^3) (eq. 39). Those facts of a run (its clip, mu_t, mu_bar_B,
+event) are one value, :class:`pipeline.privacy.empden_block.EmpdenBlock`; this module writes its ledger line.
 
 How E_hat is computed without under- or overflow (any t, any dimension d)
 --------------------------------------------------------------------------
@@ -69,13 +70,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
-from dp_accounting import dp_event
 
+from pipeline.diffusion.steps import eq1_noise_std, eq1_step
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
-from pipeline.privacy.schedule import EDMSchedule, block_mu, step_mu
+# the block's facts (sensitivity, mu_t, mu_bar_B, event) live in one value; re-exported for callers
+from pipeline.privacy.empden_block import EmpdenBlock, SamplerMechanism, Scheme, sensitivity  # noqa: F401
+from pipeline.privacy.schedule import EDMSchedule
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -319,19 +321,8 @@ def draw_subsets(n: int, B: int, n_out: int, *, generator: torch.Generator | Non
 # --------------------------------------------------------------------------- the Gaussian mechanism
 
 
-def sensitivity(*, C: float, beta: float, subset_size: int) -> float:
-    """L2 sensitivity of the clipped average, 2C/(beta |S|) (EMPDEN Sec. 3.1, eq. 6)."""
-    if not (C > 0 and beta > 0 and subset_size >= 1):
-        raise ValueError(f"sensitivity needs C > 0, beta > 0, |S| >= 1; got C={C}, beta={beta}, |S|={subset_size}")
-    return 2.0 * C / (beta * subset_size)
-
-
-def sampler_noise_std(t: float, t_next: float) -> float:
-    """Std of the noise the EDM update adds, sqrt(2 t dt) (eq. 1)."""
-    dt = t - t_next
-    if not (t > 0 and dt > 0):
-        raise ValueError(f"a step needs t > t_next >= 0, got t={t}, t_next={t_next}")
-    return math.sqrt(2.0 * t * dt)
+#: Std of the noise the EDM update adds, sqrt(2 t dt) (eq. 1; written once in pipeline.diffusion.steps).
+sampler_noise_std = eq1_noise_std
 
 
 def mechanism_noise_std(t: float, t_next: float) -> float:
@@ -348,10 +339,9 @@ def private_step(x: torch.Tensor, data: PreparedData, t: float, t_next: float, *
     (eq. 6): it must never be switched off or scaled down, or the step's mu_t no longer holds.
     ``log_normaliser``: log Z(x, t) [n_out] of a public normaliser (:func:`log_public_marginal`), or None.
     """
-    dt = t - t_next
     e_hat = clipped_empirical_denoiser(x, data, t, C=C, beta=beta, subset=subset, log_normaliser=log_normaliser)
     eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-    return (1.0 - 2.0 * dt / t) * x + (2.0 * dt / t) * e_hat + sampler_noise_std(t, t_next) * eps
+    return eq1_step(x, e_hat, t, t_next, eps)
 
 
 # --------------------------------------------------------------------------- ledger lines
@@ -375,23 +365,23 @@ class LedgerSink:
     pld: acc.PLDSettings = field(default_factory=acc.PLDSettings)
 
 
-def _claim(sink: LedgerSink, event, *, mechanism: str, sens: float, mu_core: float, sampling: dict,
-           count: int, extra: dict, gdp: bool = False) -> ledger.LedgerEntry:
-    """Build, validate and append one ledger line; eps comes from the accountants, never from here."""
+def _claim(sink: LedgerSink, block: EmpdenBlock, *, extra: dict, gdp: bool = False) -> ledger.LedgerEntry:
+    """Build, validate and append the block's ledger line; eps comes from the accountants, never from here."""
+    m = block.mechanism()
     if gdp:
-        eps, accountant = acc.gdp_epsilon(sink.delta, acc.gdp_mu_of_event(event)), {"name": "gdp"}
+        eps, accountant = acc.gdp_epsilon(sink.delta, acc.gdp_mu_of_event(m.event)), {"name": "gdp"}
     elif sink.accountant == "pld_pessimistic":
-        eps = acc.pld_epsilon(event, sink.delta, settings=sink.pld)
+        eps = acc.pld_epsilon(m.event, sink.delta, settings=sink.pld)
         accountant = {"name": "pld_pessimistic", **acc.describe(sink.pld)}
     elif sink.accountant == "rdp":
-        eps, accountant = acc.rdp_epsilon(event, sink.delta), {"name": "rdp"}
+        eps, accountant = acc.rdp_epsilon(m.event, sink.delta), {"name": "rdp"}
     else:
         raise ValueError(f"ledger accountant must be pld_pessimistic or rdp, got {sink.accountant!r}")
     entry = ledger.LedgerEntry(
-        stage=sink.stage, mechanism=mechanism, event=ledger.event_to_dict(event), sensitivity=sens,
-        noise_std=sens / mu_core, sampling=sampling, adjacency="add_or_remove_one", count=count,
-        delta=sink.delta, claimed_epsilon=eps, accountant=accountant, config_id=sink.config_id, seed=sink.seed,
-        extra=extra)
+        stage=sink.stage, mechanism=block.mechanism_name, event=ledger.event_to_dict(m.event),
+        sensitivity=m.sensitivity, noise_std=m.sensitivity / m.mu_core, sampling=block.sampling(),
+        adjacency="add_or_remove_one", count=block.N_out, delta=sink.delta, claimed_epsilon=eps,
+        accountant=accountant, config_id=sink.config_id, seed=sink.seed, extra=extra)
     ledger.append_entry(sink.path, entry)
     return entry
 
@@ -402,88 +392,48 @@ Normaliser = Literal["constant", "public_marginal"]
 NORMALISERS: tuple[str, ...] = ("constant", "public_marginal")
 
 
-def _schedule_extra(schedule: EDMSchedule, k: int, C: float, beta: float, normaliser: str) -> dict:
+def record_block(sink: LedgerSink, block: EmpdenBlock, *, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
+    """The ledger line of a sampler run whose private part is ``block`` (its event, parameters and eps).
+
+    * ``per_output`` (Algorithm 1, Prop. 4.1): one B-subset per output reused over the k-step
+      block, one Gaussian with mu_bar_B (eq. 9) amplified once by q_B = B/n, composed over N_out;
+    * ``per_step`` (Prop. C.1): a fresh B-subset at every private step, each mu_t amplified by B/n;
+    * ``full_batch`` (Sec. 3.2): every step touches every record, so the k Gaussian mechanisms of
+      every output compose exactly in GDP: mu = sqrt(N_out sum_i mu_ti^2).
+    """
     if normaliser not in NORMALISERS:
         raise ValueError(f"normaliser must be one of {', '.join(NORMALISERS)}, got {normaliser!r}")
-    t = schedule.times()
-    return {"sigma_min": schedule.sigma_min, "sigma_max": schedule.sigma_max, "rho": schedule.rho, "N": schedule.N,
-            "k_steps": k, "t_end": float(t[k]), "C": C, "beta": beta, "normaliser": normaliser}
+    extra = {**block.schedule_extra(), "normaliser": normaliser}
+    if block.scheme == "full_batch":
+        return _claim(sink, block, extra={**extra, "mu_total": acc.gdp_mu_of_event(block.event),
+                                          "section": "EMPDEN Sec. 3.2"}, gdp=True)
+    if block.scheme == "per_output":
+        return _claim(sink, block, extra={**extra, "mu_bar_B": block.mu_bar_B, "proposition": "EMPDEN Prop. 4.1"})
+    return _claim(sink, block, extra={**extra, "proposition": "EMPDEN Prop. C.1"})
 
 
-@dataclass(frozen=True)
-class SamplerMechanism:
-    """A sampler run's mechanism rebuilt from its parameters alone (the ledger line's event).
-
-    ``mu_core`` is the largest per-step GDP parameter of the event (for an output-wise block,
-    mu_bar_B), so the line's noise multiplier is 1/mu_core; ``q`` is the sampling rate (1 for
-    full batch). The ``record_*`` functions and the replay's rebuild
-    (:mod:`pipeline.privacy.rebuild`) both call these, so there is one formula.
-    """
-
-    event: dp_event.DpEvent
-    sensitivity: float
-    mu_core: float
-    q: float
-
-
-def full_batch_mechanism(schedule: EDMSchedule, *, k: int, C: float, beta: float, n: int,
-                         n_out: int) -> SamplerMechanism:
-    """k private steps over all n records, n_out outputs, composed exactly in GDP (Sec. 3.2, eq. 39)."""
-    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=n)[:k]
-    return SamplerMechanism(acc.full_batch_event(mu_t, n_out), sensitivity(C=C, beta=beta, subset_size=n),
-                            float(np.max(mu_t)), 1.0)
-
-
-def outputwise_mechanism(schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
-                         n_out: int) -> SamplerMechanism:
-    """One B-subset per output reused over k steps: mu_bar_B (eq. 9) amplified by q_B = B/n (Prop. 4.1)."""
-    mu_bar = block_mu(step_mu(schedule, C=C, beta=beta, batch_size=B), k)
-    q = B / n
-    return SamplerMechanism(acc.outputwise_event(mu_bar, q, n_out), sensitivity(C=C, beta=beta, subset_size=B),
-                            mu_bar, q)
-
-
-def per_step_mechanism(schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
-                       n_out: int) -> SamplerMechanism:
-    """A fresh B-subset at every private step: each mu_t amplified by q = B/n (Prop. C.1)."""
-    mu_t = step_mu(schedule, C=C, beta=beta, batch_size=B)[:k]
-    q = B / n
-    return SamplerMechanism(acc.per_step_event(mu_t, q, n_out), sensitivity(C=C, beta=beta, subset_size=B),
-                            float(np.max(mu_t)), q)
+def _sampler_block(schedule: EDMSchedule, scheme: Scheme, *, k: int, C: float, beta: float, B: int, n: int,
+                   n_out: int) -> EmpdenBlock:
+    # C is the clip norm the sampler applied (already scaled), so no further scaling here
+    return EmpdenBlock(schedule=schedule, k=k, C=C, beta=beta, B=B, n=n, N_out=n_out, scheme=scheme)
 
 
 def record_full_batch(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, n: int,
                       n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
-    """Ledger line of a full-batch run: k private steps over all n records, n_out outputs (Sec. 3.2).
-
-    Every step touches every record, so the run composes the k Gaussian mechanisms of every
-    output exactly in GDP: mu = sqrt(n_out * sum_i mu_ti^2).
-    """
-    m = full_batch_mechanism(schedule, k=k, C=C, beta=beta, n=n, n_out=n_out)
-    return _claim(sink, m.event, mechanism="empden_full_batch", sens=m.sensitivity,
-                  mu_core=m.mu_core, sampling={"scheme": "none", "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_total": acc.gdp_mu_of_event(m.event),
-                         "section": "EMPDEN Sec. 3.2"}, gdp=True)
+    """Ledger line of a full-batch run: k private steps over all n records, n_out outputs (Sec. 3.2)."""
+    return record_block(sink, _sampler_block(schedule, "full_batch", k=k, C=C, beta=beta, B=n, n=n, n_out=n_out),
+                        normaliser=normaliser)
 
 
 def record_outputwise(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
                       n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
-    """Ledger line of an output-wise subsampled block (Algorithm 1, Prop. 4.1).
-
-    One B-subset per output reused over the k-step block: the block is one Gaussian with
-    mu_bar_B = sqrt(sum mu_t^2) (|S| = B), amplified once by q_B = B/n, composed over n_out.
-    """
-    m = outputwise_mechanism(schedule, k=k, C=C, beta=beta, B=B, n=n, n_out=n_out)
-    return _claim(sink, m.event, mechanism="empden_outputwise_block", sens=m.sensitivity, mu_core=m.mu_core,
-                  sampling={"scheme": "fixed_size_per_output", "probability": m.q, "B": B, "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "mu_bar_B": m.mu_core,
-                         "proposition": "EMPDEN Prop. 4.1"})
+    """Ledger line of an output-wise subsampled block (Algorithm 1, Prop. 4.1)."""
+    return record_block(sink, _sampler_block(schedule, "per_output", k=k, C=C, beta=beta, B=B, n=n, n_out=n_out),
+                        normaliser=normaliser)
 
 
 def record_per_step(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
                     n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
     """Ledger line of per-step resampling: a fresh B-subset at every private step (Prop. C.1)."""
-    m = per_step_mechanism(schedule, k=k, C=C, beta=beta, B=B, n=n, n_out=n_out)
-    return _claim(sink, m.event, mechanism="empden_per_step_subsampled", sens=m.sensitivity, mu_core=m.mu_core,
-                  sampling={"scheme": "fixed_size_per_step", "probability": m.q, "B": B, "n": n}, count=n_out,
-                  extra={**_schedule_extra(schedule, k, C, beta, normaliser), "proposition": "EMPDEN Prop. C.1"})
+    return record_block(sink, _sampler_block(schedule, "per_step", k=k, C=C, beta=beta, B=B, n=n, n_out=n_out),
+                        normaliser=normaliser)

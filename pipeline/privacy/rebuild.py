@@ -8,8 +8,8 @@ whose event was edited (e.g. mu_bar_B and q halved while B/n still says 0.02) is
 instead of certifying a smaller eps.
 
 Each mechanism name registers one rebuilder, and every rebuilder calls the code the mechanism
-itself used to build its line (:func:`pipeline.privacy.empirical_denoiser.outputwise_mechanism`
-and friends, :meth:`pipeline.privacy.dpsgd.DPSGDPlan.event`), so each formula exists once. A
+itself used to build its line (:class:`pipeline.privacy.empden_block.EmpdenBlock`,
+:meth:`pipeline.privacy.dpsgd.DPSGDPlan.event`), so each formula exists once. A
 mechanism without a rebuilder cannot be checked and is refused, never passed.
 """
 
@@ -24,8 +24,8 @@ from dp_accounting import dp_event
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd
-from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
+from pipeline.privacy.empden_block import EmpdenBlock, Scheme
 from pipeline.privacy.schedule import EDMSchedule
 
 #: relative tolerance when comparing a stored float with its rebuilt value: the same code on
@@ -100,10 +100,12 @@ def _edm_schedule(entry: ledger.LedgerEntry) -> EDMSchedule:
                        rho=param(entry, "extra.rho"), N=param(entry, "extra.N", int))
 
 
-def _empden_args(entry: ledger.LedgerEntry) -> dict[str, Any]:
-    """Schedule, k, C and beta of an EMPDEN line (C is the clip norm eq. 39 used, already scaled)."""
-    return {"k": param(entry, "extra.k_steps", int), "C": param(entry, "extra.C"),
-            "beta": param(entry, "extra.beta"), "n_out": entry.count}
+def _empden_block(entry: ledger.LedgerEntry, scheme: Scheme) -> EmpdenBlock:
+    """The EMPDEN block a line's parameters describe (C is the clip norm eq. 39 used, already scaled)."""
+    n = param(entry, "sampling.n", int)
+    B = n if scheme == "full_batch" else param(entry, "sampling.B", int)
+    return EmpdenBlock(schedule=_edm_schedule(entry), k=param(entry, "extra.k_steps", int), C=param(entry, "extra.C"),
+                       beta=param(entry, "extra.beta"), B=B, n=n, N_out=entry.count, scheme=scheme)
 
 
 # --------------------------------------------------------------------------- the rebuilders
@@ -111,14 +113,14 @@ def _empden_args(entry: ledger.LedgerEntry) -> dict[str, Any]:
 @register("empden_outputwise_block")
 def _empden_outputwise(entry: ledger.LedgerEntry) -> Expected:
     """Algorithm 1 / Prop. 4.1: mu_bar_B (eq. 9) of the k-step block over B records, q_B = B/n."""
-    B, n = param(entry, "sampling.B", int), param(entry, "sampling.n", int)
     if entry.extra.get("source") == "given":
         # a configuration claim for a mu_bar_B given directly (App. G): no schedule behind it
+        B, n = param(entry, "sampling.B", int), param(entry, "sampling.n", int)
         mu_bar = param(entry, "extra.mu_bar_B")
         event, q = acc.outputwise_event(mu_bar, B / n, entry.count), B / n
     else:
-        m = emp.outputwise_mechanism(_edm_schedule(entry), B=B, n=n, **_empden_args(entry))
-        event, mu_bar, q = m.event, m.mu_core, m.q
+        block = _empden_block(entry, "per_output")
+        event, mu_bar, q = block.event, block.mu_bar_B, block.q_B
     return Expected(event, {"noise_multiplier": 1.0 / mu_bar, "extra.mu_bar_B": mu_bar,
                             "sampling.scheme": "fixed_size_per_output", "sampling.probability": q,
                             "adjacency": "add_or_remove_one"})
@@ -127,8 +129,7 @@ def _empden_outputwise(entry: ledger.LedgerEntry) -> Expected:
 @register("empden_per_step_subsampled")
 def _empden_per_step(entry: ledger.LedgerEntry) -> Expected:
     """Prop. C.1: a fresh B-subset at each of the k private steps, each mu_t (eq. 39) amplified by B/n."""
-    B, n = param(entry, "sampling.B", int), param(entry, "sampling.n", int)
-    m = emp.per_step_mechanism(_edm_schedule(entry), B=B, n=n, **_empden_args(entry))
+    m = _empden_block(entry, "per_step").mechanism()
     return Expected(m.event, {"noise_multiplier": 1.0 / m.mu_core, "sampling.scheme": "fixed_size_per_step",
                               "sampling.probability": m.q, "adjacency": "add_or_remove_one"})
 
@@ -136,8 +137,7 @@ def _empden_per_step(entry: ledger.LedgerEntry) -> Expected:
 @register("empden_full_batch")
 def _empden_full_batch(entry: ledger.LedgerEntry) -> Expected:
     """Sec. 3.2: k steps over all n records, composed exactly in GDP."""
-    n = param(entry, "sampling.n", int)
-    m = emp.full_batch_mechanism(_edm_schedule(entry), n=n, **_empden_args(entry))
+    m = _empden_block(entry, "full_batch").mechanism()
     return Expected(m.event, {"noise_multiplier": 1.0 / m.mu_core, "sampling.scheme": "none",
                               "extra.mu_total": acc.gdp_mu_of_event(m.event), "adjacency": "add_or_remove_one"})
 

@@ -27,7 +27,6 @@ FID/KID/precision-recall and leaves out of the label-aware metrics.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,14 @@ import torch
 from tqdm import tqdm
 
 from pipeline.device import resolve_device
+from pipeline.images import to_uint8 as images_to_uint8
+from pipeline.images import to_unit_scale
 from pipeline.io import Split, load_split, save_split
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
-from pipeline.privacy.schedule import EDMSchedule, block_mu, step_mu
+from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
+from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
 from pipeline.stage import PipelineError, stage
@@ -70,22 +72,12 @@ PARAMS_DOC = {
 
 def to_model_scale(images: np.ndarray) -> torch.Tensor:
     """uint8 [N, C, H, W] -> float64 in [-1, 1] (the scale of the public EDM denoiser, sigma_data = 0.5)."""
-    return torch.from_numpy(images).to(torch.float64).div_(127.5).sub_(1.0)
+    return to_unit_scale(images, torch.float64)
 
 
 def to_uint8(x: torch.Tensor) -> np.ndarray:
     """[-1, 1] -> uint8 with clipping (a state still at noise level sigma_min > 0 leaves [-1, 1])."""
-    return ((x.detach().to(torch.float64).clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
-
-
-def effective_clip(accounting: Mapping[str, Any], subset_size: int) -> float:
-    """The clip norm the sampler uses: C |S| when accounting.C_scales_with_subset, else C.
-
-    The same convention as :meth:`pipeline.accounting.empden.AccountingConfig.mu_t`, so the
-    sampler's mu_t (eq. 39) equals the accounting tables' mu_t for the same cell.
-    """
-    C = float(accounting["C"])
-    return C * subset_size if accounting["C_scales_with_subset"] else C
+    return images_to_uint8(x, torch.float64)
 
 
 def schedule_of(cell: Cell, accounting: Mapping[str, Any]) -> EDMSchedule:
@@ -95,6 +87,23 @@ def schedule_of(cell: Cell, accounting: Mapping[str, Any]) -> EDMSchedule:
                            rho=float(accounting["rho"]), N=int(accounting["N_full_batch"]))
     return EDMSchedule(sigma_min=float(accounting["sigma_min"]), sigma_max=float(accounting["sigma_max"]),
                        rho=float(accounting["rho"]), N=int(accounting["N"]))
+
+
+def cell_block(cell: Cell, accounting: Mapping[str, Any], *, n: int, n_out: int) -> EmpdenBlock:
+    """The private block of a cell over n records, n_out outputs: what its samples and ledger line derive from.
+
+    Full batch: the N_full_batch - 1 steps down to the cell's sigma_min over all n records
+    (Sec. 3.2); hybrid / per_step: the first k = ceil(p N / 100) steps over B records
+    (Algorithm 1 / Prop. C.1). C, its scaling and beta are the accounting section's (beta the cell's).
+    """
+    if not cell.private:
+        raise ValueError(f"a {cell.method} cell reads no private data and has no private block")
+    sched = schedule_of(cell, accounting)
+    if cell.method == "full_batch":
+        return EmpdenBlock.from_accounting(accounting, schedule=sched, B=n, n=n, N_out=n_out, k=sched.N - 1,
+                                           scheme="full_batch", beta=cell.beta)
+    return EmpdenBlock.from_accounting(accounting, schedule=sched, B=cell.B, n=n, N_out=n_out, p_percent=cell.p_percent,
+                                       scheme=CELL_METHOD_SCHEMES[cell.method], beta=cell.beta)
 
 
 #: seed of the fixed random subset of public records behind the public-marginal normaliser: a
@@ -136,7 +145,7 @@ def _public_denoiser(path: Path | None, *, shape: tuple[int, ...], device: torch
 
     if path is None:
         raise PipelineError("empden_sample: this method needs the public denoiser (--in public=PATH)")
-    net = load_denoiser(path, device=device)
+    net = load_denoiser(path, device=device, convention="ve_sigma")  # EDM Heun's D(x; sigma)
     cfg = getattr(getattr(net, "unet", None), "config", None)
     if cfg is not None and (cfg.in_channels, cfg.sample_size) != (shape[0], shape[1]):
         raise PipelineError(f"empden_sample: public denoiser {path} is for {cfg.in_channels}x{cfg.sample_size}"
@@ -188,27 +197,23 @@ def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser
     data = to_model_scale(private.images)
     n = data.shape[0]
     if cell.method == "full_batch":
-        C = effective_clip(accounting, n)
-        out = empden.sample_full_batch(data, n_out=n_out, C=C, beta=cell.beta, sink=sink, generator=gen,
-                                       schedule=sched, batch_size=batch_size, public_data=public_data,
+        block = cell_block(cell, accounting, n=n, n_out=n_out)
+        out = empden.sample_full_batch(data, n_out=n_out, C=block.C_eff, beta=block.beta, sink=sink, generator=gen,
+                                       schedule=block.schedule, batch_size=batch_size, public_data=public_data,
                                        progress=progress)
-        mu_t = step_mu(sched, C=C, beta=cell.beta, batch_size=n)[: sched.N - 1]
-        return out, {**facts, "k_steps": sched.N - 1, "n": n, "C_used": C, "q_B": 1.0,
-                     "mu_bar_B": block_mu(mu_t, len(mu_t)), "mu_total": math.sqrt(n_out) * block_mu(mu_t, len(mu_t))}
+        return out, {**facts, **block.facts()}
     if cell.B > n:
         raise PipelineError(f"empden_sample: subsample size B={cell.B} exceeds the private set size n={n}")
-    C = effective_clip(accounting, cell.B)
     try:
-        k, t0, t1 = empden.hybrid_times(sched, cell.p_percent, cell.T)
+        _, _, t1 = empden.hybrid_times(sched, cell.p_percent, cell.T)
     except ValueError as exc:
         raise PipelineError(f"empden_sample {cell.name}: {exc}") from None
-    out = empden.sample_hybrid(data, n_out=n_out, B=cell.B, p_percent=cell.p_percent, T=cell.T,
-                               public_denoiser=public, C=C, beta=cell.beta, sink=sink, generator=gen,
-                               schedule=sched, resample="per_output" if cell.method == "hybrid" else "per_step",
-                               batch_size=batch_size, public_data=public_data, progress=progress)
-    mu_bar = block_mu(step_mu(sched, C=C, beta=cell.beta, batch_size=cell.B), k)
-    return out, {**facts, "k_steps": k, "t0": t0, "t1": t1, "n": n, "C_used": C, "q_B": cell.B / n,
-                 "mu_bar_B": mu_bar}
+    block = cell_block(cell, accounting, n=n, n_out=n_out)
+    out = empden.sample_hybrid(data, n_out=n_out, B=block.B, p_percent=cell.p_percent, T=cell.T,
+                               public_denoiser=public, C=block.C_eff, beta=block.beta, sink=sink, generator=gen,
+                               schedule=block.schedule, resample=block.scheme, batch_size=batch_size,
+                               public_data=public_data, progress=progress)
+    return out, {**facts, **block.facts(), "t1": t1}
 
 
 @stage("empden_sample", inputs=("private",), outputs=("samples",), optional_inputs=("public", "public_data"),
@@ -293,9 +298,11 @@ def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: fl
         k, t0, t1 = empden.hybrid_times(sched, p_percent, T)
     except ValueError as exc:
         raise PipelineError(f"empden figure 2: {exc}") from None
-    C = effective_clip(accounting, B)
-    emp.record_outputwise(sink, sched, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_rows, normaliser=normaliser)
-    emp.record_per_step(sink, sched, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_rows, normaliser=normaliser)
+    blocks = {scheme: EmpdenBlock.from_accounting(accounting, schedule=sched, B=B, n=prep.n, N_out=n_rows, k=k,
+                                                  scheme=scheme, beta=beta) for scheme in ("per_output", "per_step")}
+    for block in blocks.values():
+        emp.record_block(sink, block, normaliser=normaliser)
+    C = blocks["per_output"].C_eff
     times = sched.times()
     out: dict[str, list[tuple[float, torch.Tensor]]] = {}
     for scheme in ("per_output", "per_step"):

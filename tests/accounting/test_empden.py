@@ -84,12 +84,26 @@ def test_mu_bar_given_directly_feeds_tables_7_11_12(blocks, tmp_path):
     assert df["source"].tolist() == ["given", "given"] and df["mu_bar_B"].tolist() == [0.5, 1.0]
     assert df["p_percent"].tolist() == [55.0, 62.0]  # paired with p: same length
     assert df["q_B"].tolist() == pytest.approx([25 / 3000] * 2)
+    assert (df["grid"] == "paper: accounting.mu_bar_B given directly").all()  # says which grid it is
 
 
 def test_table8_9_holds_the_grid_only(blocks, tmp_path):
     out = tmp_path / "t8.parquet"
     empden.empden_table8_9_eps({"blocks": blocks["blocks"]}, {"table": out}, {})
-    assert set(pd.read_parquet(out)["source"]) == {"schedule"}
+    df = pd.read_parquet(out)
+    assert set(df["source"]) == {"schedule"}
+    # the paper's p x B grid, not the sampled cells (those are Table 8's join): the table says so
+    assert (df["grid"] == "paper: accounting.p x accounting.B").all()
+
+
+def test_a_grid_row_is_the_block_the_sampler_would_run(blocks):
+    """mu_bar_B, q_B and t0 of every grid row are those of AccountingConfig.block(B, p): one value."""
+    cfg = empden.AccountingConfig.from_params(params())
+    _, df = empden.read_blocks(blocks["blocks"])
+    for _, row in df[df["source"] == "schedule"].iterrows():
+        block = cfg.block(int(row["B"]), p_percent=row["p_percent"])
+        assert (row["mu_bar_B"], row["q_B"], row["t0"], row["k_steps"]) == (block.mu_bar_B, block.q_B, block.t0,
+                                                                            block.k)
 
 
 def test_subsample_larger_than_the_data_is_one_line_error(tmp_path):

@@ -147,6 +147,25 @@ def test_figures_3_and_4_are_written_as_png_and_pdf(grid, tmp_path):
         assert (tmp_path / f"{name}.png").stat().st_size > 0 and (tmp_path / f"{name}.pdf").stat().st_size > 0
 
 
+def test_table8_rows_are_the_sampled_cells_and_say_so(grid):
+    assert (read_table(grid[2])["grid"] == "sampled: empden cells").all()
+
+
+def test_table8_refuses_a_manifest_whose_mu_bar_B_disagrees_with_its_block(grid, tmp_path):
+    """eps derives from the block the cell's parameters imply; an edited mu_bar_B is refused, not accounted."""
+    _, inputs, _ = grid
+    i = next(j for j, c in enumerate(CELLS) if c.method == "hybrid")
+    src = inputs[f"samples_{i}"]
+    dst = tmp_path / "samples.npz"
+    dst.write_bytes(src.read_bytes())
+    man = json.loads(src.with_suffix(".json").read_text())
+    man["empden"]["mu_bar_B"] /= 2
+    dst.with_suffix(".json").write_text(json.dumps(man))
+    with pytest.raises(PipelineError, match="manifest mu_bar_B"):
+        empden_table8_grid({"samples_0": dst, "metrics_0": inputs[f"metrics_{i}"]}, {"table": tmp_path / "t.parquet"},
+                           {"accounting": ACCOUNTING})
+
+
 def test_table8_refuses_a_cell_without_its_metrics(grid, tmp_path):
     _, inputs, _ = grid
     with pytest.raises(PipelineError, match="metrics_0 missing"):

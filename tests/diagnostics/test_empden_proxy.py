@@ -116,9 +116,14 @@ def test_clipped_denoiser_uses_the_samplers_public_normaliser():
     assert not torch.allclose(got, plain)
 
 
-def test_effective_clip_follows_the_accounting_convention():
-    assert dx.effective_clip(0.5, scales_with_subset=True, subset_size=100) == 50.0
-    assert dx.effective_clip(0.5, scales_with_subset=False, subset_size=100) == 0.5
+def test_the_diagnostics_clip_is_the_samplers_block_clip():
+    """E_hat of the diagnostics clips where the sampler's block does: C |S| when C scales with the subset."""
+    schedule = EDMSchedule(N=5)
+    for scales, B, want in ((True, 5, 2.5), (False, 5, 0.5), (True, None, 15.0)):
+        s = dx.Settings.from_params({"diagnostics": {"B": B}, "device": "cpu",
+                                     "accounting": {"C": 0.5, "beta": 2.0, "C_scales_with_subset": scales}})
+        block = s.block(30, schedule)
+        assert block.C_eff == want and block.beta == 2.0 and block.B == (30 if B is None else B)
 
 
 def test_hybrid_phase_labels_follow_the_private_block_length():
