@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.config import schema_defaults
 from pipeline.device import resolve_device
 from pipeline.io import Split, load_split, save_split
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
@@ -82,12 +83,13 @@ def sample_grid_figure(panels: Mapping[str, Split], *, per_class: int = 8, title
     params={
         "sampler": "SamplerConfig as JSON: name (ddim|stochastic_ddim|edm), steps, sigma_min, sigma_max, rho, grid "
                    "(edm|vp), eta, S_churn, S_min, S_max (null = inf), S_noise, churn_limit, guidance",
-        "n_samples": "number of images (labels balanced over the denoiser's classes)",
+        "n_samples": "number of images (labels balanced over the denoiser's classes; default: the schema's "
+                     "dpdm.sampling.n_samples)",
         "seed": "generation seed (latents and sampler noise)",
-        "batch_size": "images generated at once (memory only; with the seed it fixes the output)",
+        "batch_size": "images generated at once (with the seed it fixes the output; default: dpdm.sampling's)",
         "device": "auto | cpu | cuda[:N]",
         "threads": "torch CPU threads (default 1)",
-        "per_class": "images per class in the optional figure (default 8)",
+        "per_class": "images per class in the optional figure (default: dpdm.sampling's)",
         "name": "label of this sample set (manifest and figure title)",
     },
 )
@@ -100,7 +102,8 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
         config = SamplerConfig.from_params(params.get("sampler", {}))
     except (TypeError, ValueError) as exc:
         raise PipelineError(f"stage sample_dpdm: {exc}") from None
-    n = int(params.get("n_samples", 1000))
+    sampling = schema_defaults("dpdm", "sampling")  # absent params take the schema's defaults
+    n = int(params.get("n_samples", sampling["n_samples"]))
     seed = int(params.get("seed", 0))
     torch.set_num_threads(int(params.get("threads", 1)))
     device = resolve_device(params.get("device", "auto"))
@@ -115,7 +118,8 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
     with tqdm(total=n, desc=f"sample_dpdm {name}", unit="img") as bar:
         try:
             x, labels = generate(denoiser, n, shape=shape, config=config, num_classes=num_classes, seed=seed,
-                                 batch_size=int(params.get("batch_size", 256)), device=device, progress=bar.update)
+                                 batch_size=int(params.get("batch_size", sampling["batch_size"])), device=device,
+                                 progress=bar.update)
         except ValueError as exc:
             raise PipelineError(f"stage sample_dpdm: {exc}") from None
     wall_s = time.perf_counter() - start
@@ -125,7 +129,7 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
                       "denoiser": str(inputs["denoiser"]), "denoiser_meta": meta})
     log.info("%s: %d samples in %.1f s", name, n, wall_s)
     if "figure" in outputs:
-        fig = sample_grid_figure({name: split}, per_class=int(params.get("per_class", 8)))
+        fig = sample_grid_figure({name: split}, per_class=int(params.get("per_class", sampling["per_class"])))
         save_figure(fig, outputs["figure"])
 
 
