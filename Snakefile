@@ -5,6 +5,8 @@
 #   snakemake --configfile configs/mnist.yaml ... a paper preset
 #
 # Rules only wire paths to stages in pipeline/ (python -m pipeline STAGE --help).
+# Config `methods` chooses what `all` builds; each method's rules/<method>.smk registers its
+# outputs (rules/common.smk: register_targets, register_transcripts). README: "Adding a method".
 
 configfile: "config.yaml"
 
@@ -29,4 +31,5 @@ localrules:
 rule all:
     default_target: True
     input:
-        all_targets(),
+        # a function: what each method's rule file registered for the config's `methods`
+        lambda wildcards: all_targets(),

@@ -20,48 +20,24 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pipeline.config import ConfigError
+from pipeline.methods import merge_stages, method_stages
 from pipeline.stage import PipelineError, StageSpec
 
-#: stage name -> "module:attribute"; imported lazily so ``--help`` stays fast.
-STAGES: dict[str, str] = {
+#: stages every method shares: data, the evaluation core, public pretraining, reporting and the
+#: ledger replay (stage name -> "module:attribute"; imported lazily so ``--help`` stays fast)
+CORE_STAGES: dict[str, str] = {
     "prepare_data": "pipeline.data.stage:prepare_data",
     "train_evalnet": "pipeline.evaluation.evalnet:train_evalnet",
     "evaluate_samples": "pipeline.evaluation.stage:evaluate_samples",
     "data_figure": "pipeline.reporting.stage:data_figure",
     "collect_table": "pipeline.reporting.stage:collect_table",
     "index_html": "pipeline.reporting.stage:index_html",
-    "empden_blocks": "pipeline.accounting.empden:empden_blocks",
-    "empden_table7_accountants": "pipeline.accounting.empden:empden_table7_accountants",
-    "empden_table8_9_eps": "pipeline.accounting.empden:empden_table8_9_eps",
-    "empden_table11_edgeworth_clt_pld": "pipeline.accounting.empden:empden_table11_edgeworth_clt_pld",
-    "empden_table12_rdp": "pipeline.accounting.empden:empden_table12_rdp",
-    "empden_table13_theoretical_asr": "pipeline.accounting.empden:empden_table13_theoretical_asr",
-    "empden_figure4_full_batch": "pipeline.accounting.figures:empden_figure4_full_batch",
-    "empden_figure5_mu_vs_logsnr": "pipeline.accounting.figures:empden_figure5_mu_vs_logsnr",
-    "empden_figure7_stopping_traces": "pipeline.accounting.figures:empden_figure7_stopping_traces",
     "replay": "pipeline.accounting.replay:replay",
-    "sensgeo_fig1_naive_vs_exact": "pipeline.accounting.sensgeo:sensgeo_fig1_naive_vs_exact",
-    "sensgeo_table_guarantees": "pipeline.accounting.sensgeo:sensgeo_table_guarantees",
-    "sensgeo_table_sdp": "pipeline.accounting.sensgeo:sensgeo_table_sdp",
-    "sensgeo_fig_mi_snr": "pipeline.accounting.sensgeo:sensgeo_fig_mi_snr",
-    "sensgeo_table_bridge": "pipeline.accounting.sensgeo:sensgeo_table_bridge",
     "pretrain_public": "pipeline.training.pretrain:pretrain_public",
-    "train_dpdm": "pipeline.training.dpdm:train_dpdm",
-    "sample_dpdm": "pipeline.sampling.dpdm_stage:sample_dpdm",
-    "dpdm_sample_grid": "pipeline.sampling.dpdm_stage:dpdm_sample_grid",
-    "dpdm_table": "pipeline.reporting.dpdm:dpdm_table",
-    "empden_sample": "pipeline.sampling.empden_stage:empden_sample",
-    "empden_table8_grid": "pipeline.accounting.empden_results:empden_table8_grid",
-    "empden_table2_comparison": "pipeline.accounting.empden_results:empden_table2_comparison",
-    "empden_table3_beta": "pipeline.accounting.empden_results:empden_table3_beta",
-    "empden_table10_seeds": "pipeline.accounting.empden_results:empden_table10_seeds",
-    "empden_figure3_tradeoffs": "pipeline.accounting.empden_results:empden_figure3_tradeoffs",
-    "empden_figure4_samples": "pipeline.accounting.empden_results:empden_figure4_samples",
-    "empden_figure2_trajectories": "pipeline.sampling.empden_stage:empden_figure2_trajectories",
-    "empden_table4_proxy": "pipeline.diagnostics.empden_proxy:empden_table4_proxy",
-    "empden_table1_window_swap": "pipeline.diagnostics.empden_proxy:empden_table1_window_swap",
-    "empden_figure6_critical_window": "pipeline.diagnostics.empden_proxy:empden_figure6_critical_window",
 }
+
+#: every stage: the core ones, then each method's own (listed by pipeline/methods/<method>.py)
+STAGES: dict[str, str] = merge_stages(CORE_STAGES, method_stages())
 
 #: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".
 EXTRA_COMMANDS: dict[str, str] = {

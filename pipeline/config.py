@@ -122,6 +122,7 @@ def validate_config(config: Mapping[str, Any] | None, *, source: str = "config")
         raise ConfigError(f"{source}: expected a mapping of keys at the top level, got {type(config).__name__}")
     filled = copy.deepcopy(dict(config))
     schema = load_schema()
+    check_no_enabled_keys(filled, schema, source=source)
     _fill_defaults(filled, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(filled), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
@@ -135,6 +136,20 @@ def validate_config(config: Mapping[str, Any] | None, *, source: str = "config")
         except ConfigError as exc:
             raise ConfigError(str(exc) if source == "config" else f"{source}: {exc}") from None
     return filled
+
+
+def check_no_enabled_keys(config: Mapping[str, Any], schema: Mapping[str, Any], *, source: str = "config") -> None:
+    """Reject a method section's ``enabled`` key: the top-level ``methods`` list chooses the methods now.
+
+    Without this an old preset's ``dpdm: {enabled: false}`` would fail as an unknown key, a
+    message that does not say what replaced it.
+    """
+    for method in schema["properties"]["methods"]["items"]["enum"]:
+        section = config.get(method)
+        if isinstance(section, Mapping) and "enabled" in section:
+            msg = (f"config error at {method}.enabled: methods are chosen by the top-level list `methods:` "
+                   f"(e.g. methods: [empden, dpdm]); remove {method}.enabled")
+            raise ConfigError(msg if source == "config" else f"{source}: {msg}")
 
 
 #: The torchvision dataset (and its official split) each private source's images come from;
@@ -235,7 +250,7 @@ def check_sizes(cfg: Mapping[str, Any]) -> None:
         if B > n:
             raise ConfigError(f"config error at {where}: subset size B={B} exceeds the private set size n={n}")
     dpdm = cfg.get("dpdm") or {}
-    if dpdm.get("enabled") and private["n_private_train"] and dpdm["batch_size"] > private["n_private_train"]:
+    if "dpdm" in cfg["methods"] and private["n_private_train"] and dpdm["batch_size"] > private["n_private_train"]:
         raise ConfigError(f"config error at dpdm.batch_size: expected at most data.private.n_private_train="
                           f"{private['n_private_train']} (the sampling rate q = batch_size / N must be <= 1), "
                           f"got {dpdm['batch_size']}")
@@ -259,10 +274,10 @@ def _subset_sizes(cfg: Mapping[str, Any]) -> list[tuple[str, int]]:
     """(config key, B) of every EMPDEN subsample size the config asks for (accounting and sampling grids)."""
     out: list[tuple[str, int]] = []
     acc = cfg.get("accounting") or {}
-    if acc.get("enabled", True):
+    if "accounting" in cfg["methods"]:
         out += [("accounting.B", int(b)) for b in acc.get("B") or []]
     emp = cfg.get("empden") or {}
-    if emp.get("enabled"):
+    if "empden" in cfg["methods"]:
         for i, grid in enumerate(emp.get("grid") or []):
             out += [(f"empden.grid[{i}].B", int(b)) for b in grid["B"]]
         for key in ("beta_ablation", "repeated_seeds", "figure2"):
@@ -274,8 +289,8 @@ def _subset_sizes(cfg: Mapping[str, Any]) -> list[tuple[str, int]]:
 def typed_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``--config`` values with their nested scalars typed as YAML would type them.
 
-    Snakemake parses ``--config 'dpdm={enabled: false, K: 2}'`` with YAML's BaseLoader, so every
-    nested scalar arrives as a string ('false', '2'); top-level scalars are already typed. Each
+    Snakemake parses ``--config 'dpdm={init: scratch, K: 2}'`` with YAML's BaseLoader, so every
+    nested scalar arrives as a string ('scratch', '2'); top-level scalars are already typed. Each
     nested string is read again with ``yaml.safe_load`` ('false' -> False, '2' -> 2, 'mnist'
     stays 'mnist'), so a nested override means what it says instead of failing validation.
     """

@@ -1,26 +1,33 @@
-# Accounting: EMPDEN's sampling-time accounting tables and figures (CPU only, exact or
-# numerical accountants, no data) and the ledger replay.
+# Accounting: EMPDEN's sampling-time accounting tables and figures (method `accounting`: CPU
+# only, exact or numerical accountants, no data) and the ledger replay of every chosen method.
 # Code: pipeline/accounting/{empden,figures,replay}.py; numbers from pipeline/privacy/.
 #
 # `empden_blocks` accounts every private block once (the expensive part) and writes its
 # claims to the ledger; the table rules only select columns from its JSON.
 
+#: accounting keys that only list the accounting tables' grids; the EMPDEN mechanism itself
+#: (schedule, C, beta, delta, PLD settings) is the rest, and only that reaches the samplers
+ACCOUNTING_GRID_KEYS = ("p", "B", "mu_bar_B", "sigma_min_sweep", "asr_q", "asr_N", "rdp_orders", "N_out")
+
+
+def accounting_mechanism():
+    """The `accounting` section without its table grids: what an EMPDEN cell's noise and claim depend on."""
+    return {k: v for k, v in config["accounting"].items() if k not in ACCOUNTING_GRID_KEYS}
+
+
 #: private set size n of the accounting: accounting.n, else data.private.n_private_train
 ACCOUNTING_N = config["accounting"]["n"] or config["data"]["private"]["n_private_train"]
-_NEEDS_N = any(config[k]["enabled"] for k in ("accounting", "empden", "empden_diagnostics"))
+_NEEDS_N = any(method_on(m) for m in ("accounting", "empden", "empden_diagnostics"))
 if ACCOUNTING_N is None and _NEEDS_N:
     raise WorkflowError("config error at accounting.n: set it when data.private.n_private_train is null")
 ACCOUNTING_PARAMS = stage_params(accounting=config["accounting"], n=ACCOUNTING_N, seed=SEED)
 
-# PLD cost grows ~10x per decade of h (EMPDEN's h = 1e-5 takes ~1 min and GBs for a strong block)
-_FINE_PLD = config["accounting"]["discretisation"] < 1e-4
 _N_BLOCKS = len(config["accounting"]["p"]) * len(config["accounting"]["B"]) + len(config["accounting"]["mu_bar_B"] or [])
-ACCOUNTING_RUNTIME_MIN = 30 + _N_BLOCKS * (10 if _FINE_PLD else 1)
-ACCOUNTING_MEM_MB = 16000 if _FINE_PLD else 4000
+ACCOUNTING_RUNTIME_MIN = cost.accounting_runtime_min(config, _N_BLOCKS)
+ACCOUNTING_MEM_MB = cost.accounting_mem_mb(config)
 
 EMPDEN_BLOCKS = EXPDIR / "accounting" / "empden_blocks.json"
 EMPDEN_LEDGER = EXPDIR / "ledger" / "empden_blocks.jsonl"
-REPLAY_REPORT = EXPDIR / "ledger" / "replay.json"
 EMPDEN_OUTPUTS = [
     TABLES / "empden_table7_accountants.parquet",
     TABLES / "empden_table8_9_eps.parquet",
@@ -32,6 +39,9 @@ EMPDEN_OUTPUTS = [
     FIGURES / "empden_figure7_stopping_traces.png",
 ]
 
+register_targets("accounting", lambda: EMPDEN_OUTPUTS)
+# one claim per accounted block
+register_transcripts("accounting", lambda: {EMPDEN_LEDGER: _N_BLOCKS})
 
 
 rule empden_blocks:
@@ -214,12 +224,9 @@ rule replay:
     output:
         report=REPLAY_REPORT,
     params:
-        ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
-        # the claims each private stage writes: one per EMPDEN block, two for Figure 2
-        # (output-wise and per-step), one per sampling cell or DPDM run
-        p=lambda wildcards: stage_params(expected_claims={
-            Path(t).stem: {Path(EMPDEN_LEDGER).stem: _N_BLOCKS, "empden_figure2_trajectories": 2}.get(Path(t).stem, 1)
-            for t in ledger_transcripts()}),
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+        # the claims each private stage writes, as its method registered them
+        p=lambda wildcards: stage_params(expected_claims={Path(t).stem: n for t, n in ledger_claims().items()}),
     log:
         LOGS / "replay.log",
     threads: 1
@@ -229,5 +236,5 @@ rule replay:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline replay --in {params.ins} --out report={output.report:q}"
+        "python -m pipeline replay {params.ins} --out report={output.report:q}"
         " --params {params.p:q} --log {log:q}"

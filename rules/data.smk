@@ -13,8 +13,8 @@ rule prepare_data:
         LOGS / "prepare_data.log",
     threads: 1
     resources:
-        mem_mb=lambda wc: 16000 if config["data"]["private"]["source"] == "celeba" else 4000,
-        runtime=lambda wc: 120 if config["data"]["private"]["source"] == "celeba" else 20,
+        mem_mb=cost.prepare_data_mem_mb(config),
+        runtime=cost.prepare_data_runtime_min(config),
     conda:
         CPU_ENV
     shell:

@@ -1,17 +1,136 @@
 # DPDM (Dockhorn et al. 2023): DP-SGD training with noise multiplicity, DPDM samplers, the
 # evaluation core, then the main table, the K / sampler / configuration ablations and sample grids.
 # Code: pipeline/training/dpdm.py (train_dpdm), pipeline/sampling/dpdm_stage.py (sample_dpdm,
-# dpdm_sample_grid), pipeline/reporting/dpdm.py (dpdm_table). Run names and paths: rules/common.smk.
+# dpdm_sample_grid), pipeline/reporting/dpdm.py (dpdm_table). Runs, their names and the tables'
+# rows: pipeline/training/dpdm_runs.py; a run's files: the dpdm_*_path functions below.
 #
 #   snakemake results/digits/models/dpdm/edm_eps1_K4_seed0.pt                 one training run
 #   snakemake results/digits/samples/dpdm/edm_eps1_K4_seed0/churn.npz         one sample set
 #   snakemake results/digits/eval/dpdm/vpred_eps0p2_K4_seed0/ddim/metrics.json
 # Any run name works as a target (e.g. K16 or seed3), not only those the tables use.
 
+from pipeline.training import dpdm_runs
+from pipeline.training.dpdm_runs import DpdmRun, fmt_num
+
+
+def dpdm_sampler_settings(name):
+    """The settings of the sampler ``name`` (dpdm.sampling.samplers); a one-line error when absent."""
+    try:
+        return dpdm_runs.sampler_settings(config["dpdm"], name)
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
 # a sampler name the tables use but the config lacks is a one-line error now, not mid-DAG
-dpdm_check_config()
-# every run writes its own transcript; the replay reads them all
-LEDGER_TRANSCRIPTS.extend(dpdm_ledgers())
+try:
+    dpdm_runs.check_sampler_names(config["dpdm"])
+except ConfigError as _exc:
+    raise WorkflowError(str(_exc)) from None
+
+
+def dpdm_ledger_path(run):
+    """The run's own transcript: parallel training jobs never append to the same file."""
+    return EXPDIR / "ledger" / f"train_dpdm_{run}.jsonl"
+
+
+def dpdm_model_path(run):
+    return EXPDIR / "models" / "dpdm" / f"{run}.pt"
+
+
+def dpdm_samples_path(run, sampler):
+    return EXPDIR / "samples" / "dpdm" / run / f"{sampler}.npz"
+
+
+def dpdm_metrics_path(run, sampler):
+    return EXPDIR / "eval" / "dpdm" / run / sampler / "metrics.json"
+
+
+def dpdm_rows(table):
+    """The rows of one DPDM table (pipeline.training.dpdm_runs.TABLES)."""
+    build, _ = dpdm_runs.TABLES[table]
+    return build(config["dpdm"])
+
+
+def dpdm_targets():
+    """DPDM tables and figures: the main table and the epsilon grid always, the ablations the dpdm section asks for."""
+    tables = dpdm_runs.table_rows(config["dpdm"])
+    out = [TABLES / "dpdm_table_main.parquet", FIGURES / "dpdm_samples_by_epsilon.png"]
+    if "dpdm_table_noise_multiplicity" in tables:
+        out.append(TABLES / "dpdm_table_noise_multiplicity.parquet")
+    if "dpdm_table_samplers" in tables:
+        out += [TABLES / "dpdm_table_samplers.parquet", FIGURES / "dpdm_samples_by_sampler.png"]
+    if "dpdm_table_configurations" in tables:
+        out.append(TABLES / "dpdm_table_configurations.parquet")
+    return out
+
+
+register_targets("dpdm", dpdm_targets)
+# every run writes its own transcript, with one claim
+register_transcripts("dpdm", lambda: {dpdm_ledger_path(r.name): 1 for r in dpdm_runs.runs(config["dpdm"])})
+
+
+def dpdm_table_inputs(rows):
+    """metrics_<row> / ledger_<row> of every row: the inputs of one dpdm_table rule."""
+    out = {}
+    for r in rows:
+        out[f"metrics_{r['row']}"] = dpdm_metrics_path(r["run"], r["sampler"])
+        out[f"ledger_{r['row']}"] = dpdm_ledger_path(r["run"])
+    return out
+
+
+def dpdm_table_params(rows):
+    return stage_params(rows=rows, seed=SEED)
+
+
+def dpdm_train_inputs(wildcards):
+    inputs = {"data": DATA / "private_train.npz"}
+    if dpdm_runs.init_of(config["dpdm"], DpdmRun.from_name(wildcards.run).parameterisation) == "public":
+        inputs["init"] = PUBLIC_DENOISER
+    return inputs
+
+
+def dpdm_train_params(wildcards):
+    """train_dpdm params of one run: the dpdm section, with configuration, eps, K and seed from the run name."""
+    d = config["dpdm"]
+    run = DpdmRun.from_name(wildcards.run)
+    keys = ("delta", "clip", "batch_size", "epochs", "lr", "ema_decay", "label_dropout", "class_conditional",
+            "unet", "checkpoint_every_s", "micro_batch")
+    # partial fine-tuning only makes sense on top of the public weights (a scratch run trains all)
+    trainable = d["trainable"] if dpdm_runs.init_of(d, run.parameterisation) == "public" else None
+    return stage_params(parameterisation=run.parameterisation, epsilon=run.epsilon, K=run.K, seed=run.seed,
+                        device=config["device"], threads=TORCH_THREADS, trainable=trainable,
+                        **{k: d[k] for k in keys})
+
+
+def dpdm_sample_params(wildcards):
+    """sample_dpdm params of one (run, sampler): the named sampler, generated with the run's seed."""
+    s = config["dpdm"]["sampling"]
+    return params_json(sampler=dpdm_sampler_settings(wildcards.sampler), n_samples=s["n_samples"],
+                       seed=DpdmRun.from_name(wildcards.run).seed, batch_size=s["batch_size"],
+                       per_class=s["per_class"], device=config["device"], threads=TORCH_THREADS,
+                       name=f"dpdm/{wildcards.run}/{wildcards.sampler}")
+
+
+def dpdm_grid_inputs():
+    """Figure dpdm_samples_by_epsilon: the main sampler's samples of each epsilon (first seed)."""
+    d = config["dpdm"]
+    sampler = d["sampling"]["main"]
+    return {f"eps_{fmt_num(e)}": dpdm_samples_path(dpdm_runs.main_run(d, e).name, sampler) for e in d["epsilons"]}
+
+
+def dpdm_grid_titles():
+    return {f"eps_{fmt_num(e)}": f"eps = {e:g}" for e in config["dpdm"]["epsilons"]}
+
+
+def dpdm_sampler_grid_eps():
+    """The epsilon figure dpdm_samples_by_sampler shows: the largest of the sampler ablation."""
+    return max(config["dpdm"]["sampler_ablation"]["epsilons"])
+
+
+def dpdm_sampler_grid_inputs():
+    """Figure dpdm_samples_by_sampler: the sampler ablation's samples at :func:`dpdm_sampler_grid_eps`."""
+    return {r["sampler"]: dpdm_samples_path(r["run"], r["sampler"]) for r in dpdm_rows("dpdm_table_samplers")
+            if r["eps_target"] == float(dpdm_sampler_grid_eps())}
 
 
 rule train_dpdm:
@@ -19,21 +138,21 @@ rule train_dpdm:
     input:
         unpack(dpdm_train_inputs),
     output:
-        model=EXPDIR / "models" / "dpdm" / "{run}.pt",
-        ledger=EXPDIR / "ledger" / "train_dpdm_{run}.jsonl",
+        model=dpdm_model_path("{run}"),
+        ledger=dpdm_ledger_path("{run}"),
         metrics=EXPDIR / "train" / "dpdm" / "{run}.json",
     wildcard_constraints:
-        run=DPDM_RUN_PATTERN,
+        run=dpdm_runs.RUN_PATTERN,
     params:
         p=dpdm_train_params,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_dpdm" / "{run}.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
-        mem_mb=dpdm_train_mem_mb(),
-        runtime=dpdm_train_runtime_min(),
+        mem_mb=cost.dpdm_train_mem_mb(config),
+        runtime=cost.dpdm_train_runtime_min(config),
     conda:
         GPU_ENV
     shell:
@@ -44,22 +163,22 @@ rule train_dpdm:
 rule sample_dpdm:
     """Labelled samples of one run with one named sampler (post-processing: no ledger line)."""
     input:
-        denoiser=EXPDIR / "models" / "dpdm" / "{run}.pt",
+        denoiser=dpdm_model_path("{run}"),
     output:
-        samples=EXPDIR / "samples" / "dpdm" / "{run}" / "{sampler}.npz",
+        samples=dpdm_samples_path("{run}", "{sampler}"),
         manifest=EXPDIR / "samples" / "dpdm" / "{run}" / "{sampler}.json",
     wildcard_constraints:
-        run=DPDM_RUN_PATTERN,
+        run=dpdm_runs.RUN_PATTERN,
         sampler="[A-Za-z0-9_]+",
     params:
         p=dpdm_sample_params,
     log:
         LOGS / "sample_dpdm" / "{run}_{sampler}.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=dpdm_sample_runtime_min(),
+        runtime=cost.dpdm_sample_runtime_min(config),
     conda:
         GPU_ENV
     shell:
@@ -70,24 +189,24 @@ rule sample_dpdm:
 rule evaluate_dpdm:
     """Score one sample set with the evaluation core (FID/KID/P&R, per-class FID, downstream accuracy)."""
     input:
-        samples=EXPDIR / "samples" / "dpdm" / "{run}" / "{sampler}.npz",
+        samples=dpdm_samples_path("{run}", "{sampler}"),
         test=DATA / "test.npz",
         evalnet=EVALNET / "evalnet.pt",
     output:
-        metrics=EXPDIR / "eval" / "dpdm" / "{run}" / "{sampler}" / "metrics.json",
+        metrics=dpdm_metrics_path("{run}", "{sampler}"),
     wildcard_constraints:
-        run=DPDM_RUN_PATTERN,
+        run=dpdm_runs.RUN_PATTERN,
         sampler="[A-Za-z0-9_]+",
     params:
         p=lambda wildcards: params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"],
                                         name=f"dpdm/{wildcards.run}/{wildcards.sampler}"),
     log:
         LOGS / "evaluate_dpdm" / "{run}_{sampler}.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=lambda wc: evaluation_runtime_min(),
+        runtime=cost.evaluation_runtime_min(config),
     conda:
         GPU_ENV
     shell:
@@ -98,12 +217,12 @@ rule evaluate_dpdm:
 rule dpdm_table_main:
     """DPDM Table 1: FID and downstream accuracy (logreg/MLP/CNN) per target eps, certified eps from the ledger."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_main_rows())),
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_main"))),
     output:
         table=TABLES / "dpdm_table_main.parquet",
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_main_rows()),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_main_rows())),
+        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_main")),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_main"))),
     log:
         LOGS / "dpdm_table_main.log",
     threads: 1
@@ -119,12 +238,12 @@ rule dpdm_table_main:
 rule dpdm_table_noise_multiplicity:
     """DPDM Table 4 / Figure 4: noise multiplicity K at one eps (same mechanism, same eps, for every K)."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_noise_multiplicity_rows())),
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_noise_multiplicity"))),
     output:
         table=TABLES / "dpdm_table_noise_multiplicity.parquet",
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_noise_multiplicity_rows()),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_noise_multiplicity_rows())),
+        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_noise_multiplicity")),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_noise_multiplicity"))),
     log:
         LOGS / "dpdm_table_noise_multiplicity.log",
     threads: 1
@@ -140,12 +259,12 @@ rule dpdm_table_noise_multiplicity:
 rule dpdm_table_samplers:
     """DPDM Table 5 / App. F.4.3: every listed sampler (DDIM, stochastic DDIM, churn, guided) on each eps's main run."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_sampler_rows())),
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_samplers"))),
     output:
         table=TABLES / "dpdm_table_samplers.parquet",
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_sampler_rows()),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_sampler_rows())),
+        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_samplers")),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_samplers"))),
     log:
         LOGS / "dpdm_table_samplers.log",
     threads: 1
@@ -161,12 +280,12 @@ rule dpdm_table_samplers:
 rule dpdm_table_configurations:
     """DPDM App. C / Table 3: diffusion configurations (EDM, v-prediction, VP, VE) at one small eps."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_configuration_rows())),
+        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_configurations"))),
     output:
         table=TABLES / "dpdm_table_configurations.parquet",
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_configuration_rows()),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_configuration_rows())),
+        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_configurations")),
+        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_configurations"))),
     log:
         LOGS / "dpdm_table_configurations.log",
     threads: 1

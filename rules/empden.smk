@@ -7,18 +7,87 @@
 #   snakemake results/digits/eval/empden/hybrid/p50_B100_T3_beta1_s0/metrics.json
 # Numbers in paths have no dots: beta 0.5 is beta0p5, sigma_min 0.002 is smin0p002.
 
+from pipeline.sampling.empden_grid import cell_from_wildcards, grid_cells
+
 EMPDEN_SAMPLES = EXPDIR / "samples" / "empden"
-#: the public EDM denoiser (rule pretrain_public, rules/pretrain.smk)
-EMPDEN_PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
 EMPDEN_TABLE8 = TABLES / "empden_table8_grid.parquet"
+EMPDEN_FIGURE2_LEDGER = EXPDIR / "ledger" / "empden_figure2_trajectories.jsonl"
 #: the public split behind the public-marginal normaliser of the empirical denoiser (empden.normaliser;
 #: pipeline/privacy/empirical_denoiser.py): an input of every private cell, none for "constant"
 EMPDEN_NORMALISER_INPUT = (
     {"public_data": DATA / "public.npz"} if config["empden"]["normaliser"] == "public_marginal" else {}
 )
+EMPDEN_SAMPLE_MEM_MB = cost.empden_sample_mem_mb(config)
+EMPDEN_SAMPLE_RUNTIME_MIN = cost.empden_sample_runtime_min(config)
 
-# every cell writes its own transcript; the replay reads them all
-LEDGER_TRANSCRIPTS.extend(empden_ledgers())
+
+def empden_cells():
+    """Every EMPDEN sampling cell of the config."""
+    return grid_cells(config["empden"], config["accounting"])
+
+
+def empden_sample_path(cell):
+    return EMPDEN_SAMPLES / f"{cell.name}.npz"
+
+
+def empden_metrics_path(cell):
+    return EXPDIR / "eval" / "empden" / cell.name / "metrics.json"
+
+
+def empden_ledger_claims():
+    """Each cell that reads private data writes its own transcript (parallel jobs never append to the
+    same file) with one claim; Figure 2 writes two (output-wise and per-step)."""
+    claims = {EXPDIR / "ledger" / f"{c.ledger_stem}.jsonl": 1 for c in empden_cells() if c.private}
+    if config["empden"]["figure2"]:
+        claims[EMPDEN_FIGURE2_LEDGER] = 2
+    return claims
+
+
+def empden_targets():
+    """EMPDEN grid tables and figures: the main grid always, the rest as the empden section asks."""
+    e = config["empden"]
+    out = [EMPDEN_TABLE8, TABLES / "empden_table2_comparison.parquet", FIGURES / "empden_figure3_tradeoffs.png"]
+    if e["beta_ablation"]:
+        out.append(TABLES / "empden_table3_beta.parquet")
+    if e["repeated_seeds"]:
+        out.append(TABLES / "empden_table10_seeds.parquet")
+    if e["full_batch"]["sigma_min"]:
+        out.append(FIGURES / "empden_figure4_samples.png")
+    if e["figure2"]:
+        out.append(FIGURES / "empden_figure2_trajectories.png")
+    return out
+
+
+register_targets("empden", empden_targets)
+register_transcripts("empden", empden_ledger_claims)
+
+
+def empden_normaliser_params():
+    """The empirical denoiser's normaliser settings (public_only cells ignore them)."""
+    return {k: config["empden"][k] for k in ("normaliser", "normaliser_n")}
+
+
+def empden_sample_params(method, wildcards):
+    """Stage params of one cell, parsed from its target path's wildcards."""
+    cell = cell_from_wildcards(method, wildcards)
+    return stage_params(cell=cell.as_dict(), accounting=accounting_mechanism(), n_out=cost.empden_n_out(config),
+                        batch_size=config["empden"]["batch_size"], device=config["device"],
+                        threads=TORCH_THREADS, **empden_normaliser_params())
+
+
+def empden_table8_inputs():
+    """samples_<i> / metrics_<i> of every cell: the inputs of the Table 8 join."""
+    out = {}
+    for i, cell in enumerate(empden_cells()):
+        out[f"samples_{i}"] = empden_sample_path(cell)
+        out[f"metrics_{i}"] = empden_metrics_path(cell)
+    return out
+
+
+def empden_figure4_inputs():
+    """The full-batch cells (Figure 4 right)."""
+    cells = [c for c in empden_cells() if c.method == "full_batch"]
+    return {f"samples_{i}": empden_sample_path(c) for i, c in enumerate(cells)}
 
 
 rule empden_sample_subsampled:
@@ -26,7 +95,7 @@ rule empden_sample_subsampled:
     input:
         unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
         private=DATA / "private_train.npz",
-        public=EMPDEN_PUBLIC_DENOISER,
+        public=PUBLIC_DENOISER,
     output:
         samples=EMPDEN_SAMPLES / "{method}" / "p{p}_B{B}_T{T}_beta{beta}_s{seed}.npz",
         manifest=EMPDEN_SAMPLES / "{method}" / "p{p}_B{B}_T{T}_beta{beta}_s{seed}.json",
@@ -43,11 +112,11 @@ rule empden_sample_subsampled:
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_sample" / "{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
-        mem_mb=empden_sample_mem_mb(),
-        runtime=empden_sample_runtime_min(),
+        mem_mb=EMPDEN_SAMPLE_MEM_MB,
+        runtime=EMPDEN_SAMPLE_RUNTIME_MIN,
     conda:
         GPU_ENV
     shell:
@@ -73,11 +142,11 @@ rule empden_sample_full_batch:
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_sample" / "full_batch_smin{smin}_beta{beta}_s{seed}.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
-        mem_mb=empden_sample_mem_mb(),
-        runtime=empden_sample_runtime_min(),
+        mem_mb=EMPDEN_SAMPLE_MEM_MB,
+        runtime=EMPDEN_SAMPLE_RUNTIME_MIN,
     conda:
         GPU_ENV
     shell:
@@ -89,7 +158,7 @@ rule empden_sample_public_only:
     """The public denoiser alone (no private block, eps = 0): Table 2's reference row."""
     input:
         private=DATA / "private_train.npz",  # read for the image shape only
-        public=EMPDEN_PUBLIC_DENOISER,
+        public=PUBLIC_DENOISER,
     output:
         samples=EMPDEN_SAMPLES / "public_only" / "s{seed}.npz",
         manifest=EMPDEN_SAMPLES / "public_only" / "s{seed}.json",
@@ -99,11 +168,11 @@ rule empden_sample_public_only:
         p=lambda wildcards: empden_sample_params("public_only", wildcards),
     log:
         LOGS / "empden_sample" / "public_only_s{seed}.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=empden_sample_runtime_min(),
+        runtime=EMPDEN_SAMPLE_RUNTIME_MIN,
     conda:
         GPU_ENV
     shell:
@@ -126,11 +195,11 @@ rule empden_evaluate:
                                         name=f"empden/{wildcards.cell}"),
     log:
         LOGS / "empden_evaluate" / "{cell}.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=lambda wildcards: evaluation_runtime_min(),
+        runtime=cost.evaluation_runtime_min(config),
     conda:
         GPU_ENV
     shell:
@@ -145,7 +214,7 @@ rule empden_table8_grid:
     output:
         table=EMPDEN_TABLE8,
     params:
-        ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         p=stage_params(accounting=config["accounting"]),
     log:
         LOGS / "empden_table8_grid.log",
@@ -156,7 +225,7 @@ rule empden_table8_grid:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table8_grid --in {params.ins} --out table={output.table:q}"
+        "python -m pipeline empden_table8_grid {params.ins} --out table={output.table:q}"
         " --params {params.p:q} --log {log:q}"
 
 
@@ -253,7 +322,7 @@ rule empden_figure4_samples:
         png=FIGURES / "empden_figure4_samples.png",
         pdf=FIGURES / "empden_figure4_samples.pdf",
     params:
-        ins=lambda wildcards, input: " ".join(f"{k}={shlex.quote(str(v))}" for k, v in input.items()),
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         p=stage_params(n_images=config["empden"]["figure_images"]),
     log:
         LOGS / "empden_figure4_samples.log",
@@ -264,7 +333,7 @@ rule empden_figure4_samples:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_figure4_samples --in {params.ins} --out figure={output.png:q}"
+        "python -m pipeline empden_figure4_samples {params.ins} --out figure={output.png:q}"
         " --params {params.p:q} --log {log:q}"
 
 
@@ -273,22 +342,22 @@ rule empden_figure2_trajectories:
     input:
         unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
         private=DATA / "private_train.npz",
-        public=EMPDEN_PUBLIC_DENOISER,
+        public=PUBLIC_DENOISER,
     output:
         png=FIGURES / "empden_figure2_trajectories.png",
         pdf=FIGURES / "empden_figure2_trajectories.pdf",
-        ledger=EXPDIR / "ledger" / "empden_figure2_trajectories.jsonl",
+        ledger=EMPDEN_FIGURE2_LEDGER,
     params:
         p=stage_params(figure2=config["empden"]["figure2"], accounting=accounting_mechanism(),
                       beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], device=config["device"],
-                      threads=torch_threads(), **empden_normaliser_params()),
+                      threads=TORCH_THREADS, **empden_normaliser_params()),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_figure2_trajectories.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
-        mem_mb=empden_sample_mem_mb(),
+        mem_mb=EMPDEN_SAMPLE_MEM_MB,
         runtime=15,
     conda:
         GPU_ENV

@@ -4,10 +4,26 @@
 # paper's do): descriptive tables, not private releases, so no ledger transcript. Tables 1/4/5/6
 # use the sampler's empirical denoiser, normaliser included (EMPDEN_NORMALISER_INPUT, rules/empden.smk).
 
-#: the public EDM denoiser (rule pretrain_public, rules/pretrain.smk)
-DIAG_PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
-DIAG_RUNTIME_MIN = empden_diagnostics_runtime_min()
-DIAG_MEM_MB = empden_diagnostics_mem_mb()
+DIAG_RUNTIME_MIN = cost.empden_diagnostics_runtime_min(config)
+DIAG_MEM_MB = cost.empden_diagnostics_mem_mb(config)
+
+register_targets("empden_diagnostics", lambda: [
+    TABLES / "empden_table4_proxy.parquet",
+    FIGURES / "empden_figure1_proxy_cosine.png",
+    TABLES / "empden_table1_window_swap.parquet",
+    TABLES / "empden_table5_endpoint_agreement.parquet",
+    TABLES / "empden_table6_image_agreement.parquet",
+    TABLES / "empden_figure6_critical_window.parquet",
+    FIGURES / "empden_figure6_critical_window.png",
+])
+
+
+def empden_diagnostics_params():
+    """Params of every proxy-diagnostics rule (the schedule, C and beta are the accounting section's,
+    the normaliser the sampler's)."""
+    return stage_params(diagnostics=config["empden_diagnostics"], accounting=accounting_mechanism(),
+                        seed=SEED, device=config["device"], threads=TORCH_THREADS,
+                        **empden_normaliser_params())
 
 
 rule empden_table4_proxy:
@@ -15,7 +31,7 @@ rule empden_table4_proxy:
     input:
         unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
         private=DATA / "private_train.npz",
-        denoiser=DIAG_PUBLIC_DENOISER,
+        denoiser=PUBLIC_DENOISER,
     output:
         table=TABLES / "empden_table4_proxy.parquet",
         figure=FIGURES / "empden_figure1_proxy_cosine.png",
@@ -24,7 +40,7 @@ rule empden_table4_proxy:
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_table4_proxy.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=DIAG_MEM_MB,
@@ -41,7 +57,7 @@ rule empden_table1_window_swap:
     input:
         unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
         private=DATA / "private_train.npz",
-        denoiser=DIAG_PUBLIC_DENOISER,
+        denoiser=PUBLIC_DENOISER,
         evalnet=rules.train_evalnet.output.model,
     output:
         table1=TABLES / "empden_table1_window_swap.parquet",
@@ -52,7 +68,7 @@ rule empden_table1_window_swap:
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_table1_window_swap.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=DIAG_MEM_MB,
@@ -68,7 +84,7 @@ rule empden_table1_window_swap:
 rule empden_figure6_critical_window:
     """EMPDEN Figure 6a: the evaluation classifier's probability of the final label along the trajectory."""
     input:
-        denoiser=DIAG_PUBLIC_DENOISER,
+        denoiser=PUBLIC_DENOISER,
         evalnet=rules.train_evalnet.output.model,
     output:
         table=TABLES / "empden_figure6_critical_window.parquet",
@@ -77,7 +93,7 @@ rule empden_figure6_critical_window:
         p=empden_diagnostics_params(),
     log:
         LOGS / "empden_figure6_critical_window.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=4000,

@@ -15,11 +15,11 @@ rule train_evalnet:
         p=params_json(evalnet=config["evaluation"]["evalnet"], seed=SEED, device=config["device"]),
     log:
         LOGS / "train_evalnet.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=lambda wc: evalnet_runtime_min(),
+        runtime=cost.evalnet_runtime_min(config),
     conda:
         GPU_ENV
     shell:
@@ -39,11 +39,11 @@ rule evaluate_reference_real:
         p=params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"], name="reference_real"),
     log:
         LOGS / "evaluate_reference_real.log",
-    threads: torch_threads()
+    threads: TORCH_THREADS
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=lambda wc: evaluation_runtime_min(),
+        runtime=cost.evaluation_runtime_min(config),
     conda:
         GPU_ENV
     shell:

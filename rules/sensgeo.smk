@@ -2,6 +2,21 @@
 # Code: pipeline/accounting/sensgeo.py (stages), pipeline/privacy/sensgeo/ (the mathematics).
 # No inputs: every public domain K and random covariance is drawn from sensgeo.seed.
 
+register_targets("sensgeo", lambda: [
+    FIGURES / "sensgeo_fig1_naive_vs_exact.png",
+    TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
+    TABLES / "sensgeo_table_guarantees.parquet",
+    TABLES / "sensgeo_table_sdp.parquet",
+    FIGURES / "sensgeo_fig_mi_snr.png",
+    TABLES / "sensgeo_table_bridge.parquet",
+])
+
+
+def sensgeo_params(section):
+    """Params of one SENSGEO rule: its config section, the config id and the seed."""
+    sg = config["sensgeo"]
+    return stage_params(seed=sg["seed"], **{section: sg[section]})
+
 
 rule sensgeo_fig1_naive_vs_exact:
     """Figure 1 + summary table: naive diameter bound over the exact Mahalanobis diameter."""
@@ -53,7 +68,7 @@ rule sensgeo_table_sdp:
     threads: 1
     resources:
         mem_mb=3000,
-        runtime=lambda wc: max(10, sum(m * m for m in config["sensgeo"]["sdp"]["m"]) // 100),
+        runtime=cost.sensgeo_sdp_runtime_min(config),
     conda:
         CPU_ENV
     shell:

@@ -98,3 +98,30 @@ def test_with_log_a_successful_stage_prints_nothing_on_the_console(monkeypatch, 
     out, err = capfd.readouterr()
     assert out == err == ""
     assert "done" in log.read_text()
+
+
+def test_every_stage_a_rule_runs_is_registered(repo):
+    import re
+
+    called = set()
+    for smk in (repo / "rules").glob("*.smk"):
+        called |= set(re.findall(r"python -m pipeline (\w+)", smk.read_text()))
+    assert called and called <= set(STAGES), sorted(called - set(STAGES))
+
+
+def test_each_method_lists_its_own_stages_and_the_cli_finds_them_all():
+    from pipeline.cli import CORE_STAGES
+    from pipeline.methods import method_names, method_stages
+
+    assert method_names() == ["accounting", "dpdm", "empden", "empden_diagnostics", "sensgeo"]
+    per_method = method_stages()
+    assert per_method["dpdm"]["train_dpdm"] == "pipeline.training.dpdm:train_dpdm"
+    listed = [name for stages in [CORE_STAGES, *per_method.values()] for name in stages]
+    assert sorted(listed) == sorted(STAGES) and len(listed) == len(set(listed))
+
+
+def test_a_stage_claimed_by_two_methods_is_refused():
+    from pipeline.methods import merge_stages
+
+    with pytest.raises(RuntimeError, match="stage 'x' of method 'b' is already registered by 'a'"):
+        merge_stages({}, {"a": {"x": "m:x"}, "b": {"x": "n:x"}})

@@ -118,10 +118,45 @@ def test_size_checks_pass_the_defaults_and_skip_unknown_dataset_sizes():
 def test_nested_command_line_values_are_typed_like_yaml():
     from pipeline.config import typed_overrides
 
-    # Snakemake hands `--config 'dpdm={enabled: false, K: 2, lr: 1e-3}' seed=3` over like this
-    raw = {"dpdm": {"enabled": "false", "K": "2", "lr": "0.001", "seeds": ["0", "1"],
+    # Snakemake hands `--config 'dpdm={class_conditional: false, K: 2, lr: 1e-3}' seed=3` over like this
+    raw = {"dpdm": {"class_conditional": "false", "K": "2", "lr": "0.001", "seeds": ["0", "1"],
                     "sampling": {"main": "guided"}}, "seed": 3}
     typed = typed_overrides(raw)
-    assert typed == {"dpdm": {"enabled": False, "K": 2, "lr": 0.001, "seeds": [0, 1],
+    assert typed == {"dpdm": {"class_conditional": False, "K": 2, "lr": 0.001, "seeds": [0, 1],
                               "sampling": {"main": "guided"}}, "seed": 3}
-    assert validate_config(typed)["dpdm"]["enabled"] is False
+    assert validate_config(typed)["dpdm"]["class_conditional"] is False
+
+
+def test_methods_default_to_every_method_in_the_index_order():
+    assert validate_config({})["methods"] == ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm"]
+
+
+@pytest.mark.parametrize("method", ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm"])
+def test_an_old_enabled_key_says_to_use_the_methods_list(method):
+    with pytest.raises(ConfigError) as err:
+        validate_config({method: {"enabled": False}})
+    assert str(err.value) == (f"config error at {method}.enabled: methods are chosen by the top-level list "
+                              f"`methods:` (e.g. methods: [empden, dpdm]); remove {method}.enabled")
+
+
+@pytest.mark.parametrize(
+    ("methods", "message"),
+    [
+        (["dpdm", "straightdp"], "config error at methods[1]: expected one of accounting, sensgeo, empden, "
+                                 "empden_diagnostics, dpdm, got 'straightdp'"),
+        (["dpdm", "dpdm"], "config error at methods: expected a list without repeats, got ['dpdm', 'dpdm']"),
+    ],
+)
+def test_a_wrong_methods_list_is_one_line(methods, message):
+    with pytest.raises(ConfigError) as err:
+        validate_config({"methods": methods})
+    assert str(err.value) == message
+
+
+def test_a_method_left_out_skips_its_size_checks():
+    # B = 3000 > n = 2500 only matters when the EMPDEN grid is sampled
+    validate_config({"methods": ["dpdm"], "empden": {"grid": [{"p": [30], "B": [3000], "T": [3]}]},
+                     "accounting": {"B": [5000]}})
+    with pytest.raises(ConfigError, match="dpdm.batch_size"):
+        validate_config({"methods": ["dpdm"], "dpdm": {"batch_size": 3000}})
+    validate_config({"methods": ["empden"], "dpdm": {"batch_size": 3000}})

@@ -1,0 +1,11 @@
+"""DPDM (Dockhorn et al. 2023): DP-SGD training with noise multiplicity, its samplers, tables and sample grids.
+
+Rules: ``rules/dpdm.smk``; runs and their names: ``pipeline/training/dpdm_runs.py``.
+"""
+
+STAGES = {
+    "train_dpdm": "pipeline.training.dpdm:train_dpdm",
+    "sample_dpdm": "pipeline.sampling.dpdm_stage:sample_dpdm",
+    "dpdm_sample_grid": "pipeline.sampling.dpdm_stage:dpdm_sample_grid",
+    "dpdm_table": "pipeline.reporting.dpdm:dpdm_table",
+}

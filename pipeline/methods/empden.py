@@ -1,0 +1,15 @@
+"""EMPDEN's sampling grid (EMPDEN Sec. 6, App. J): the cells' samplers, Tables 2, 3, 8/9, 10 and Figures 2, 3, 4 right.
+
+Rules: ``rules/empden.smk``; cells and their names: ``pipeline/sampling/empden_grid.py``.
+"""
+
+STAGES = {
+    "empden_sample": "pipeline.sampling.empden_stage:empden_sample",
+    "empden_table8_grid": "pipeline.accounting.empden_results:empden_table8_grid",
+    "empden_table2_comparison": "pipeline.accounting.empden_results:empden_table2_comparison",
+    "empden_table3_beta": "pipeline.accounting.empden_results:empden_table3_beta",
+    "empden_table10_seeds": "pipeline.accounting.empden_results:empden_table10_seeds",
+    "empden_figure3_tradeoffs": "pipeline.accounting.empden_results:empden_figure3_tradeoffs",
+    "empden_figure4_samples": "pipeline.accounting.empden_results:empden_figure4_samples",
+    "empden_figure2_trajectories": "pipeline.sampling.empden_stage:empden_figure2_trajectories",
+}

@@ -1,0 +1,10 @@
+"""EMPDEN's proxy diagnostics (EMPDEN Sec. 3.3, 6.3, App. F; Tables 1, 4, 5, 6; Figures 1, 6a): non-private, flagged.
+
+Rules: ``rules/empden_diagnostics.smk``.
+"""
+
+STAGES = {
+    "empden_table4_proxy": "pipeline.diagnostics.empden_proxy:empden_table4_proxy",
+    "empden_table1_window_swap": "pipeline.diagnostics.empden_proxy:empden_table1_window_swap",
+    "empden_figure6_critical_window": "pipeline.diagnostics.empden_proxy:empden_figure6_critical_window",
+}

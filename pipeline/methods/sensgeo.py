@@ -1,0 +1,12 @@
+"""SENSGEO: exact sensitivity geometry and optimal noise for the ideal denoiser (analytic, CPU).
+
+Rules: ``rules/sensgeo.smk``. The mathematics: ``pipeline/privacy/sensgeo/``.
+"""
+
+STAGES = {
+    "sensgeo_fig1_naive_vs_exact": "pipeline.accounting.sensgeo:sensgeo_fig1_naive_vs_exact",
+    "sensgeo_table_guarantees": "pipeline.accounting.sensgeo:sensgeo_table_guarantees",
+    "sensgeo_table_sdp": "pipeline.accounting.sensgeo:sensgeo_table_sdp",
+    "sensgeo_fig_mi_snr": "pipeline.accounting.sensgeo:sensgeo_fig_mi_snr",
+    "sensgeo_table_bridge": "pipeline.accounting.sensgeo:sensgeo_table_bridge",
+}

@@ -1,0 +1,79 @@
+"""Where each method's rule file registers its outputs: the targets of ``rule all`` and the index
+page, and the ledger transcripts the replay reads.
+
+``rules/common.smk`` holds one :class:`MethodRegistry`; ``rules/<method>.smk`` calls
+``register_targets`` and ``register_transcripts`` for its method, and the core rules (``rule
+all``, ``index_html``, ``replay``) ask the registry for the methods the config's ``methods``
+list chooses, in that list's order. So a new method adds its rule file and edits no central list.
+
+Registrations are functions, called only when their method is chosen: a method left out of
+``methods`` never computes its targets, and a rule file may register before the config values
+it reads are used. Pure Python (no Snakemake): tested in ``tests/test_registry.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from os import PathLike
+from pathlib import Path
+
+#: what a method registers: a function returning its paths (or path -> claims for transcripts)
+TargetsFn = Callable[[], Iterable[str | PathLike[str]]]
+TranscriptsFn = Callable[[], Mapping[str | PathLike[str], int]]
+
+#: the suffixes the index page shows: tables and figures (a figure's PDF is written beside its PNG)
+REPORT_SUFFIXES = (".parquet", ".png")
+
+
+class MethodRegistry:
+    """Each method's targets and ledger transcripts, as registered by its rule file."""
+
+    def __init__(self) -> None:
+        self._targets: dict[str, list[TargetsFn]] = {}
+        self._transcripts: dict[str, list[TranscriptsFn]] = {}
+
+    def register_targets(self, method: str, targets: TargetsFn) -> None:
+        """``targets()`` lists the method's outputs in ``rule all``: its tables (.parquet) and figures
+        (.png) also go on the index page."""
+        self._targets.setdefault(method, []).append(targets)
+        self._transcripts.setdefault(method, [])
+
+    def register_transcripts(self, method: str, transcripts: TranscriptsFn) -> None:
+        """``transcripts()`` maps each ledger transcript the method writes to the number of claims
+        (ledger lines) it must hold; the replay reads them all and checks every count."""
+        self._transcripts.setdefault(method, []).append(transcripts)
+        self._targets.setdefault(method, [])
+
+    @property
+    def methods(self) -> list[str]:
+        """Every method some rule file registered, in registration order."""
+        return list(self._targets)
+
+    def _check(self, methods: Sequence[str]) -> None:
+        missing = [m for m in methods if m not in self._targets]
+        if missing:
+            raise ValueError(f"config error at methods: {', '.join(missing)} has no rule file registering it "
+                             f"(registered: {', '.join(self.methods) or 'none'}); include rules/<method>.smk "
+                             f"in the Snakefile")
+
+    def targets(self, methods: Sequence[str]) -> list[Path]:
+        """Every target of the chosen ``methods``, method by method in their order, none twice."""
+        self._check(methods)
+        out: dict[Path, None] = {}
+        for method in methods:
+            for fn in self._targets[method]:
+                out.update((Path(p), None) for p in fn())
+        return list(out)
+
+    def report_targets(self, methods: Sequence[str]) -> list[Path]:
+        """The tables and figures of the chosen ``methods``: what the index page shows."""
+        return [p for p in self.targets(methods) if p.suffix in REPORT_SUFFIXES]
+
+    def transcripts(self, methods: Sequence[str]) -> dict[Path, int]:
+        """Ledger transcript -> expected claims, for the chosen ``methods`` in their order."""
+        self._check(methods)
+        out: dict[Path, int] = {}
+        for method in methods:
+            for fn in self._transcripts[method]:
+                out.update((Path(p), int(n)) for p, n in fn().items())
+        return out

@@ -1,0 +1,168 @@
+"""What a job costs: SLURM runtime (minutes), memory (MB) and threads of every rule, from the config.
+
+The one home of the workflow's cost models: the rules in ``rules/*.smk`` read their
+``resources:`` and ``threads:`` from here, so a cost is read, tested and changed in one place.
+Every function is a pure function of the validated config (defaults filled). The models are
+rough and deliberately generous (x4 headroom where a job runs on a shared CPU): a job that
+hits its SLURM time limit is killed and loses its work, one that asks for too much only queues
+a little longer. Pure Python (no torch, no Snakemake).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.config import RGB_SOURCES
+
+Config = Mapping[str, Any]
+
+
+def _side(config: Config) -> int:
+    return int(config["data"]["image_size"])
+
+
+def _channels(config: Config) -> int:
+    return 3 if config["data"]["private"]["source"] in RGB_SOURCES else 1
+
+
+def torch_threads(config: Config) -> int:
+    """Threads for small CPU models: more than one only pays off above 16x16."""
+    return 1 if _side(config) <= 16 else 4
+
+
+# ----------------------------------------------------------------------------- core
+
+
+def prepare_data_mem_mb(config: Config) -> int:
+    """CelebA's 200k aligned JPEGs are decoded and resized in memory; every other source is small."""
+    return 16000 if config["data"]["private"]["source"] == "celeba" else 4000
+
+
+def prepare_data_runtime_min(config: Config) -> int:
+    return 120 if config["data"]["private"]["source"] == "celeba" else 20
+
+
+def evalnet_runtime_min(config: Config) -> int:
+    """Training the evaluation net: ~2 ms per 16x16 image-epoch on one CPU core, x4 headroom (GPUs are far faster)."""
+    ev = config["evaluation"]["evalnet"]
+    n = config["data"]["private"]["n_eval_train"]
+    return max(10, int(4 * ev["epochs"] * n * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
+
+
+def evaluation_runtime_min(config: Config) -> int:
+    """Scoring one sample set: features + 3 downstream classifiers, each repeated, on the test split."""
+    n = config["data"]["private"]["n_test"]
+    down = config["evaluation"]["downstream"]
+    epochs = down["cnn_epochs"] * down["repeats"]
+    return max(10, int(4 * epochs * n * (_side(config) / 16) ** 2 * 2e-3 / 60) + 10)
+
+
+def pretrain_runtime_min(config: Config) -> int:
+    """The public EDM denoiser (rule pretrain_public).
+
+    At <= 16x16 it runs on one CPU core at ~0.3 s per step of 64 images (x4 headroom for a shared
+    machine); paper presets run on one GPU, where EDM's DDPM++ costs ~4e-4 GPU-s per 32x32 image
+    (Karras et al. 2022 App. F: 200 Mimg in ~2 days on 8 V100s), x1.5 headroom.
+    """
+    images = config["pretrain"]["steps"] * config["pretrain"]["batch_size"]
+    side = _side(config)
+    if side <= 16:
+        return 10 + int(4 * images / 64 * 0.3 / 60)
+    return 10 + int(1.5 * images * (side / 32) ** 2 * 4e-4 / 60)
+
+
+def pretrain_mem_mb(config: Config) -> int:
+    return 4000 if _side(config) <= 16 else 16000
+
+
+# ----------------------------------------------------------------------------- EMPDEN accounting
+
+
+def _fine_pld(config: Config) -> bool:
+    """PLD cost grows ~10x per decade of the discretisation h (EMPDEN's h = 1e-5 takes ~1 min and GBs per strong block)."""
+    return config["accounting"]["discretisation"] < 1e-4
+
+
+def accounting_runtime_min(config: Config, n_blocks: int) -> int:
+    """Accounting ``n_blocks`` EMPDEN blocks with the PLD accountant (also the replay's, which recomputes them)."""
+    return 30 + n_blocks * (10 if _fine_pld(config) else 1)
+
+
+def accounting_mem_mb(config: Config) -> int:
+    return 16000 if _fine_pld(config) else 4000
+
+
+# ----------------------------------------------------------------------------- EMPDEN sampling
+
+
+def empden_n_out(config: Config) -> int:
+    """Samples per EMPDEN cell: empden.n_out, else the N_out of the accounting section."""
+    return config["empden"]["n_out"] or config["accounting"]["N_out"]
+
+
+def empden_sample_runtime_min(config: Config) -> int:
+    """One EMPDEN cell: ~N_out x (steps) network calls, generous headroom."""
+    return max(15, int(empden_n_out(config) * (_side(config) / 16) ** 2 * 0.02 / 60 * 4) + 10)
+
+
+def empden_sample_mem_mb(config: Config) -> int:
+    """One EMPDEN cell: the private set in float64 plus [batch, n] work matrices."""
+    n = config["accounting"]["n"] or config["data"]["private"]["n_private_train"] or 50000
+    side, ch = _side(config), _channels(config)
+    return max(4000, int(3 * n * ch * side * side * 8 / 2**20 + 8 * config["empden"]["batch_size"] * n * 8 / 2**20))
+
+
+def empden_diagnostics_runtime_min(config: Config) -> int:
+    """One proxy-diagnostics rule, from the trajectory count and image size.
+
+    ~1 ms per 16x16 image and denoiser call on one CPU core (x4 headroom); the window swap runs
+    ~(1 + 2 * windows) N calls per trajectory, the proxy grid N per seed and trajectory.
+    """
+    d = config["empden_diagnostics"]
+    calls = d["n_trajectories"] * max(d["proxy_seeds"] * d["proxy_N"], (1 + 2 * len(d["windows"])) * d["swap_N"])
+    return max(10, int(4 * calls * (_side(config) / 16) ** 2 * 1e-3 / 60) + 10)
+
+
+def empden_diagnostics_mem_mb(config: Config) -> int:
+    """A diagnostics job holds about 3 float64 copies of the private set (the split as float, the
+    records and their unit vectors, pipeline.privacy.empirical_denoiser)."""
+    n = config["data"]["private"]["n_private_train"] or config["accounting"]["n"] or 50000
+    d = _channels(config) * _side(config) ** 2
+    return 3000 + int(3 * n * d * 8 / 2**20)
+
+
+# ----------------------------------------------------------------------------- DPDM
+
+
+def dpdm_train_runtime_min(config: Config) -> int:
+    """One DP-SGD run: T steps x B x K example-draws.
+
+    ~2e-5 s per 16x16 example-draw with its per-example gradient on one GPU (~1e-2 s on one CPU
+    core), x4 headroom.
+    """
+    d = config["dpdm"]
+    n = config["data"]["private"]["n_private_train"] or 60000
+    steps = -(-int(d["epochs"] * n) // d["batch_size"])
+    return max(30, int(4 * steps * d["batch_size"] * d["K"] * (_side(config) / 16) ** 2 * 2e-5 / 60) + 10)
+
+
+def dpdm_train_mem_mb(config: Config) -> int:
+    """Host memory of one run: data, model and one micro-batch x K draws of activations (~0.5 MB each at 16x16)."""
+    d = config["dpdm"]
+    return 4000 + int(d["micro_batch"] * d["K"] * (_side(config) / 16) ** 2 * 0.5)
+
+
+def dpdm_sample_runtime_min(config: Config) -> int:
+    """One sample set: n_samples x network evaluations (~1 ms per 16x16 image-NFE on CPU) of the costliest sampler."""
+    s = config["dpdm"]["sampling"]
+    steps = max(2 * c.get("steps", 50) * (2 if c.get("guidance", 0) else 1) for c in s["samplers"].values())
+    return max(10, int(4 * s["n_samples"] * steps * (_side(config) / 16) ** 2 * 1e-3 / 60) + 10)
+
+
+# ----------------------------------------------------------------------------- SENSGEO
+
+
+def sensgeo_sdp_runtime_min(config: Config) -> int:
+    """The covariance SDPs of sensgeo.sdp: one minute per 100 of sum(m^2) over the dimensions m, at least 10."""
+    return max(10, sum(m * m for m in config["sensgeo"]["sdp"]["m"]) // 100)

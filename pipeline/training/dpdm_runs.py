@@ -1,0 +1,173 @@
+"""DPDM training runs as values: which runs the config's tables need, and the name of each.
+
+A *run* is one DP-SGD training of a diffusion denoiser (Dockhorn et al. 2023, DPDM): its
+diffusion configuration (parameterisation: EDM, v-prediction, VP or VE, DPDM App. C), its
+target epsilon, its noise multiplicity K (DPDM Sec. 4, eq. 6: K noise levels per example
+and gradient) and its training seed. A run is one target path; its name is the path token
+``<param>_eps<eps>_K<K>_seed<seed>``, e.g. ``edm_eps0p2_K4_seed0`` (numbers without dots: 0.2
+is ``0p2``), so any run, not only those the tables use, can be asked for by path.
+:class:`DpdmRun` holds the grammar once: :attr:`DpdmRun.name` writes it, :meth:`DpdmRun.from_name`
+reads it back and :data:`RUN_PATTERN` is the Snakemake wildcard constraint.
+
+The table row builders (:func:`main_rows` and the three ablations) turn the ``dpdm`` config
+section into the rows each table rule reports. Pure Python (no torch): ``rules/dpdm.smk``
+imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config import ConfigError
+
+#: DPDM App. C's diffusion configurations; "vpred" before "vp" so the longer name wins a match
+PARAMETERISATIONS = ("edm", "vpred", "vp", "ve")
+
+_PARAM = "|".join(PARAMETERISATIONS)
+#: a number as a path token (:func:`fmt_num`): digits with p for the point, an optional exponent
+_NUM = r"[0-9p]+(?:e-?[0-9]+)?"
+#: the run grammar as a Snakemake wildcard constraint (no groups of its own)
+RUN_PATTERN = rf"(?:{_PARAM})_eps{_NUM}_K[0-9]+_seed[0-9]+"
+_RUN_RE = re.compile(rf"(?P<param>{_PARAM})_eps(?P<eps>{_NUM})_K(?P<K>[0-9]+)_seed(?P<seed>[0-9]+)")
+
+#: one table row: the run it reports, the sampler and the columns the table stage copies
+Row = dict[str, Any]
+
+
+def fmt_num(x: float) -> str:
+    """A number as a path token: 0.2 -> '0p2', 10 -> '10', 1e-05 -> '1e-05' (``%g``, point as p)."""
+    return f"{float(x):g}".replace(".", "p")
+
+
+def parse_num(token: str) -> float:
+    """Inverse of :func:`fmt_num`."""
+    return float(token.replace("p", "."))
+
+
+@dataclass(frozen=True, order=True)
+class DpdmRun:
+    """One DPDM training run: diffusion configuration, target epsilon, noise multiplicity K, seed."""
+
+    parameterisation: str
+    epsilon: float
+    K: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.parameterisation not in PARAMETERISATIONS:
+            raise ValueError(f"DPDM parameterisation must be one of {', '.join(PARAMETERISATIONS)}, "
+                             f"got {self.parameterisation!r}")
+        # normalise the types, so DpdmRun("edm", 1, 4, 0) == DpdmRun.from_name("edm_eps1_K4_seed0")
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "K", int(self.K))
+        object.__setattr__(self, "seed", int(self.seed))
+
+    @property
+    def name(self) -> str:
+        """The run's path token, e.g. ``edm_eps0p2_K4_seed0``."""
+        return f"{self.parameterisation}_eps{fmt_num(self.epsilon)}_K{self.K}_seed{self.seed}"
+
+    @classmethod
+    def from_name(cls, name: str) -> DpdmRun:
+        """The run a path token names (the inverse of :attr:`name`)."""
+        m = _RUN_RE.fullmatch(name)
+        if m is None:
+            raise ValueError(f"DPDM run name {name!r} is not <param>_eps<eps>_K<K>_seed<seed>")
+        return cls(m["param"], parse_num(m["eps"]), int(m["K"]), int(m["seed"]))
+
+
+def parameterisation_at(dpdm: Mapping[str, Any], eps: float) -> str:
+    """The main table's configuration at ``eps``: ``dpdm.parameterisation_by_epsilon``, else ``dpdm.parameterisation``."""
+    for key, value in dpdm["parameterisation_by_epsilon"].items():
+        if float(key) == float(eps):
+            return value
+    return dpdm["parameterisation"]
+
+
+def main_run(dpdm: Mapping[str, Any], eps: float, seed: int | None = None, K: int | None = None) -> DpdmRun:
+    """The main table's run at ``eps`` (first seed and ``dpdm.K`` unless given)."""
+    return DpdmRun(parameterisation_at(dpdm, eps), eps, dpdm["K"] if K is None else K,
+                   dpdm["seeds"][0] if seed is None else seed)
+
+
+def init_of(dpdm: Mapping[str, Any], parameterisation: str) -> str:
+    """Where a run of ``parameterisation`` starts: "public" or "scratch".
+
+    The public denoiser is EDM-preconditioned, and its weights compute a different function
+    under another preconditioner, so only EDM runs start from it (when ``dpdm.init`` is public).
+    """
+    return "public" if dpdm["init"] == "public" and parameterisation == "edm" else "scratch"
+
+
+def sampler_settings(dpdm: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The settings of the sampler ``name`` of ``dpdm.sampling.samplers`` (a one-line ConfigError when absent)."""
+    samplers = dpdm["sampling"]["samplers"]
+    if name not in samplers:
+        raise ConfigError(f"config error at dpdm.sampling: no sampler named {name!r} (have: {', '.join(samplers)})")
+    return samplers[name]
+
+
+def check_sampler_names(dpdm: Mapping[str, Any]) -> None:
+    """Every sampler the tables use exists (one line instead of a KeyError mid-DAG)."""
+    sampler_settings(dpdm, dpdm["sampling"]["main"])
+    for s in (dpdm["sampler_ablation"] or {}).get("samplers", []):
+        sampler_settings(dpdm, s)
+
+
+def _row(row: str, run: DpdmRun, dpdm: Mapping[str, Any], sampler: str, **extra: Any) -> Row:
+    return {"row": row, "run": run.name, "eps_target": run.epsilon, "parameterisation": run.parameterisation,
+            "K": run.K, "sampler": sampler, "seed": run.seed, **extra, "init": init_of(dpdm, run.parameterisation)}
+
+
+def main_rows(dpdm: Mapping[str, Any]) -> list[Row]:
+    """Rows of dpdm_table_main (DPDM Table 1): every epsilon x seed with the main sampler."""
+    sampler = dpdm["sampling"]["main"]
+    runs = [main_run(dpdm, e, s) for e in dpdm["epsilons"] for s in dpdm["seeds"]]
+    return [_row(f"{r.name}_{sampler}", r, dpdm, sampler) for r in runs]
+
+
+def noise_multiplicity_rows(dpdm: Mapping[str, Any]) -> list[Row]:
+    """Rows of dpdm_table_noise_multiplicity (DPDM Table 4): one run per K at one epsilon (main sampler, first seed)."""
+    ab = dpdm["noise_multiplicity"]
+    sampler, seed = dpdm["sampling"]["main"], dpdm["seeds"][0]
+    return [_row(f"K{k}", main_run(dpdm, ab["epsilon"], seed, k), dpdm, sampler) for k in ab["K"]]
+
+
+def sampler_rows(dpdm: Mapping[str, Any]) -> list[Row]:
+    """Rows of dpdm_table_samplers (DPDM Table 5): each listed epsilon's main run under every listed sampler."""
+    ab = dpdm["sampler_ablation"]
+    seed = dpdm["seeds"][0]
+    return [_row(f"{s}_eps{fmt_num(e)}", main_run(dpdm, e, seed), dpdm, s,
+                 sampler_settings=json.dumps(sampler_settings(dpdm, s), sort_keys=True))
+            for e in ab["epsilons"] for s in ab["samplers"]]
+
+
+def configuration_rows(dpdm: Mapping[str, Any]) -> list[Row]:
+    """Rows of dpdm_table_configurations (DPDM App. C, Table 3): one run per configuration at one epsilon."""
+    ab = dpdm["parameterisation_ablation"]
+    sampler, seed = dpdm["sampling"]["main"], dpdm["seeds"][0]
+    return [_row(p, DpdmRun(p, ab["epsilon"], dpdm["K"], seed), dpdm, sampler) for p in ab["parameterisations"]]
+
+
+#: table -> its row builder, and the ``dpdm`` key that switches the table on (None: always built)
+TABLES: dict[str, tuple[Callable[[Mapping[str, Any]], list[Row]], str | None]] = {
+    "dpdm_table_main": (main_rows, None),
+    "dpdm_table_noise_multiplicity": (noise_multiplicity_rows, "noise_multiplicity"),
+    "dpdm_table_samplers": (sampler_rows, "sampler_ablation"),
+    "dpdm_table_configurations": (configuration_rows, "parameterisation_ablation"),
+}
+
+
+def table_rows(dpdm: Mapping[str, Any]) -> dict[str, list[Row]]:
+    """Table name -> rows, for every DPDM table the section asks for (the main table always)."""
+    return {table: build(dpdm) for table, (build, key) in TABLES.items() if key is None or dpdm[key]}
+
+
+def runs(dpdm: Mapping[str, Any]) -> list[DpdmRun]:
+    """Every training run the enabled tables need, each once, sorted by name."""
+    names = {r["run"] for rows in table_rows(dpdm).values() for r in rows}
+    return [DpdmRun.from_name(n) for n in sorted(names)]

@@ -1,0 +1,50 @@
+"""The method registry (pipeline.registry): what a method's rule file registers reaches rule all,
+the index page and the replay when, and only when, the config's `methods` chooses the method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.registry import MethodRegistry
+
+
+def registry() -> MethodRegistry:
+    reg = MethodRegistry()
+    reg.register_targets("alpha", lambda: ["t/alpha_table.parquet", "f/alpha_fig.png", "x/alpha_extra.json"])
+    reg.register_transcripts("alpha", lambda: {"l/alpha_run.jsonl": 2})
+    reg.register_targets("beta", lambda: ["t/beta_table.parquet"])
+    return reg
+
+
+def test_a_registered_method_reaches_rule_all_the_index_and_the_replay():
+    reg = registry()
+    assert reg.targets(["alpha", "beta"]) == [Path("t/alpha_table.parquet"), Path("f/alpha_fig.png"),
+                                              Path("x/alpha_extra.json"), Path("t/beta_table.parquet")]
+    # the index shows tables and figures only
+    assert reg.report_targets(["alpha"]) == [Path("t/alpha_table.parquet"), Path("f/alpha_fig.png")]
+    assert reg.transcripts(["alpha", "beta"]) == {Path("l/alpha_run.jsonl"): 2}
+
+
+def test_the_methods_list_chooses_and_orders():
+    reg = registry()
+    assert reg.targets(["beta"]) == [Path("t/beta_table.parquet")]
+    assert reg.targets(["beta", "alpha"])[0] == Path("t/beta_table.parquet")
+    assert reg.targets([]) == [] and reg.transcripts(["beta"]) == {}
+
+
+def test_a_method_left_out_never_computes_its_targets():
+    reg = MethodRegistry()
+
+    def broken():
+        raise AssertionError("computed although not chosen")
+
+    reg.register_targets("off", broken)
+    reg.register_transcripts("off", broken)
+    assert reg.targets([]) == [] and reg.transcripts([]) == {}
+
+
+def test_a_chosen_method_no_rule_file_registers_is_a_one_line_error():
+    with pytest.raises(ValueError, match="config error at methods: gamma has no rule file registering it"):
+        registry().targets(["alpha", "gamma"])

@@ -1,0 +1,52 @@
+"""Job costs (pipeline.resources): pure functions of the config that grow with the work they bound."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import pipeline.resources as cost
+from pipeline.config import validate_config
+
+
+def config(**sections):
+    return validate_config(sections)
+
+
+def test_every_cost_model_is_a_positive_integer_of_the_default_config():
+    cfg = config()
+    for name, fn in inspect.getmembers(cost, inspect.isfunction):
+        if name.startswith("_") or fn.__module__ != cost.__name__:
+            continue
+        args = (cfg, 20) if name == "accounting_runtime_min" else (cfg,)
+        value = fn(*args)
+        assert isinstance(value, int) and value > 0, name
+
+
+@pytest.mark.parametrize(("fn", "small", "large"), [
+    (cost.dpdm_train_runtime_min, {"dpdm": {"epochs": 8}}, {"dpdm": {"epochs": 80000}}),
+    (cost.dpdm_train_mem_mb, {"dpdm": {"K": 1}}, {"dpdm": {"K": 32}}),
+    (cost.dpdm_sample_runtime_min, {"dpdm": {"sampling": {"n_samples": 500}}},
+     {"dpdm": {"sampling": {"n_samples": 50000}}}),
+    (cost.empden_sample_runtime_min, {"empden": {"n_out": 100}}, {"empden": {"n_out": 100000}}),
+    (cost.empden_diagnostics_runtime_min, {"empden_diagnostics": {"n_trajectories": 64}},
+     {"empden_diagnostics": {"n_trajectories": 20000}}),
+    (cost.evalnet_runtime_min, {"evaluation": {"evalnet": {"epochs": 1}}},
+     {"evaluation": {"evalnet": {"epochs": 1000}}}),
+    (cost.pretrain_runtime_min, {"pretrain": {"steps": 100}}, {"pretrain": {"steps": 100000}}),
+])
+def test_a_bigger_job_asks_for_more(fn, small, large):
+    assert fn(config(**large)) > fn(config(**small))
+
+
+def test_a_finer_pld_grid_costs_more_per_accounted_block():
+    coarse, fine = config(), config(accounting={"discretisation": 1e-5})
+    assert cost.accounting_runtime_min(coarse, 20) == 30 + 20
+    assert cost.accounting_runtime_min(fine, 20) == 30 + 20 * 10
+    assert cost.accounting_mem_mb(fine) > cost.accounting_mem_mb(coarse)
+
+
+def test_only_images_above_16x16_get_more_than_one_torch_thread():
+    assert cost.torch_threads(config()) == 1
+    assert cost.torch_threads(config(data={"image_size": 32})) == 4
