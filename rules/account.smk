@@ -10,9 +10,8 @@
 ACCOUNTING_GRID_KEYS = ("p", "B", "mu_bar_B", "sigma_min_sweep", "asr_q", "asr_N", "rdp_orders", "N_out")
 
 
-def accounting_mechanism():
-    """The `accounting` section without its table grids: what an EMPDEN cell's noise and claim depend on."""
-    return {k: v for k, v in config["accounting"].items() if k not in ACCOUNTING_GRID_KEYS}
+#: the `accounting` section without its table grids: what an EMPDEN cell's noise and claim depend on
+ACCOUNTING_MECHANISM = {k: v for k, v in config["accounting"].items() if k not in ACCOUNTING_GRID_KEYS}
 
 
 #: private set size n of the accounting: accounting.n, else data.private.n_private_train

@@ -43,7 +43,7 @@ LOGS = EXPDIR / "logs"
 TABLES = RESULTS / "tables"
 FIGURES = RESULTS / "figures"
 SEED = config["seed"]
-#: the public EDM denoiser (rule pretrain_public, rules/pretrain.smk): EMPDEN's hybrid sampler
+#: the public EDM denoiser (rules/pretrain.smk, pretrain_public): EMPDEN's hybrid sampler
 #: finishes with it, its diagnostics compare against it, DPDM may start from it (dpdm.init)
 PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
 #: the ledger replay's verdict (rule replay), the first thing results/index.html shows
@@ -114,7 +114,7 @@ def method_on(method):
 def _registered(query):
     try:
         return query(config["methods"])
-    except ValueError as exc:  # a chosen method no rule file registers: one line, not a traceback
+    except ValueError as exc:  # a chosen method that no file registers: one line, not a traceback
         raise WorkflowError(str(exc)) from None
 
 

@@ -7,8 +7,6 @@
 #   snakemake results/digits/eval/empden/hybrid/p50_B100_T3_beta1_s0/metrics.json
 # Numbers in paths have no dots: beta 0.5 is beta0p5, sigma_min 0.002 is smin0p002.
 
-from pipeline.sampling.empden_grid import cell_from_wildcards, grid_cells
-
 EMPDEN_SAMPLES = EXPDIR / "samples" / "empden"
 EMPDEN_TABLE8 = TABLES / "empden_table8_grid.parquet"
 EMPDEN_FIGURE2_LEDGER = EXPDIR / "ledger" / "empden_figure2_trajectories.jsonl"
@@ -19,75 +17,16 @@ EMPDEN_NORMALISER_INPUT = (
 )
 EMPDEN_SAMPLE_MEM_MB = cost.empden_sample_mem_mb(config)
 EMPDEN_SAMPLE_RUNTIME_MIN = cost.empden_sample_runtime_min(config)
+#: the empirical denoiser's normaliser settings (public_only cells ignore them)
+EMPDEN_NORMALISER_PARAMS = {k: config["empden"][k] for k in ("normaliser", "normaliser_n")}
 
 
-def empden_cells():
-    """Every EMPDEN sampling cell of the config."""
-    return grid_cells(config["empden"], config["accounting"])
-
-
-def empden_sample_path(cell):
-    return EMPDEN_SAMPLES / f"{cell.name}.npz"
-
-
-def empden_metrics_path(cell):
-    return EXPDIR / "eval" / "empden" / cell.name / "metrics.json"
-
-
-def empden_ledger_claims():
-    """Each cell that reads private data writes its own transcript (parallel jobs never append to the
-    same file) with one claim; Figure 2 writes two (output-wise and per-step)."""
-    claims = {EXPDIR / "ledger" / f"{c.ledger_stem}.jsonl": 1 for c in empden_cells() if c.private}
-    if config["empden"]["figure2"]:
-        claims[EMPDEN_FIGURE2_LEDGER] = 2
-    return claims
-
-
-def empden_targets():
-    """EMPDEN grid tables and figures: the main grid always, the rest as the empden section asks."""
-    e = config["empden"]
-    out = [EMPDEN_TABLE8, TABLES / "empden_table2_comparison.parquet", FIGURES / "empden_figure3_tradeoffs.png"]
-    if e["beta_ablation"]:
-        out.append(TABLES / "empden_table3_beta.parquet")
-    if e["repeated_seeds"]:
-        out.append(TABLES / "empden_table10_seeds.parquet")
-    if e["full_batch"]["sigma_min"]:
-        out.append(FIGURES / "empden_figure4_samples.png")
-    if e["figure2"]:
-        out.append(FIGURES / "empden_figure2_trajectories.png")
-    return out
+include: "functions/empden.smk"
 
 
 register_targets("empden", empden_targets)
 register_transcripts("empden", empden_ledger_claims)
 
-
-def empden_normaliser_params():
-    """The empirical denoiser's normaliser settings (public_only cells ignore them)."""
-    return {k: config["empden"][k] for k in ("normaliser", "normaliser_n")}
-
-
-def empden_sample_params(method, wildcards):
-    """Stage params of one cell, parsed from its target path's wildcards."""
-    cell = cell_from_wildcards(method, wildcards)
-    return stage_params(cell=cell.as_dict(), accounting=accounting_mechanism(), n_out=cost.empden_n_out(config),
-                        batch_size=config["empden"]["batch_size"], device=config["device"],
-                        threads=TORCH_THREADS, **empden_normaliser_params())
-
-
-def empden_table8_inputs():
-    """samples_<i> / metrics_<i> of every cell: the inputs of the Table 8 join."""
-    out = {}
-    for i, cell in enumerate(empden_cells()):
-        out[f"samples_{i}"] = empden_sample_path(cell)
-        out[f"metrics_{i}"] = empden_metrics_path(cell)
-    return out
-
-
-def empden_figure4_inputs():
-    """The full-batch cells (Figure 4 right)."""
-    cells = [c for c in empden_cells() if c.method == "full_batch"]
-    return {f"samples_{i}": empden_sample_path(c) for i, c in enumerate(cells)}
 
 
 rule empden_sample_subsampled:
@@ -348,9 +287,9 @@ rule empden_figure2_trajectories:
         pdf=FIGURES / "empden_figure2_trajectories.pdf",
         ledger=EMPDEN_FIGURE2_LEDGER,
     params:
-        p=stage_params(figure2=config["empden"]["figure2"], accounting=accounting_mechanism(),
+        p=stage_params(figure2=config["empden"]["figure2"], accounting=ACCOUNTING_MECHANISM,
                       beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], device=config["device"],
-                      threads=TORCH_THREADS, **empden_normaliser_params()),
+                      threads=TORCH_THREADS, **EMPDEN_NORMALISER_PARAMS),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_figure2_trajectories.log",

@@ -18,12 +18,10 @@ register_targets("empden_diagnostics", lambda: [
 ])
 
 
-def empden_diagnostics_params():
-    """Params of every proxy-diagnostics rule (the schedule, C and beta are the accounting section's,
-    the normaliser the sampler's)."""
-    return stage_params(diagnostics=config["empden_diagnostics"], accounting=accounting_mechanism(),
-                        seed=SEED, device=config["device"], threads=TORCH_THREADS,
-                        **empden_normaliser_params())
+#: params of every proxy-diagnostics rule (the schedule, C and beta are the accounting section's,
+#: the normaliser the sampler's)
+DIAG_PARAMS = stage_params(diagnostics=config["empden_diagnostics"], accounting=ACCOUNTING_MECHANISM, seed=SEED,
+                           device=config["device"], threads=TORCH_THREADS, **EMPDEN_NORMALISER_PARAMS)
 
 
 rule empden_table4_proxy:
@@ -36,7 +34,7 @@ rule empden_table4_proxy:
         table=TABLES / "empden_table4_proxy.parquet",
         figure=FIGURES / "empden_figure1_proxy_cosine.png",
     params:
-        p=empden_diagnostics_params(),
+        p=DIAG_PARAMS,
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_table4_proxy.log",
@@ -64,7 +62,7 @@ rule empden_table1_window_swap:
         table5=TABLES / "empden_table5_endpoint_agreement.parquet",
         table6=TABLES / "empden_table6_image_agreement.parquet",
     params:
-        p=empden_diagnostics_params(),
+        p=DIAG_PARAMS,
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_table1_window_swap.log",
@@ -90,7 +88,7 @@ rule empden_figure6_critical_window:
         table=TABLES / "empden_figure6_critical_window.parquet",
         figure=FIGURES / "empden_figure6_critical_window.png",
     params:
-        p=empden_diagnostics_params(),
+        p=DIAG_PARAMS,
     log:
         LOGS / "empden_figure6_critical_window.log",
     threads: TORCH_THREADS

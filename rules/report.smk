@@ -47,11 +47,6 @@ rule data_samples:
         "python -m pipeline data_figure {params.ins} --out figure={output.png:q} --log {log:q}"
 
 
-def index_inputs():
-    """The index page's inputs, named <stem>_<suffix>: every registered table and figure, then the replay."""
-    return {**{f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()}, "replay": REPLAY_REPORT}
-
-
 rule index_html:
     """results/index.html: the ledger replay verdict, then every table and figure of rule all."""
     input:
@@ -61,7 +56,8 @@ rule index_html:
     output:
         RESULTS / "index.html",
     params:
-        ins=lambda wildcards: io_args("--in", index_inputs()),
+        ins=lambda wildcards: io_args("--in", {**{f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()},
+                                               "replay": REPLAY_REPORT}),
         p=params_json(title=f"DP generative models: {EXP}"),
     log:
         LOGS / "index_html.log",

@@ -11,11 +11,9 @@ register_targets("sensgeo", lambda: [
     TABLES / "sensgeo_table_bridge.parquet",
 ])
 
-
-def sensgeo_params(section):
-    """Params of one SENSGEO rule: its config section, the config id and the seed."""
-    sg = config["sensgeo"]
-    return stage_params(seed=sg["seed"], **{section: sg[section]})
+#: every SENSGEO rule's params: its config section (sensgeo.<section>), the config id and the seed
+SENSGEO_PARAMS = {section: stage_params(seed=config["sensgeo"]["seed"], **{section: config["sensgeo"][section]})
+                  for section in ("fig1", "guarantees", "sdp", "mi", "bridge")}
 
 
 rule sensgeo_fig1_naive_vs_exact:
@@ -25,7 +23,7 @@ rule sensgeo_fig1_naive_vs_exact:
         pdf=FIGURES / "sensgeo_fig1_naive_vs_exact.pdf",
         table=TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
     params:
-        p=sensgeo_params("fig1"),
+        p=SENSGEO_PARAMS["fig1"],
     log:
         LOGS / "sensgeo_fig1_naive_vs_exact.log",
     threads: 1
@@ -44,7 +42,7 @@ rule sensgeo_table_guarantees:
     output:
         table=TABLES / "sensgeo_table_guarantees.parquet",
     params:
-        p=sensgeo_params("guarantees"),
+        p=SENSGEO_PARAMS["guarantees"],
     log:
         LOGS / "sensgeo_table_guarantees.log",
     threads: 1
@@ -62,7 +60,7 @@ rule sensgeo_table_sdp:
     output:
         table=TABLES / "sensgeo_table_sdp.parquet",
     params:
-        p=sensgeo_params("sdp"),
+        p=SENSGEO_PARAMS["sdp"],
     log:
         LOGS / "sensgeo_table_sdp.log",
     threads: 1
@@ -81,7 +79,7 @@ rule sensgeo_fig_mi_snr:
         png=FIGURES / "sensgeo_fig_mi_snr.png",
         pdf=FIGURES / "sensgeo_fig_mi_snr.pdf",
     params:
-        p=sensgeo_params("mi"),
+        p=SENSGEO_PARAMS["mi"],
     log:
         LOGS / "sensgeo_fig_mi_snr.log",
     threads: 1
@@ -99,7 +97,7 @@ rule sensgeo_table_bridge:
     output:
         table=TABLES / "sensgeo_table_bridge.parquet",
     params:
-        p=sensgeo_params("bridge"),
+        p=SENSGEO_PARAMS["bridge"],
     log:
         LOGS / "sensgeo_table_bridge.log",
     threads: 1

@@ -92,7 +92,7 @@ TINY = {
     "accounting": {"p": [55], "B": [25], "N_out": 50, "asr_q": [0.01], "asr_N": 40},
     # SENSGEO's six stages have their own stage tests (tests/accounting/test_sensgeo_stage.py);
     # leaving them out here keeps the suite under 5 minutes on 2 cores
-    "sensgeo": {"enabled": False},
+    "methods": ["accounting", "empden", "empden_diagnostics", "dpdm"],
     "evaluation": {
         "batch_size": 100,
         "kid_subset_size": 50,
@@ -177,11 +177,76 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
 
 
 def test_nested_command_line_config_is_typed(repo, tmp_path):
+    # 'false' and '2' arrive as strings; untyped, class_conditional would fail validation
     res = snakemake(repo, "-n", "--cores", "1", "all", "--config", f"results_dir={tmp_path / 'r'}",
-                    "dpdm={enabled: false, K: 2}", "sensgeo={enabled: false}")
+                    "methods=[accounting, empden]", "dpdm={class_conditional: false, K: 2}")
     assert res.returncode == 0, res.stderr[-2000:]
     jobs = planned_jobs(res.stdout)
-    assert "train_dpdm" not in jobs and "sensgeo_table_sdp" not in jobs and "train_evalnet" in jobs
+    assert "train_dpdm" not in jobs and "sensgeo_table_sdp" not in jobs and "empden_blocks" in jobs
+    assert "train_evalnet" in jobs
+
+
+def _index_inputs(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("Shell command: python -m pipeline index_html"))
+
+
+def test_the_methods_list_switches_a_method_off(repo, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "methods": ["sensgeo", "dpdm"]}))
+    res = snakemake(repo, "-n", "-p", "--cores", "1", "all", "--configfile", str(cfg))
+    assert res.returncode == 0, res.stderr[-2000:]
+    jobs = planned_jobs(res.stdout)
+    assert {"sensgeo_table_sdp", "train_dpdm", "replay", "index_html", "train_evalnet"} <= set(jobs)
+    # neither the EMPDEN accounting tables, nor its sampling grid, nor its diagnostics
+    assert not [rule for rule in jobs if rule.startswith("empden")], jobs
+    index = _index_inputs(res.stdout)
+    assert "dpdm_table_main_parquet=" in index and "empden" not in index
+    # the replay reads only the chosen methods' transcripts
+    replay = next(line for line in res.stdout.splitlines() if line.startswith("Shell command: python -m pipeline replay"))
+    assert "train_dpdm_" in replay and "empden" not in replay
+
+
+def test_an_old_enabled_key_is_a_one_line_error_naming_the_methods_list(repo, tmp_path):
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("dpdm:\n  enabled: false\n")
+    res = snakemake(repo, "-n", "--cores", "1", "--configfile", str(cfg))
+    assert res.returncode != 0
+    errors = [l for l in (res.stdout + res.stderr).splitlines() if "config error" in l]
+    assert errors == ["config error at dpdm.enabled: methods are chosen by the top-level list `methods:` "
+                      "(e.g. methods: [empden, dpdm]); remove dpdm.enabled"]
+
+
+#: a method's rule file as a new method writes it: its rule, its targets and its ledger transcript,
+#: registered from the file itself (registered under `sensgeo`, a name the schema's methods list accepts)
+PLUGIN_SMK = """
+register_targets("sensgeo", lambda: [TABLES / "plugin_table.parquet"])
+register_transcripts("sensgeo", lambda: {EXPDIR / "ledger" / "plugin_run.jsonl": 3})
+
+
+rule plugin_table:
+    output:
+        table=TABLES / "plugin_table.parquet",
+        ledger=EXPDIR / "ledger" / "plugin_run.jsonl",
+    shell:
+        "python -m pipeline plugin --out table={output.table:q} ledger={output.ledger:q}"
+"""
+
+
+def test_a_method_registered_only_in_its_own_rule_file_reaches_rule_all_the_index_and_the_replay(repo, tmp_path):
+    (tmp_path / "plugin.smk").write_text(PLUGIN_SMK)
+    # the repository's workflow, then one more rule file included after it (as the Snakefile includes a method)
+    (tmp_path / "Snakefile").write_text(f'include: "{repo / "Snakefile"}"\ninclude: "plugin.smk"\n')
+    results = tmp_path / "results"
+    for methods, chosen in ((["sensgeo"], True), (["dpdm"], False)):
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml.safe_dump({"results_dir": str(results), "methods": methods}))
+        res = snakemake(repo, "-n", "-p", "--cores", "1", "--snakefile", str(tmp_path / "Snakefile"), "all",
+                        "--configfile", str(cfg))
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert ("plugin_table" in planned_jobs(res.stdout)) is chosen
+        assert (f"plugin_table_parquet={results / 'tables' / 'plugin_table.parquet'}" in _index_inputs(res.stdout)) is chosen
+        replay = next(l for l in res.stdout.splitlines() if l.startswith("Shell command: python -m pipeline replay"))
+        assert ('"plugin_run": 3' in replay) is chosen
 
 
 def test_a_failed_job_shows_its_one_line_cause_on_the_console(repo, tmp_path):
