@@ -16,7 +16,7 @@ k = ceil(p N / 100)), B = subsample size (q_B = B/n), T = number of public re-no
 be rerun alone; numbers in paths never contain a dot (``0.5`` is written ``0p5``), so a path's
 stem is also a valid Snakemake input name (the ledger replay keys its inputs by stem).
 
-Pure Python (no torch): ``rules/common.smk`` imports it to expand the target lists.
+Pure Python (no torch): ``rules/functions/empden.smk`` imports it to expand the target lists.
 """
 
 from __future__ import annotations
