@@ -2,19 +2,27 @@
 
 Each test writes the preset's datasets as small files in torchvision's on-disk layout
 (tests/datasets.py), then runs ``snakemake --cores 2 all --configfile configs/<preset>.yaml
-<overrides>``. The overrides (a YAML file, derived from the preset itself) shrink only sizes:
-steps, epochs, sample and trajectory counts, grids and ablation lists, the PLD grid width h
-(EMPDEN's 1e-5 to 1e-3). They keep each preset's data sources, resolution and channels,
-feature extractor, DPDM UNets and every section the preset switches on or off. The one
-architectural change: the EMPDEN presets' public UNet keeps its levels, attention,
-layers per block and dropout but is 1/8 as wide, since the paper's 59M-parameter DDPM++
-costs ~3 s per image and network call on a CPU core and the hybrid sampler makes hundreds.
+tiny.yaml``. The overrides in tiny.yaml are derived from the preset and shrink sizes only:
+steps and epochs, sample, trajectory and split counts, the EDM step counts of the EMPDEN
+sampler and accounting (N = 10 instead of 39/50), the PLD grid width (EMPDEN's h = 1e-5 to
+1e-3), grids and ablation lists (each ablation the preset has keeps at least one row). They
+keep each preset's data sources, resolution and channels, feature extractor, DPDM UNets,
+samplers and the sections it switches on, with two exceptions:
 
-torch-fidelity's Inception weights are a download (never done here), so the Inception
-presets first run without them and must stop with the one-line error naming the file and
-where to put it; the run then completes with a stand-in file of the same architecture
-(random weights, see ``inception_standin``), so the 299x299 Inception feature path runs end
-to end. Its FID values mean nothing; the wiring is what is tested.
+* the EMPDEN presets' public UNet keeps its levels, attention, layers per block and dropout
+  but is 1/8 as wide: the paper's 59M-parameter DDPM++ costs ~3 s per image and network call
+  on one CPU core, and the samplers and diagnostics make hundreds of calls;
+* SENSGEO runs in the MNIST preset only (at a reduced size) and is left out of ``methods``
+  in the others: it is analytic and reads only its own config section (no dataset, no image
+  size), so it is the same in every preset.
+
+torch-fidelity's Inception weights are a download that tests never make (and no cache holds
+them here), so each Inception preset first asks for its reference row without them and must
+stop with the one-line error naming the file and where to put it. Inception on a CPU costs
+~1 s per image (299x299), so the whole DAG is then scored in the eval net's feature space,
+and finally the reference row is scored in Inception's with a stand-in weights file of the
+same architecture (random weights, ``inception_standin`` in conftest.py): the 299x299 feature
+path runs end to end from the preset's resolution. Its FID values mean nothing.
 """
 
 from __future__ import annotations
@@ -38,14 +46,21 @@ from tests.datasets import CELEBA_ATTRS, IDX_SOURCES, write_celeba, write_cifar1
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+SCHEMA = yaml.safe_load((REPO / "pipeline" / "schema" / "config.schema.yaml").read_text())
 
 #: images per official split written for a preset (the MNIST family and CIFAR-10: 12 and 10
 #: per class); the test split holds eval_train + reference + test below
 N_TRAIN, N_TEST = 120, 80
 HELD_OUT = {"n_eval_train": 40, "n_reference": 10, "n_test": 30}
-N_PUBLIC_FOLDER = 100
+N_PUBLIC_FOLDER = 40
 #: the public EDM UNet of the EMPDEN presets, width divided by this (see the module docstring)
 EMPDEN_UNET_WIDTH_DIVISOR = 8
+#: the one preset that runs SENSGEO (see the module docstring)
+SENSGEO_IN = "mnist"
+#: how the workflow runs: on 2 cores, with every job on one of them. Above 16x16 the rules ask
+#: for 4 threads, which would run the jobs one at a time; at this size a job is mostly
+#: interpreter start-up, so two at once halve the wall time (outputs do not depend on it)
+RUN = ("--cores", "2", "--max-threads", "1")
 #: each Snakemake call; a preset takes a few minutes on 2 cores
 TIMEOUT_S = 1500
 
@@ -138,7 +153,7 @@ def _tiny_empden(e: dict[str, Any], B: int) -> dict[str, Any]:
     """One grid cell (the preset's first p at T = 3), and each ablation the preset has at that
     cell with two values; full-batch cells at the preset's extreme sigma_min."""
     p = e["grid"][0]["p"][0]
-    out: dict[str, Any] = {"grid": [{"p": [p], "B": [B], "T": [3]}], "normaliser_n": 50}
+    out: dict[str, Any] = {"grid": [{"p": [p], "B": [B], "T": [3]}]}
     if e.get("beta_ablation"):
         out["beta_ablation"] = {"p": p, "B": B, "T": 3, "beta": [1, max(e["beta_ablation"]["beta"])]}
     if e.get("repeated_seeds"):
@@ -151,29 +166,35 @@ def _tiny_empden(e: dict[str, Any], B: int) -> dict[str, Any]:
     return out
 
 
+def methods(preset: dict[str, Any]) -> list[str]:
+    """The preset's ``methods`` (what ``all`` builds), else the schema's default."""
+    return preset.get("methods", SCHEMA["properties"]["methods"]["default"])
+
+
 def tiny_overrides(preset: dict[str, Any], data: dict[str, Any], results: Path) -> dict[str, Any]:
     """The override file merged over ``preset``: sizes only (see the module docstring)."""
+    chosen = methods(preset)
     over: dict[str, Any] = {
         "results_dir": str(results),
         "data": {**data, "toy": {"n": 200}},
         "evaluation": {"batch_size": 50, "kid_subsets": 10, "kid_subset_size": 20, "evalnet": {"epochs": 1},
                        "downstream": {"cnn_epochs": 1, "repeats": 1, "mlp_hidden": 16}},
     }
-    if preset.get("sensgeo", {}).get("enabled", True):
-        # analytic, from its own config section only: no dataset or image size reaches it, so it
-        # is the same in every preset (its stages: tests/accounting/test_sensgeo_stage.py)
-        over["sensgeo"] = {"enabled": False}
-    if preset.get("dpdm", {}).get("enabled", True):
+    if "sensgeo" in chosen:
+        if preset["experiment"] == SENSGEO_IN:
+            over["sensgeo"] = {"fig1": {"n_covariances": 50}, "sdp": {"m": [4], "d": [2]}}
+        else:
+            over["methods"] = [m for m in chosen if m != "sensgeo"]
+    if "dpdm" in chosen:
         over["dpdm"] = _tiny_dpdm(preset["dpdm"])
-    empden = preset.get("empden", {}).get("enabled", True)
-    if empden:
+    if {"accounting", "empden", "empden_diagnostics"} & set(chosen):
         B = 25
+        p = preset["empden"]["grid"][0]["p"][0]
         over["accounting"] = {"n": N_TRAIN, "N_out": 10, "N": 10, "N_full_batch": 10, "discretisation": 1.0e-3,
-                              "p": [preset["empden"]["grid"][0]["p"][0]], "B": [B], "sigma_min_sweep": [0.002, 5],
-                              "asr_q": [0.01], "asr_N": 40}
+                              "p": [p], "B": [B], "sigma_min_sweep": [0.002, 5], "asr_q": [0.01], "asr_N": 40}
         over["empden"] = _tiny_empden(preset["empden"], B)
         over["pretrain"] = {"steps": 2, "batch_size": 4, "unet": _narrow_unet(preset["pretrain"]["unet"])}
-    if preset.get("empden_diagnostics", {}).get("enabled", True):
+    if "empden_diagnostics" in chosen:
         over["empden_diagnostics"] = {
             "n_trajectories": 2, "batch_size": 2, "proxy_N": 8, "proxy_seeds": 1, "swap_N": 8,
             "critical_window_N": 8, "bootstrap_resamples": 100,
@@ -237,7 +258,7 @@ def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
         # actionable line (its data and eval net are reused by the next run).
         cfg.write_text(yaml.safe_dump(overrides))
         hub = tmp_path / "empty_torch_home"
-        res = snakemake("--cores", "2", str(exp / "eval" / "reference_real" / "metrics.json"),
+        res = snakemake(*RUN, str(exp / "eval" / "reference_real" / "metrics.json"),
                         "--configfile", *configfiles, env={"TORCH_HOME": str(hub)})
         assert res.returncode != 0
         log = (exp / "logs" / "evaluate_reference_real.log").read_text()
@@ -251,7 +272,7 @@ def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
         overrides["evaluation"]["feature_extractor"] = "evalnet"
 
     cfg.write_text(yaml.safe_dump(overrides))
-    res = snakemake("--cores", "2", "all", "--configfile", *configfiles)
+    res = snakemake(*RUN, "all", "--configfile", *configfiles)
     assert res.returncode == 0, res.stderr[-5000:]
 
     # every file of the DAG of `all` exists and is up to date, so a rerun has nothing to do
@@ -271,7 +292,7 @@ def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
     replay = json.loads((exp / "ledger" / "replay.json").read_text())
     assert replay["all_ok"], replay
     ledgers = [p for p in outputs if p.suffix == ".jsonl" and p.parent.name == "ledger"]
-    assert ledgers and len(replay["claims"]) >= len(ledgers)
+    assert ledgers and replay["n_transcripts"] == len(ledgers) and replay["n_claims"] >= len(ledgers)
 
     # the preset's resolution and channels reached every split and every sample set
     manifests = [p.with_suffix(".json") for p in outputs if p.suffix == ".npz" and p.stem != "toy"]
@@ -286,7 +307,7 @@ def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
         overrides["evaluation"].update(feature_extractor="inception-v3-compat",
                                        inception_weights=str(request.getfixturevalue("inception_standin")))
         cfg.write_text(yaml.safe_dump(overrides))
-        res = snakemake("--cores", "2", str(results / "tables" / "reference_real.parquet"), "--configfile", *configfiles)
+        res = snakemake(*RUN, str(results / "tables" / "reference_real.parquet"), "--configfile", *configfiles)
         assert res.returncode == 0, res.stderr[-5000:]
         reference = json.loads((exp / "eval" / "reference_real" / "metrics.json").read_text())
         assert reference["feature_extractor"] == "inception-v3-compat" and np.isfinite(reference["fid"])
