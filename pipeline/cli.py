@@ -32,7 +32,7 @@ CORE_STAGES: dict[str, str] = {
     "data_figure": "pipeline.reporting.stage:data_figure",
     "collect_table": "pipeline.reporting.stage:collect_table",
     "index_html": "pipeline.reporting.stage:index_html",
-    "replay": "pipeline.accounting.replay:replay",
+    "replay": "pipeline.privacy.replay:replay",
     "pretrain_public": "pipeline.training.pretrain:pretrain_public",
 }
 

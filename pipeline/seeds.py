@@ -76,7 +76,7 @@ STREAMS: dict[str, Stream] = _streams(
     Stream("empden_proxy.redraw", "re-drawn step noise of a window (keys: chunk, window)",
            lambda seed, *k: [seed, 3, *k]),
     Stream("empden_proxy.subset", "the B-subsets of a chunk (key: chunk)", lambda seed, *k: [seed, 4, *k]),
-    # SENSGEO result stages (pipeline.accounting.sensgeo): one stream per output, keyed by a salt
+    # SENSGEO result stages (pipeline.results.sensgeo): one stream per output, keyed by a salt
     Stream("sensgeo.output", "one table/figure's draws (key: the output's salt)", lambda seed, salt: [seed, salt]),
 )
 

@@ -1,6 +1,6 @@
 # Accounting: EMPDEN's sampling-time accounting tables and figures (method `accounting`: CPU
 # only, exact or numerical accountants, no data) and the ledger replay of every chosen method.
-# Code: pipeline/accounting/{empden,figures,replay}.py; numbers from pipeline/privacy/.
+# Code: pipeline/results/empden_accounting{,_figures}.py, pipeline/privacy/replay.py; numbers from pipeline/privacy/.
 #
 # `empden_blocks` accounts every private block once (the expensive part) and writes its
 # claims to the ledger; the table rules only select columns from its JSON.

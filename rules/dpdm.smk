@@ -1,7 +1,7 @@
 # DPDM (Dockhorn et al. 2023): DP-SGD training with noise multiplicity, DPDM samplers, the
 # evaluation core, then the main table, the K / sampler / configuration ablations and sample grids.
 # Code: pipeline/training/dpdm.py (train_dpdm), pipeline/sampling/dpdm_stage.py (sample_dpdm,
-# dpdm_sample_grid), pipeline/reporting/dpdm.py (dpdm_table). Runs, their names and the tables'
+# dpdm_sample_grid), pipeline/results/dpdm.py (dpdm_table). Runs, their names and the tables'
 # rows: pipeline/training/dpdm_runs.py; a run's files and params: rules/functions/dpdm.smk.
 #
 #   snakemake results/digits/models/dpdm/edm_eps1_K4_seed0.pt                 one training run

@@ -1,6 +1,6 @@
 # EMPDEN sampling grid (Sec. 6, App. J): one target path per cell, then the evaluation core,
 # then Tables 2, 3, 8/9, 10 and Figures 2, 3, 4 right.
-# Code: pipeline/sampling/empden_stage.py (sampling), pipeline/accounting/empden_results.py
+# Code: pipeline/sampling/empden_stage.py (sampling), pipeline/results/empden_results.py
 # (tables, figures); cells and their names: pipeline/sampling/empden_grid.py.
 #
 #   snakemake results/digits/samples/empden/hybrid/p50_B100_T3_beta1_s0.npz     one cell

@@ -7,5 +7,5 @@ STAGES = {
     "train_dpdm": "pipeline.training.dpdm:train_dpdm",
     "sample_dpdm": "pipeline.sampling.dpdm_stage:sample_dpdm",
     "dpdm_sample_grid": "pipeline.sampling.dpdm_stage:dpdm_sample_grid",
-    "dpdm_table": "pipeline.reporting.dpdm:dpdm_table",
+    "dpdm_table": "pipeline.results.dpdm:dpdm_table",
 }

@@ -5,11 +5,11 @@ Rules: ``rules/empden.smk``; cells and their names: ``pipeline/sampling/empden_g
 
 STAGES = {
     "empden_sample": "pipeline.sampling.empden_stage:empden_sample",
-    "empden_table8_grid": "pipeline.accounting.empden_results:empden_table8_grid",
-    "empden_table2_comparison": "pipeline.accounting.empden_results:empden_table2_comparison",
-    "empden_table3_beta": "pipeline.accounting.empden_results:empden_table3_beta",
-    "empden_table10_seeds": "pipeline.accounting.empden_results:empden_table10_seeds",
-    "empden_figure3_tradeoffs": "pipeline.accounting.empden_results:empden_figure3_tradeoffs",
-    "empden_figure4_samples": "pipeline.accounting.empden_results:empden_figure4_samples",
+    "empden_table8_grid": "pipeline.results.empden_results:empden_table8_grid",
+    "empden_table2_comparison": "pipeline.results.empden_results:empden_table2_comparison",
+    "empden_table3_beta": "pipeline.results.empden_results:empden_table3_beta",
+    "empden_table10_seeds": "pipeline.results.empden_results:empden_table10_seeds",
+    "empden_figure3_tradeoffs": "pipeline.results.empden_results:empden_figure3_tradeoffs",
+    "empden_figure4_samples": "pipeline.results.empden_results:empden_figure4_samples",
     "empden_figure2_trajectories": "pipeline.sampling.empden_stage:empden_figure2_trajectories",
 }

@@ -4,9 +4,9 @@ Rules: ``rules/sensgeo.smk``. The mathematics: ``pipeline/privacy/sensgeo/``.
 """
 
 STAGES = {
-    "sensgeo_fig1_naive_vs_exact": "pipeline.accounting.sensgeo:sensgeo_fig1_naive_vs_exact",
-    "sensgeo_table_guarantees": "pipeline.accounting.sensgeo:sensgeo_table_guarantees",
-    "sensgeo_table_sdp": "pipeline.accounting.sensgeo:sensgeo_table_sdp",
-    "sensgeo_fig_mi_snr": "pipeline.accounting.sensgeo:sensgeo_fig_mi_snr",
-    "sensgeo_table_bridge": "pipeline.accounting.sensgeo:sensgeo_table_bridge",
+    "sensgeo_fig1_naive_vs_exact": "pipeline.results.sensgeo:sensgeo_fig1_naive_vs_exact",
+    "sensgeo_table_guarantees": "pipeline.results.sensgeo:sensgeo_table_guarantees",
+    "sensgeo_table_sdp": "pipeline.results.sensgeo:sensgeo_table_sdp",
+    "sensgeo_fig_mi_snr": "pipeline.results.sensgeo:sensgeo_fig_mi_snr",
+    "sensgeo_table_bridge": "pipeline.results.sensgeo:sensgeo_table_bridge",
 }

@@ -13,7 +13,7 @@ built from and the claim made about it::
      "claimed_epsilon": 6.29, "accountant": {"name": "pld_pessimistic", ...},
      "versions": {...}, "config_id": "...", "seed": 0, "time_utc": "..."}
 
-The replay (:mod:`pipeline.accounting.replay`) feeds each event to a fresh accountant and
+The replay (:mod:`pipeline.privacy.replay`) feeds each event to a fresh accountant and
 compares; a mechanism never computes its own eps. Only certified accountants may appear
 in a claim (``pld_pessimistic``, ``rdp``, ``gdp``): estimates are refused at write time.
 """

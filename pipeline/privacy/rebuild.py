@@ -2,7 +2,7 @@
 
 A line carries both the serialised event the eps was computed from and the parameters of the
 mechanism that ran (EMPDEN: the EDM schedule, k, C, beta, B, n, N_out; DP-SGD: sigma, C, the
-expected or fixed batch, N, T). The replay (:mod:`pipeline.accounting.replay`) recomputes eps
+expected or fixed batch, N, T). The replay (:mod:`pipeline.privacy.replay`) recomputes eps
 from the event; this module makes sure that event is the one the parameters imply, so a line
 whose event was edited (e.g. mu_bar_B and q halved while B/n still says 0.02) is refused
 instead of certifying a smaller eps.

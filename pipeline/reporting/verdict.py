@@ -1,4 +1,4 @@
-"""The ledger replay's verdict as the index page shows it (report of :mod:`pipeline.accounting.replay`).
+"""The ledger replay's verdict as the index page shows it (report of :mod:`pipeline.privacy.replay`).
 
 The report is read by key, defensively: ``dpgen-replay/1`` lists transcripts as paths and
 counts claims per transcript only through ``claims[*].transcript``; ``dpgen-replay/2`` adds a

@@ -48,8 +48,8 @@ REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
 SCHEMA = yaml.safe_load((REPO / "pipeline" / "schema" / "config.schema.yaml").read_text())
 
-#: images per official split written for a preset (the MNIST family and CIFAR-10: 12 and 10
-#: per class); the test split holds eval_train + reference + test below
+#: images per official split written for a preset (12 and 8 per class where there are 10
+#: classes); the test split holds eval_train + reference + test below
 N_TRAIN, N_TEST = 120, 80
 HELD_OUT = {"n_eval_train": 40, "n_reference": 10, "n_test": 30}
 N_PUBLIC_FOLDER = 40
@@ -59,7 +59,7 @@ EMPDEN_UNET_WIDTH_DIVISOR = 8
 SENSGEO_IN = "mnist"
 #: how the workflow runs: on 2 cores, with every job on one of them. Above 16x16 the rules ask
 #: for 4 threads, which would run the jobs one at a time; at this size a job is mostly
-#: interpreter start-up, so two at once halve the wall time (outputs do not depend on it)
+#: interpreter start-up, so two run at once instead (outputs do not depend on it)
 RUN = ("--cores", "2", "--max-threads", "1")
 #: each Snakemake call; a preset takes a few minutes on 2 cores
 TIMEOUT_S = 1500
@@ -155,7 +155,7 @@ def _tiny_empden(e: dict[str, Any], B: int) -> dict[str, Any]:
     p = e["grid"][0]["p"][0]
     out: dict[str, Any] = {"grid": [{"p": [p], "B": [B], "T": [3]}]}
     if e.get("beta_ablation"):
-        out["beta_ablation"] = {"p": p, "B": B, "T": 3, "beta": [1, max(e["beta_ablation"]["beta"])]}
+        out["beta_ablation"] = {"p": p, "B": B, "T": 3, "beta": sorted({1, max(e["beta_ablation"]["beta"])})}
     if e.get("repeated_seeds"):
         out["repeated_seeds"] = {"p": [p], "B": B, "T": 3, "seeds": e["repeated_seeds"]["seeds"][:2]}
     if e.get("figure2"):

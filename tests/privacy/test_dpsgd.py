@@ -12,7 +12,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from torch import nn
 
-from pipeline.accounting.replay import replay
+from pipeline.privacy.replay import replay
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.accounting.empden import AccountingConfig, block_plan
+from pipeline.results.empden_accounting import AccountingConfig, block_plan
 from pipeline.config import validate_config
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp

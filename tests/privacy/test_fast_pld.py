@@ -8,7 +8,7 @@ import pytest
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from pipeline.accounting import empden
+from pipeline.results import empden_accounting as empden
 from pipeline.config import validate_config
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import fast_pld

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.accounting.replay import replay
+from pipeline.privacy.replay import replay
 from pipeline.io import write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger

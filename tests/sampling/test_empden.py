@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.accounting.replay import replay_transcripts
+from pipeline.privacy.replay import replay_transcripts
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.accounting.empden import AccountingConfig
+from pipeline.results.empden_accounting import AccountingConfig
 from pipeline.config import validate_config
 from pipeline.io import Split, load_split, read_json, save_split
 from pipeline.models.checkpoint import save_denoiser

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.accounting.replay import replay_transcripts
+from pipeline.privacy.replay import replay_transcripts
 from pipeline.io import Split, save_split
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
 from pipeline.privacy import ledger

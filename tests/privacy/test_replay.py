@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.accounting import empden as accounting
-from pipeline.accounting.replay import ReplayError, audit, recompute, replay
+from pipeline.results import empden_accounting as accounting
+from pipeline.privacy.replay import ReplayError, audit, recompute, replay
 from pipeline.config import validate_config
 from pipeline.io import Split
 from pipeline.privacy import accountants as acc

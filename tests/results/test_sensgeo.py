@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from pipeline.accounting import sensgeo as stages
+from pipeline.results import sensgeo as stages
 from pipeline.cli import STAGES, load_stage
 from pipeline.config import validate_config
 from pipeline.stage import PipelineError

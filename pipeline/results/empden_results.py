@@ -5,7 +5,7 @@ facts (from the samples' manifest, written by ``empden_sample``) and its metrics
 ``evaluate_samples``), rebuilds the cell's private block from the facts
 (:meth:`pipeline.privacy.empden_block.EmpdenBlock.from_facts`: the value the sampler and its
 ledger line derived from), and accounts each distinct output-wise block (mu_bar_B, q_B, N_out) once
-with :func:`pipeline.accounting.empden.account_block` (App. G: certified PLD eps_u, optimistic
+with :func:`pipeline.results.empden_accounting.account_block` (App. G: certified PLD eps_u, optimistic
 eps_l -- NOT a bound --, Edgeworth estimate with its App. D diagnostics). Full-batch cells are
 exact GDP (Sec. 3.2), per-step cells carry their ledger's Prop. C.1 PLD bound, the public-only
 cell has eps = 0. Every other table and figure only selects rows of Table 8, so no block is
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.accounting.empden import AccountingConfig, account_block
+from pipeline.results.empden_accounting import AccountingConfig, account_block
 from pipeline.io import load_split, manifest_path, read_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy.empden_block import EmpdenBlock

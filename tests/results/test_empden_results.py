@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.accounting.empden_results import (empden_figure3_tradeoffs, empden_figure4_samples,
+from pipeline.results.empden_results import (empden_figure3_tradeoffs, empden_figure4_samples,
                                                  empden_table2_comparison, empden_table3_beta, empden_table8_grid,
                                                  empden_table10_seeds)
 from pipeline.config import validate_config
