@@ -10,6 +10,8 @@
 ACCOUNTING_GRID_KEYS = ("p", "B", "mu_bar_B", "sigma_min_sweep", "asr_q", "asr_N", "rdp_orders", "N_out")
 
 
+#: what a sampled cell's eps columns read (rule empden_table8_grid): delta, the PLD grid, RDP orders
+ACCOUNTING_EPS_KEYS = ("delta", "discretisation", "log_mass_truncation", "rdp_orders")
 #: the `accounting` section without its table grids: what an EMPDEN cell's noise and claim depend on
 ACCOUNTING_MECHANISM = {k: v for k, v in config["accounting"].items() if k not in ACCOUNTING_GRID_KEYS}
 

@@ -154,7 +154,7 @@ rule empden_table8_grid:
         table=EMPDEN_TABLE8,
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
-        p=stage_params(accounting=config["accounting"]),
+        p=stage_params(accounting={k: config["accounting"][k] for k in ACCOUNTING_EPS_KEYS}),
     log:
         LOGS / "empden_table8_grid.log",
     threads: 1

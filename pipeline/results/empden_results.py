@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.results.empden_accounting import AccountingConfig, account_block
+from pipeline.config import schema_defaults
 from pipeline.io import load_split, manifest_path, read_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.reporting import read_table, save_figure, write_table
 from pipeline.reporting.figures import readable_log_axis
+from pipeline.results.empden_accounting import AccountingConfig, account_block
 from pipeline.stage import PipelineError, stage
 
 #: metric columns carried from evaluate_samples into Table 8
@@ -71,7 +72,10 @@ class BlockAccountant:
     """eps of each distinct output-wise block (mu_bar_B, q_B, N_out), computed once (App. G)."""
 
     def __init__(self, accounting: Mapping[str, Any]):
-        self.base = dict(accounting)
+        # a cell's eps needs only delta, the PLD settings and the RDP orders: the rule passes those
+        # (so editing a table grid such as accounting.asr_N does not rerun the join), the schema
+        # fills the grid keys AccountingConfig carries but account_block never reads
+        self.base = {**schema_defaults("accounting"), **accounting}
         self.cache: dict[tuple[float, float, int, int], dict[str, Any]] = {}
 
     def __call__(self, block: EmpdenBlock) -> dict[str, Any]:
@@ -136,7 +140,7 @@ def grid_rows(pairs: list[tuple[Path, Path]], accounting: Mapping[str, Any]) -> 
 
 
 @stage("empden_table8_grid", outputs=("table",), any_inputs=True,
-       params={"accounting": "the config's `accounting` section (delta, PLD settings, rdp_orders)", **TABLE_DOC})
+       params={"accounting": "delta, PLD settings and rdp_orders of the config's `accounting` section", **TABLE_DOC})
 def empden_table8_grid(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """EMPDEN Tables 8/9: every sampled cell with FID and PLD [eps_l, eps_u], Edgeworth eps_ew (inputs
     samples_<i>=<cell>.npz metrics_<i>=<cell metrics>.json)."""
