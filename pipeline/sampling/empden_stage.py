@@ -47,6 +47,7 @@ from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
 from pipeline.stage import PipelineError, stage
+from pipeline import seeds
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ def public_normaliser_data(params: Mapping[str, Any], path: Path | None, *,
     if m is not None and int(m) < data.shape[0]:
         if int(m) < 1:
             raise PipelineError(f"config error at empden.normaliser_n: must be >= 1, got {m}")
-        keep = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(NORMALISER_SUBSET_SEED))
+        subset = seeds.torch_generator("empden.normaliser_subset", NORMALISER_SUBSET_SEED)
+        keep = torch.randperm(data.shape[0], generator=subset)
         data = data[keep[: int(m)]]
     return data
 
@@ -176,7 +178,7 @@ def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser
     records of the public-marginal normaliser, None for eq. 38's constant one. ``progress`` is
     called with the number of outputs each finished batch added.
     """
-    gen = torch.Generator(device=device).manual_seed(cell.seed)
+    gen = seeds.torch_generator("empden.sampling", cell.seed, device=device)
     sched = schedule_of(cell, accounting)
     facts: dict[str, Any] = {**cell.as_dict(), "n_out": n_out, "N": sched.N, "sigma_max": sched.sigma_max,
                              "rho": sched.rho, "sigma_min_schedule": sched.sigma_min,
@@ -306,7 +308,7 @@ def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: fl
     times = sched.times()
     out: dict[str, list[tuple[float, torch.Tensor]]] = {}
     for scheme in ("per_output", "per_step"):
-        gen = torch.Generator(device=device).manual_seed(seed)
+        gen = seeds.torch_generator("empden.figure2", seed, device=device)
         x = sched.sigma_max * torch.randn((n_rows, prep.d), generator=gen, device=device, dtype=prep.x0.dtype)
         states = [(float(times[0]), x.reshape(n_rows, *shape).float())]
         subset = emp.draw_subsets(prep.n, B, n_rows, generator=gen, device=device) if scheme == "per_output" else None
