@@ -58,6 +58,8 @@ STREAMS: dict[str, Stream] = _streams(
     Stream("pretrain.draws", "sigma, noise and label-dropout draws of each step", lambda seed: seed + 1),
     Stream("pretrain.batches", "the permutation of epoch `epoch` (key: epoch)",
            lambda seed, epoch: seed * 1_000_003 + epoch),
+    Stream("pretrain.fixed_draws", "the fixed (sigma, noise) draws of the comparable loss (key: its fixed seed)",
+           lambda seed: seed),
     # DPDM DP-SGD training (pipeline.training.dpdm)
     Stream("dpdm.init", "network initialisation (torch and NumPy global RNGs)", lambda seed: seed),
     Stream("dpdm.draws", "Poisson sampling, diffusion (sigma, noise) draws, label dropout", lambda seed: seed + 1),

@@ -75,7 +75,7 @@ def fixed_draw_loss(model: nn.Module, images: Tensor, labels: Tensor | None, *, 
     The same draws for every run of the same data, so values are comparable across runs (the
     training curve itself mixes weights from many steps and changing draws).
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeds.torch_generator("pretrain.fixed_draws", seed)
     idx = torch.randperm(len(images), generator=gen)[:n]
     sampler = edm_sigma_sampler(p_mean, p_std)
     device = next(model.parameters()).device
