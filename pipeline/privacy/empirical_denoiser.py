@@ -75,9 +75,8 @@ import torch
 from pipeline.diffusion.steps import eq1_noise_std, eq1_step
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
-# the block's facts (sensitivity, mu_t, mu_bar_B, event) live in one value; re-exported for callers
-from pipeline.privacy.empden_block import EmpdenBlock, SamplerMechanism, Scheme, sensitivity  # noqa: F401
-from pipeline.privacy.schedule import EDMSchedule
+# the block's facts (sensitivity, mu_t, mu_bar_B, event) live in one value; sensitivity re-exported
+from pipeline.privacy.empden_block import EmpdenBlock, sensitivity  # noqa: F401
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -321,13 +320,9 @@ def draw_subsets(n: int, B: int, n_out: int, *, generator: torch.Generator | Non
 # --------------------------------------------------------------------------- the Gaussian mechanism
 
 
-#: Std of the noise the EDM update adds, sqrt(2 t dt) (eq. 1; written once in pipeline.diffusion.steps).
-sampler_noise_std = eq1_noise_std
-
-
 def mechanism_noise_std(t: float, t_next: float) -> float:
     """Std of the Gaussian mechanism of eq. 6 (the sampler noise rescaled by t/(2 dt)): sqrt(t^3/(2 dt))."""
-    return sampler_noise_std(t, t_next) * t / (2.0 * (t - t_next))
+    return eq1_noise_std(t, t_next) * t / (2.0 * (t - t_next))
 
 
 def private_step(x: torch.Tensor, data: PreparedData, t: float, t_next: float, *, C: float, beta: float,
@@ -410,30 +405,3 @@ def record_block(sink: LedgerSink, block: EmpdenBlock, *, normaliser: Normaliser
     if block.scheme == "per_output":
         return _claim(sink, block, extra={**extra, "mu_bar_B": block.mu_bar_B, "proposition": "EMPDEN Prop. 4.1"})
     return _claim(sink, block, extra={**extra, "proposition": "EMPDEN Prop. C.1"})
-
-
-def _sampler_block(schedule: EDMSchedule, scheme: Scheme, *, k: int, C: float, beta: float, B: int, n: int,
-                   n_out: int) -> EmpdenBlock:
-    # C is the clip norm the sampler applied (already scaled), so no further scaling here
-    return EmpdenBlock(schedule=schedule, k=k, C=C, beta=beta, B=B, n=n, N_out=n_out, scheme=scheme)
-
-
-def record_full_batch(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, n: int,
-                      n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
-    """Ledger line of a full-batch run: k private steps over all n records, n_out outputs (Sec. 3.2)."""
-    return record_block(sink, _sampler_block(schedule, "full_batch", k=k, C=C, beta=beta, B=n, n=n, n_out=n_out),
-                        normaliser=normaliser)
-
-
-def record_outputwise(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
-                      n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
-    """Ledger line of an output-wise subsampled block (Algorithm 1, Prop. 4.1)."""
-    return record_block(sink, _sampler_block(schedule, "per_output", k=k, C=C, beta=beta, B=B, n=n, n_out=n_out),
-                        normaliser=normaliser)
-
-
-def record_per_step(sink: LedgerSink, schedule: EDMSchedule, *, k: int, C: float, beta: float, B: int, n: int,
-                    n_out: int, normaliser: Normaliser = "constant") -> ledger.LedgerEntry:
-    """Ledger line of per-step resampling: a fresh B-subset at every private step (Prop. C.1)."""
-    return record_block(sink, _sampler_block(schedule, "per_step", k=k, C=C, beta=beta, B=B, n=n, n_out=n_out),
-                        normaliser=normaliser)

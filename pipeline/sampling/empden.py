@@ -29,6 +29,7 @@ import torch
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.diffusion.steps import heun_sampler
 from pipeline.privacy import empirical_denoiser as emp
+from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.privacy.schedule import k_private_steps
 
 PublicDenoiser = Callable[[torch.Tensor, float], torch.Tensor]
@@ -107,8 +108,10 @@ def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, 
     prep = emp.prepare_records(data, dtype=dtype, device=device)
     pub = prepare_public(public_data, prep)
     times = schedule.times()[: schedule.N]  # t_0 .. t_{N-1} = sigma_min
-    emp.record_full_batch(sink, schedule, k=schedule.N - 1, C=C, beta=beta, n=prep.n, n_out=n_out,
-                          normaliser=_normaliser_name(pub))
+    # C is the clip the sampler applies (already scaled): the block takes it as is
+    block = EmpdenBlock(schedule=schedule, k=schedule.N - 1, C=C, beta=beta, B=prep.n, n=prep.n, N_out=n_out,
+                        scheme="full_batch")
+    emp.record_block(sink, block, normaliser=_normaliser_name(pub))
     out = []
     for b in _chunks(n_out, batch_size):
         x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
@@ -160,8 +163,8 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
         raise ValueError(f"resample must be per_output or per_step, got {resample!r}")
     if not 1 <= B <= prep.n:
         raise ValueError(f"subsample size B must be in [1, n={prep.n}], got {B}")
-    record = emp.record_outputwise if resample == "per_output" else emp.record_per_step
-    record(sink, schedule, k=k, C=C, beta=beta, B=B, n=prep.n, n_out=n_out, normaliser=_normaliser_name(pub))
+    block = EmpdenBlock(schedule=schedule, k=k, C=C, beta=beta, B=B, n=prep.n, N_out=n_out, scheme=resample)
+    emp.record_block(sink, block, normaliser=_normaliser_name(pub))
     out = []
     for b in _chunks(n_out, batch_size):
         x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
