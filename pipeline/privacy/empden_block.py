@@ -28,8 +28,9 @@ from typing import Any, Literal
 import numpy as np
 from dp_accounting import dp_event
 
+from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.privacy import accountants as acc
-from pipeline.privacy.schedule import EDMSchedule, block_mu, k_private_steps, step_mu
+from pipeline.privacy.schedule import block_mu, k_private_steps, step_mu
 
 #: how the block's subsets are drawn: ``per_output`` (Algorithm 1, one B-subset per output reused
 #: over the block), ``per_step`` (a fresh B-subset at every private step), ``full_batch`` (S = D).

@@ -22,11 +22,11 @@ from typing import Any
 
 from dp_accounting import dp_event
 
+from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd
 from pipeline.privacy import ledger
 from pipeline.privacy.empden_block import EmpdenBlock, Scheme
-from pipeline.privacy.schedule import EDMSchedule
 
 #: relative tolerance when comparing a stored float with its rebuilt value: the same code on
 #: the same parameters agrees to the last few ulps; a real edit differs by far more.

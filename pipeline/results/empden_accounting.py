@@ -28,13 +28,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.io import atomic_path, read_json, write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.edgeworth import Block, edgeworth_epsilon
-from pipeline.privacy.mia import asr_bound
 from pipeline.privacy.empden_block import EmpdenBlock
-from pipeline.privacy.schedule import EDMSchedule
+from pipeline.privacy.mia import asr_bound
 from pipeline.reporting import write_table
 from pipeline.stage import PipelineError, stage
 

@@ -35,7 +35,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline import seeds
 from pipeline.device import resolve_device
+from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.images import to_uint8 as images_to_uint8
 from pipeline.images import to_unit_scale
 from pipeline.io import Split, load_split, save_split
@@ -43,11 +45,9 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
 from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
-from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
 from pipeline.stage import PipelineError, stage
-from pipeline import seeds
 
 log = logging.getLogger(__name__)
 
