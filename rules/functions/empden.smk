@@ -40,8 +40,6 @@ def empden_targets():
     return out
 
 
-
-
 def empden_sample_params(method, wildcards):
     """Stage params of one cell, parsed from its target path's wildcards."""
     cell = cell_from_wildcards(method, wildcards)
