@@ -145,10 +145,10 @@ def public_split(public: Mapping[str, Any], data_root: Path, image_size: int, se
     so the two are disjoint by construction.
     """
     source = public["source"]
-    if source == "printed_digits":
-        from pipeline.data.printed_digits import printed_digits
+    if source in ("printed_digits", "printed_letters"):
+        from pipeline.data import printed_digits as printed
 
-        return printed_digits(public["n"], image_size, seed), None
+        return getattr(printed, source)(public["n"], image_size, seed), None
     which = public.get("split") or "train"
     if source == "image_folder":
         if not public.get("path"):
