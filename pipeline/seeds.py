@@ -95,11 +95,21 @@ STREAMS: dict[str, Stream] = _streams(
 )
 
 
+def register_streams(*streams: Stream) -> None:
+    """Add a method's streams (its stage module calls this at import); a purpose registered twice
+    with another derivation is refused, so two methods cannot share a stream by accident."""
+    for s in streams:
+        if STREAMS.get(s.purpose, s) != s:
+            raise ValueError(f"random stream {s.purpose!r} is already registered differently")
+        STREAMS[s.purpose] = s
+
+
 def stream(purpose: str) -> Stream:
     try:
         return STREAMS[purpose]
     except KeyError:
-        raise KeyError(f"unknown random stream {purpose!r}: add it to pipeline.seeds.STREAMS") from None
+        raise KeyError(f"unknown random stream {purpose!r}: add it to pipeline.seeds.STREAMS "
+                       "(or register_streams in its method's module)") from None
 
 
 def seed_of(purpose: str, seed: int, *keys: int) -> int:

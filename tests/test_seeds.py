@@ -52,3 +52,13 @@ def test_an_unknown_purpose_is_an_error_not_a_fresh_stream():
 def test_every_stream_is_documented_and_keyed_by_its_own_name():
     for name, s in seeds.STREAMS.items():
         assert s.purpose == name and s.doc and "." in name
+
+
+def test_a_method_registers_its_own_streams_once(monkeypatch):
+    monkeypatch.setattr(seeds, "STREAMS", dict(seeds.STREAMS))
+    s = seeds.Stream("plugin.draws", "a plug-in method's draws")
+    seeds.register_streams(s)
+    seeds.register_streams(s)  # the same stream again (a module imported twice) is fine
+    assert seeds.seed_of("plugin.draws", 3) == seeds.mix([3, seeds.purpose_key("plugin.draws")])
+    with pytest.raises(ValueError, match="already registered"):
+        seeds.register_streams(seeds.Stream("plugin.draws", "another meaning", lambda seed: seed))
