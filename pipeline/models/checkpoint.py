@@ -8,21 +8,31 @@ what is needed to rebuild the network without the training code's config:
   :data:`pipeline.models.denoiser.CONVENTIONS` (``"ve_sigma"`` for every preconditioner,
   ``"rectified_flow_t"`` for a velocity model); files written before this key existed hold a
   preconditioner and are read as ``"ve_sigma"``
-* ``unet``: the :class:`~pipeline.models.unet.UNetSpec` as JSON
-* ``precond``: a key of :data:`DENOISERS` (``"edm"``, ...), ``precond_kwargs`` its arguments
+* ``backbone``: the kind of network the file rebuilds, a key of :data:`BACKBONES` (``"unet"``, or
+  ``"sd3_transformer"`` for STRAIGHTDP's MM-DiT, which :mod:`pipeline.flow.backbone` registers);
+  files written before this key existed hold a UNet and are read as ``"unet"``
+* ``<backbone>``: its spec as JSON under the kind's own name (``unet``: the
+  :class:`~pipeline.models.unet.UNetSpec`, the key every file had before; ``sd3_transformer``:
+  a :class:`pipeline.flow.backbone.FlowSpec`)
+* ``precond``: a key of :data:`DENOISERS` (``"edm"``, ..., ``"rectified_flow"``), ``precond_kwargs``
+  its arguments; the model is ``DENOISERS[precond](build(spec), **precond_kwargs)``
 * ``state_dict``: the weights to sample with (the EMA weights when training kept an EMA)
 * ``meta``: free JSON (stage, config_id, seed, steps, data sha256, privacy summary, ...)
 
 The loader checks that the registered class still speaks the recorded convention and, when the
 caller names the convention it needs (a VE-sigma sampler, a flow sampler), that the file holds
 it: a flow model handed to an EDM sampler fails with one line instead of sampling noise.
-A new model kind (e.g. a rectified-flow velocity network) joins with :func:`register_denoiser`.
+A new model kind (e.g. a rectified-flow velocity network) joins with :func:`register_denoiser`,
+a new network with :func:`register_backbone` (both at the import of the module defining them:
+this module imports nothing above it, so a flow file loads once :mod:`pipeline.flow` is imported).
 Resumable *training* checkpoints (optimizer, EMA, RNG state) are a training concern and live
 with the training loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +50,43 @@ DENOISER_FORMAT = "dpgen-denoiser/1"
 #: name -> class taking ``(unet, **precond_kwargs)`` with a ``convention`` class attribute;
 #: the four DPDM preconditioners, plus whatever :func:`register_denoiser` adds.
 DENOISERS: dict[str, type[nn.Module]] = dict(PRECONDITIONERS)
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A network a denoiser file can rebuild: its spec class (``to_json`` / ``from_json``) and builder."""
+
+    spec_cls: type
+    build: Callable[[Any], nn.Module]
+
+
+#: backbone kind -> how to rebuild it; ``unet`` here, ``sd3_transformer`` from :mod:`pipeline.flow.backbone`
+BACKBONES: dict[str, Backbone] = {"unet": Backbone(UNetSpec, build_unet)}
+#: the kind of a file written before the ``backbone`` key existed
+LEGACY_BACKBONE = "unet"
+
+
+def register_backbone(kind: str, spec_cls: type, build: Callable[[Any], nn.Module]) -> None:
+    """Let files record ``backbone=kind`` with a ``spec_cls`` spec, rebuilt as ``build(spec)``.
+
+    A kind already taken by another spec class, or a spec class already registered under another
+    kind, is refused (a file must name exactly one way to rebuild its network).
+    """
+    taken = BACKBONES.get(kind)
+    if taken is not None and taken.spec_cls is not spec_cls:
+        raise ValueError(f"backbone kind {kind!r} is already registered to {taken.spec_cls.__name__}")
+    other = [k for k, b in BACKBONES.items() if b.spec_cls is spec_cls and k != kind]
+    if other:
+        raise ValueError(f"{spec_cls.__name__} is already registered as backbone kind {other[0]!r}")
+    BACKBONES[kind] = Backbone(spec_cls, build)
+
+
+def backbone_kind(spec: Any) -> str:
+    """The registered kind of a spec object (``"unet"`` for a :class:`UNetSpec`)."""
+    for kind, b in BACKBONES.items():
+        if type(spec) is b.spec_cls:
+            return kind
+    raise ValueError(f"no backbone kind is registered for {type(spec).__name__} (known: {', '.join(BACKBONES)})")
 
 
 def register_denoiser(name: str, cls: type[nn.Module]) -> None:
@@ -61,14 +108,23 @@ def convention_of(cls: type[nn.Module]) -> str:
     return getattr(cls, "convention", VE_SIGMA)
 
 
-def save_denoiser(path: str | Path, denoiser: nn.Module, *, unet: UNetSpec, precond: str,
-                  precond_kwargs: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> None:
-    """Write ``denoiser``'s weights with the spec that rebuilds it and its convention (atomically)."""
+def save_denoiser(path: str | Path, denoiser: nn.Module, *, unet: UNetSpec | None = None, backbone: Any = None,
+                  precond: str, precond_kwargs: dict[str, Any] | None = None,
+                  meta: dict[str, Any] | None = None) -> None:
+    """Write ``denoiser``'s weights with the spec that rebuilds it and its convention (atomically).
+
+    The spec is ``unet`` (a :class:`UNetSpec`, as every caller before flows) or ``backbone`` (a
+    spec of any registered kind, e.g. a ``FlowSpec``); exactly one of the two.
+    """
+    if (unet is None) == (backbone is None):
+        raise ValueError("save_denoiser needs exactly one of unet= (a UNetSpec) or backbone= (a registered spec)")
+    spec = unet if unet is not None else backbone
+    kind = backbone_kind(spec)
     if precond not in DENOISERS:
         raise ValueError(f"unknown preconditioner {precond!r} (known: {', '.join(DENOISERS)})")
-    blob = {"format": DENOISER_FORMAT, "convention": convention_of(DENOISERS[precond]), "unet": unet.to_json(),
-            "precond": precond, "precond_kwargs": dict(precond_kwargs or {}), "meta": dict(meta or {}),
-            "state_dict": {k: v.detach().cpu() for k, v in denoiser.state_dict().items()}}
+    blob = {"format": DENOISER_FORMAT, "convention": convention_of(DENOISERS[precond]), "backbone": kind,
+            kind: spec.to_json(), "precond": precond, "precond_kwargs": dict(precond_kwargs or {}),
+            "meta": dict(meta or {}), "state_dict": {k: v.detach().cpu() for k, v in denoiser.state_dict().items()}}
     with atomic_path(path) as tmp:
         torch.save(blob, tmp)
 
@@ -81,6 +137,13 @@ def read_denoiser_meta(path: str | Path) -> dict[str, Any]:
 def read_denoiser_convention(path: str | Path) -> str:
     """The convention a denoiser file holds (``ve_sigma`` for files from before the key existed)."""
     return _convention(_load_blob(path))
+
+
+def read_denoiser_backbone(path: str | Path) -> tuple[str, Any]:
+    """The backbone kind a denoiser file holds and its spec (``("unet", UNetSpec)`` for old files)."""
+    blob = _load_blob(path)
+    kind, b = _backbone(blob, path)
+    return kind, b.spec_cls.from_json(blob[kind])
 
 
 def load_denoiser(path: str | Path, device: torch.device | str = "cpu", *, convention: str | None = None) -> nn.Module:
@@ -100,9 +163,21 @@ def load_denoiser(path: str | Path, device: torch.device | str = "cpu", *, conve
                             f"({cls.__name__}) speaks {convention_of(cls)}")
     if convention is not None and stored != convention:
         raise PipelineError(f"{path}: holds a {stored} model ({CONVENTIONS[stored]}); this needs {convention}")
-    model = cls(build_unet(UNetSpec.from_json(blob["unet"])), **blob["precond_kwargs"])
+    kind, backbone = _backbone(blob, path)
+    model = cls(backbone.build(backbone.spec_cls.from_json(blob[kind])), **blob["precond_kwargs"])
     model.load_state_dict(blob["state_dict"])
     return model.to(device).eval()
+
+
+def _backbone(blob: dict[str, Any], path: str | Path) -> tuple[str, Backbone]:
+    # files written before the key existed hold a UNet under "unet"
+    kind = blob.get("backbone", LEGACY_BACKBONE)
+    if kind not in BACKBONES:
+        raise PipelineError(f"{path}: backbone {kind!r} is not known to this code (known: {', '.join(BACKBONES)}; "
+                            "flow backbones register when pipeline.flow is imported)")
+    if kind not in blob:
+        raise PipelineError(f"{path}: names backbone {kind!r} but holds no {kind!r} spec")
+    return kind, BACKBONES[kind]
 
 
 def _convention(blob: dict[str, Any]) -> str:

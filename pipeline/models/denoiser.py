@@ -8,8 +8,9 @@ A trained network is saved with the *convention* its forward pass speaks
   v-prediction and EDM alike. Every :class:`Preconditioned` module speaks it, so DPDM's and
   EMPDEN's samplers are written once against it.
 * ``rectified_flow_t`` -- ``v(x, t, class_labels=None) -> velocity`` on the straight path
-  x_t = (1 - t) y + t n, t in [0, 1] (rectified flow; STRAIGHTDP trains such a model). Its
-  samplers integrate dx/dt = v; it cannot be handed to a ``ve_sigma`` sampler.
+  x_t = (1 - t) n + t y, t in [0, 1], t = 0 the NOISE end (rectified flow in STRAIGHTDP's
+  convention, its eq. 1; :mod:`pipeline.flow.rectified`). Its samplers integrate dx/dt = v from
+  0 to 1; it cannot be handed to a ``ve_sigma`` sampler.
 
 A model class declares its convention with the class attribute ``convention``.
 """
@@ -26,7 +27,8 @@ from torch import Tensor, nn
 #: convention name -> what the module's forward computes (the value a denoiser file records)
 CONVENTIONS: dict[str, str] = {
     "ve_sigma": "D(x, sigma, class_labels) -> y_hat, x = y + sigma n (Karras et al. 2022, Table 1)",
-    "rectified_flow_t": "v(x, t, class_labels) -> dx/dt, x_t = (1 - t) y + t n, t in [0, 1] (rectified flow)",
+    "rectified_flow_t": "v(x, t, class_labels) -> dx/dt, x_t = (1 - t) n + t y, t in [0, 1], t = 0 the noise end "
+                        "(rectified flow, STRAIGHTDP eq. 1)",
 }
 #: the convention of every preconditioner; also what a file written before conventions were recorded holds
 VE_SIGMA = "ve_sigma"

@@ -134,3 +134,72 @@ def test_registering_checks_the_convention_and_refuses_a_taken_name(monkeypatch)
         checkpoint.register_denoiser("edm", StraightVelocity)
     checkpoint.register_denoiser("flow", StraightVelocity)
     assert checkpoint.DENOISERS["flow"] is StraightVelocity and set(CONVENTIONS) >= {"ve_sigma", "rectified_flow_t"}
+
+
+# --------------------------------------------------------------------------- backbones: a flow model in the same file
+
+from pipeline.flow.backbone import FLOW_BACKBONE, FLOW_PRECOND, FlowSpec, RectifiedFlowVelocity, build_flow_model  # noqa: E402,I001
+
+FLOW = FlowSpec(image_size=8, patch_size=2, num_layers=1, attention_head_dim=8, num_attention_heads=2,
+                joint_attention_dim=8, caption_projection_dim=16, pooled_projection_dim=8, pos_embed_max_size=4,
+                caption_tokens=2, num_classes=3)
+
+
+def test_a_unet_file_records_its_backbone_and_a_file_without_the_key_reads_as_unet(tmp_path):
+    torch.manual_seed(0)
+    net = EDMPrecond(build_unet(SMALL)).eval()
+    save_denoiser(tmp_path / "d.pt", net, unet=SMALL, precond="edm")
+    blob = torch.load(tmp_path / "d.pt", weights_only=True)
+    assert blob["backbone"] == "unet" and blob["unet"] == SMALL.to_json()  # the spec stays where it always was
+    assert checkpoint.read_denoiser_backbone(tmp_path / "d.pt") == ("unet", SMALL)
+    for key in ("backbone", "convention"):
+        del blob[key]  # a file from before both keys existed
+    torch.save(blob, tmp_path / "old.pt")
+    assert checkpoint.read_denoiser_backbone(tmp_path / "old.pt") == ("unet", SMALL)
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(load_denoiser(tmp_path / "old.pt", convention="ve_sigma")(x, 0.3), net(x, 0.3))
+
+
+def test_a_flow_mmdit_round_trips_and_each_loader_refuses_the_other_convention(tmp_path):
+    torch.manual_seed(0)
+    flow = build_flow_model(FLOW).eval()
+    save_denoiser(tmp_path / "flow.pt", flow, backbone=FLOW, precond=FLOW_PRECOND, meta={"stage": "test"})
+    blob = torch.load(tmp_path / "flow.pt", weights_only=True)
+    assert (blob["backbone"], blob["convention"], blob["precond"]) == (FLOW_BACKBONE, "rectified_flow_t", FLOW_PRECOND)
+    assert FLOW_BACKBONE in blob and "unet" not in blob
+    assert checkpoint.read_denoiser_backbone(tmp_path / "flow.pt") == (FLOW_BACKBONE, FLOW)
+    loaded = load_denoiser(tmp_path / "flow.pt", convention="rectified_flow_t")
+    assert isinstance(loaded, RectifiedFlowVelocity) and not loaded.training and loaded.null_label == 3
+    x, t, y = torch.randn(3, 1, 8, 8), torch.tensor([0.1, 0.5, 0.9]), torch.tensor([0, 2, 3])
+    with torch.no_grad():
+        assert torch.equal(loaded(x, t, y), flow(x, t, y))
+    # a VE-sigma sampler refuses the flow file, a flow sampler the EDM file: one line each
+    with pytest.raises(PipelineError, match="holds a rectified_flow_t model .* this needs ve_sigma"):
+        load_denoiser(tmp_path / "flow.pt", convention="ve_sigma")
+    save_denoiser(tmp_path / "edm.pt", EDMPrecond(build_unet(SMALL)), unet=SMALL, precond="edm")
+    with pytest.raises(PipelineError, match="holds a ve_sigma model .* this needs rectified_flow_t"):
+        load_denoiser(tmp_path / "edm.pt", convention="rectified_flow_t")
+
+
+def test_backbone_errors_are_one_line(tmp_path, monkeypatch):
+    net = EDMPrecond(build_unet(SMALL))
+    with pytest.raises(ValueError, match="exactly one of unet= .* or backbone="):
+        save_denoiser(tmp_path / "d.pt", net, precond="edm")
+    with pytest.raises(ValueError, match="exactly one of unet="):
+        save_denoiser(tmp_path / "d.pt", net, unet=SMALL, backbone=SMALL, precond="edm")
+    with pytest.raises(ValueError, match="no backbone kind is registered for dict"):
+        save_denoiser(tmp_path / "d.pt", net, backbone={"image_size": 8}, precond="edm")
+    save_denoiser(tmp_path / "d.pt", net, unet=SMALL, precond="edm")
+    blob = torch.load(tmp_path / "d.pt", weights_only=True)
+    torch.save({**blob, "backbone": "vit"}, tmp_path / "vit.pt")
+    with pytest.raises(PipelineError, match="backbone 'vit' is not known to this code"):
+        load_denoiser(tmp_path / "vit.pt")
+    torch.save({**blob, "backbone": FLOW_BACKBONE}, tmp_path / "nospec.pt")
+    with pytest.raises(PipelineError, match="names backbone 'sd3_transformer' but holds no 'sd3_transformer' spec"):
+        load_denoiser(tmp_path / "nospec.pt")
+    monkeypatch.setattr(checkpoint, "BACKBONES", dict(checkpoint.BACKBONES))
+    with pytest.raises(ValueError, match="'unet' is already registered to UNetSpec"):
+        checkpoint.register_backbone("unet", FlowSpec, build_flow_model)
+    with pytest.raises(ValueError, match="FlowSpec is already registered as backbone kind 'sd3_transformer'"):
+        checkpoint.register_backbone("mmdit", FlowSpec, build_flow_model)

@@ -1,0 +1,271 @@
+"""STRAIGHTDP's velocity network: a class-conditional MM-DiT built from diffusers' ``SD3Transformer2DModel``.
+
+STRAIGHTDP Table 9 ("Backbone"): a dual-stream DiT (width 192, depth 6, 6 heads, patch 4 at 28x28)
+whose caption stream is a frozen public encoder (width 64, length 8). SD3's MM-DiT (Esser et al.
+2024) is that architecture: image tokens and caption tokens in two streams coupled by joint
+attention, the time and a pooled caption vector entering every block through adaptive norms.
+Here the "caption" of a class-conditional model is its label:
+
+* caption stream: a learned table of ``num_classes + 1`` rows, each ``caption_tokens`` (L) tokens
+  of width ``joint_attention_dim``; row ``num_classes`` is the NULL label of classifier-free
+  guidance (Table 9: p_uncond = 0.1 drops labels to it during training);
+* pooled projection: a second table, one ``pooled_projection_dim`` vector per label.
+
+Time: the network speaks ``rectified_flow_t`` (:data:`pipeline.models.denoiser.CONVENTIONS`):
+``forward(x, t, y)`` with t in [0, 1], t = 0 the noise end (:mod:`pipeline.flow.rectified`). SD3
+runs the same straight path backwards (its sigma = 1 - t is the noise fraction, its timestep
+1000 sigma), so the transformer receives timestep = 1000 (1 - t): its sinusoidal embedding sees
+the numbers it was designed for (and a frozen SD3 would read a time of ours correctly). The
+output is our velocity z - xi (SD3 regresses xi - z; a network trained here learns our sign).
+
+``torch.func``: diffusers' joint attention calls ``F.scaled_dot_product_attention``, whose CPU
+flash kernel has no ``vmap`` batching rule: under DP-SGD's ``vmap(grad(...))``
+(:func:`pipeline.privacy.dpsgd.per_example_gradients`) it silently falls back to a per-example
+loop ("There is a performance drop ..." warning). :class:`MatmulJointAttnProcessor` is the same
+joint attention written with matmul and softmax, which vmap batches; every attention module of
+the transformer gets it (``tests/flow/test_backbone.py`` checks per-example gradients against a
+loop of single-example backward passes, and the equality of the two processors).
+
+A file written by :func:`pipeline.models.checkpoint.save_denoiser` rebuilds this model: importing
+this module registers the backbone kind ``"sd3_transformer"`` (spec :class:`FlowSpec`) and the
+wrapper ``"rectified_flow"`` (:class:`RectifiedFlowVelocity`) with the checkpoint module
+(``pipeline.flow``'s ``__init__`` imports it, so any use of the flow package does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.models.checkpoint import register_backbone, register_denoiser
+
+#: the kind a denoiser file records for an MM-DiT flow backbone, and the wrapper's name
+FLOW_BACKBONE = "sd3_transformer"
+FLOW_PRECOND = "rectified_flow"
+#: SD3's timestep of the noise end (timestep = 1000 sigma, sigma = 1 - t)
+SD3_TIMESTEP_SCALE = 1000.0
+
+
+@dataclass(frozen=True)
+class FlowSpec:
+    """Architecture of the class-conditional MM-DiT (``SD3Transformer2DModel`` + two label tables).
+
+    Defaults: a tiny 16x16 grey model (width 48 = 3 heads x 16, 2 layers, patch 2, ~170k
+    parameters). Paper scale (Table 9): ``image_size=28, patch_size=4, num_layers=6,
+    num_attention_heads=6, attention_head_dim=32, caption_projection_dim=192,
+    joint_attention_dim=64, caption_tokens=8``. ``num_classes`` = 0 is an unconditional model
+    (only the null row). ``caption_projection_dim`` must equal the width
+    ``num_attention_heads * attention_head_dim`` (SD3's joint attention projects the caption
+    tokens from the transformer width).
+    """
+
+    image_size: int = 16
+    channels: int = 1
+    patch_size: int = 2
+    num_layers: int = 2
+    attention_head_dim: int = 16
+    num_attention_heads: int = 3
+    joint_attention_dim: int = 32
+    caption_projection_dim: int = 48
+    pooled_projection_dim: int = 32
+    pos_embed_max_size: int = 8
+    caption_tokens: int = 1
+    num_classes: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("image_size", "channels", "patch_size", "num_layers", "attention_head_dim",
+                    "num_attention_heads", "joint_attention_dim", "caption_projection_dim",
+                    "pooled_projection_dim", "pos_embed_max_size", "caption_tokens")
+        for name in positive:
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"flow backbone: {name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.num_classes, int) and self.num_classes >= 0):
+            raise ValueError(f"flow backbone: num_classes must be an integer >= 0, got {self.num_classes!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"flow backbone: image_size {self.image_size} is not divisible by "
+                             f"patch_size {self.patch_size}")
+        if self.pos_embed_max_size < self.image_size // self.patch_size:
+            raise ValueError(f"flow backbone: pos_embed_max_size must be >= image_size / patch_size = "
+                             f"{self.image_size // self.patch_size}, got {self.pos_embed_max_size}")
+        if self.caption_projection_dim != self.width:
+            raise ValueError(f"flow backbone: caption_projection_dim must equal the width num_attention_heads x "
+                             f"attention_head_dim = {self.width}, got {self.caption_projection_dim}")
+
+    @property
+    def width(self) -> int:
+        """The transformer width (SD3's ``inner_dim``)."""
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def null_label(self) -> int:
+        """The label of the unconditional (classifier-free guidance) branch: the last table row."""
+        return self.num_classes
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FlowSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"flow backbone: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        return cls(**d)
+
+
+class MatmulJointAttnProcessor:
+    """diffusers' ``JointAttnProcessor2_0`` (SD3 joint attention) with softmax(Q K^T / sqrt(d)) V written out.
+
+    Same mathematics as the SDPA call it replaces (scale 1/sqrt(head_dim), no mask, no dropout);
+    batchable by ``torch.func.vmap`` on every device (see the module docstring).
+    """
+
+    def __call__(self, attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+                 attention_mask: Tensor | None = None, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, Tensor]:
+        if attention_mask is not None:
+            raise ValueError("MatmulJointAttnProcessor: attention masks are not supported")
+        b, n_img = hidden_states.shape[0], hidden_states.shape[1]
+
+        def heads(u: Tensor) -> Tensor:  # [B, N, H*D] -> [B, H, N, D]
+            return u.view(b, -1, attn.heads, u.shape[-1] // attn.heads).transpose(1, 2)
+
+        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        if encoder_hidden_states is not None:
+            cq = heads(attn.add_q_proj(encoder_hidden_states))
+            ck = heads(attn.add_k_proj(encoder_hidden_states))
+            cv = heads(attn.add_v_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                cq = attn.norm_added_q(cq)
+            if attn.norm_added_k is not None:
+                ck = attn.norm_added_k(ck)
+            q, k, v = torch.cat([q, cq], dim=2), torch.cat([k, ck], dim=2), torch.cat([v, cv], dim=2)
+        scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+        out = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, -1, q.shape[1] * q.shape[-1])
+        if encoder_hidden_states is not None:
+            out, context = out[:, :n_img], out[:, n_img:]
+            if not attn.context_pre_only:
+                context = attn.to_add_out(context)
+        out = attn.to_out[1](attn.to_out[0](out))  # linear projection, dropout
+        return (out, context) if encoder_hidden_states is not None else out
+
+
+class MMDiTBackbone(nn.Module):
+    """``SD3Transformer2DModel`` whose caption and pooled inputs are learned label embeddings.
+
+    ``forward(x [B, C, H, W], timestep [B] in SD3 units, labels [B] long) -> [B, C, H, W]``.
+    :class:`RectifiedFlowVelocity` turns it into v(x, t, y).
+    """
+
+    def __init__(self, spec: FlowSpec) -> None:
+        super().__init__()
+        from diffusers import SD3Transformer2DModel
+
+        self.spec = spec
+        self.transformer = SD3Transformer2DModel(
+            sample_size=spec.image_size, patch_size=spec.patch_size, in_channels=spec.channels,
+            out_channels=spec.channels, num_layers=spec.num_layers, attention_head_dim=spec.attention_head_dim,
+            num_attention_heads=spec.num_attention_heads, joint_attention_dim=spec.joint_attention_dim,
+            caption_projection_dim=spec.caption_projection_dim, pooled_projection_dim=spec.pooled_projection_dim,
+            pos_embed_max_size=spec.pos_embed_max_size)
+        self.transformer.set_attn_processor(MatmulJointAttnProcessor())
+        self.caption = nn.Embedding(spec.num_classes + 1, spec.caption_tokens * spec.joint_attention_dim)
+        self.pooled = nn.Embedding(spec.num_classes + 1, spec.pooled_projection_dim)
+
+    def forward(self, x: Tensor, timestep: Tensor, labels: Tensor) -> Tensor:
+        caption = self.caption(labels).view(labels.shape[0], self.spec.caption_tokens, self.spec.joint_attention_dim)
+        return self.transformer(x, encoder_hidden_states=caption, pooled_projections=self.pooled(labels),
+                                timestep=timestep, return_dict=False)[0]
+
+
+def build_backbone(spec: FlowSpec) -> MMDiTBackbone:
+    """The MM-DiT of ``spec`` (weights from torch's global RNG: seed it first)."""
+    return MMDiTBackbone(spec)
+
+
+def _per_example_t(t: Tensor | float, x: Tensor) -> Tensor:
+    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    return t.expand(x.shape[0]) if t.ndim == 0 else t
+
+
+class RectifiedFlowVelocity(nn.Module):
+    """v(x, t, class_labels) of the ``rectified_flow_t`` convention around a backbone in SD3's time units.
+
+    The backbone gets timestep = ``timestep_scale`` (1 - t) (SD3's sigma = 1 - t, timestep 1000
+    sigma) and the labels, ``null_label`` when ``class_labels`` is None. ``t`` is a float or ``[B]``.
+    """
+
+    convention: ClassVar[str] = "rectified_flow_t"
+
+    def __init__(self, net: nn.Module, timestep_scale: float = SD3_TIMESTEP_SCALE) -> None:
+        super().__init__()
+        self.net, self.timestep_scale = net, float(timestep_scale)
+
+    @property
+    def null_label(self) -> int:
+        return self.net.spec.null_label
+
+    def forward(self, x: Tensor, t: Tensor | float, class_labels: Tensor | None = None) -> Tensor:
+        t = _per_example_t(t, x)
+        if class_labels is None:
+            class_labels = torch.full((x.shape[0],), self.null_label, dtype=torch.long, device=x.device)
+        return self.net(x, self.timestep_scale * (1 - t), class_labels)
+
+
+def build_flow_model(spec: FlowSpec) -> RectifiedFlowVelocity:
+    """The class-conditional velocity network v(x, t, y) of ``spec`` (seed torch's global RNG first)."""
+    return RectifiedFlowVelocity(build_backbone(spec))
+
+
+register_backbone(FLOW_BACKBONE, FlowSpec, build_backbone)
+register_denoiser(FLOW_PRECOND, RectifiedFlowVelocity)
+
+
+# --------------------------------------------------------------------------- the 2-D toy
+
+class MLPVelocity(nn.Module):
+    """A small class-conditional velocity MLP on R^d for the 2-D Gaussian-mixture toy (STRAIGHTDP Fig. 6).
+
+    v(x, t, y) = MLP([x, sin/cos features of t, label embedding]); ``num_classes + 1`` label rows,
+    the last one the null label. Same interface as :class:`RectifiedFlowVelocity`.
+    """
+
+    convention: ClassVar[str] = "rectified_flow_t"
+
+    def __init__(self, dim: int, *, num_classes: int = 0, hidden: int = 64, depth: int = 2, time_features: int = 8,
+                 label_dim: int = 8) -> None:
+        super().__init__()
+        if not (dim >= 1 and hidden >= 1 and depth >= 1 and time_features >= 1):
+            raise ValueError(f"MLPVelocity: dim, hidden, depth, time_features must be >= 1, got "
+                             f"{dim}, {hidden}, {depth}, {time_features}")
+        self.num_classes = int(num_classes)
+        self.register_buffer("freqs", math.pi * torch.arange(1, time_features + 1, dtype=torch.float32))
+        self.label = nn.Embedding(num_classes + 1, label_dim)
+        layers: list[nn.Module] = []
+        width = dim + 2 * time_features + label_dim
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.SiLU()]
+            width = hidden
+        layers.append(nn.Linear(width, dim))
+        self.mlp = nn.Sequential(*layers)
+
+    @property
+    def null_label(self) -> int:
+        return self.num_classes
+
+    def forward(self, x: Tensor, t: Tensor | float, class_labels: Tensor | None = None) -> Tensor:
+        t = _per_example_t(t, x)
+        if class_labels is None:
+            class_labels = torch.full((x.shape[0],), self.null_label, dtype=torch.long, device=x.device)
+        angles = t[:, None].to(self.freqs.dtype) * self.freqs
+        feats = torch.cat([x, angles.sin().to(x.dtype), angles.cos().to(x.dtype), self.label(class_labels).to(x.dtype)],
+                          dim=1)
+        return self.mlp(feats)
