@@ -34,6 +34,15 @@ mechanism and its ledger line are identical for every K, while the variance of l
 accountant of :mod:`pipeline.privacy.accountants` (:func:`calibrate_noise_multiplier`), and
 that event is the run's ledger line (:func:`ledger_entry`), which the replay recomputes.
 
+**Plans whose mechanism varies per step.** The engine reads the plan through
+:class:`StepPlan`: per step i, the clip norm ``clip_at(i)``, the std of the Gaussian added to
+the clipped sum ``noise_std_at(i)``, a bucket index ``bucket_of(i)`` and the time range
+``time_range_at(i)`` the step's diffusion draws must fall in (``None``: the configuration's
+whole distribution). :class:`DPSGDPlan` returns its constants (one bucket, no range), so a
+DPDM run is the same computation as before; STRAIGHTDP's time-heterogeneous plan
+(:class:`pipeline.privacy.tha.THAPlan`, Sec. 3.2) gives bucket k its own clip C_k under one
+shared noise std s. Which step is running is the engine's ``steps_taken``.
+
 Randomness: ``torch.Generator`` (Mersenne twister) is not a cryptographically secure source;
 like Opacus without ``secure_mode`` this is adequate for research reproducibility, not for a
 deployment that must resist an attacker who can predict the noise.
@@ -44,7 +53,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from dp_accounting import dp_event
@@ -68,6 +77,35 @@ ExampleLoss = Callable[..., Tensor]
 
 class DPSGDError(ValueError):
     """Bad DP-SGD parameters; the message is one line."""
+
+
+@runtime_checkable
+class StepPlan(Protocol):
+    """What :class:`DPSGD` reads from a plan: the sampling, T, and each step's clip and noise.
+
+    ``noise_std_at(i)`` is the std of the Gaussian added to the SUM of the clipped gradients
+    of step i (sigma_i C_i); ``time_range_at(i)`` is ``(lo, hi)`` when step i trains only
+    diffusion times in [lo, hi), else ``None``. ``batch_size`` is read for fixed-size plans only.
+    """
+
+    sampling_rate: float
+    dataset_size: int
+    steps: int
+    sampling: Sampling
+
+    @property
+    def expected_batch_size(self) -> float: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def clip_at(self, step: int) -> float: ...
+
+    def noise_std_at(self, step: int) -> float: ...
+
+    def bucket_of(self, step: int) -> int: ...
+
+    def time_range_at(self, step: int) -> tuple[float, float] | None: ...
 
 
 # --------------------------------------------------------------------------- plan and accounting
@@ -132,6 +170,19 @@ class DPSGDPlan:
     @property
     def noise_std(self) -> float:
         return self.noise_multiplier * self.max_grad_norm
+
+    # the StepPlan protocol: one mechanism for every step
+    def clip_at(self, step: int) -> float:
+        return self.max_grad_norm
+
+    def noise_std_at(self, step: int) -> float:
+        return self.noise_std
+
+    def bucket_of(self, step: int) -> int:
+        return 0
+
+    def time_range_at(self, step: int) -> tuple[float, float] | None:
+        return None
 
     def event(self) -> dp_event.DpEvent:
         """The run's ``dp_accounting`` event (T compositions of one sampled Gaussian step)."""
@@ -309,6 +360,12 @@ class NoiseMultiplicity:
     distribution of the configuration (e.g. EDM's log-normal). The draws are made outside
     the vmapped function so that per-example gradients are reproducible and each example's
     K draws are independent of every other example's.
+
+    "sigma" is whatever scalar indexes the diffusion path: EDM's noise level, or for a
+    rectified flow the time t (STRAIGHTDP Sec. 2). A plan that trains a step on a sub-range
+    only (STRAIGHTDP's time buckets, Sec. 3.2) passes ``time_range=(lo, hi)`` to
+    :meth:`draw`, which then calls ``sample_sigma(n, generator, (lo, hi))`` and refuses a
+    draw outside [lo, hi); without a range the sampler is called exactly as before.
     """
 
     K: int
@@ -318,10 +375,24 @@ class NoiseMultiplicity:
         if not (isinstance(self.K, int) and self.K >= 1):
             raise DPSGDError(f"noise multiplicity K must be an integer >= 1, got {self.K!r}")
 
-    def draw(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """sigma ``[B, K]`` and standard normal noise ``[B, K, *x.shape[1:]]`` for a batch ``x``."""
+    def draw(self, x: Tensor, generator: torch.Generator | None = None,
+             time_range: tuple[float, float] | None = None) -> tuple[Tensor, Tensor]:
+        """sigma ``[B, K]`` and standard normal noise ``[B, K, *x.shape[1:]]`` for a batch ``x``.
+
+        With ``time_range = (lo, hi)`` every sigma lies in [lo, hi) (checked in x's dtype).
+        """
         b = x.shape[0]
-        sigma = self.sample_sigma(b * self.K, generator).reshape(b, self.K).to(x.device, x.dtype)
+        if time_range is None:
+            sigma = self.sample_sigma(b * self.K, generator)
+        else:
+            sigma = self.sample_sigma(b * self.K, generator, time_range)
+        sigma = sigma.reshape(b, self.K).to(x.device, x.dtype)
+        if time_range is not None and sigma.numel():
+            lo, hi = time_range
+            if not bool(((sigma >= lo) & (sigma < hi)).all()):
+                # a draw outside the bucket would train a time the declared workload excludes
+                raise DPSGDError(f"time draws must lie in the step's range [{lo}, {hi}), got "
+                                 f"[{sigma.min().item()}, {sigma.max().item()}]")
         noise = torch.randn((b, self.K, *x.shape[1:]), generator=generator, dtype=x.dtype).to(x.device)
         return sigma, noise
 
@@ -353,6 +424,9 @@ class StepInfo:
     batch_size: int
     grad_norms: Tensor
     losses: Tensor = field(repr=False)
+    #: the plan's bucket of this step and its clip norm (public: they are functions of the step)
+    bucket: int = 0
+    clip: float = float("nan")
 
 
 class DPSGD:
@@ -364,10 +438,13 @@ class DPSGD:
     writes the result into ``.grad`` and steps. Memory is bounded by ``microbatch_size``
     examples' gradients (times K draws' activations), whatever the logical batch size.
     ``multiplicity``, when given, appends each example's K (sigma, noise) draws to its inputs
-    (use :func:`multiplicity_loss`).
+    (use :func:`multiplicity_loss`); the draws fall in the step's ``plan.time_range_at(step)``.
+
+    ``plan`` is any :class:`StepPlan`: step i (``steps_taken`` when it runs) clips at
+    ``plan.clip_at(i)`` and adds noise of std ``plan.noise_std_at(i)``.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: ExampleLoss, plan: DPSGDPlan, *, microbatch_size: int = 64,
+    def __init__(self, model: nn.Module, loss_fn: ExampleLoss, plan: StepPlan, *, microbatch_size: int = 64,
                  multiplicity: NoiseMultiplicity | None = None, generator: torch.Generator | None = None,
                  noise_generator: torch.Generator | None = None) -> None:
         if not (isinstance(microbatch_size, int) and microbatch_size >= 1):
@@ -384,36 +461,40 @@ class DPSGD:
             return poisson_sample(n, self.plan.sampling_rate, self.generator)
         return fixed_size_sample(n, self.plan.batch_size, self.generator)
 
-    def _microbatches(self, data: Sequence[Tensor], indices: Tensor) -> Iterator[tuple[Tensor, ...]]:
+    def _microbatches(self, data: Sequence[Tensor], indices: Tensor,
+                      time_range: tuple[float, float] | None = None) -> Iterator[tuple[Tensor, ...]]:
         for start in range(0, len(indices), self.microbatch_size):
             idx = indices[start:start + self.microbatch_size]
             chunk = tuple(t[idx.to(t.device)] for t in data)
             if self.multiplicity is not None:
-                sigma, noise = self.multiplicity.draw(chunk[0], self.generator)
+                sigma, noise = self.multiplicity.draw(chunk[0], self.generator, time_range)
                 chunk = (chunk[0], sigma, noise, *chunk[1:])
             yield chunk
 
     def privatised_gradient(self, data: Sequence[Tensor], indices: Tensor) -> tuple[dict[str, Tensor], StepInfo]:
+        """The released gradient of step ``steps_taken`` over the logical batch ``indices``."""
+        i = self.steps_taken
+        clip, std = self.plan.clip_at(i), self.plan.noise_std_at(i)
         params = trainable_parameters(self.model)
         total = {k: torch.zeros_like(p) for k, p in params.items()}
         norms, losses = [], []
-        for chunk in self._microbatches(data, indices):
+        for chunk in self._microbatches(data, indices, self.plan.time_range_at(i)):
             grads, loss = per_example_gradients(self.model, self.loss_fn, chunk, params)
-            summed, n = clip_and_sum(grads, self.plan.max_grad_norm)
+            summed, n = clip_and_sum(grads, clip)
             for k in total:
                 total[k].add_(summed[k])
             norms.append(n.detach())
             losses.append(loss.detach())
             del grads, summed
         divisor = self.plan.expected_batch_size if self.plan.sampling == "poisson" else float(self.plan.batch_size)
-        std = self.plan.noise_std
         for k, t in total.items():
             noise = torch.randn(t.shape, generator=self.noise_generator, device=t.device, dtype=t.dtype)
             t.add_(noise, alpha=std).div_(divisor)
         device = next(iter(total.values())).device if total else torch.device("cpu")
         info = StepInfo(batch_size=int(len(indices)),
                         grad_norms=torch.cat(norms) if norms else torch.zeros(0, device=device),
-                        losses=torch.cat(losses) if losses else torch.zeros(0, device=device))
+                        losses=torch.cat(losses) if losses else torch.zeros(0, device=device),
+                        bucket=self.plan.bucket_of(i), clip=float(clip))
         return total, info
 
     def step(self, optimizer: torch.optim.Optimizer, data: Sequence[Tensor]) -> StepInfo:

@@ -293,3 +293,102 @@ def test_the_loss_variance_falls_as_1_over_K():
         var[K] = losses.var().item()
     # DPDM Theorem 1: Var = Var_1 / K; a loose band because the loss is heavy-tailed
     assert 16 / 2 < var[1] / var[16] < 16 * 2
+
+
+# --------------------------------------------------------------------------- per-step plans (StepPlan)
+
+class AlternatingPlan:
+    """A StepPlan whose clip and noise std alternate between two values (even / odd steps)."""
+
+    sampling, sampling_rate, dataset_size, steps = "poisson", 0.25, 40, 4
+    expected_batch_size = batch_size = 10
+
+    def clip_at(self, step):
+        return (0.1, 3.0)[step % 2]
+
+    def noise_std_at(self, step):
+        return (0.5, 2.0)[step % 2]
+
+    def bucket_of(self, step):
+        return step % 2
+
+    def time_range_at(self, step):
+        return None
+
+
+def test_a_dpsgd_plan_is_a_step_plan_with_constant_clip_noise_and_no_time_range():
+    p = plan(noise_multiplier=1.3, max_grad_norm=0.5)
+    assert isinstance(p, dpsgd.StepPlan) and isinstance(AlternatingPlan(), dpsgd.StepPlan)
+    for step in (0, 7):
+        assert p.clip_at(step) == 0.5 and p.noise_std_at(step) == p.noise_std and p.bucket_of(step) == 0
+        assert p.time_range_at(step) is None
+    _, info = engine(TinyDenoiser(), p).privatised_gradient((images(40),), torch.arange(5))
+    assert info.bucket == 0 and info.clip == 0.5
+
+
+def test_the_dpsgd_plan_releases_bit_for_bit_what_the_mechanism_defines():
+    # pins DPDM's numbers: draws, per-example clip at C, one N(0, (sigma C)^2) draw per coordinate, / qN
+    model, p, x = TinyDenoiser(), plan(noise_multiplier=1.3, max_grad_norm=0.2), images(40)
+    idx = torch.arange(12)
+    got, _ = engine(model, p, K=2, seed=5).privatised_gradient((x,), idx)
+    mult, gen = dpsgd.NoiseMultiplicity(2, lognormal_sigma), torch.Generator().manual_seed(5)
+    sigma, noise = mult.draw(x[idx], gen)
+    pe, _ = dpsgd.per_example_gradients(model, dpsgd.multiplicity_loss(draw_loss), (x[idx], sigma, noise))
+    summed, _ = dpsgd.clip_and_sum(pe, 0.2)
+    ngen = torch.Generator().manual_seed(6)
+    for k, t in summed.items():
+        t.add_(torch.randn(t.shape, generator=ngen), alpha=1.3 * 0.2).div_(p.expected_batch_size)
+        assert torch.equal(got[k], t)
+
+
+def test_draw_without_a_time_range_calls_the_two_argument_sampler_unchanged():
+    calls = []
+
+    def two_args(n, generator):  # every existing sampler has this signature
+        calls.append(n)
+        return lognormal_sigma(n, generator)
+
+    x = images(3)
+    sigma, _ = dpsgd.NoiseMultiplicity(2, two_args).draw(x, torch.Generator().manual_seed(0))
+    ref = lognormal_sigma(6, torch.Generator().manual_seed(0)).reshape(3, 2)
+    assert calls == [6] and torch.equal(sigma, ref)
+
+
+def test_draw_with_a_time_range_passes_it_and_refuses_draws_outside():
+    seen = []
+
+    def ranged(n, generator, time_range):
+        seen.append(time_range)
+        lo, hi = time_range
+        return lo + (hi - lo) * 0.5 * torch.ones(n)
+
+    sigma, _ = dpsgd.NoiseMultiplicity(3, ranged).draw(images(2), None, (0.2, 0.4))
+    assert seen == [(0.2, 0.4)] and torch.allclose(sigma, torch.full((2, 3), 0.3))
+    outside = dpsgd.NoiseMultiplicity(3, lambda n, g, r: torch.full((n,), r[1]))  # hi itself: outside [lo, hi)
+    with pytest.raises(dpsgd.DPSGDError, match="time draws"):
+        outside.draw(images(2), None, (0.2, 0.4))
+
+
+def test_the_engine_reads_clip_and_noise_of_the_current_step(monkeypatch):
+    clips = []
+    real = dpsgd.clip_and_sum
+
+    def spy(grads, max_grad_norm):
+        clips.append(max_grad_norm)
+        return real(grads, max_grad_norm)
+
+    monkeypatch.setattr(dpsgd, "clip_and_sum", spy)
+    p = AlternatingPlan()
+    model = nn.Linear(64, 64)
+    zero_loss = lambda f, x: 0.0 * f(x).sum()  # noqa: E731  (released gradient = noise / qN)
+    e = dpsgd.DPSGD(model, zero_loss, p, noise_generator=torch.Generator().manual_seed(0))
+    x = torch.randn(40, 64)
+    n = 64 * 64 + 64
+    for step in range(4):
+        e.steps_taken = step
+        grads, info = e.privatised_gradient((x,), torch.arange(8))
+        assert clips[-1] == p.clip_at(step) == info.clip and info.bucket == step % 2
+        measured = flat(grads).std().item()
+        assert measured == pytest.approx(p.noise_std_at(step) / 10, rel=5 / math.sqrt(2 * n))
+        # the check would catch the other step's (smaller or larger) noise
+        assert measured != pytest.approx(p.noise_std_at(step + 1) / 10, rel=5 / math.sqrt(2 * n))
