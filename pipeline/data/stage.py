@@ -212,7 +212,6 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
     check_public_disjoint_from_private(data)
     splits, taken = real_splits_and_taken(private, root, seed)
     private_origin = PRIVATE_ORIGIN.get(private["source"], (private["source"], None))[0]
-    channels = splits["private_train"].images.shape[1]
     stored: dict[str, Split] = {}
     for name in REAL_SPLITS:
         split = splits[name]
@@ -221,27 +220,10 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
                        extra={"image_size": size, "role": "private" if name == "private_train" else "held-out"})
         log.info("wrote %s: %d images %s, per class %s", outputs[name], m["n"], m["shape"], m["counts_per_class"])
     if "public" in outputs:
-        public = data["public"]
-        if public["source"] == "none":
+        if data["public"]["source"] == "none":
             raise PipelineError("stage prepare_data: --out public given but data.public.source is none")
-        public_seed = seeds.seed_of("data.public", seed)
-        split, carve = public_split(public, root, size, public_seed, private_source=private_origin, taken=taken)
-        split = Split(match_channels(resize_images(split.images, size), channels), split.labels)
-        # Public data is used without accounting: an image equal to a real one would leak a
-        # private (or test) record, whatever the config claims, so the written bytes are checked.
-        same = identical_images(split.images, {name: stored[name].images for name in REAL_SPLITS})
-        if any(same.values()):
-            found = ", ".join(f"{k} ({v})" for k, v in same.items() if v)
-            raise PipelineError(f"stage prepare_data: {sum(same.values())} of the {len(split)} public images "
-                                f"({public['source']}) are byte-identical to real images: {found}; the public source "
-                                f"overlaps the private data (set data.public.split to a disjoint carve-out or use "
-                                f"another source)")
-        m = save_split(outputs["public"], split, name="public", source=public["source"], seed=public_seed,
-                       extra={"image_size": size, "role": "public", "carve_out": carve,
-                              "identical_to_real": same})
-        log.info("wrote %s: %d images from %s%s", outputs["public"], m["n"], public["source"],
-                 f" (carved from {carve['split']}, {carve['excluded_real_images']} real images excluded)"
-                 if carve else "")
+        write_public(outputs["public"], data["public"], root=root, size=size, seed=seeds.seed_of("data.public", seed),
+                     private_origin=private_origin, taken=taken, real=stored, stage_name="prepare_data")
     if "toy" in outputs:
         toy = data["toy"]
         toy_seed = seeds.seed_of("data.toy", seed)
@@ -250,3 +232,49 @@ def prepare_data(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params
         save_points(outputs["toy"], points, labels, name="toy", source="gaussian_mixture_2d", seed=toy_seed,
                     extra={k: toy[k] for k in ("n_modes", "radius", "std")})
         log.info("wrote %s: %d points, %d modes", outputs["toy"], len(points), toy["n_modes"])
+
+
+def write_public(path: Path, public: Mapping[str, Any], *, root: Path, size: int, seed: int, private_origin: str,
+                 taken: Mapping[str, np.ndarray], real: Mapping[str, Split], stage_name: str) -> None:
+    """Draw the public split of ``public`` (a public section), check it against the real splits
+    byte for byte, and write it with its manifest."""
+    channels = real["private_train"].images.shape[1]
+    split, carve = public_split(public, root, size, seed, private_source=private_origin, taken=taken)
+    split = Split(match_channels(resize_images(split.images, size), channels), split.labels)
+    # Public data is used without accounting: an image equal to a real one would leak a
+    # private (or test) record, whatever the config claims, so the written bytes are checked.
+    same = identical_images(split.images, {name: real[name].images for name in REAL_SPLITS})
+    if any(same.values()):
+        found = ", ".join(f"{k} ({v})" for k, v in same.items() if v)
+        raise PipelineError(f"stage {stage_name}: {sum(same.values())} of the {len(split)} public images "
+                            f"({public['source']}) are byte-identical to real images: {found}; the public source "
+                            f"overlaps the private data (set the public split to a disjoint carve-out or use "
+                            f"another source)")
+    m = save_split(path, split, name="public", source=public["source"], seed=seed,
+                   extra={"image_size": size, "role": "public", "carve_out": carve, "identical_to_real": same})
+    log.info("wrote %s: %d images from %s%s", path, m["n"], public["source"],
+             f" (carved from {carve['split']}, {carve['excluded_real_images']} real images excluded)"
+             if carve else "")
+
+
+@stage(
+    "prepare_public",
+    outputs=("public",),
+    params={
+        "data": "the config's data section (image_size, data_root, private); its public section is ignored",
+        "public": "the public section to draw (source, n, path, split), e.g. straightdp.public",
+        "seed": "integer; the split is a deterministic function of it",
+        "stream": "the random stream's purpose name (e.g. straightdp.public)",
+    },
+)
+def prepare_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Write a second public split (a method's own public domain, e.g. STRAIGHTDP's printed letters),
+    disjoint from every real split like data.public."""
+    data, public, seed = params["data"], params["public"], int(params["seed"])
+    size, root = int(data["image_size"]), Path(data["data_root"])
+    check_public_disjoint_from_private({**data, "public": public})
+    splits, taken = real_splits_and_taken(data["private"], root, seed)
+    real = {name: Split(resize_images(splits[name].images, size), splits[name].labels) for name in REAL_SPLITS}
+    private_origin = PRIVATE_ORIGIN.get(data["private"]["source"], (data["private"]["source"], None))[0]
+    write_public(outputs["public"], public, root=root, size=size, seed=seeds.seed_of(params["stream"], seed),
+                 private_origin=private_origin, taken=taken, real=real, stage_name="prepare_public")

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from pipeline.config import ConfigError, validate_config
-from pipeline.data.stage import REAL_SPLITS, prepare_data
+from pipeline.data.stage import REAL_SPLITS, prepare_data, prepare_public
 from pipeline.io import load_split, read_json
 from pipeline.stage import PipelineError
 from tests.datasets import write_idx
@@ -164,3 +164,20 @@ def test_embedded_default_public_digits_are_not_private_digits(tmp_path):
     assert len(public) == cfg["data"]["public"]["n"]
     for name in REAL_SPLITS:
         assert not public & _rows(load_split(outs[name]).images), f"a printed digit equals a {name} digit"
+
+
+def test_prepare_public_writes_a_methods_own_public_split_with_the_same_checks(tmp_path, mnist_root):
+    # STRAIGHTDP's printed letters: a second public split beside data.public
+    cfg = validate_config({"data": {"toy": {"enabled": False}, "data_root": str(mnist_root), "image_size": 16,
+                                    "private": {"source": "mnist", **SMALL}}})
+    out = tmp_path / "letters.npz"
+    params = {"data": cfg["data"], "public": {"source": "printed_letters", "n": 50}, "seed": 3,
+              "stream": "data.public"}
+    prepare_public({}, {"public": out}, params)
+    split = load_split(out)
+    assert split.images.shape == (50, 1, 16, 16) and sorted(set(split.labels.tolist())) == list(range(10))
+    assert read_json(out.with_suffix(".json"))["source"] == "printed_letters"
+    # the private dataset as that public source, without a carve-out, is refused like data.public
+    with pytest.raises(ConfigError, match="public"):
+        prepare_public({}, {"public": tmp_path / "bad.npz"},
+                       {**params, "public": {"source": "mnist", "n": 50, "split": None}})

@@ -22,7 +22,7 @@ from pipeline.privacy.replay import ReplayError, audit, recompute, replay
 from pipeline.config import validate_config
 from pipeline.io import Split
 from pipeline.privacy import accountants as acc
-from pipeline.privacy import dpsgd, ledger, rebuild
+from pipeline.privacy import dpsgd, ledger, moments, rebuild, tha
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
@@ -104,10 +104,25 @@ def write_dpsgd_fixed_size(path: Path) -> None:
     ledger.append_entry(path, dpsgd.ledger_entry(plan, stage="train_dpdm", config_id="c", seed=0))
 
 
+def write_moment_release(path: Path) -> None:
+    """STRAIGHTDP Stage 1 (Prop. B.9): two Gaussians of one multiplier, on u (sensitivity 2) and M2 (2R^2/N)."""
+    plan = moments.MomentReleasePlan(sigma=2.5, R=1.2, N=500, n_classes=10, p=8, delta=DELTA)
+    ledger.append_entry(path, moments.ledger_entry(plan, stage="release_moments", config_id="c", seed=0,
+                                                   settings=COARSE))
+
+
+def write_tha_dpsgd(path: Path) -> None:
+    """STRAIGHTDP Stage 2 (Sec. 3.2): THA DP-SGD, K buckets of their own clip under one noise std s."""
+    plan = tha.THAPlan(edges=(0.2, 0.6, 1.0), clips=(0.5, 1.5), noise_std=1.2, sampling_rate=8 / 40, dataset_size=40,
+                       steps=6, delta=DELTA, beta=1.0)
+    ledger.append_entry(path, tha.ledger_entry(plan, stage="train_straightdp", config_id="c", seed=0, settings=COARSE))
+
+
 WRITERS: dict[str, Callable[[Path], None]] = {
     "hybrid": write_hybrid, "per_step": write_per_step, "full_batch": write_full_batch, "figure2": write_figure2,
     "configuration_claims": write_configuration_claims, "dpsgd_poisson": write_dpsgd_poisson,
-    "dpsgd_fixed_size": write_dpsgd_fixed_size,
+    "dpsgd_fixed_size": write_dpsgd_fixed_size, "moment_release": write_moment_release,
+    "tha_dpsgd": write_tha_dpsgd,
 }
 
 
