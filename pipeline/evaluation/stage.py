@@ -14,6 +14,10 @@ Keys (all floats unless noted; lower is better for fid*/kid*, higher for the res
 (downstream test accuracy, mean over ``downstream.repeats`` classifier seeds) and
 ``acc_<classifier>_std`` (their standard deviation), ``seed`` (int), ``wall_s``. A metric
 that does not apply (labels absent, classifier not selected, class too small) is ``null``.
+With the optional input ``public`` (the method's public split, e.g. STRAIGHTDP's printed
+letters) one more key, ``domain_rate``: the fraction of samples a real private-vs-public
+classifier assigns to the private domain (STRAIGHTDP Table 5, "domain"); without it the key
+is absent, so the rows of methods that do not ask for it are unchanged.
 
 Samples whose label is negative count as unconditional: they enter FID/KID/PRC but not the
 label-aware metrics or the downstream classifiers.
@@ -27,6 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.device import resolve_device
 from pipeline.evaluation.evalnet import evaluation_section, load_evalnet, load_labelled_split
 from pipeline.io import Split, write_json
@@ -35,11 +41,48 @@ from pipeline.stage import PipelineError, stage
 log = logging.getLogger(__name__)
 
 
+#: at most this many images per domain train the domain classifier (enough for two domains
+#: that differ in glyph shape, as the paper's MNIST vs KMNIST do)
+DOMAIN_MAX_PER_DOMAIN = 2000
+#: hidden units of the domain classifier
+DOMAIN_HIDDEN = 128
+
+
+def domain_rate(samples: Split, private: Split, public: Split, *, seed: int = 0,
+                max_per_domain: int = DOMAIN_MAX_PER_DOMAIN) -> float:
+    """Fraction of ``samples`` a real private-vs-public classifier assigns to the private domain.
+
+    STRAIGHTDP Table 5's "domain" (App. D.1: "the fraction of samples a real MNIST-vs-KMNIST
+    classifier assigns to the private domain"): a one-hidden-layer MLP on pixels in [0, 1]
+    (a linear model leaves ~15% of held-out printed letters on the digit side at 16 x 16),
+    trained on equally many real ``private`` (the held-out test split: scoring, no selection)
+    and ``public`` images, so 0.5 is the rate of a sample set the classifier cannot place.
+    """
+    from sklearn.neural_network import MLPClassifier
+
+    shapes = {samples.images.shape[1:], private.images.shape[1:], public.images.shape[1:]}
+    if len(shapes) != 1:
+        raise PipelineError(f"domain rate: samples, test and public images must share [C, H, W], got "
+                            f"{list(samples.images.shape[1:])}, {list(private.images.shape[1:])}, "
+                            f"{list(public.images.shape[1:])}")
+    n = min(len(private), len(public), max_per_domain)
+    if n < 1 or len(samples) < 1:
+        raise PipelineError("domain rate: needs at least one private, one public and one sample image")
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([private.images[rng.choice(len(private), n, replace=False)],
+                        public.images[rng.choice(len(public), n, replace=False)]]).reshape(2 * n, -1) / 255.0
+    y = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
+    clf = MLPClassifier(hidden_layer_sizes=(DOMAIN_HIDDEN,), max_iter=500, random_state=seed).fit(x, y)
+    return float(np.mean(clf.predict(samples.images.reshape(len(samples), -1) / 255.0) == 1))
+
+
 def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluation: Mapping[str, Any] | None = None,
-             seed: int = 0, device: str = "auto", verbose: bool = False) -> dict[str, Any]:
+             seed: int = 0, device: str = "auto", verbose: bool = False, public: Split | None = None
+             ) -> dict[str, Any]:
     """All metrics of ``samples`` against the real ``test`` split (see the module doc for keys).
 
-    ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled).
+    ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled);
+    ``public`` adds ``domain_rate`` (:func:`domain_rate`).
     """
     # torch-fidelity (with torchvision) and scikit-learn take seconds to import: loaded here,
     # not at module level, so `python -m pipeline evaluate_samples --help` stays quick.
@@ -68,6 +111,8 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
     out.update(downstream_accuracy(samples, test, classifiers=down["classifiers"], seed=seed,
                                    repeats=down["repeats"], mlp_hidden=down["mlp_hidden"], cnn=cnn_config(cfg),
                                    device=dev))
+    if public is not None:
+        out["domain_rate"] = domain_rate(samples, test, public, seed=seed)
     out["wall_s"] = time.perf_counter() - start
     return out
 
@@ -75,6 +120,7 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
 @stage(
     "evaluate_samples",
     inputs=("samples", "test", "evalnet"),
+    optional_inputs=("public",),
     outputs=("metrics",),
     params={
         "evaluation": "the evaluation config section (feature_extractor, kid_*, prc_neighborhood, downstream, ...)",
@@ -90,8 +136,10 @@ def evaluate_samples(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     test = load_labelled_split(inputs["test"], "test")
     if not Path(inputs["evalnet"]).is_file():
         raise PipelineError(f"input evalnet: {inputs['evalnet']} not found (run the train_evalnet stage)")
+    public = load_labelled_split(inputs["public"], "public") if "public" in inputs else None
     metrics = evaluate(samples, test, evalnet_path=inputs["evalnet"], evaluation=params.get("evaluation"),
-                       seed=int(params.get("seed", 0)), device=params.get("device", "auto"), verbose=True)
+                       seed=int(params.get("seed", 0)), device=params.get("device", "auto"), verbose=True,
+                       public=public)
     metrics = {"name": str(params.get("name", Path(inputs["samples"]).stem)), **metrics}
     log.info("%s: fid %.3f, label consistency %s, downstream %s", metrics["name"], metrics["fid"],
              metrics["label_consistency"], {k: v for k, v in metrics.items() if k.startswith("acc_")})

@@ -238,7 +238,8 @@ def aggregate(records: pd.DataFrame, *, metrics: Sequence[str], epsilons: Sequen
         for s in settings:
             values = {mx.get(s) for mx in group["metrics"]}
             if len(values) != 1:
-                raise PipelineError(f"{where}: row {row} at eps {eps:g}: {s} differs over seeds ({sorted(map(str, values))})")
+                raise PipelineError(f"{where}: row {row} at eps {eps:g}: {s} differs over seeds "
+                                    f"({sorted(map(str, values))})")
             out[s] = values.pop()
         rows.append(out)
     df = pd.DataFrame(rows)

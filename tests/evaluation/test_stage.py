@@ -107,3 +107,41 @@ def test_a_sample_label_outside_the_test_classes_is_one_line(digits, evalnet):
     labels[5] = 10
     with pytest.raises(PipelineError, match=r"sample label 10 is not a class of the test split \(0..9\)"):
         evaluate(Split(digits.real.images, labels), digits.test, evalnet_path=evalnet, device="cpu")
+
+
+# --------------------------------------------------------------------------- domain rate (STRAIGHTDP Table 5)
+
+@pytest.fixture(scope="module")
+def letters():
+    """STRAIGHTDP's wrong-domain public set at the tests' size: printed letters (train, held out)."""
+    from pipeline.data.printed_digits import printed_letters
+
+    return printed_letters(400, 16, seed=0), printed_letters(200, 16, seed=1)
+
+
+def test_domain_rate_places_real_digits_private_and_letters_public(digits, letters):
+    from pipeline.evaluation.stage import domain_rate
+
+    public, held_out = letters
+    assert domain_rate(digits.real, digits.test, public) > 0.9
+    assert domain_rate(held_out, digits.test, public) < 0.15
+    mixed = Split(np.concatenate([digits.real.images[:100], held_out.images[:100]]), np.zeros(200, dtype=np.int64))
+    assert 0.35 < domain_rate(mixed, digits.test, public) < 0.65
+
+
+def test_domain_rate_is_a_key_only_when_the_public_split_is_given(split_files, evalnet, letters, tmp_path,
+                                                                  monkeypatch):
+    # the other metrics are tested above; stubbed here so only the wiring of the new key runs
+    import pipeline.evaluation.downstream as downstream
+    import pipeline.evaluation.fidelity as fidelity
+
+    monkeypatch.setattr(fidelity, "fidelity_metrics", lambda *a, **k: {"fid": 1.0})
+    monkeypatch.setattr(downstream, "downstream_accuracy", lambda *a, **k: {})
+    public = tmp_path / "public.npz"
+    save_split(public, letters[0], name="public", source="printed letters", seed=0)
+    base = ["evaluate_samples", "--in", f"samples={split_files['real']}", f"test={split_files['test']}",
+            f"evalnet={evalnet}", "--params", json.dumps({"evaluation": EVALUATION, "device": "cpu"})]
+    assert main([*base[:5], f"public={public}", *base[5:], "--out", f"metrics={tmp_path / 'with.json'}"]) == 0
+    assert main([*base, "--out", f"metrics={tmp_path / 'without.json'}"]) == 0
+    assert read_json(tmp_path / "with.json")["domain_rate"] > 0.9
+    assert "domain_rate" not in read_json(tmp_path / "without.json")

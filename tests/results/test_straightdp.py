@@ -41,8 +41,8 @@ def write_train(path, plan=THA):
 
 def independent_eps(*events: dp_event.DpEvent) -> float:
     """dp_accounting's own PLD accountant on the composed event (no pipeline code in between)."""
-    accountant = pld_privacy_accountant.PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                                      value_discretization_interval=COARSE.value_discretization_interval)
+    accountant = pld_privacy_accountant.PLDAccountant(
+        NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=COARSE.value_discretization_interval)
     accountant.compose(dp_event.ComposedDpEvent(list(events)))
     return accountant.get_epsilon(DELTA)
 
@@ -189,6 +189,16 @@ def test_each_table_carries_its_metrics(tmp_path, table, columns):
         assert math.isnan(df["domain_rate_mean"].iloc[0])  # null in the metrics: NaN, never invented
 
 
+def test_table5_averages_the_domain_rate_of_evaluate_samples(tmp_path):
+    names = ["released_only_eps3_seed0", "released_only_eps3_seed1"]
+    inputs = {**write_run(tmp_path, names[0], {**METRICS, "domain_rate": 0.2}),
+              **write_run(tmp_path, names[1], {**METRICS, "domain_rate": 0.4})}
+    sdp.straightdp_table(inputs, {"table": tmp_path / "t.parquet"}, {"table": "table5_per_class", "runs": names,
+                                                                    "epsilons": [3], "config_id": "c"})
+    row = pd.read_parquet(tmp_path / "t.parquet").iloc[0]
+    assert row["domain_rate_mean"] == pytest.approx(0.3) and row["eps_certified"] <= 3
+
+
 def test_a_row_whose_certified_eps_exceeds_its_target_is_refused(tmp_path):
     names, inputs = two_seeds(tmp_path, eps="1")  # the transcripts certify ~1.8 > 1
     with pytest.raises(PipelineError, match=r"tha_moments_eps1_seed\d certifies eps .* > its target 1"):
@@ -202,7 +212,12 @@ def test_the_eps_check_fails_if_the_certified_eps_were_understated(tmp_path, mon
     refusal above is due to the certified composition, not to something else."""
     names, inputs = two_seeds(tmp_path, eps="1")
     real = sdp.run_privacy
-    monkeypatch.setattr(sdp, "run_privacy", lambda r, t: {**real(r, t), "eps_certified": real(r, t)["eps_certified"] / 2})
+
+    def understated(release, train):
+        p = real(release, train)
+        return {**p, "eps_certified": p["eps_certified"] / 2}
+
+    monkeypatch.setattr(sdp, "run_privacy", understated)
     sdp.straightdp_table(inputs, {"table": tmp_path / "t.parquet"},
                          {"table": "table6_fid_vs_eps", "runs": names, "config_id": "c"})
 
