@@ -170,6 +170,8 @@ def test_table1_aggregates_two_seeds_with_the_composed_certified_eps(tmp_path):
     assert tm["eps_certified"] == pytest.approx(independent_eps(RELEASE.event(), THA.event()), rel=1e-3)
     assert tm["eps_certified"] > max(tm["eps_release"], tm["eps_train"])
     assert df.iloc[0]["n_seeds"] == 1 and math.isnan(df.iloc[0]["acc_cnn_std_seeds"])
+    # each row certifies its own events (the memo of certified eps keys on the event)
+    assert df.iloc[0]["eps_certified"] == pytest.approx(independent_eps(UNIFORM.event()), rel=1e-3)
     assert math.isnan(df.iloc[0]["eps_release"]) and (df["eps_certified"] <= df["eps_target"]).all()
     assert set(df["config_id"]) == {"cfg"} and "domain_rate_mean" not in df.columns
 
