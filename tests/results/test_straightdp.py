@@ -10,6 +10,8 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger, moments, tha
@@ -260,3 +262,20 @@ def test_the_horizon_figure_is_written_and_a_bad_horizon_refused(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({**horizon, "unconditional": [1.0]}))
     with pytest.raises(PipelineError, match="equal-length"):
         sdp.straightdp_figure_horizon({"horizon": tmp_path / "bad.json"}, {"figure": png}, {})
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=4), st.floats(0.1, 10))
+def test_aggregate_is_the_mean_and_sample_std_over_seeds_and_keeps_the_largest_eps(values, target):
+    eps = [target * (0.5 + 0.1 * i) for i in range(len(values))]
+    records = pd.DataFrame([{"run": f"uniform_eps1_seed{i}", "row": "uniform", "eps_target": target, "seed_run": i,
+                             "eps_certified": e, "eps_release": math.nan, "eps_train": e, "delta": DELTA,
+                             "metrics": {"acc_cnn": v}} for i, (v, e) in enumerate(zip(values, eps))])
+    row = sdp.aggregate(records, metrics=("acc_cnn",), epsilons=[target]).iloc[0]
+    assert row["acc_cnn_mean"] == pytest.approx(sum(values) / len(values))
+    if len(values) > 1:
+        assert row["acc_cnn_std_seeds"] == pytest.approx(pd.Series(values).std(ddof=1), abs=1e-12)
+    assert row["eps_certified"] == max(eps) and row["n_seeds"] == len(values)
+    over = records.assign(eps_certified=records["eps_certified"].where(records["seed_run"] != 0, target * 1.01))
+    with pytest.raises(PipelineError, match="seed0 certifies eps"):
+        sdp.aggregate(over, metrics=("acc_cnn",), epsilons=[target])
