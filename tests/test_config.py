@@ -142,8 +142,8 @@ def test_an_old_enabled_key_says_to_use_the_methods_list(method):
 @pytest.mark.parametrize(
     ("methods", "message"),
     [
-        (["dpdm", "straightdp"], "config error at methods[1]: expected one of accounting, sensgeo, empden, "
-                                 "empden_diagnostics, dpdm, got 'straightdp'"),
+        (["dpdm", "straigthdp"], "config error at methods[1]: expected one of accounting, sensgeo, empden, "
+                                 "empden_diagnostics, dpdm, straightdp, got 'straigthdp'"),
         (["dpdm", "dpdm"], "config error at methods: expected a list without repeats, got ['dpdm', 'dpdm']"),
     ],
 )

@@ -56,6 +56,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the 
 
 RELEASE_MECHANISM = "moment_release"
 TRAIN_MECHANISM = "tha_dpsgd"
+# Names the in-memory composition line only: it is certified here and never written to a
+# transcript (the transcripts keep one line per mechanism), so the replay needs no rebuilder.
+COMPOSED_MECHANISM = "straightdp_composition"
 
 #: metric columns of each table, read from evaluate_samples' JSON (null -> NaN, never invented)
 TABLE_METRICS: dict[str, tuple[str, ...]] = {
@@ -124,7 +127,7 @@ def _composed_entry(release: ledger.LedgerEntry, train: ledger.LedgerEntry) -> l
     and sampling rate are Gaussians / sampled events of the composition, so the line validates.
     """
     composed = dp_event.ComposedDpEvent([release.dp_event(), train.dp_event()])
-    return dataclasses.replace(train, stage="straightdp_composition", mechanism="straightdp_composition",
+    return dataclasses.replace(train, stage=COMPOSED_MECHANISM, mechanism=COMPOSED_MECHANISM,
                                event=ledger.event_to_dict(composed), extra={})
 
 

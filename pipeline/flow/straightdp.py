@@ -1,0 +1,519 @@
+"""STRAIGHTDP's DAG stages (Che, Xu & Wu 2026): public geometry and horizon, public pretraining,
+the moment release (Stage 1), THA DP-SGD (Stage 2) and sampling.
+
+One run is a :class:`pipeline.training.straightdp_runs.StraightRun` (Table 1 row, total eps, seed);
+its name is the path token the rules use. The stages, in DAG order:
+
+* ``straightdp_geometry`` (public only): the PCA basis and feature clip R of the release
+  (Sec. 3.1 (iii)), the non-private moment model of the public set, Fig. 2a's cosine curve between
+  its analytic field (Prop. 3.1) and the empirical field, and the horizon tau (its knee, capped at
+  ``horizon.tau_max``).
+* ``pretrain_straightdp`` (public only): the class-conditional MM-DiT velocity network trained by
+  eq. 1 on the wrong-domain public set (App. E, scaled to the embedded budget).
+* ``release_moments`` (private, Stage 1, Prop. B.9): u = (n_y, S_y / 2R) and the second moment
+  through one Gaussian multiplier calibrated to the run's Stage-1 budget; the released Gaussian
+  class model (post-processing) and the ledger line ``moment_release``.
+* ``train_straightdp`` (private, Stage 2, Sec. 3.2): for the ``*_moments`` rows the release is
+  first distilled into the weights for t < tau (public replay beyond); then DP-SGD of the flow on
+  [tau, 1] (on [0, 1] without a release) under a uniform or THA plan. The plan's one noise std is
+  calibrated so that the certified PLD eps of Composed([release, THA]) meets the run's total eps
+  (the release's event is read from its ledger line); the THA plan is picked among the shape
+  family by a proxy computed on PUBLIC gradients only. Ledger line ``tha_dpsgd``.
+* ``sample_straightdp`` (post-processing): labelled samples from the released moments
+  (``released_only``), the public flow guided from t0 by the release (``public_guidance``), or
+  the trained flow (Euler + classifier-free guidance).
+
+Every parameter a stage reads comes from the config's ``straightdp`` section (``params["straightdp"]``),
+whose defaults live in the schema only (:func:`pipeline.config.schema_defaults`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pipeline import seeds
+from pipeline.config import schema_defaults
+from pipeline.device import resolve_device
+from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
+from pipeline.flow.field import GaussianMomentModel, field_cosine_curve, guided_start, knee_horizon
+from pipeline.flow.rectified import euler_sample, flow_loss
+from pipeline.flow.train import distill_to_field, pretrain_flow
+from pipeline.images import to_uint8
+from pipeline.io import Split, atomic_path, read_json, save_split, write_json
+from pipeline.models.checkpoint import load_denoiser, read_denoiser_backbone, save_denoiser
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import dpsgd, ledger, moments, tha
+from pipeline.stage import PipelineError, stage
+from pipeline.training import loop
+from pipeline.training.data import drop_labels, load_training_split, to_model_scale
+from pipeline.training.straightdp_runs import StraightRun
+
+log = logging.getLogger(__name__)
+
+CONVENTION = "rectified_flow_t"
+#: the grid of Fig. 2a's cosine curve: t in [0, T_MAX_CURVE] (the field is exact at t = 0, and
+#: the curve has long fallen well before t = 1, where the velocity's 1 / (1 - t) blows up)
+T_MAX_CURVE = 0.9
+
+seeds.register_streams(
+    seeds.Stream("straightdp.public", "the public split of STRAIGHTDP (data stage prepare_public)"),
+    seeds.Stream("straightdp.horizon", "probes and flow noise of Fig. 2a's cosine curve (public)"),
+    seeds.Stream("straightdp.pretrain_init", "the public flow's initialisation (torch's global RNG)"),
+    seeds.Stream("straightdp.pretrain", "batches, times, flow noise and label dropout of public pretraining"),
+    seeds.Stream("straightdp.release", "the Gaussian noise of the moment release (Stage 1)"),
+    seeds.Stream("straightdp.distill", "draws of the distillation onto the released field (post-processing)"),
+    seeds.Stream("straightdp.proxy", "public examples, times and noise of the THA planner's proxy"),
+    seeds.Stream("straightdp.draws", "Poisson sampling, time/noise draws and label dropout of DP-SGD"),
+    seeds.Stream("straightdp.mechanism_noise", "the Gaussian mechanism's noise of Stage 2 DP-SGD"),
+    seeds.Stream("straightdp.sampling", "labels order, starts and draws of a sample set"),
+)
+
+SECTION_DOC = "the config's straightdp section (absent keys take the schema's defaults)"
+COMMON_DOC = {
+    "straightdp": SECTION_DOC,
+    "seed": "integer seed (the run's seed; default 0)",
+    "config_id": "id of the configuration (recorded on ledger lines and in model metas)",
+    "device": "auto | cpu | cuda[:N] (default auto)",
+    "threads": "torch CPU threads (default 1)",
+}
+
+
+# --------------------------------------------------------------------------- params
+
+def section(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``straightdp`` section of ``params`` over the schema's defaults (two levels deep, as the
+    schema nests it); an unknown key is a one-line error."""
+    defaults = schema_defaults("straightdp")
+    given = params.get("straightdp") or {}
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        if key not in defaults:
+            raise PipelineError(f"param straightdp.{key}: unknown key (known: {', '.join(sorted(defaults))})")
+    for key, default in defaults.items():
+        value = given.get(key, default)
+        if isinstance(default, Mapping):
+            unknown = sorted(set(value) - set(default))
+            if unknown:
+                raise PipelineError(f"param straightdp.{key}.{unknown[0]}: unknown key "
+                                    f"(known: {', '.join(sorted(default))})")
+            value = {**default, **value}
+        out[key] = value
+    return out
+
+
+def _setup(params: Mapping[str, Any]) -> tuple[dict[str, Any], int, torch.device]:
+    cfg = section(params)
+    seed = int(params.get("seed", 0))
+    device = resolve_device(str(params.get("device", "auto")))
+    if device.type == "cpu":
+        torch.set_num_threads(int(params.get("threads", 1)))
+    return cfg, seed, device
+
+
+def _run(params: Mapping[str, Any]) -> StraightRun:
+    try:
+        return StraightRun.from_name(str(params["run"]))
+    except KeyError:
+        raise PipelineError("param run (the run's name, e.g. tha_moments_eps1_seed0) is required") from None
+    except ValueError as exc:
+        raise PipelineError(f"param run: {exc}") from None
+
+
+def flat(split: Split) -> Tensor:
+    """The images of ``split`` as float64 rows in the model's [-1, 1] scale, ``[n, d]``."""
+    return to_model_scale(split.images).to(torch.float64).reshape(len(split), -1)
+
+
+def flow_spec(cfg: Mapping[str, Any], split: Split, n_classes: int) -> FlowSpec:
+    """The MM-DiT of ``cfg["flow"]`` for the images of ``split`` and ``n_classes`` labels."""
+    f = cfg["flow"]
+    _, channels, size, _ = split.images.shape
+    heads, head_dim = int(f["num_attention_heads"]), int(f["attention_head_dim"])
+    try:
+        return FlowSpec(image_size=int(size), channels=int(channels), patch_size=int(f["patch_size"]),
+                        num_layers=int(f["num_layers"]), attention_head_dim=head_dim, num_attention_heads=heads,
+                        joint_attention_dim=int(f["joint_attention_dim"]), caption_projection_dim=heads * head_dim,
+                        pooled_projection_dim=int(f["joint_attention_dim"]),
+                        pos_embed_max_size=int(size) // int(f["patch_size"]), caption_tokens=int(f["caption_tokens"]),
+                        num_classes=int(n_classes))
+    except ValueError as exc:
+        raise PipelineError(f"param straightdp.flow: {exc}") from None
+
+
+# --------------------------------------------------------------------------- public geometry + horizon
+
+def read_geometry(path: str | Path) -> tuple[moments.PublicGeometry, np.ndarray]:
+    """The release's public geometry and the public covariance spectrum (for THA's Vbar) from ``path``."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            geometry = moments.PublicGeometry(mean=z["mean"], basis=z["basis"], R=float(z["R"]))
+            return geometry, np.array(z["public_eigvals"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise PipelineError(f"input geometry {path}: not a STRAIGHTDP geometry file ({exc})") from None
+
+
+@stage("straightdp_geometry", inputs=("public",), outputs=("geometry", "horizon"), params=COMMON_DOC)
+def straightdp_geometry(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """PCA basis + clip R (Sec. 3.1 (iii)), Fig. 2a's cosine curve and the horizon tau, from public data only."""
+    cfg, seed, _ = _setup(params)
+    rel, hor = cfg["release"], cfg["horizon"]
+    public, _ = load_training_split(inputs["public"], "public")
+    z = flat(public)
+    y = torch.from_numpy(public.labels.astype(np.int64))
+    try:
+        geometry = moments.fit_public_geometry(z.numpy(), p=int(rel["p"]), clip_quantile=float(rel["clip_quantile"]))
+    except moments.MomentsError as exc:
+        raise PipelineError(f"stage straightdp_geometry: {exc}") from None
+    rank = min(int(rel["rank"]), z.shape[0], z.shape[1])
+    model = GaussianMomentModel.fit(z, y, rank=rank, floor=float(rel["floor"]))
+    # the full public spectrum: the top-r eigenvalues, the floor on every other direction
+    spectrum = np.concatenate([model.eigvals.numpy(), np.full(model.dim - model.rank, model.floor)])
+    with atomic_path(outputs["geometry"], suffix=".npz") as tmp:
+        np.savez(tmp, mean=geometry.mean, basis=geometry.basis, R=np.array(geometry.R), public_eigvals=spectrum)
+
+    ts = np.linspace(0.0, T_MAX_CURVE, int(hor["n_times"]))
+    curve = field_cosine_curve(model, z, y, ts, n_probe=int(hor["n_probe"]),
+                               generator=seeds.torch_generator("straightdp.horizon", seed))
+    tau = knee_horizon(ts, curve.conditional_worst, tau_max=float(hor["tau_max"]))
+    write_json(outputs["horizon"], {
+        "format": "straightdp-horizon/1", "ts": ts.tolist(), "conditional_worst": curve.conditional_worst.tolist(),
+        "unconditional": curve.unconditional.tolist(), "conditional_per_class": curve.conditional_per_class.tolist(),
+        "tau": tau, "tau_max": float(hor["tau_max"]), "threshold": 0.9, "p": geometry.p, "R": geometry.R,
+        "rank": rank, "n_public": len(public), "source": "public data only (Sec. 3.1, Fig. 2a)"})
+    log.info("straightdp_geometry: p=%d, R=%.4g, tau=%.3g (cosine at tau: %.3f)", geometry.p, geometry.R, tau,
+             float(np.interp(tau, ts, curve.conditional_worst)))
+
+
+# --------------------------------------------------------------------------- public pretraining
+
+@stage("pretrain_straightdp", inputs=("public",), outputs=("model",),
+       params={**COMMON_DOC, "n_classes": "number of private classes (the label tables' size; public knowledge)",
+               "checkpoint_dir": "optional folder of the resumable state"})
+def pretrain_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Public pretraining of the class-conditional MM-DiT flow by eq. 1 (App. E, Table 9)."""
+    cfg, seed, device = _setup(params)
+    pre = cfg["pretrain"]
+    public, sha = load_training_split(inputs["public"], "public")
+    n_classes = int(params.get("n_classes", int(public.labels.max()) + 1))
+    if int(public.labels.max()) >= n_classes:
+        raise PipelineError(f"param n_classes: {n_classes} label rows but the public labels go up to "
+                            f"{int(public.labels.max())}")
+    spec = flow_spec(cfg, public, n_classes)
+    seeds.seed_globals("straightdp.pretrain_init", seed)
+    model = build_flow_model(spec).to(device)
+    images = to_model_scale(public.images).to(device)
+    labels = torch.from_numpy(public.labels.astype(np.int64)).to(device)
+    run_params = {"pretrain": pre, "spec": spec.to_json(), "public_sha256": sha, "seed": seed}
+    ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
+        outputs["model"], "pretrain_straightdp")
+    res = pretrain_flow(model, images, labels, steps=int(pre["steps"]), batch_size=int(pre["batch_size"]),
+                        lr=float(pre["lr"]), ema_decay=float(pre["ema_decay"]), p_uncond=float(pre["p_uncond"]),
+                        generator=seeds.torch_generator("straightdp.pretrain", seed),
+                        state_path=ck_dir / loop.STATE_FILE, run_hash=loop.params_hash(run_params),
+                        checkpoint_every_s=float(cfg["checkpoint_every_s"]), desc="pretrain_straightdp")
+    tail = res.losses[-50:] if len(res.losses) else [float("nan")]
+    meta = {"stage": "pretrain_straightdp", "private": False, "public_sha256": sha, "steps": int(pre["steps"]),
+            "final_loss_mean50": float(np.mean(tail)), "seed": seed, "config_id": params.get("config_id")}
+    save_denoiser(outputs["model"], res.ema.cpu(), backbone=spec, precond=FLOW_PRECOND, meta=meta)
+    log.info("pretrain_straightdp: %d steps in %.1f s, public loss (last 50) %.4f", int(pre["steps"]), res.wall_s,
+             meta["final_loss_mean50"])
+
+
+def load_flow(path: str | Path, device: torch.device) -> tuple[torch.nn.Module, FlowSpec]:
+    model = load_denoiser(path, device=device, convention=CONVENTION)
+    kind, spec = read_denoiser_backbone(path)
+    if not isinstance(spec, FlowSpec):
+        raise PipelineError(f"{path}: holds a {kind} backbone, expected the STRAIGHTDP flow")
+    return model, spec
+
+
+# --------------------------------------------------------------------------- Stage 1
+
+@stage("release_moments", inputs=("data", "geometry"), outputs=("moments", "ledger"),
+       params={**COMMON_DOC, "run": "the run's name (row, total eps, seed)"})
+def release_moments(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Stage 1 (Prop. B.9): the class-conditional moment release at the run's Stage-1 budget, its ledger line."""
+    cfg, _, _ = _setup(params)
+    run = _run(params)
+    if not run.releases:
+        raise PipelineError(f"stage release_moments: row {run.row} releases no moments")
+    rel = cfg["release"]
+    eps1 = run.release_epsilon(rel)
+    split, sha = load_training_split(inputs["data"], "data")
+    geometry, _ = read_geometry(inputs["geometry"])
+    n_classes = int(split.labels.max()) + 1
+    # N is the declared public size constant of Prop. B.9 (the embedded split size is public)
+    N = len(split)
+    try:
+        plan = moments.calibrate_release(target_epsilon=eps1, delta=float(cfg["delta"]), R=geometry.R, N=N,
+                                         n_classes=n_classes, p=geometry.p)
+        noisy = moments.release(geometry.features(flat(split).numpy()), split.labels.astype(np.int64), plan,
+                                generator=seeds.numpy_rng("straightdp.release", run.seed))
+        model = moments.moment_model(noisy, geometry, rank=min(int(rel["rank"]), geometry.p),
+                                     floor=float(rel["floor"]), min_count=float(rel["min_count"]))
+    except moments.MomentsError as exc:
+        raise PipelineError(f"stage release_moments: {exc}") from None
+    entry = moments.ledger_entry(plan, stage="release_moments", config_id=str(params.get("config_id", "unknown")),
+                                 seed=run.seed, extra={"run": run.name, "target_epsilon": eps1,
+                                                       "total_epsilon": run.epsilon, "data_sha256": sha})
+    if entry.claimed_epsilon > eps1:
+        raise PipelineError(f"stage release_moments: certified eps {entry.claimed_epsilon:.6g} > target {eps1}")
+    model.save(outputs["moments"])
+    with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
+        ledger.append_entry(tmp, entry)
+    log.info("release_moments %s: sigma %.4g for eps %.4g (of %.4g), %d classes fell back", run.name, plan.sigma,
+             entry.claimed_epsilon, run.epsilon, int(model.fell_back.sum()))
+
+
+def field_of(released: moments.ReleasedMoments, device: torch.device | str = "cpu") -> GaussianMomentModel:
+    """The released moments as the analytic field's Gaussian model (Prop. 3.1), float64."""
+    return GaussianMomentModel.from_arrays(pi=released.pi, mu=released.mu, eigvecs=released.eigvecs,
+                                           eigvals=released.eigvals, floor=released.floor, device=device)
+
+
+def release_event(path: str | Path) -> Any:
+    """The dp_event of the one ``moment_release`` line of a run's Stage-1 transcript."""
+    lines = [e for _, e in ledger.read_ledger(path)]
+    if len(lines) != 1 or lines[0].mechanism != "moment_release":
+        raise PipelineError(f"{path}: expected the one moment_release line of a release_moments run, found "
+                            f"{[e.mechanism for e in lines]}")
+    return ledger.event_from_dict(lines[0].event)
+
+
+# --------------------------------------------------------------------------- Stage 2
+
+def public_bucket_gradients(model: torch.nn.Module, public: Split, plan: tha.THAPlan, *, n: int, K: int,
+                            generator: torch.Generator, micro_batch: int) -> list[Tensor]:
+    """Per-example gradients ``[n, P]`` of the PUBLIC model on ``n`` PUBLIC examples per bucket,
+    times drawn in the bucket: the input of the planner's proxy (App. B.5 step 3)."""
+    params = dpsgd.trainable_parameters(model)
+    loss_fn = dpsgd.multiplicity_loss(flow_loss)
+    multiplicity = dpsgd.NoiseMultiplicity(K, tha.uniform_time_sampler)
+    images = to_model_scale(public.images)
+    labels = torch.from_numpy(public.labels.astype(np.int64))
+    out = []
+    for k in range(plan.K):
+        idx = torch.randint(len(public), (n,), generator=generator)
+        rows = []
+        for s in range(0, n, micro_batch):
+            chunk_idx = idx[s:s + micro_batch]
+            x = images[chunk_idx].to(next(model.parameters()).device)
+            t, xi = multiplicity.draw(x, generator, plan.time_range(k))
+            y = labels[chunk_idx].to(x.device)
+            grads, _ = dpsgd.per_example_gradients(model, loss_fn, (x, t, xi, y), params)
+            rows.append(torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], dim=1).detach().cpu())
+        out.append(torch.cat(rows))
+    return out
+
+
+def stage2_plan(run: StraightRun, cfg: Mapping[str, Any], *, n: int, tau: float, spectrum: np.ndarray,
+                prior: Any, proxy_grads: Any) -> tuple[tha.THAPlan, dict[float, float]]:
+    """The run's Stage-2 plan, calibrated so Composed([prior, THA]) meets the run's total eps.
+
+    ``uniform`` rows: one bucket, one clip C_ref. ``tha`` rows: K equal buckets on [tau, 1], one
+    candidate per beta of the shape family (uniform always among them), the one with the highest
+    PUBLIC proxy kept. ``proxy_grads(plan) -> list of [n_k, P]`` gives public gradients per bucket.
+    """
+    sgd = cfg["dpsgd"]
+    common = dict(vbar=tha.gaussian_vbar(spectrum.tolist()), sampling_rate=min(1.0, int(sgd["batch_size"]) / n),
+                  dataset_size=n, steps=int(sgd["steps"]), delta=float(cfg["delta"]), target_epsilon=run.epsilon,
+                  c_ref=float(sgd["clip_ref"]), prior_event=prior)
+    try:
+        if run.plan == "uniform":
+            (plan,) = tha.plan_candidates(edges=tha.bucket_edges(tau, 1), betas=[0.0], **common)
+            return plan, {}
+        candidates = tha.plan_candidates(edges=tha.bucket_edges(tau, int(sgd["buckets"])),
+                                         betas=[float(b) for b in sgd["betas"]], **common)
+        return tha.select_plan(candidates, lambda p: tha.gradient_snr_proxy(proxy_grads(p), p))
+    except dpsgd.DPSGDError as exc:
+        raise PipelineError(f"stage train_straightdp {run.name}: {exc}") from None
+
+
+@stage("train_straightdp", inputs=("data", "public", "init", "geometry", "horizon"),
+       optional_inputs=("moments", "release_ledger"), outputs=("model", "ledger", "metrics"),
+       params={**COMMON_DOC, "run": "the run's name (row, total eps, seed)",
+               "checkpoint_dir": "optional folder of the resumable state"})
+def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Stage 2 (Sec. 3.2): [distillation of the release for t < tau], then uniform / THA DP-SGD of the flow."""
+    cfg, _, device = _setup(params)
+    run = _run(params)
+    if not run.trains:
+        raise PipelineError(f"stage train_straightdp: row {run.row} trains no flow")
+    if run.distills != ("moments" in inputs and "release_ledger" in inputs):
+        raise PipelineError(f"stage train_straightdp {run.name}: the *_moments rows need inputs moments and "
+                            f"release_ledger, the others neither")
+    sgd, dist = cfg["dpsgd"], cfg["distill"]
+    split, sha = load_training_split(inputs["data"], "data")
+    public, _ = load_training_split(inputs["public"], "public")
+    _, spectrum = read_geometry(inputs["geometry"])
+    n = len(split)
+    model, spec = load_flow(inputs["init"], device)
+    if int(split.labels.max()) >= spec.num_classes:
+        raise PipelineError(f"input init: the flow has {spec.num_classes} label rows, the private labels go up to "
+                            f"{int(split.labels.max())}")
+    model.train()
+    ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
+        outputs["model"], "train_straightdp")
+    run_hash = loop.params_hash({"run": run.name, "cfg": {k: cfg[k] for k in ("dpsgd", "distill", "delta", "flow")},
+                                 "data": sha, "init": str(inputs["init"])})
+
+    # Stage 1's use: distillation into the weights (post-processing of the release + public data)
+    tau, prior, released = 0.0, None, None
+    if run.distills:
+        tau = float(read_json(inputs["horizon"])["tau"])
+        released = moments.ReleasedMoments.load(inputs["moments"])
+        prior = release_event(inputs["release_ledger"])
+        spectrum = np.concatenate([released.eigvals, np.full(released.d - released.rank, released.floor)])
+        if tau > 0:
+            replay = (to_model_scale(public.images).to(device), None)  # wrong-domain labels: null branch only
+            res = distill_to_field(model, field_of(released), tau=tau, steps=int(dist["steps"]),
+                                   batch_size=int(dist["batch_size"]), lr=float(dist["lr"]), replay=replay,
+                                   generator=seeds.torch_generator("straightdp.distill", run.seed),
+                                   p_uncond=float(sgd["p_uncond"]), state_path=ck_dir / "distill" / loop.STATE_FILE,
+                                   run_hash=run_hash, checkpoint_every_s=float(cfg["checkpoint_every_s"]),
+                                   desc=f"distill {run.name}")
+            model.load_state_dict(res.ema.state_dict())
+
+    # Stage 2's mechanism, fixed before any private record is used
+    proxy_gen = seeds.torch_generator("straightdp.proxy", run.seed)
+    cache: dict[tuple[float, ...], list[Tensor]] = {}
+
+    def proxy_grads(plan: tha.THAPlan) -> list[Tensor]:
+        if plan.edges not in cache:  # every candidate shares the buckets: one set of public gradients
+            cache[plan.edges] = public_bucket_gradients(model, public, plan, n=int(sgd["proxy_examples"]),
+                                                        K=int(sgd["noise_multiplicity"]), generator=proxy_gen,
+                                                        micro_batch=int(sgd["micro_batch"]))
+        return cache[plan.edges]
+
+    t0 = time.perf_counter()
+    plan, scores = stage2_plan(run, cfg, n=n, tau=tau, spectrum=spectrum, prior=prior, proxy_grads=proxy_grads)
+    total_eps = acc.pld_epsilon(tha.with_prior(plan.event(), prior), plan.delta,
+                                    settings=dpsgd.DPSGD_PLD_SETTINGS)
+    if total_eps > run.epsilon:
+        raise PipelineError(f"stage train_straightdp {run.name}: the plan certifies eps {total_eps:.6g} > "
+                            f"target {run.epsilon}")
+    planning_s = time.perf_counter() - t0
+    log.info("train_straightdp %s: tau=%.3g, beta=%g, C_k=%s, s=%.4g, q=%.4g, T=%d: certified total eps %.4f <= %g "
+             "(%.1f s)", run.name, tau, plan.beta, [round(c, 4) for c in plan.clips], plan.noise_std,
+             plan.sampling_rate, plan.steps, total_eps, run.epsilon, planning_s)
+
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=float(sgd["lr"]))
+    gen = seeds.torch_generator("straightdp.draws", run.seed)
+    noise_gen = seeds.torch_generator("straightdp.mechanism_noise", run.seed, device=device)
+    engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(flow_loss), plan, microbatch_size=int(sgd["micro_batch"]),
+                         multiplicity=dpsgd.NoiseMultiplicity(int(sgd["noise_multiplicity"]), tha.uniform_time_sampler),
+                         generator=gen, noise_generator=noise_gen)
+    images = to_model_scale(split.images).to(device)
+    labels = torch.from_numpy(split.labels.astype(np.int64)).to(device)
+
+    def step(i: int) -> float:
+        engine.steps_taken = i
+        engine.step(optimizer, (images, drop_labels(labels, float(sgd["p_uncond"]), spec.num_classes, gen)))
+        return float("nan")  # the private loss is deliberately not recorded
+
+    res = loop.run_training(model=model, optimizer=optimizer, step_fn=step, total_steps=plan.steps,
+                            state_path=ck_dir / loop.STATE_FILE, run_hash=run_hash, ema_decay=float(sgd["ema_decay"]),
+                            checkpoint_every_s=float(cfg["checkpoint_every_s"]),
+                            generators={"draws": gen, "mechanism": noise_gen}, desc=f"train_straightdp {run.name}",
+                            show_loss=False)
+
+    config_id = str(params.get("config_id", "unknown"))
+    entry = tha.ledger_entry(plan, stage="train_straightdp", config_id=config_id, seed=run.seed,
+                             extra={"run": run.name, "row": run.row, "tau": tau, "total_target_epsilon": run.epsilon,
+                                    "total_certified_epsilon": total_eps, "composed_with_release": prior is not None,
+                                    "proxy_scores": {str(k): v for k, v in scores.items()}, "data_sha256": sha})
+    with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
+        ledger.append_entry(tmp, entry)
+    meta = {"stage": "train_straightdp", "private": True, "run": run.name, "epsilon": total_eps,
+            "target_epsilon": run.epsilon, "delta": plan.delta, "tau": tau, "beta": plan.beta,
+            "weights": "ema", "seed": run.seed, "config_id": config_id}
+    save_denoiser(outputs["model"], res.ema.cpu(), backbone=spec, precond=FLOW_PRECOND, meta=meta)
+    write_json(outputs["metrics"], {
+        "format": "dpgen-train-metrics/1", **meta, "clips": list(plan.clips), "noise_std": plan.noise_std,
+        "noise_multipliers": list(plan.noise_multipliers), "edges": list(plan.edges), "steps": plan.steps,
+        "sampling_rate": plan.sampling_rate, "proxy_scores": {str(k): v for k, v in scores.items()},
+        "planning_s": planning_s, "wall_s_this_run": res.wall_s, "resumed_from": res.resumed_from,
+        "device": str(device), "note": "no training loss is reported: it is a function of the private data"})
+
+
+# --------------------------------------------------------------------------- sampling
+
+def balanced_labels(n: int, n_classes: int) -> Tensor:
+    """``n`` labels cycling through the classes (equal counts up to one)."""
+    return torch.arange(n) % n_classes
+
+
+@torch.no_grad()
+def flow_samples(model: torch.nn.Module, y: Tensor, *, shape: tuple[int, ...], steps: int, guidance: float,
+                 batch_size: int, generator: torch.Generator, null_label: int, device: torch.device,
+                 start: Any = None, t0: float = 0.0) -> Tensor:
+    """Euler samples ``[n, *shape]`` of ``model`` for labels ``y``, batch by batch (start: N(0, I) at t0 = 0, or
+    ``start(y_batch) -> x_t0`` rows)."""
+    from tqdm import tqdm
+
+    out = []
+    with tqdm(total=len(y), desc="sample_straightdp", unit="img") as bar:
+        for s in range(0, len(y), batch_size):
+            yb = y[s:s + batch_size]
+            x0 = (torch.randn((len(yb), *shape), generator=generator) if start is None
+                  else start(yb).reshape(len(yb), *shape).float())
+            x = euler_sample(model, x0=x0.to(device), t0=t0, steps=steps, y=yb.to(device), guidance=guidance,
+                             null_label=null_label)
+            out.append(x.cpu())
+            bar.update(len(yb))
+    return torch.cat(out)
+
+
+@stage("sample_straightdp", optional_inputs=("model", "moments"), outputs=("samples",),
+       params={**COMMON_DOC, "run": "the run's name (row, total eps, seed)",
+               "shape": "[C, H, W] of the images (for samples drawn from the release)"})
+def sample_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Labelled samples of a run: from the release (released_only), the guided public flow (public_guidance,
+    Sec. 3.1 "Sampling-time guidance"), or the trained flow. Post-processing: no ledger line."""
+    cfg, _, device = _setup(params)
+    run = _run(params)
+    smp = cfg["sampling"]
+    n = int(smp["n_samples"])
+    gen = seeds.torch_generator("straightdp.sampling", run.seed)
+    need = {"release": ("moments",), "guided": ("model", "moments"), "model": ("model",)}[run.samples_from]
+    missing = [k for k in need if k not in inputs]
+    if missing:
+        raise PipelineError(f"stage sample_straightdp {run.name}: needs input {missing[0]} "
+                            f"(samples from {run.samples_from})")
+    start = time.perf_counter()
+    if run.samples_from == "release":
+        released = moments.ReleasedMoments.load(inputs["moments"])
+        shape = tuple(int(v) for v in params["shape"])
+        y = balanced_labels(n, released.n_classes)
+        x = field_of(released).sample(y, gen).reshape(n, *shape).float()
+    else:
+        model, spec = load_flow(inputs["model"], device)
+        shape = (spec.channels, spec.image_size, spec.image_size)
+        y = balanced_labels(n, spec.num_classes)
+        if run.samples_from == "guided":
+            # the public flow knows no private class: its null branch, steered only by the released
+            # class model's marginal at t0 (the start), carries the label
+            field = field_of(moments.ReleasedMoments.load(inputs["moments"]))
+            t0 = float(cfg["guidance"]["t0"])
+            x = flow_samples(model, y, shape=shape, steps=int(smp["steps"]), guidance=0.0,
+                             batch_size=int(smp["batch_size"]), generator=gen, null_label=spec.null_label,
+                             device=device, start=lambda yb: guided_start(field, yb, t0=t0, generator=gen), t0=t0)
+        else:
+            x = flow_samples(model, y, shape=shape, steps=int(smp["steps"]), guidance=float(smp["guidance"]),
+                             batch_size=int(smp["batch_size"]), generator=gen, null_label=spec.null_label,
+                             device=device)
+    split = Split(to_uint8(x.clamp(-1, 1)), y.numpy().astype(np.int64))
+    save_split(outputs["samples"], split, name=run.name, source="sample_straightdp", seed=run.seed,
+               extra={"row": run.row, "samples_from": run.samples_from, "wall_s": time.perf_counter() - start,
+                      "steps": int(smp["steps"]), "guidance": float(smp["guidance"])})
+    log.info("sample_straightdp %s: %d samples from %s in %.1f s", run.name, n, run.samples_from,
+             time.perf_counter() - start)

@@ -1,0 +1,16 @@
+"""STRAIGHTDP (Che, Xu & Wu 2026): moment release, rectified flow, THA DP-SGD; its tables and figures.
+
+Rules: ``rules/straightdp.smk``; runs and their names: ``pipeline/training/straightdp_runs.py``.
+"""
+
+STAGES = {
+    "prepare_public": "pipeline.data.stage:prepare_public",
+    "straightdp_geometry": "pipeline.flow.straightdp:straightdp_geometry",
+    "pretrain_straightdp": "pipeline.flow.straightdp:pretrain_straightdp",
+    "release_moments": "pipeline.flow.straightdp:release_moments",
+    "train_straightdp": "pipeline.flow.straightdp:train_straightdp",
+    "sample_straightdp": "pipeline.flow.straightdp:sample_straightdp",
+    "straightdp_table": "pipeline.results.straightdp:straightdp_table",
+    "straightdp_figure_accuracy": "pipeline.results.straightdp:straightdp_figure_accuracy",
+    "straightdp_figure_horizon": "pipeline.results.straightdp:straightdp_figure_horizon",
+}
