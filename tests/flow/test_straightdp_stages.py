@@ -1,0 +1,177 @@
+"""STRAIGHTDP's DAG stages end to end at a tiny size: each stage's files, ledger lines and errors.
+
+The mechanisms themselves (release calibration, THA accounting, clipping, noise) are specified in
+``tests/privacy/test_moments.py`` and ``tests/privacy/test_tha.py``; here the stages are checked to
+wire them as the paper's Sec. 3 says: one ledger line per mechanism, the composition of Stage 1
+and Stage 2 within the run's total eps, public data only where the paper says public.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.flow import straightdp as sdp
+from pipeline.io import Split, load_split, read_json, save_split
+from pipeline.models.checkpoint import read_denoiser_backbone
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import dpsgd, ledger, tha
+from pipeline.privacy.certify import recompute
+from pipeline.stage import PipelineError
+from tests.conftest import one_thread
+
+TINY = {
+    "delta": 1e-5,
+    "public": {"n": 120},
+    "flow": {"patch_size": 2, "num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8,
+             "joint_attention_dim": 8, "caption_tokens": 2},
+    "pretrain": {"steps": 20, "batch_size": 16},
+    "release": {"p": 8, "rank": 4},
+    "horizon": {"n_times": 5, "n_probe": 16},
+    "distill": {"steps": 6, "batch_size": 16},
+    "dpsgd": {"steps": 3, "batch_size": 32, "buckets": 2, "betas": [0, 1], "micro_batch": 32,
+              "proxy_examples": 8, "noise_multiplicity": 2},
+    "sampling": {"n_samples": 12, "steps": 3, "batch_size": 12},
+}
+
+
+def blobs(n: int, n_classes: int, seed: int) -> Split:
+    """``n`` 8x8 grey images whose brightness pattern depends on the label (a learnable class signal)."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % n_classes
+    base = rng.uniform(40, 215, (n_classes, 1, 8, 8))
+    x = base[y] + rng.normal(0, 20, (n, 1, 8, 8))
+    return Split(np.clip(x, 0, 255).astype(np.uint8), y.astype(np.int64))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """Private data (3 classes), a public set of another domain (3 other glyphs), geometry and a public flow."""
+    root = tmp_path_factory.mktemp("straightdp")
+    paths = {"data": root / "private.npz", "public": root / "public.npz", "geometry": root / "geometry.npz",
+             "horizon": root / "horizon.json", "init": root / "public_flow.pt"}
+    save_split(paths["data"], blobs(150, 3, 0), name="train", source="test", seed=0)
+    save_split(paths["public"], blobs(120, 3, 1), name="public", source="test", seed=0)
+    with one_thread():
+        sdp.straightdp_geometry({"public": paths["public"]}, {k: paths[k] for k in ("geometry", "horizon")},
+                                {"straightdp": TINY})
+        sdp.pretrain_straightdp({"public": paths["public"]}, {"model": paths["init"]},
+                                {"straightdp": TINY, "n_classes": 3, "device": "cpu",
+                                 "checkpoint_dir": str(root / "ck_pretrain")})
+    return paths
+
+
+def release(world: dict[str, Path], tmp_path: Path, run: str) -> dict[str, Path]:
+    out = {"moments": tmp_path / f"{run}.moments.npz", "ledger": tmp_path / f"{run}.release.jsonl"}
+    sdp.release_moments({"data": world["data"], "geometry": world["geometry"]}, out,
+                        {"straightdp": TINY, "run": run})
+    return out
+
+
+def only_line(path: Path) -> ledger.LedgerEntry:
+    (entry,) = [e for _, e in ledger.read_ledger(path)]
+    return entry
+
+
+def test_geometry_and_horizon_come_from_public_data_only(world):
+    h = read_json(world["horizon"])
+    assert 0 <= h["tau"] <= h["tau_max"] == 0.35 and h["n_public"] == 120
+    assert len(h["ts"]) == len(h["conditional_worst"]) == 5 and h["conditional_worst"][0] == pytest.approx(1, abs=1e-6)
+    geometry, spectrum = sdp.read_geometry(world["geometry"])
+    basis = geometry.basis
+    assert basis.shape == (8, 64) and np.allclose(basis @ basis.T, np.eye(8), atol=1e-8)
+    assert geometry.R > 0 and spectrum.shape == (64,) and np.all(np.diff(spectrum[:4]) <= 0)
+
+
+def test_the_public_flow_knows_the_private_label_count_and_nothing_private(world):
+    kind, spec = read_denoiser_backbone(world["init"])
+    assert spec.num_classes == 3 and spec.image_size == 8 and spec.channels == 1
+    meta = torch.load(world["init"], weights_only=False).get("meta", {})
+    assert meta.get("private") is False
+
+
+def test_a_full_budget_release_writes_one_certified_line_within_the_run_eps(world, tmp_path):
+    out = release(world, tmp_path, "released_only_eps1_seed0")
+    entry = only_line(out["ledger"])
+    assert entry.mechanism == "moment_release" and entry.extra["target_epsilon"] == 1.0
+    assert recompute(entry) <= 1.0 and entry.claimed_epsilon <= 1.0
+
+
+def test_with_both_stages_the_release_targets_its_weight_share(world, tmp_path):
+    out = release(world, tmp_path, "tha_moments_eps1_seed0")
+    entry = only_line(out["ledger"])
+    assert entry.extra["target_epsilon"] == pytest.approx(0.2 / 0.85)
+    assert recompute(entry) <= 0.2 / 0.85 + 1e-9
+
+
+def test_release_seeds_draw_different_noise(world, tmp_path):
+    a = np.load(release(world, tmp_path, "released_only_eps1_seed0")["moments"])
+    b = np.load(release(world, tmp_path, "released_only_eps1_seed1")["moments"])
+    assert not np.allclose(a["mu"], b["mu"])
+
+
+@pytest.mark.parametrize("run", ["tha_moments_eps1_seed0", "uniform_eps1_seed0"])
+def test_stage2_composes_with_the_release_within_the_total_eps(world, tmp_path, run):
+    inputs = {k: world[k] for k in ("data", "public", "init", "geometry", "horizon")}
+    if run.startswith("tha_moments"):
+        rel = release(world, tmp_path, run)
+        inputs |= {"moments": rel["moments"], "release_ledger": rel["ledger"]}
+    out = {"model": tmp_path / "m.pt", "ledger": tmp_path / "train.jsonl", "metrics": tmp_path / "metrics.json"}
+    with one_thread():
+        sdp.train_straightdp(inputs, out, {"straightdp": TINY, "run": run, "device": "cpu",
+                                           "checkpoint_dir": str(tmp_path / "ck")})
+    entry = only_line(out["ledger"])
+    metrics = read_json(out["metrics"])
+    assert entry.mechanism == "tha_dpsgd" and metrics["steps"] == 3
+    alone = recompute(entry)
+    if "release_ledger" in inputs:
+        prior = sdp.release_event(inputs["release_ledger"])
+        total = acc.pld_epsilon(tha.with_prior(entry.dp_event(), prior), entry.delta,
+                                settings=dpsgd.DPSGD_PLD_SETTINGS)
+        assert alone < total <= 1.0 and 0 < metrics["tau"] <= 0.35
+        assert set(metrics["proxy_scores"]) == {"0.0", "1.0"} and len(metrics["clips"]) == 2
+    else:
+        assert alone <= 1.0 and metrics["tau"] == 0 and metrics["edges"] == [0.0, 1.0]
+    assert metrics["noise_std"] > 0 and "loss" not in " ".join(metrics)
+
+
+def test_each_row_samples_from_what_the_paper_says(world, tmp_path):
+    rel = release(world, tmp_path, "released_only_eps1_seed0")
+    common = {"straightdp": TINY, "device": "cpu"}
+    cases = {
+        "released_only_eps1_seed0": {"moments": rel["moments"]},
+        "public_guidance_eps1_seed0": {"moments": rel["moments"], "model": world["init"]},
+        "uniform_eps1_seed0": {"model": world["init"]},
+    }
+    for run, inputs in cases.items():
+        out = tmp_path / f"{run}.samples.npz"
+        with one_thread():
+            sdp.sample_straightdp(inputs, {"samples": out}, {**common, "run": run, "shape": [1, 8, 8]})
+        s = load_split(out)
+        assert s.images.shape == (12, 1, 8, 8) and np.bincount(s.labels).tolist() == [4, 4, 4]
+        assert s.images.std() > 0
+
+
+def test_bad_input_is_one_line(world, tmp_path):
+    out = {"moments": tmp_path / "m.npz", "ledger": tmp_path / "l.jsonl"}
+    inputs = {"data": world["data"], "geometry": world["geometry"]}
+    with pytest.raises(PipelineError, match=r"^param straightdp.relase: unknown key"):
+        sdp.release_moments(inputs, out, {"straightdp": {"relase": {}}, "run": "released_only_eps1_seed0"})
+    with pytest.raises(PipelineError, match=r"^param straightdp.release.rnak: unknown key"):
+        sdp.release_moments(inputs, out, {"straightdp": {"release": {"rnak": 3}}, "run": "released_only_eps1_seed0"})
+    with pytest.raises(PipelineError, match=r"^param run: STRAIGHTDP run name 'tha_eps1' is not"):
+        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": "tha_eps1"})
+    with pytest.raises(PipelineError, match=r"row uniform releases no moments"):
+        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": "uniform_eps1_seed0"})
+    with pytest.raises(PipelineError, match=r"needs input moments"):
+        sdp.sample_straightdp({}, {"samples": tmp_path / "s.npz"},
+                              {"straightdp": TINY, "run": "released_only_eps1_seed0", "shape": [1, 8, 8]})
+    with pytest.raises(PipelineError, match=r"^param n_classes: 2 label rows but the public labels go up to 2"):
+        sdp.pretrain_straightdp({"public": world["public"]}, {"model": tmp_path / "f.pt"},
+                                {"straightdp": TINY, "n_classes": 2})
+    with pytest.raises(PipelineError, match=r"not a STRAIGHTDP geometry file"):
+        sdp.release_moments({"data": world["data"], "geometry": world["data"]}, out,
+                            {"straightdp": TINY, "run": "released_only_eps1_seed0"})
