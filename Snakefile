@@ -20,6 +20,7 @@ include: "rules/sensgeo.smk"
 include: "rules/empden.smk"
 include: "rules/empden_diagnostics.smk"
 include: "rules/dpdm.smk"
+include: "rules/straightdp.smk"
 include: "rules/pretrain.smk"
 
 

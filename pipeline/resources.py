@@ -166,3 +166,27 @@ def dpdm_sample_runtime_min(config: Config) -> int:
 def sensgeo_sdp_runtime_min(config: Config) -> int:
     """The covariance SDPs of sensgeo.sdp: one minute per 100 of sum(m^2) over the dimensions m, at least 10."""
     return max(10, sum(m * m for m in config["sensgeo"]["sdp"]["m"]) // 100)
+
+
+# ----------------------------------------------------------------------------- STRAIGHTDP
+# Scaled by image area and work from 2-CPU-core measurements at the embedded size (16x16, the
+# schema's small MM-DiT); x4 headroom, as above.
+
+def straightdp_pretrain_runtime_min(config: Config) -> int:
+    """Public flow pretraining: steps x batch image-passes (~2e-3 s per 16x16 image forward+backward on CPU)."""
+    p = config["straightdp"]["pretrain"]
+    return max(10, int(4 * p["steps"] * p["batch_size"] * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
+
+
+def straightdp_train_runtime_min(config: Config) -> int:
+    """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients (~1e-2 s each on CPU)."""
+    s = config["straightdp"]
+    work = s["dpsgd"]["steps"] * s["dpsgd"]["batch_size"] * s["dpsgd"]["noise_multiplicity"]
+    work += s["distill"]["steps"] * s["distill"]["batch_size"] // 5
+    return max(10, int(4 * work * (_side(config) / 16) ** 2 * 1e-2 / 60) + 10)
+
+
+def straightdp_sample_runtime_min(config: Config) -> int:
+    """One sample set: n_samples x Euler steps x 2 (guidance) network evaluations (~1 ms per 16x16 image-NFE)."""
+    s = config["straightdp"]["sampling"]
+    return max(5, int(4 * s["n_samples"] * s["steps"] * 2 * (_side(config) / 16) ** 2 * 1e-3 / 60) + 5)

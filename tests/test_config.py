@@ -128,7 +128,8 @@ def test_nested_command_line_values_are_typed_like_yaml():
 
 
 def test_methods_default_to_every_method_in_the_index_order():
-    assert validate_config({})["methods"] == ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm"]
+    assert validate_config({})["methods"] == ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm",
+                                              "straightdp"]
 
 
 @pytest.mark.parametrize("method", ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm"])

@@ -92,7 +92,7 @@ TINY = {
     "accounting": {"p": [55], "B": [25], "N_out": 50, "asr_q": [0.01], "asr_N": 40},
     # SENSGEO's six stages have their own stage tests (tests/results/test_sensgeo.py);
     # leaving them out here keeps the suite under 5 minutes on 2 cores
-    "methods": ["accounting", "empden", "empden_diagnostics", "dpdm"],
+    "methods": ["accounting", "empden", "empden_diagnostics", "dpdm", "straightdp"],
     "evaluation": {
         "batch_size": 100,
         "kid_subset_size": 50,
@@ -108,6 +108,15 @@ TINY = {
              "unet": {"block_out_channels": [8, 16]},
              "sampling": {"n_samples": 20, "batch_size": 20, "per_class": 1},
              "noise_multiplicity": None, "sampler_ablation": None, "parameterisation_ablation": None},
+    # every Table 1 row at one eps and seed: a one-block MM-DiT, two steps of each training
+    "straightdp": {"epsilons": [1], "seeds": [0], "public": {"n": 100},
+                   "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8,
+                            "joint_attention_dim": 8, "caption_tokens": 2},
+                   "pretrain": {"steps": 4, "batch_size": 16}, "release": {"p": 8, "rank": 4},
+                   "horizon": {"n_times": 4, "n_probe": 8}, "distill": {"steps": 2, "batch_size": 16},
+                   "dpsgd": {"steps": 2, "batch_size": 25, "micro_batch": 25, "proxy_examples": 4, "buckets": 2,
+                             "betas": [0, 1]},
+                   "sampling": {"n_samples": 20, "batch_size": 20, "steps": 2}},
 }
 
 
@@ -140,6 +149,10 @@ RERUN_SCOPE = {
                           "empden_table11_edgeworth_clt_pld", "empden_table12_rdp", "empden_table13_theoretical_asr",
                           "empden_figure4_full_batch", "empden_figure5_mu_vs_logsnr",
                           "empden_figure7_stopping_traces"}),
+    # a new seed trains its own runs; the runs already built are not replanned
+    "straightdp.seeds": ({"straightdp": {"seeds": [0, 1]}}, "train_straightdp",
+                         {"release_moments", "train_straightdp", "sample_straightdp", "evaluate_straightdp",
+                          "straightdp_table", "straightdp_figure_accuracy"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
                                                {"empden_table1_window_swap", "empden_table4_proxy",
@@ -164,12 +177,17 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     for fig in ("data_samples.png", "data_samples.pdf"):
         assert (results / "figures" / fig).stat().st_size > 1000
     index = (results / "index.html").read_text()
-    for name in ("reference_real", "empden_table8_grid", "empden_table4_proxy", "dpdm_table_main"):
+    for name in ("reference_real", "empden_table8_grid", "empden_table4_proxy", "dpdm_table_main",
+                 "straightdp_table1_main", "straightdp_table5_per_class"):
         assert name in index
         assert len(pd.read_parquet(results / "tables" / f"{name}.parquet")) >= 1
     # the hybrid cell and the DPDM run claimed their epsilon, and the replay recomputed every claim
     replay = json.loads((results / "tiny" / "ledger" / "replay.json").read_text())
     assert replay["all_ok"] and len(replay["claims"]) >= 3
+    # STRAIGHTDP: 4 releasing runs + 4 training runs at eps 1, each line in its own transcript
+    sdp_ledgers = sorted((results / "tiny" / "ledger").glob("straightdp_*.jsonl"))
+    assert len(sdp_ledgers) == 8 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
+    assert (pd.read_parquet(results / "tables" / "straightdp_table1_main.parquet")["eps_certified"] <= 1).all()
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # nothing left to do: a second run is a no-op
     again = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))

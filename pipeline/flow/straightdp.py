@@ -42,6 +42,7 @@ from torch import Tensor
 
 from pipeline import seeds
 from pipeline.config import schema_defaults
+from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: see STREAMS below)
 from pipeline.device import resolve_device
 from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
 from pipeline.flow.field import GaussianMomentModel, field_cosine_curve, guided_start, knee_horizon
@@ -64,6 +65,8 @@ CONVENTION = "rectified_flow_t"
 #: the curve has long fallen well before t = 1, where the velocity's 1 / (1 - t) blows up)
 T_MAX_CURVE = 0.9
 
+# Registered on import; the CLI reaches the data stage prepare_public through this module
+# (pipeline/methods/straightdp.py), so its params' stream "straightdp.public" is known.
 seeds.register_streams(
     seeds.Stream("straightdp.public", "the public split of STRAIGHTDP (data stage prepare_public)"),
     seeds.Stream("straightdp.horizon", "probes and flow noise of Fig. 2a's cosine curve (public)"),

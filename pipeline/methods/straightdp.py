@@ -4,7 +4,8 @@ Rules: ``rules/straightdp.smk``; runs and their names: ``pipeline/training/strai
 """
 
 STAGES = {
-    "prepare_public": "pipeline.data.stage:prepare_public",
+    # the data stage, reached through the module that registers its random stream (straightdp.public)
+    "prepare_public": "pipeline.flow.straightdp:prepare_public",
     "straightdp_geometry": "pipeline.flow.straightdp:straightdp_geometry",
     "pretrain_straightdp": "pipeline.flow.straightdp:pretrain_straightdp",
     "release_moments": "pipeline.flow.straightdp:release_moments",

@@ -7,11 +7,13 @@ steps and epochs, sample, trajectory and split counts, the EDM step counts of th
 sampler and accounting (N = 10 instead of 39/50), the PLD grid width (EMPDEN's h = 1e-5 to
 1e-3), grids and ablation lists (each ablation the preset has keeps at least one row). They
 keep each preset's data sources, resolution and channels, feature extractor, DPDM UNets,
-samplers and the sections it switches on, with two exceptions:
+samplers and the sections it switches on, with three exceptions:
 
 * the EMPDEN presets' public UNet keeps its levels, attention, layers per block and dropout
   but is 1/8 as wide: the paper's 59M-parameter DDPM++ costs ~3 s per image and network call
   on one CPU core, and the samplers and diagnostics make hundreds of calls;
+* the STRAIGHTDP presets' MM-DiT keeps its patch size but has one block of width 16 (the
+  paper's 6 blocks of width 192 take seconds per DP-SGD step on a CPU);
 * SENSGEO runs in the MNIST preset only (at a reduced size) and is left out of ``methods``
   in the others: it is analytic and reads only its own config section (no dataset, no image
   size), so it is the same in every preset.
@@ -113,6 +115,10 @@ def write_datasets(preset: dict[str, Any], root: Path) -> dict[str, Any]:
         overrides["public"] = {"path": str(root / "public_folder")}
     elif public not in ("none", "printed_digits") and public != data["private"]["source"]:
         write_source(public, root, rng)
+    # STRAIGHTDP's own wrong-domain public set (KMNIST, Fashion-MNIST)
+    own = preset.get("straightdp", {}).get("public", {}).get("source")
+    if own in IDX_SOURCES and own not in (public, data["private"]["source"]):
+        write_source(own, root, rng)
     return overrides
 
 
@@ -166,6 +172,21 @@ def _tiny_empden(e: dict[str, Any], B: int) -> dict[str, Any]:
     return out
 
 
+def _tiny_straightdp(s: dict[str, Any]) -> dict[str, Any]:
+    """STRAIGHTDP at its smallest eps and first seed, every Table 1 row the preset has: a one-block
+    MM-DiT at the preset's patch size, two steps of each training, 20 samples of 2 Euler steps."""
+    return {
+        "epsilons": [min(s["epsilons"])], "seeds": s["seeds"][:1], "public": {"n": N_TRAIN},
+        "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "joint_attention_dim": 8,
+                 "caption_tokens": 2},
+        "pretrain": {"steps": 2, "batch_size": 8}, "release": {"p": 8, "rank": 4},
+        "horizon": {"n_times": 4, "n_probe": 8}, "distill": {"steps": 2, "batch_size": 8},
+        "dpsgd": {"steps": 2, "batch_size": 16, "micro_batch": 16, "proxy_examples": 4, "buckets": 2,
+                  "betas": [0, 1]},
+        "sampling": {"n_samples": 20, "batch_size": 20, "steps": 2},
+    }
+
+
 def methods(preset: dict[str, Any]) -> list[str]:
     """The preset's ``methods`` (what ``all`` builds), else the schema's default."""
     return preset.get("methods", SCHEMA["properties"]["methods"]["default"])
@@ -187,6 +208,8 @@ def tiny_overrides(preset: dict[str, Any], data: dict[str, Any], results: Path) 
             over["methods"] = [m for m in chosen if m != "sensgeo"]
     if "dpdm" in chosen:
         over["dpdm"] = _tiny_dpdm(preset["dpdm"])
+    if "straightdp" in chosen:
+        over["straightdp"] = _tiny_straightdp(preset["straightdp"])
     if {"accounting", "empden", "empden_diagnostics"} & set(chosen):
         B = 25
         p = preset["empden"]["grid"][0]["p"][0]
@@ -239,7 +262,7 @@ def image_shape(preset: dict[str, Any]) -> list[int]:
 
 
 def test_every_preset_is_covered():
-    assert PRESETS == ["celeba32", "celeba64", "cifar10", "fashion", "mnist"]
+    assert PRESETS == ["celeba32", "celeba64", "cifar10", "fashion", "mnist", "straightdp_fashion", "straightdp_kmnist"]
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -295,7 +318,9 @@ def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
     assert ledgers and replay["n_transcripts"] == len(ledgers) and replay["n_claims"] >= len(ledgers)
 
     # the preset's resolution and channels reached every split and every sample set
-    manifests = [p.with_suffix(".json") for p in outputs if p.suffix == ".npz" and p.stem != "toy"]
+    # (STRAIGHTDP's folder holds arrays that are not image splits: the PCA geometry, the releases)
+    manifests = [p.with_suffix(".json") for p in outputs if p.suffix == ".npz" and p.stem != "toy"
+                 and p.relative_to(exp).parts[0] != "straightdp"]
     shapes = {str(m.relative_to(exp)): json.loads(m.read_text())["shape"] for m in manifests}
     assert shapes and all(s == image_shape(preset) for s in shapes.values()), shapes
     reference = json.loads((exp / "eval" / "reference_real" / "metrics.json").read_text())

@@ -1,0 +1,121 @@
+# STRAIGHTDP's wiring functions (rules/straightdp.smk includes this file): a run's files and params,
+# the tables' inputs, its targets, its costs. Runs and their names: pipeline/training/straightdp_runs.py.
+from pipeline.training import straightdp_runs
+from pipeline.training.straightdp_runs import StraightRun
+
+SDP = EXPDIR / "straightdp"
+SDP_PUBLIC = DATA / "straightdp_public.npz"
+SDP_GEOMETRY = SDP / "geometry.npz"
+SDP_HORIZON = SDP / "horizon.json"
+SDP_PUBLIC_FLOW = EXPDIR / "models" / "straightdp" / "public_flow.pt"
+#: Table name -> its file (pipeline/results/straightdp.py TABLE_METRICS)
+SDP_TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall")
+
+
+def sdp_release_path(run):
+    return SDP / "release" / f"{run}.npz"
+
+
+def sdp_release_ledger(run):
+    """Stage 1's own transcript per run: parallel jobs never append to the same file."""
+    return EXPDIR / "ledger" / f"straightdp_release_{run}.jsonl"
+
+
+def sdp_model_path(run):
+    return EXPDIR / "models" / "straightdp" / f"{run}.pt"
+
+
+def sdp_train_ledger(run):
+    return EXPDIR / "ledger" / f"straightdp_train_{run}.jsonl"
+
+
+def sdp_samples_path(run):
+    return EXPDIR / "samples" / "straightdp" / f"{run}.npz"
+
+
+def sdp_metrics_path(run):
+    return EXPDIR / "eval" / "straightdp" / run / "metrics.json"
+
+
+def sdp_runs():
+    """Every run of Table 1 in the config: rows x epsilons x seeds."""
+    return straightdp_runs.runs(config["straightdp"])
+
+
+def sdp_run(wildcards):
+    try:
+        return StraightRun.from_name(wildcards.run)
+    except ValueError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+#: keys that list which runs exist, not how one is made: left out of a job's params so that adding
+#: an eps or a seed reruns nothing already built
+SDP_LISTING = ("epsilons", "seeds", "rows")
+
+
+def sdp_params(**extra):
+    """Stage params: the straightdp section (less its listing keys), the runtime keys, ``extra``."""
+    section = {k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING}
+    return stage_params(straightdp=section, device=config["device"], threads=TORCH_THREADS, **extra)
+
+
+def sdp_train_inputs(wildcards):
+    run = sdp_run(wildcards)
+    inputs = {"data": DATA / "private_train.npz", "public": SDP_PUBLIC, "init": SDP_PUBLIC_FLOW,
+              "geometry": SDP_GEOMETRY, "horizon": SDP_HORIZON}
+    if run.distills:
+        inputs |= {"moments": sdp_release_path(run.name), "release_ledger": sdp_release_ledger(run.name)}
+    return inputs
+
+
+def sdp_sample_inputs(wildcards):
+    run = sdp_run(wildcards)
+    return {"release": {"moments": sdp_release_path(run.name)},
+            "guided": {"moments": sdp_release_path(run.name), "model": SDP_PUBLIC_FLOW},
+            "model": {"model": sdp_model_path(run.name)}}[run.samples_from]
+
+
+def sdp_table_inputs():
+    """metrics_RUN, release_RUN, train_RUN of every run: the inputs of each STRAIGHTDP table and Figure 3."""
+    out = {}
+    for run in sdp_runs():
+        out[f"metrics_{run.name}"] = sdp_metrics_path(run.name)
+        if run.releases:
+            out[f"release_{run.name}"] = sdp_release_ledger(run.name)
+        if run.trains:
+            out[f"train_{run.name}"] = sdp_train_ledger(run.name)
+    return out
+
+
+def sdp_table_params(**extra):
+    s = config["straightdp"]
+    return stage_params(runs=[r.name for r in sdp_runs()], epsilons=s["epsilons"], seed=SEED, **extra)
+
+
+def sdp_grid_inputs():
+    """Figure 5: one panel per Table 1 row at the largest eps, first seed."""
+    s = config["straightdp"]
+    eps, seed = max(s["epsilons"]), s["seeds"][0]
+    return {row: sdp_samples_path(StraightRun(row, eps, seed).name) for row in s["rows"]}
+
+
+def sdp_grid_titles():
+    return {row: straightdp_runs.LABELS[row] for row in config["straightdp"]["rows"]}
+
+
+def sdp_targets():
+    """Tables 1, 5, 6, 7 and Figures 2a, 3, 5."""
+    return [*(TABLES / f"straightdp_{t}.parquet" for t in SDP_TABLES),
+            *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples"))]
+
+
+def sdp_transcripts():
+    """One claim per transcript: each releasing run's Stage 1 line, each training run's Stage 2 line."""
+    out = {}
+    for run in sdp_runs():
+        if run.releases:
+            out[sdp_release_ledger(run.name)] = 1
+        if run.trains:
+            out[sdp_train_ledger(run.name)] = 1
+    return out

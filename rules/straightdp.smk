@@ -1,0 +1,277 @@
+# STRAIGHTDP (Che, Xu & Wu 2026): a wrong-domain public set, the moment release (Stage 1), a
+# rectified flow trained by uniform or THA DP-SGD (Stage 2), the shared evaluation, Tables 1, 5,
+# 6, 7 and Figures 2a, 3, 5. Code: pipeline/flow/straightdp.py (stages), pipeline/results/
+# straightdp.py (tables, figures). Runs and their names: pipeline/training/straightdp_runs.py;
+# a run's files and params: rules/functions/straightdp.smk.
+#
+#   snakemake results/tables/straightdp_table1_main.parquet                  Table 1 alone
+#   snakemake results/digits/models/straightdp/tha_moments_eps1_seed0.pt     one training run
+#   snakemake results/digits/eval/straightdp/released_only_eps3_seed2/metrics.json
+# Any run name works as a target (e.g. eps10 or seed5), not only those the tables use.
+
+include: "functions/straightdp.smk"
+
+register_targets("straightdp", sdp_targets)
+register_transcripts("straightdp", sdp_transcripts)
+
+
+rule straightdp_public:
+    """The wrong-domain public set (straightdp.public; printed letters by default), disjoint from every real split."""
+    output:
+        public=SDP_PUBLIC,
+        manifest=SDP_PUBLIC.with_suffix(".json"),
+    params:
+        p=params_json(data=config["data"], public=config["straightdp"]["public"], seed=SEED, stream="straightdp.public"),
+    log:
+        LOGS / "straightdp_public.log",
+    threads: 1
+    resources:
+        mem_mb=cost.prepare_data_mem_mb(config),
+        runtime=cost.prepare_data_runtime_min(config),
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline prepare_public --out public={output.public:q} --params {params.p:q} --log {log:q}"
+
+
+rule straightdp_geometry:
+    """Public PCA basis + clip R of the release, Fig. 2a's cosine curve and the horizon tau (public only)."""
+    input:
+        public=SDP_PUBLIC,
+    output:
+        geometry=SDP_GEOMETRY,
+        horizon=SDP_HORIZON,
+    params:
+        p=lambda wildcards: sdp_params(seed=SEED),
+    log:
+        LOGS / "straightdp_geometry.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline straightdp_geometry --in public={input.public:q} --out geometry={output.geometry:q}"
+        " horizon={output.horizon:q} --params {params.p:q} --log {log:q}"
+
+
+rule pretrain_straightdp:
+    """The class-conditional MM-DiT flow pretrained on the public set by eq. 1 (no private data)."""
+    input:
+        public=SDP_PUBLIC,
+    output:
+        model=SDP_PUBLIC_FLOW,
+    params:
+        p=lambda wildcards: sdp_params(seed=SEED),
+    log:
+        LOGS / "pretrain_straightdp.log",
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=4000,
+        runtime=cost.straightdp_pretrain_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline pretrain_straightdp --in public={input.public:q} --out model={output.model:q}"
+        " --params {params.p:q} --log {log:q}"
+
+
+rule release_moments:
+    """Stage 1 of one run (Prop. B.9): the noisy class moments at the run's Stage-1 share, its ledger line."""
+    input:
+        data=DATA / "private_train.npz",
+        geometry=SDP_GEOMETRY,
+    output:
+        moments=sdp_release_path("{run}"),
+        ledger=sdp_release_ledger("{run}"),
+    wildcard_constraints:
+        run=straightdp_runs.RUN_PATTERN,
+    params:
+        p=lambda wildcards: sdp_params(run=wildcards.run),
+    log:
+        LOGS / "release_moments" / "{run}.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline release_moments --in data={input.data:q} geometry={input.geometry:q}"
+        " --out moments={output.moments:q} ledger={output.ledger:q} --params {params.p:q} --log {log:q}"
+
+
+rule train_straightdp:
+    """Stage 2 of one run: [distil the release for t < tau], then uniform / THA DP-SGD composed to the run's eps."""
+    input:
+        unpack(sdp_train_inputs),
+    output:
+        model=sdp_model_path("{run}"),
+        ledger=sdp_train_ledger("{run}"),
+        metrics=EXPDIR / "train" / "straightdp" / "{run}.json",
+    wildcard_constraints:
+        run=straightdp_runs.RUN_PATTERN,
+    params:
+        p=lambda wildcards: sdp_params(run=wildcards.run),
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "train_straightdp" / "{run}.log",
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=6000,
+        runtime=cost.straightdp_train_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline train_straightdp {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
+        " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+rule sample_straightdp:
+    """Labelled samples of one run: from the release, the guided public flow, or the trained flow (post-processing)."""
+    input:
+        unpack(sdp_sample_inputs),
+    output:
+        samples=sdp_samples_path("{run}"),
+        manifest=EXPDIR / "samples" / "straightdp" / "{run}.json",
+    wildcard_constraints:
+        run=straightdp_runs.RUN_PATTERN,
+    params:
+        p=lambda wildcards: sdp_params(run=wildcards.run, shape=[cost._channels(config), cost._side(config),
+                                                                 cost._side(config)]),
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "sample_straightdp" / "{run}.log",
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=4000,
+        runtime=cost.straightdp_sample_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline sample_straightdp {params.ins} --out samples={output.samples:q} --params {params.p:q}"
+        " --log {log:q}"
+
+
+rule evaluate_straightdp:
+    """Score one run's samples with the evaluation core, plus Table 5's domain rate against the public set."""
+    input:
+        samples=sdp_samples_path("{run}"),
+        test=DATA / "test.npz",
+        evalnet=EVALNET / "evalnet.pt",
+        public=SDP_PUBLIC,
+    output:
+        metrics=sdp_metrics_path("{run}"),
+    wildcard_constraints:
+        run=straightdp_runs.RUN_PATTERN,
+    params:
+        p=lambda wildcards: params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"],
+                                        name=f"straightdp/{wildcards.run}"),
+    log:
+        LOGS / "evaluate_straightdp" / "{run}.log",
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=6000,
+        runtime=cost.evaluation_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
+        " evalnet={input.evalnet:q} public={input.public:q} --out metrics={output.metrics:q} --params {params.p:q}"
+        " --log {log:q}"
+
+
+rule straightdp_table:
+    """STRAIGHTDP Table 1 (main), 5 (per class), 6 (FID vs eps), 7 (precision/recall): mean/std over seeds,
+    certified eps of Composed([release, THA]) recomputed from the transcripts."""
+    input:
+        unpack(lambda wildcards: sdp_table_inputs()),
+    output:
+        table=TABLES / "straightdp_{table}.parquet",
+    wildcard_constraints:
+        table="|".join(SDP_TABLES),
+    params:
+        p=lambda wildcards: sdp_table_params(table=wildcards.table),
+        ins=lambda wildcards: io_args("--in", sdp_table_inputs()),
+    log:
+        LOGS / "straightdp_{table}.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline straightdp_table {params.ins} --out table={output.table:q} --params {params.p:q}"
+        " --log {log:q}"
+
+
+rule straightdp_figure_accuracy:
+    """STRAIGHTDP Figure 3: downstream CNN accuracy vs eps per row, +-1 std over seeds."""
+    input:
+        unpack(lambda wildcards: sdp_table_inputs()),
+    output:
+        png=FIGURES / "straightdp_figure3_accuracy.png",
+        pdf=FIGURES / "straightdp_figure3_accuracy.pdf",
+    params:
+        p=lambda wildcards: sdp_table_params(),
+        ins=lambda wildcards: io_args("--in", sdp_table_inputs()),
+    log:
+        LOGS / "straightdp_figure3_accuracy.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline straightdp_figure_accuracy {params.ins} --out figure={output.png:q} --params {params.p:q}"
+        " --log {log:q}"
+
+
+rule straightdp_figure_horizon:
+    """STRAIGHTDP Figure 2a: cosine of the released vs the empirical field over t on public data, tau marked."""
+    input:
+        horizon=SDP_HORIZON,
+    output:
+        png=FIGURES / "straightdp_figure2_horizon.png",
+        pdf=FIGURES / "straightdp_figure2_horizon.pdf",
+    log:
+        LOGS / "straightdp_figure2_horizon.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline straightdp_figure_horizon --in horizon={input.horizon:q} --out figure={output.png:q}"
+        " --log {log:q}"
+
+
+rule straightdp_figure_samples:
+    """STRAIGHTDP Figure 5: samples of every Table 1 row at the largest eps (first seed), one row per class."""
+    input:
+        unpack(lambda wildcards: sdp_grid_inputs()),
+    output:
+        png=FIGURES / "straightdp_figure5_samples.png",
+        pdf=FIGURES / "straightdp_figure5_samples.pdf",
+    params:
+        ins=lambda wildcards: io_args("--in", sdp_grid_inputs()),
+        p=lambda wildcards: params_json(per_class=8, titles=sdp_grid_titles(),
+                                        title=f"STRAIGHTDP samples at eps = {max(config['straightdp']['epsilons']):g}"),
+    log:
+        LOGS / "straightdp_figure5_samples.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png:q} --params {params.p:q} --log {log:q}"
