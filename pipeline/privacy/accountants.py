@@ -28,7 +28,7 @@ is exactly the Poisson-subsampled Gaussian's, in both directions. Per-step subsa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -243,6 +243,23 @@ def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings, refer
             out = out.compose(other)
         return out
     raise AccountingError(f"PLD: unsupported event {type(event).__name__}")
+
+
+def bisect_log_sigma(eps_of: Callable[[float], float], lo: float, hi: float, target_epsilon: float,
+                     rtol: float) -> float:
+    """Bisection on log sigma from a bracket with eps(hi) <= target < eps(lo), kept invariant: the
+    returned ``hi`` is certified and a sigma smaller by more than ``rtol`` exceeds the target.
+
+    Shared by every noise calibration (DP-SGD, the moment release): the callers check the
+    bracket, since each seeds it differently.
+    """
+    while hi / lo > 1 + rtol:
+        mid = math.sqrt(lo * hi)
+        if eps_of(mid) <= target_epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def pld_epsilon(event: dp_event.DpEvent, delta: float, *, pessimistic: bool = True,

@@ -244,13 +244,7 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_
                          f"(q={sampling_rate}, T={steps}); lower q or T")
     if eps_of(lo) <= target_epsilon:
         raise DPSGDError(f"target eps {target_epsilon} is met already at sigma = {lo}; widen the bracket")
-    while hi / lo > 1 + rtol:
-        mid = math.sqrt(lo * hi)
-        if eps_of(mid) <= target_epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return acc.bisect_log_sigma(eps_of, lo, hi, target_epsilon, rtol)
 
 
 def plan_for_budget(*, target_epsilon: float, delta: float, max_grad_norm: float, batch_size: int,

@@ -296,13 +296,7 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float,
     else:
         raise MomentsError(f"target eps {target_epsilon} at delta {delta} not met by sigma <= {hi:.6g}; "
                            f"the PLD discretisation h = {settings.value_discretization_interval} is too coarse")
-    while hi / lo > 1 + rtol:
-        mid = math.sqrt(lo * hi)
-        if eps_of(mid) <= target_epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return acc.bisect_log_sigma(eps_of, lo, hi, target_epsilon, rtol)
 
 
 def calibrate_release(*, target_epsilon: float, delta: float, R: float, N: int, n_classes: int, p: int,
