@@ -21,7 +21,8 @@ rule straightdp_public:
         public=SDP_PUBLIC,
         manifest=SDP_PUBLIC.with_suffix(".json"),
     params:
-        p=params_json(data=config["data"], public=config["straightdp"]["public"], seed=SEED, stream="straightdp.public"),
+        p=params_json(data=config["data"], public=config["straightdp"]["public"], seed=SEED,
+                      stream="straightdp.public"),
     log:
         LOGS / "straightdp_public.log",
     threads: 1
@@ -274,4 +275,5 @@ rule straightdp_figure_samples:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png:q} --params {params.p:q} --log {log:q}"
+        "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png:q} --params {params.p:q}"
+        " --log {log:q}"

@@ -95,7 +95,8 @@ class GaussianMomentModel:
                     eigvals: np.ndarray | Tensor, floor: float, dtype: torch.dtype = torch.float64,
                     device: torch.device | str = "cpu") -> GaussianMomentModel:
         """From numpy arrays or tensors (e.g. a released moment file), converted to ``dtype`` on ``device``."""
-        conv = lambda a: torch.as_tensor(np.array(a) if not isinstance(a, Tensor) else a).to(device, dtype)  # noqa: E731
+        # np.array copies: a released file's arrays may be read-only, which torch warns about
+        conv = lambda a: torch.as_tensor(a if isinstance(a, Tensor) else np.array(a)).to(device, dtype)  # noqa: E731
         return cls(pi=conv(pi), mu=conv(mu), eigvecs=conv(eigvecs), eigvals=conv(eigvals), floor=float(floor))
 
     @classmethod

@@ -1,5 +1,5 @@
 # STRAIGHTDP's wiring functions (rules/straightdp.smk includes this file): a run's files and params,
-# the tables' inputs, its targets, its costs. Runs and their names: pipeline/training/straightdp_runs.py.
+# the tables' inputs, its targets (costs: pipeline/resources.py). Runs: pipeline/training/straightdp_runs.py.
 from pipeline.training import straightdp_runs
 from pipeline.training.straightdp_runs import StraightRun
 
@@ -8,7 +8,7 @@ SDP_PUBLIC = DATA / "straightdp_public.npz"
 SDP_GEOMETRY = SDP / "geometry.npz"
 SDP_HORIZON = SDP / "horizon.json"
 SDP_PUBLIC_FLOW = EXPDIR / "models" / "straightdp" / "public_flow.pt"
-#: Table name -> its file (pipeline/results/straightdp.py TABLE_METRICS)
+#: the tables, each written to TABLES / "straightdp_<name>.parquet" (pipeline/results/straightdp.py TABLE_METRICS)
 SDP_TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall")
 
 
