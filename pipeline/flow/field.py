@@ -150,6 +150,10 @@ class GaussianMomentModel:
 
     # ------------------------------------------------------------------ the eigenbasis
 
+    def spectrum(self) -> Tensor:
+        """Every eigenvalue of Sigma, ``[d]``: the top-r ``eigvals``, then ``floor`` on the other d - r directions."""
+        return torch.cat([self.eigvals, self.eigvals.new_full((self.dim - self.rank,), self.floor)])
+
     def _a(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """Eigenvalues of A_t: on V ``[n, r]`` and on the complement ``[n, 1]``, for times ``t`` [n, 1]."""
         one_minus = (1 - t) ** 2

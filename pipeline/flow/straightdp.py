@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from pipeline import seeds
-from pipeline.config import schema_defaults
+from pipeline.config import deep_merge, schema_defaults
 from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: see STREAMS below)
 from pipeline.device import resolve_device
 from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
@@ -97,20 +97,15 @@ def section(params: Mapping[str, Any]) -> dict[str, Any]:
     schema nests it); an unknown key is a one-line error."""
     defaults = schema_defaults("straightdp")
     given = params.get("straightdp") or {}
-    out: dict[str, Any] = {}
     for key, value in given.items():
         if key not in defaults:
             raise PipelineError(f"param straightdp.{key}: unknown key (known: {', '.join(sorted(defaults))})")
-    for key, default in defaults.items():
-        value = given.get(key, default)
-        if isinstance(default, Mapping):
-            unknown = sorted(set(value) - set(default))
+        if isinstance(defaults[key], Mapping):
+            unknown = sorted(set(value) - set(defaults[key]))
             if unknown:
                 raise PipelineError(f"param straightdp.{key}.{unknown[0]}: unknown key "
-                                    f"(known: {', '.join(sorted(default))})")
-            value = {**default, **value}
-        out[key] = value
-    return out
+                                    f"(known: {', '.join(sorted(defaults[key]))})")
+    return deep_merge(defaults, given)
 
 
 def _setup(params: Mapping[str, Any]) -> tuple[dict[str, Any], int, torch.device]:
@@ -178,8 +173,7 @@ def straightdp_geometry(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
         raise PipelineError(f"stage straightdp_geometry: {exc}") from None
     rank = min(int(rel["rank"]), z.shape[0], z.shape[1])
     model = GaussianMomentModel.fit(z, y, rank=rank, floor=float(rel["floor"]))
-    # the full public spectrum: the top-r eigenvalues, the floor on every other direction
-    spectrum = np.concatenate([model.eigvals.numpy(), np.full(model.dim - model.rank, model.floor)])
+    spectrum = model.spectrum().numpy()
     with atomic_path(outputs["geometry"], suffix=".npz") as tmp:
         np.savez(tmp, mean=geometry.mean, basis=geometry.basis, R=np.array(geometry.R), public_eigvals=spectrum)
 
@@ -285,11 +279,10 @@ def field_of(released: moments.ReleasedMoments, device: torch.device | str = "cp
 
 def release_event(path: str | Path) -> Any:
     """The dp_event of the one ``moment_release`` line of a run's Stage-1 transcript."""
-    lines = [e for _, e in ledger.read_ledger(path)]
-    if len(lines) != 1 or lines[0].mechanism != "moment_release":
-        raise PipelineError(f"{path}: expected the one moment_release line of a release_moments run, found "
-                            f"{[e.mechanism for e in lines]}")
-    return ledger.event_from_dict(lines[0].event)
+    try:
+        return ledger.only_line(path, "moment_release").dp_event()
+    except ledger.LedgerError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- Stage 2
@@ -357,7 +350,6 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     sgd, dist = cfg["dpsgd"], cfg["distill"]
     split, sha = load_training_split(inputs["data"], "data")
     public, _ = load_training_split(inputs["public"], "public")
-    _, spectrum = read_geometry(inputs["geometry"])
     n = len(split)
     model, spec = load_flow(inputs["init"], device)
     if int(split.labels.max()) >= spec.num_classes:
@@ -370,15 +362,18 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
                                  "data": sha, "init": str(inputs["init"])})
 
     # Stage 1's use: distillation into the weights (post-processing of the release + public data)
-    tau, prior, released = 0.0, None, None
-    if run.distills:
+    # THA's Vbar: from the release where there is one (post-processing), else from the public geometry
+    tau, prior, spectrum = 0.0, None, None
+    if not run.distills:
+        _, spectrum = read_geometry(inputs["geometry"])
+    else:
         tau = float(read_json(inputs["horizon"])["tau"])
-        released = moments.ReleasedMoments.load(inputs["moments"])
+        field = field_of(moments.ReleasedMoments.load(inputs["moments"]))
         prior = release_event(inputs["release_ledger"])
-        spectrum = np.concatenate([released.eigvals, np.full(released.d - released.rank, released.floor)])
+        spectrum = field.spectrum().numpy()
         if tau > 0:
             replay = (to_model_scale(public.images).to(device), None)  # wrong-domain labels: null branch only
-            res = distill_to_field(model, field_of(released), tau=tau, steps=int(dist["steps"]),
+            res = distill_to_field(model, field, tau=tau, steps=int(dist["steps"]),
                                    batch_size=int(dist["batch_size"]), lr=float(dist["lr"]), replay=replay,
                                    generator=seeds.torch_generator("straightdp.distill", run.seed),
                                    p_uncond=float(sgd["p_uncond"]), state_path=ck_dir / "distill" / loop.STATE_FILE,

@@ -255,3 +255,17 @@ def read_ledger(path: str | Path) -> Iterator[tuple[int, LedgerEntry]]:
             except (json.JSONDecodeError, LedgerError) as exc:
                 msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
                 raise LedgerError(f"{path}:{lineno}: {msg}") from None
+
+
+def only_line(path: str | Path, mechanism: str) -> LedgerEntry:
+    """The one ``mechanism`` line of a run's own transcript ``path`` (a missing file, a bad line, a
+    second line or another mechanism is a :class:`LedgerError` naming the file)."""
+    try:
+        lines = [entry for _, entry in read_ledger(path)]
+    except FileNotFoundError:
+        raise LedgerError(f"{path}: transcript not found (expected the one {mechanism} line)") from None
+    except LedgerError as exc:
+        raise LedgerError(f"{path}: {exc}") from None
+    if len(lines) != 1 or lines[0].mechanism != mechanism:
+        raise LedgerError(f"{path}: expected the one {mechanism} line, found {[e.mechanism for e in lines]}")
+    return lines[0]

@@ -84,14 +84,9 @@ PARAMS_DOC = {
 def _one_line(path: Path, mechanism: str) -> ledger.LedgerEntry:
     """The one ``mechanism`` line of transcript ``path``, checked against its own parameters."""
     try:
-        lines = [entry for _, entry in ledger.read_ledger(path)]
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: transcript not found (expected the one {mechanism} line)") from None
+        entry = ledger.only_line(path, mechanism)
     except ledger.LedgerError as exc:
-        raise PipelineError(f"{path}: {exc}") from None
-    if len(lines) != 1 or lines[0].mechanism != mechanism:
-        raise PipelineError(f"{path}: expected the one {mechanism} line, found {[e.mechanism for e in lines]}")
-    entry = lines[0]
+        raise PipelineError(str(exc)) from None
     try:
         # the event must be the one the line's parameters imply (an edited sigma is refused here)
         rebuild.check(entry)
