@@ -21,10 +21,11 @@ help:
 	@echo "make bench          benchmarks/ (prints ratios measured side by side)"
 	@echo "make clean          remove results/ and .snakemake/ (keeps .venv)"
 
-$(STAMP): envs/requirements.txt envs/constraints.txt pyproject.toml
+$(STAMP): envs/requirements.txt envs/requirements-nodeps.txt envs/constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
 	$(BIN)/python -m pip install -r envs/requirements.txt -c envs/constraints.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r envs/requirements-nodeps.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 

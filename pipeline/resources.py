@@ -190,3 +190,16 @@ def straightdp_sample_runtime_min(config: Config) -> int:
     """One sample set: n_samples x Euler steps x 2 (guidance) network evaluations (~1 ms per 16x16 image-NFE)."""
     s = config["straightdp"]["sampling"]
     return max(5, int(4 * s["n_samples"] * s["steps"] * 2 * (_side(config) / 16) ** 2 * 1e-3 / 60) + 5)
+
+
+# ----------------------------------------------------------------------------- audits
+
+def audit_runtime_min(config: Config, n_lines: int) -> int:
+    """The one-run audit of ``n_lines`` ledger lines: per DP-SGD line, T engine steps over the expected batch and
+    the sampled canaries on a 16-wide model (~5e-3 s per 64 records on one CPU core; 0.4 s for DPDM's embedded
+    79 steps), at the largest T and batch of DPDM and STRAIGHTDP; x4 headroom."""
+    d, s = config["dpdm"], config["straightdp"]["dpsgd"]
+    n = config["data"]["private"]["n_private_train"] or 60000
+    steps = max(-(-int(d["epochs"] * n) // d["batch_size"]), s["steps"])
+    batch = max(d["batch_size"], s["batch_size"]) + config["audit"]["canaries"] * max(d["batch_size"], 64) / n
+    return max(5, int(4 * n_lines * steps * max(batch, 64) / 64 * 5e-3 / 60) + 5)

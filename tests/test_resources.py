@@ -19,7 +19,7 @@ def test_every_cost_model_is_a_positive_integer_of_the_default_config():
     for name, fn in inspect.getmembers(cost, inspect.isfunction):
         if name.startswith("_") or fn.__module__ != cost.__name__:
             continue
-        args = (cfg, 20) if name == "accounting_runtime_min" else (cfg,)
+        args = (cfg, 20) if name in ("accounting_runtime_min", "audit_runtime_min") else (cfg,)
         value = fn(*args)
         assert isinstance(value, int) and value > 0, name
 

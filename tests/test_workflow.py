@@ -92,7 +92,8 @@ TINY = {
     "accounting": {"p": [55], "B": [25], "N_out": 50, "asr_q": [0.01], "asr_N": 40},
     # SENSGEO's six stages have their own stage tests (tests/results/test_sensgeo.py);
     # leaving them out here keeps the suite under 5 minutes on 2 cores
-    "methods": ["accounting", "empden", "empden_diagnostics", "dpdm", "straightdp"],
+    "methods": ["accounting", "empden", "empden_diagnostics", "dpdm", "straightdp", "audit"],
+    "audit": {"canaries": 50},
     "evaluation": {
         "batch_size": 100,
         "kid_subset_size": 50,
@@ -138,7 +139,8 @@ def planned_jobs(output: str) -> dict[str, int]:
 #: method's own, the replay and index that read every method's outputs, and the target `all`)
 RERUN_SCOPE = {
     "dpdm.seeds": ({"dpdm": {"seeds": [0, 1]}}, "train_dpdm",
-                   {"train_dpdm", "sample_dpdm", "evaluate_dpdm", "dpdm_table_main", "dpdm_samples_by_epsilon"}),
+                   {"train_dpdm", "sample_dpdm", "evaluate_dpdm", "dpdm_table_main", "dpdm_samples_by_epsilon",
+                    "audit_one_run"}),
     "empden.n_out": ({"empden": {"n_out": 10}}, "empden_sample_subsampled",
                      {"empden_sample_subsampled", "empden_sample_full_batch", "empden_sample_public_only",
                       "empden_evaluate", "empden_table8_grid", "empden_table2_comparison", "empden_figure3_tradeoffs",
@@ -152,7 +154,9 @@ RERUN_SCOPE = {
     # a new seed trains its own runs; the runs already built are not replanned
     "straightdp.seeds": ({"straightdp": {"seeds": [0, 1]}}, "train_straightdp",
                          {"release_moments", "train_straightdp", "sample_straightdp", "evaluate_straightdp",
-                          "straightdp_table", "straightdp_figure_accuracy"}),
+                          "straightdp_table", "straightdp_figure_accuracy", "audit_one_run"}),
+    # the audit reads the DP-SGD transcripts; the runs that wrote them are untouched
+    "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
                                                {"empden_table1_window_swap", "empden_table4_proxy",
@@ -188,6 +192,9 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     sdp_ledgers = sorted((results / "tiny" / "ledger").glob("straightdp_*.jsonl"))
     assert len(sdp_ledgers) == 8 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
     assert (pd.read_parquet(results / "tables" / "straightdp_table1_main.parquet")["eps_certified"] <= 1).all()
+    # the one-run audit: one row per DP-SGD line (the DPDM run, the four STRAIGHTDP training runs)
+    audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
+    assert sorted(audit["mechanism"]) == ["dpsgd"] + ["tha_dpsgd"] * 4 and audit["passed"].all()
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # nothing left to do: a second run is a no-op
     again = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))

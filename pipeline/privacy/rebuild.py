@@ -145,9 +145,8 @@ def _empden_full_batch(entry: ledger.LedgerEntry) -> Expected:
 _DPSGD_SCHEMES: dict[str, dpsgd.Sampling] = {"poisson": "poisson", "fixed_size_per_step": "fixed_size"}
 
 
-@register("dpsgd")
-def _dpsgd(entry: ledger.LedgerEntry) -> Expected:
-    """DP-SGD (Abadi et al. 2016; DPDM App. A): T steps of a sampled Gaussian with multiplier sigma.
+def dpsgd_plan(entry: ledger.LedgerEntry) -> dpsgd.DPSGDPlan:
+    """The DP-SGD plan a ``dpsgd`` line's parameters declare (the replay's rebuild and the audit's plan).
 
     q is rebuilt from the batch, not read from the event: the expected batch size q N
     (Poisson) or the fixed batch B (sampling without replacement), over N.
@@ -159,9 +158,15 @@ def _dpsgd(entry: ledger.LedgerEntry) -> Expected:
     sampling = _DPSGD_SCHEMES[scheme]
     n = param(entry, "sampling.n", int)
     batch = param(entry, "extra.expected_batch_size") if sampling == "poisson" else param(entry, "sampling.B", int)
-    plan = dpsgd.DPSGDPlan(noise_multiplier=param(entry, "extra.dpsgd_noise_multiplier"),
+    return dpsgd.DPSGDPlan(noise_multiplier=param(entry, "extra.dpsgd_noise_multiplier"),
                            max_grad_norm=param(entry, "extra.max_grad_norm"), sampling_rate=batch / n,
                            dataset_size=n, steps=entry.count, delta=entry.delta, sampling=sampling)
+
+
+@register("dpsgd")
+def _dpsgd(entry: ledger.LedgerEntry) -> Expected:
+    """DP-SGD (Abadi et al. 2016; DPDM App. A): T steps of a sampled Gaussian with multiplier sigma."""
+    plan = dpsgd_plan(entry)
     fields: dict[str, Any] = {"sensitivity": plan.sensitivity, "noise_std": plan.noise_std,
                               "sampling.probability": plan.sampling_rate, "adjacency": plan.adjacency}
     if entry.accountant.get("name") == "rdp":

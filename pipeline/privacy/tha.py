@@ -563,18 +563,23 @@ def _numbers(entry: ledger.LedgerEntry, key: str) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
-@register(MECHANISM)
-def _rebuild_tha(entry: ledger.LedgerEntry) -> Expected:
-    """THA DP-SGD (STRAIGHTDP Sec. 3.2): the buckets' events from edges, C_k, s, q N, N and T.
-
-    q is rebuilt from the expected batch over N (as for ``dpsgd``); sigma_k and T_k on the
-    line are derived fields and must equal s / C_k and the round-robin counts.
-    """
+def plan_from_entry(entry: ledger.LedgerEntry) -> THAPlan:
+    """The THA plan a ``tha_dpsgd`` line's parameters declare: edges, C_k, s, q N, N and T (q is rebuilt
+    from the expected batch over N, as for ``dpsgd``)."""
     n = param(entry, "sampling.n", int)
-    plan = THAPlan(edges=_numbers(entry, "edges"), clips=_numbers(entry, "C_k"),
+    return THAPlan(edges=_numbers(entry, "edges"), clips=_numbers(entry, "C_k"),
                    noise_std=param(entry, "extra.noise_scale"),
                    sampling_rate=param(entry, "extra.expected_batch_size") / n, dataset_size=n,
                    steps=entry.count, delta=entry.delta, beta=param(entry, "extra.beta"))
+
+
+@register(MECHANISM)
+def _rebuild_tha(entry: ledger.LedgerEntry) -> Expected:
+    """THA DP-SGD (STRAIGHTDP Sec. 3.2): the buckets' events from the plan its line declares.
+
+    sigma_k and T_k on the line are derived fields and must equal s / C_k and the round-robin counts.
+    """
+    plan = plan_from_entry(entry)
     return Expected(plan.event(), {
         "sensitivity": plan.sensitivity, "noise_std": plan.noise_std,
         "noise_multiplier": plan.noise_multipliers[plan.first_bucket], "sampling.scheme": "poisson",
