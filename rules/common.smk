@@ -80,7 +80,7 @@ def io_args(flag, mapping):
 
 def data_splits():
     """Split name -> .npz path of every split the data stage writes for this config."""
-    splits = {s: DATA / f"{s}.npz" for s in ("private_train", "eval_train", "reference", "test")}
+    splits = {s: DATA / f"{s}.npz" for s in ("private_train", "eval_train", "reference", "val", "test")}
     if config["data"]["public"]["source"] != "none":
         splits["public"] = DATA / "public.npz"
     if config["data"]["toy"]["enabled"]:

@@ -76,10 +76,12 @@ rule sample_dpdm:
 
 
 rule evaluate_dpdm:
-    """Score one sample set with the evaluation core (FID/KID/P&R, per-class FID, downstream accuracy)."""
+    """Score one sample set with the evaluation core (FID/KID/P&R, per-class FID, downstream accuracy on test,
+    and on val for the choice of the main sampler)."""
     input:
         samples=dpdm_samples_path("{run}", "{sampler}"),
         test=DATA / "test.npz",
+        val=DATA / "val.npz",
         evalnet=EVALNET / "evalnet.pt",
     output:
         metrics=dpdm_metrics_path("{run}", "{sampler}"),
@@ -99,8 +101,30 @@ rule evaluate_dpdm:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
+        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q} val={input.val:q}"
         " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+checkpoint dpdm_select_sampler:
+    """DPDM's main sampler (dpdm.sampling.main: auto): the sampler ablation's best mean CNN accuracy on val."""
+    input:
+        unpack(lambda wildcards: dpdm_selection_inputs()),
+    output:
+        selection=DPDM_SELECTION,
+    params:
+        p=lambda wildcards: stage_params(rows=dpdm_rows("dpdm_table_samplers")),
+        ins=lambda wildcards: io_args("--in", dpdm_selection_inputs()),
+    log:
+        LOGS / "dpdm_select_sampler.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_select_sampler {params.ins} --out selection={output.selection:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule dpdm_table_main:

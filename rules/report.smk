@@ -29,12 +29,12 @@ rule reference_real:
 rule data_samples:
     """Figure data_samples: example images of every split and the toy mixture."""
     input:
-        **{k: v for k, v in data_splits().items() if k not in ("eval_train", "reference")},
+        **{k: v for k, v in data_splits().items() if k not in ("eval_train", "reference", "val")},
     output:
         png=FIGURES / "data_samples.png",
         pdf=FIGURES / "data_samples.pdf",
     params:
-        ins=io_args("--in", {k: v for k, v in data_splits().items() if k not in ("eval_train", "reference")}),
+        ins=io_args("--in", {k: v for k, v in data_splits().items() if k not in ("eval_train", "reference", "val")}),
     log:
         LOGS / "figure_data_samples.log",
     threads: 1

@@ -68,8 +68,10 @@ def test_later_files_override_key_by_key(tmp_path, repo):
     assert cfg["data"]["private"]["n_eval_train"] == 1000  # untouched sibling survives
 
 
-def test_every_preset_is_valid(repo):
-    for preset in sorted((repo / "configs").glob("*.yaml")):
+def test_every_preset_and_diagnostic_config_is_valid(repo):
+    configs = sorted((repo / "configs").glob("*.yaml")) + sorted((repo / "configs" / "diagnostics").glob("*.yaml"))
+    assert len(configs) >= 9
+    for preset in configs:
         load_config(repo / "config.yaml", preset)
 
 
@@ -98,7 +100,7 @@ def test_config_id_is_stable_and_sensitive():
          "config error at dpdm.batch_size: expected at most data.private.n_private_train=2500 (the sampling rate "
          "q = batch_size / N must be <= 1), got 3000"),
         ({"data": {"private": {"n_test": 3000}}},
-         "config error at data.private: n_private_train + n_eval_train + n_reference + n_test = 7000 exceeds "
+         "config error at data.private: n_private_train + n_eval_train + n_reference + n_val + n_test = 7000 exceeds "
          "the 5000 embedded MNIST digits"),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from tests.test_workflow import snakemake
@@ -22,24 +23,41 @@ def _jobs(stdout: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
-def test_tables_figures_and_any_run_name_dry_run_with_shared_runs_trained_once(repo, tmp_path):
+@pytest.mark.parametrize("main,trained,scored", [
+    # the main sampler chosen on val: until the checkpoint has run, the tables that use it (and so the
+    # K1 and v-prediction runs only they need) are unknown; the ablation's 3 runs x 4 samplers are
+    # (in `all`, the ledger replay asks for every run up front)
+    ("auto", 3, 12),
+    # fixed by hand: eps {0.2, 1, 10} at K=4 (EDM), K=1 at eps 10, v-prediction at eps 0.2;
+    # 4 samplers x 3 eps (main sampler included) + K1 + v-prediction = 14 scored sample sets
+    ("guided", 5, 14),
+])
+def test_tables_figures_and_any_run_name_dry_run_with_shared_runs_trained_once(repo, tmp_path, main, trained,
+                                                                               scored):
     results = tmp_path / "results"
     targets = [str(results / "tables" / f"{t}.parquet") for t in TABLES]
     targets += [str(results / "figures" / f"dpdm_samples_by_{x}.png") for x in ("epsilon", "sampler")]
     # any run name is a target path too, not only those the tables use
     targets.append(str(results / "digits" / "samples" / "dpdm" / "ve_eps3p5_K16_seed7" / "churn.npz"))
-    res = snakemake(repo, "-n", "--cores", "2", *targets, "--configfile", _config(tmp_path))
+    res = snakemake(repo, "-n", "--cores", "2", *targets, "--configfile", _config(tmp_path, sampling={"main": main}))
     assert res.returncode == 0, res.stderr[-3000:]
     jobs = _jobs(res.stdout)
-    # eps {0.2, 1, 10} at K=4 (EDM), K=1 at eps 10, v-prediction at eps 0.2 (+ the extra VE run)
-    assert jobs["train_dpdm"] == 5 + 1
-    # 4 samplers x 3 eps (main sampler included) + K1 + v-prediction = 14 scored sample sets (+ the extra one)
-    assert jobs["sample_dpdm"] == 14 + 1 and jobs["evaluate_dpdm"] == 14
-    for run in ("edm_eps0p2_K4_seed0", "vpred_eps0p2_K4_seed0", "edm_eps10_K1_seed0", "run=ve_eps3p5_K16_seed7"):
+    assert jobs["train_dpdm"] == trained + 1  # + the extra VE run
+    assert jobs["sample_dpdm"] == scored + 1 and jobs["evaluate_dpdm"] == scored
+    assert jobs.get("dpdm_select_sampler", 0) == (main == "auto")
+    later = ("vpred_eps0p2_K4_seed0", "edm_eps10_K1_seed0") if main != "auto" else ()
+    for run in ("edm_eps0p2_K4_seed0", "run=ve_eps3p5_K16_seed7", *later):
         assert run in res.stdout
     for sampler in ("ddim", "stochastic_ddim", "churn", "guided"):  # the sampler ablation covers every eps
         for eps in ("0p2", "1", "10"):
             assert f"edm_eps{eps}_K4_seed0/{sampler}.npz" in res.stdout
+
+
+def test_auto_main_sampler_without_an_ablation_to_choose_from_is_a_one_line_config_error(repo, tmp_path):
+    res = snakemake(repo, "-n", "--cores", "1", "--configfile", _config(tmp_path, sampler_ablation=None))
+    assert res.returncode != 0
+    assert ("config error at dpdm.sampling.main: 'auto' chooses among dpdm.sampler_ablation.samplers, which is "
+            "null") in res.stdout + res.stderr
 
 
 def test_an_old_single_epsilon_sampler_ablation_is_a_one_line_config_error(repo, tmp_path):

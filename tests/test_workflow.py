@@ -108,7 +108,9 @@ TINY = {
     "dpdm": {"epsilons": [10], "batch_size": 50, "epochs": 0.05, "K": 2, "micro_batch": 25,
              "unet": {"block_out_channels": [8, 16]},
              "sampling": {"n_samples": 20, "batch_size": 20, "per_class": 1},
-             "noise_multiplicity": None, "sampler_ablation": None, "parameterisation_ablation": None},
+             "noise_multiplicity": None, "parameterisation_ablation": None,
+             # two samplers: the main one is chosen on val (checkpoint dpdm_select_sampler)
+             "sampler_ablation": {"epsilons": [10], "samplers": ["ddim", "guided"]}},
     # every Table 1 row at one eps and seed: a one-block MM-DiT, two steps of each training
     "straightdp": {"epsilons": [1], "seeds": [0], "public": {"n": 100},
                    "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8,
@@ -192,6 +194,11 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     sdp_ledgers = sorted((results / "tiny" / "ledger").glob("straightdp_*.jsonl"))
     assert len(sdp_ledgers) == 8 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
     assert (pd.read_parquet(results / "tables" / "straightdp_table1_main.parquet")["eps_certified"] <= 1).all()
+    # DPDM's main sampler was chosen on val, by the checkpoint, among the ablation's samplers
+    selection = json.loads((results / "tiny" / "dpdm" / "sampler_selection.json").read_text())
+    main = pd.read_parquet(results / "tables" / "dpdm_table_main.parquet")
+    assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
+    assert list(main["sampler_chosen_on"]) == ["val"]
     # the one-run audit: one row per DP-SGD line (the DPDM run, the four STRAIGHTDP training runs)
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     assert sorted(audit["mechanism"]) == ["dpsgd"] + ["tha_dpsgd"] * 4 and audit["passed"].all()

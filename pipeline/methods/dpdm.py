@@ -7,5 +7,6 @@ STAGES = {
     "train_dpdm": "pipeline.training.dpdm:train_dpdm",
     "sample_dpdm": "pipeline.sampling.dpdm_stage:sample_dpdm",
     "dpdm_sample_grid": "pipeline.sampling.dpdm_stage:dpdm_sample_grid",
+    "dpdm_select_sampler": "pipeline.sampling.dpdm_select:dpdm_select_sampler",
     "dpdm_table": "pipeline.results.dpdm:dpdm_table",
 }

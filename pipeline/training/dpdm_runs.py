@@ -111,11 +111,37 @@ def sampler_settings(dpdm: Mapping[str, Any], name: str) -> dict[str, Any]:
     return samplers[name]
 
 
+#: ``dpdm.sampling.main`` value: the main sampler is chosen on the validation split (rule dpdm_select_sampler)
+AUTO = "auto"
+#: the validation metric the choice maximises: downstream CNN accuracy on ``val`` (DPDM App. F.4.3
+#: searches samplers for downstream accuracy); ``test`` never enters the choice
+SELECT_BY = "acc_cnn_val"
+
+
 def check_sampler_names(dpdm: Mapping[str, Any]) -> None:
     """Every sampler the tables use exists (one line instead of a KeyError mid-DAG)."""
-    sampler_settings(dpdm, dpdm["sampling"]["main"])
+    if dpdm["sampling"]["main"] == AUTO:
+        if not dpdm["sampler_ablation"]:
+            raise ConfigError("config error at dpdm.sampling.main: 'auto' chooses among dpdm.sampler_ablation."
+                              "samplers, which is null; name a sampler of dpdm.sampling.samplers or set the ablation")
+    else:
+        sampler_settings(dpdm, dpdm["sampling"]["main"])
     for s in (dpdm["sampler_ablation"] or {}).get("samplers", []):
         sampler_settings(dpdm, s)
+
+
+def with_main_sampler(dpdm: Mapping[str, Any], sampler: str) -> dict[str, Any]:
+    """``dpdm`` with the main sampler ``auto`` replaced by the sampler the validation split chose."""
+    sampling = {**dpdm["sampling"], "main": sampler, "chosen_on": "val"}
+    return {**dpdm, "sampling": sampling}
+
+
+def select_sampler(scores: Mapping[str, list[float]]) -> str:
+    """The sampler with the largest mean validation score (ties: the first in ``scores``' order)."""
+    if not scores or any(not v for v in scores.values()):
+        raise ValueError("select_sampler: every candidate sampler needs at least one validation score")
+    means = {k: sum(v) / len(v) for k, v in scores.items()}
+    return max(means, key=lambda k: (means[k], -list(means).index(k)))
 
 
 def _row(row: str, run: DpdmRun, dpdm: Mapping[str, Any], sampler: str, **extra: Any) -> Row:
@@ -123,18 +149,24 @@ def _row(row: str, run: DpdmRun, dpdm: Mapping[str, Any], sampler: str, **extra:
             "K": run.K, "sampler": sampler, "seed": run.seed, **extra, "init": init_of(dpdm, run.parameterisation)}
 
 
+def _main_sampler(dpdm: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    """The main sampler and the column that says what chose it: the config, or the validation split."""
+    sampling = dpdm["sampling"]
+    return sampling["main"], {"sampler_chosen_on": sampling.get("chosen_on", "config")}
+
+
 def main_rows(dpdm: Mapping[str, Any]) -> list[Row]:
     """Rows of dpdm_table_main (DPDM Table 1): every epsilon x seed with the main sampler."""
-    sampler = dpdm["sampling"]["main"]
+    sampler, chosen = _main_sampler(dpdm)
     runs = [main_run(dpdm, e, s) for e in dpdm["epsilons"] for s in dpdm["seeds"]]
-    return [_row(f"{r.name}_{sampler}", r, dpdm, sampler) for r in runs]
+    return [_row(f"{r.name}_{sampler}", r, dpdm, sampler, **chosen) for r in runs]
 
 
 def noise_multiplicity_rows(dpdm: Mapping[str, Any]) -> list[Row]:
     """Rows of dpdm_table_noise_multiplicity (DPDM Table 4): one run per K at one epsilon (main sampler, first seed)."""
     ab = dpdm["noise_multiplicity"]
-    sampler, seed = dpdm["sampling"]["main"], dpdm["seeds"][0]
-    return [_row(f"K{k}", main_run(dpdm, ab["epsilon"], seed, k), dpdm, sampler) for k in ab["K"]]
+    (sampler, chosen), seed = _main_sampler(dpdm), dpdm["seeds"][0]
+    return [_row(f"K{k}", main_run(dpdm, ab["epsilon"], seed, k), dpdm, sampler, **chosen) for k in ab["K"]]
 
 
 def sampler_rows(dpdm: Mapping[str, Any]) -> list[Row]:
@@ -149,8 +181,9 @@ def sampler_rows(dpdm: Mapping[str, Any]) -> list[Row]:
 def configuration_rows(dpdm: Mapping[str, Any]) -> list[Row]:
     """Rows of dpdm_table_configurations (DPDM App. C, Table 3): one run per configuration at one epsilon."""
     ab = dpdm["parameterisation_ablation"]
-    sampler, seed = dpdm["sampling"]["main"], dpdm["seeds"][0]
-    return [_row(p, DpdmRun(p, ab["epsilon"], dpdm["K"], seed), dpdm, sampler) for p in ab["parameterisations"]]
+    (sampler, chosen), seed = _main_sampler(dpdm), dpdm["seeds"][0]
+    return [_row(p, DpdmRun(p, ab["epsilon"], dpdm["K"], seed), dpdm, sampler, **chosen)
+            for p in ab["parameterisations"]]
 
 
 #: table -> its row builder, and the ``dpdm`` key that switches the table on (None: always built)

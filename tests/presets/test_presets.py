@@ -50,10 +50,10 @@ REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
 SCHEMA = yaml.safe_load((REPO / "pipeline" / "schema" / "config.schema.yaml").read_text())
 
-#: images per official split written for a preset (12 and 8 per class where there are 10
-#: classes); the test split holds eval_train + reference + test below
-N_TRAIN, N_TEST = 120, 80
-HELD_OUT = {"n_eval_train": 40, "n_reference": 10, "n_test": 30}
+#: images per official split written for a preset (12 and 9 per class where there are 10
+#: classes); the test split holds eval_train + reference + val + test below
+N_TRAIN, N_TEST = 120, 90
+HELD_OUT = {"n_eval_train": 40, "n_reference": 10, "n_val": 10, "n_test": 30}
 N_PUBLIC_FOLDER = 40
 #: the public EDM UNet of the EMPDEN presets, width divided by this (see the module docstring)
 EMPDEN_UNET_WIDTH_DIVISOR = 8

@@ -47,7 +47,8 @@ def test_main_rows_take_each_epsilons_configuration_and_start_only_edm_from_the_
     assert [r["run"] for r in rows] == ["vpred_eps0p2_K4_seed0", "vpred_eps0p2_K4_seed1",
                                         "edm_eps10_K4_seed0", "edm_eps10_K4_seed1"]
     assert rows[0] == {"row": "vpred_eps0p2_K4_seed0_ddim", "run": "vpred_eps0p2_K4_seed0", "eps_target": 0.2,
-                       "parameterisation": "vpred", "K": 4, "sampler": "ddim", "seed": 0, "init": "scratch"}
+                       "parameterisation": "vpred", "K": 4, "sampler": "ddim", "seed": 0,
+                       "sampler_chosen_on": "config", "init": "scratch"}
     assert rows[2]["init"] == "public"
 
 
