@@ -55,10 +55,11 @@ def audit_one_run(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     for t_index, (name, path) in enumerate(sorted(inputs.items())):
         for line_no, entry in ledger.read_ledger(path):
             plan_of = STEP_PLANS.get(entry.mechanism)
-            if plan_of is None:
-                skipped[entry.mechanism] = skipped.get(entry.mechanism, 0) + 1
+            plan = plan_of(entry) if plan_of is not None else None
+            if plan is None or plan.sampling != "poisson":  # a canary in or out is add/remove adjacency
+                why = entry.mechanism if plan is None else f"{entry.mechanism} with fixed-size batches"
+                skipped[why] = skipped.get(why, 0) + 1
                 continue
-            plan = plan_of(entry)
             audit = dpsgd_canaries.audit_plan(plan, certified_epsilon=entry.claimed_epsilon, m=m,
                                               significance=significance,
                                               seed=seeds.seed_of("audit.canaries", seed, t_index, line_no))

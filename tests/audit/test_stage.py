@@ -28,6 +28,12 @@ def tha_line() -> ledger.LedgerEntry:
     return tha.ledger_entry(plan, stage="train_straightdp", config_id="c", seed=1, extra={"run": "uniform_eps1_seed1"})
 
 
+def fixed_size_line() -> ledger.LedgerEntry:
+    plan = dpsgd.DPSGDPlan(noise_multiplier=1.5, max_grad_norm=1.0, sampling_rate=0.1, dataset_size=500, steps=10,
+                           delta=DELTA, sampling="fixed_size")
+    return dpsgd.ledger_entry(plan, stage="train_dpdm", config_id="c", seed=0)
+
+
 def release_line() -> ledger.LedgerEntry:
     plan = moments.calibrate_release(target_epsilon=0.5, delta=DELTA, R=1.0, N=2500, n_classes=10, p=4)
     return moments.ledger_entry(plan, stage="release_moments", config_id="c", seed=0)
@@ -42,7 +48,9 @@ def write(path: Path, *entries: ledger.LedgerEntry) -> Path:
 def test_every_dpsgd_line_gets_one_row_and_other_mechanisms_none(tmp_path):
     ins = {"train_dpdm_eps1": write(tmp_path / "a.jsonl", dpdm_line()),
            "straightdp_train_uniform_eps1_seed1": write(tmp_path / "b.jsonl", tha_line()),
-           "straightdp_release_x": write(tmp_path / "c.jsonl", release_line())}
+           "straightdp_release_x": write(tmp_path / "c.jsonl", release_line()),
+           # replace-one batches: a canary cannot be simply in or out, so the audit leaves it out
+           "train_dpdm_fixed": write(tmp_path / "d.jsonl", fixed_size_line())}
     audit_one_run(ins, {"table": tmp_path / "audit.parquet"}, PARAMS)
     df = read_table(tmp_path / "audit.parquet")
     assert sorted(df["mechanism"]) == ["dpsgd", "tha_dpsgd"]
