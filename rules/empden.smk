@@ -120,10 +120,12 @@ rule empden_sample_public_only:
 
 
 rule empden_evaluate:
-    """Score one cell's samples with the evaluation core (FID/KID/precision-recall vs the test split)."""
+    """Score one cell's samples with the evaluation core (FID/KID/precision-recall vs the test split; FID vs
+    val, which chooses Table 2's best cell)."""
     input:
         samples=EMPDEN_SAMPLES / "{cell}.npz",
         test=DATA / "test.npz",
+        val=DATA / "val.npz",
         evalnet=EVALNET / "evalnet.pt",
     output:
         metrics=EXPDIR / "eval" / "empden" / "{cell}" / "metrics.json",
@@ -142,7 +144,7 @@ rule empden_evaluate:
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
+        "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q} val={input.val:q}"
         " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 

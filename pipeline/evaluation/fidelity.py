@@ -210,6 +210,26 @@ def fidelity_metrics(samples: Split, reference: Split, *, evalnet_path: str | os
     return out
 
 
+def fid_only(samples: Split, reference: Split, *, evalnet_path: str | os.PathLike, feature_extractor: str = "evalnet",
+             inception_weights: str | os.PathLike | None = None, batch_size: int = 256,
+             device: torch.device = torch.device("cpu")) -> float:
+    """FID of ``samples`` against ``reference`` alone (torch-fidelity, the same feature space as
+    :func:`fidelity_metrics`): what a rule that chooses on the validation split reads."""
+    if feature_extractor not in FEATURE_EXTRACTORS:
+        raise PipelineError(f"feature extractor {feature_extractor!r}: expected one of {', '.join(FEATURE_EXTRACTORS)}")
+    if len(samples) < 2 or len(reference) < 2:
+        raise PipelineError(f"FID needs at least 2 images per set, got {len(samples)} and {len(reference)}")
+    name = FEATURE_EXTRACTORS[feature_extractor]
+    weights = evalnet_path if name == EVALNET_EXTRACTOR else inception_weights_path(inception_weights)
+    rgb = name == INCEPTION_EXTRACTOR
+    with _on_device(device):
+        raw = torch_fidelity.calculate_metrics(
+            input1=UInt8Images(samples.images, rgb=rgb), input2=UInt8Images(reference.images, rgb=rgb),
+            feature_extractor=name, feature_extractor_weights_path=str(weights), fid=True, batch_size=batch_size,
+            cuda=device.type == "cuda", save_cpu_ram=True, verbose=False)
+    return float(raw[KEY_METRIC_FID])
+
+
 def per_class_fid(features: torch.Tensor, labels: np.ndarray, ref_features: torch.Tensor,
                   ref_labels: np.ndarray) -> dict[str, float | None]:
     """``fid_class_<c>`` for every class of the reference, and ``fid_class_mean``.

@@ -18,8 +18,9 @@ With the optional input ``public`` (the method's public split, e.g. STRAIGHTDP's
 letters) one more key, ``domain_rate``: the fraction of samples a real private-vs-public
 classifier assigns to the private domain (STRAIGHTDP Table 5, "domain"); without it the key
 is absent, so the rows of methods that do not ask for it are unchanged. With the optional
-input ``val`` (the validation split), ``acc_<classifier>_val``: the same classifiers scored on
-val, what a rule that chooses among configurations reads (never ``test``).
+input ``val`` (the validation split), ``fid_val`` (FID against val) and ``acc_<classifier>_val``
+(the same classifiers scored on val): what a rule that chooses among configurations reads
+(never ``test``).
 
 Samples whose label is negative count as unconditional: they enter FID/KID/PRC but not the
 label-aware metrics or the downstream classifiers.
@@ -84,13 +85,14 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
     """All metrics of ``samples`` against the real ``test`` split (see the module doc for keys).
 
     ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled);
-    ``public`` adds ``domain_rate`` (:func:`domain_rate`); ``val`` adds the downstream accuracy
-    on the validation split, ``acc_<classifier>_val``, which selection rules read.
+    ``public`` adds ``domain_rate`` (:func:`domain_rate`); ``val`` adds the FID against the
+    validation split and the downstream accuracy on it (``fid_val``, ``acc_<classifier>_val``),
+    which selection rules read.
     """
     # torch-fidelity (with torchvision) and scikit-learn take seconds to import: loaded here,
     # not at module level, so `python -m pipeline evaluate_samples --help` stays quick.
     from pipeline.evaluation.downstream import cnn_config, downstream_accuracy
-    from pipeline.evaluation.fidelity import fidelity_metrics, label_consistency
+    from pipeline.evaluation.fidelity import fid_only, fidelity_metrics, label_consistency
 
     cfg = evaluation_section(evaluation)
     dev = resolve_device(device)
@@ -108,6 +110,9 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
         inception_weights=cfg["inception_weights"], batch_size=cfg["batch_size"], kid_subsets=cfg["kid_subsets"],
         kid_subset_size=cfg["kid_subset_size"], prc_neighborhood=cfg["prc_neighborhood"], seed=seed, device=dev,
         verbose=verbose))
+    if val is not None:
+        out["fid_val"] = fid_only(samples, val, evalnet_path=evalnet_path, feature_extractor=cfg["feature_extractor"],
+                                  inception_weights=cfg["inception_weights"], batch_size=cfg["batch_size"], device=dev)
     evalnet = load_evalnet(evalnet_path, device=dev)
     out["label_consistency"] = label_consistency(evalnet, samples, batch_size=cfg["batch_size"])
     down = cfg["downstream"]

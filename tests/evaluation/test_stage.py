@@ -42,6 +42,22 @@ def test_cli_writes_one_flat_row_of_every_metric(split_files, evalnet, tmp_path)
     assert row["acc_cnn_std"] >= 0  # two classifier seeds: a spread is reported
 
 
+def test_val_adds_its_own_columns_and_moves_no_test_number(split_files, evalnet, tmp_path, digits):
+    """Selection rules read fid_val / acc_*_val; every column scored on test is what it was without val."""
+    val_file = tmp_path / "val.npz"
+    save_split(val_file, digits.test.subset(np.arange(200)), name="val", source="test subset", seed=0)
+    plain, with_val = tmp_path / "plain.json", tmp_path / "with_val.json"
+    assert _run(split_files, evalnet, plain) == 0
+    params = {"evaluation": EVALUATION, "seed": 0, "device": "cpu", "name": "real"}
+    assert main(["evaluate_samples", "--in", f"samples={split_files['real']}", f"test={split_files['test']}",
+                 f"val={val_file}", f"evalnet={evalnet}", "--out", f"metrics={with_val}",
+                 "--params", json.dumps(params)]) == 0
+    a, b = read_json(plain), read_json(with_val)
+    assert set(b) - set(a) == {"fid_val", "acc_logreg_val", "acc_mlp_val", "acc_cnn_val"}
+    assert {k: v for k, v in b.items() if k in a and k != "wall_s"} == {k: v for k, v in a.items() if k != "wall_s"}
+    assert b["acc_logreg_val"] > 0.6 and 0 <= b["fid_val"] < 100
+
+
 def test_noise_samples_score_worse_on_every_metric(split_files, evalnet, tmp_path, digits):
     noise_file = tmp_path / "noise.npz"
     save_split(noise_file, digits.noise_like(digits.real), name="noise", source="uniform noise", seed=1)
