@@ -173,7 +173,8 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     results = tmp_path / "out dir"
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(results)}))
-    res = snakemake(repo, "--cores", "2", "all", "--configfile", str(cfg))
+    # ~7 min alone on 2 cores (every method at a toy size, ~100 jobs): the guard against a hang is wider
+    res = snakemake(repo, "--cores", "2", "all", "--configfile", str(cfg), timeout=1500)
     assert res.returncode == 0, res.stderr[-3000:]
     assert not (repo / "out").exists() and not (tmp_path / "out").exists()
     table = pd.read_parquet(results / "tables" / "reference_real.parquet")
