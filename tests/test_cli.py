@@ -29,9 +29,10 @@ def test_top_level_help_lists_stages(capsys):
     ("argv", "message"),
     [
         (["no_such_stage"], "error: unknown stage 'no_such_stage'"),
-        (["prepare_data", "--out", "private_train=a.npz"], "error: stage prepare_data: missing --out eval_train, reference, test"),
+        (["prepare_data", "--out", "private_train=a.npz"],
+         "error: stage prepare_data: missing --out eval_train, reference, val, test"),
         (["prepare_data", "--out", "bogus"], "error: --out 'bogus': expected KEY=PATH"),
-        (["prepare_data", "--out", "private_train=a", "eval_train=b", "reference=r", "test=c", "extra=d"],
+        (["prepare_data", "--out", "private_train=a", "eval_train=b", "reference=r", "val=v", "test=c", "extra=d"],
          "error: stage prepare_data: unknown --out key 'extra'"),
         (["collect_table", "--out", "table=t.parquet", "--params", "{bad json"], "error: --params: not valid JSON"),
     ],

@@ -27,7 +27,9 @@ from pipeline.stage import PipelineError, stage
 #: metric columns copied from evaluate_samples' JSON (null when the metric does not apply)
 METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_class_mean", "label_consistency",
            "acc_logreg", "acc_mlp", "acc_cnn", "acc_logreg_std", "acc_mlp_std", "acc_cnn_std",
-           "n_samples", "n_test", "feature_extractor")
+           "n_samples", "n_test", "feature_extractor",
+           # what the choice of the main sampler read (rule dpdm_select_sampler), beside what test says
+           "acc_cnn_val")
 
 
 def run_privacy(ledger_path: str | Path) -> dict[str, Any]:
