@@ -92,16 +92,20 @@ def with_dataset_size(plan: dpsgd.StepPlan, n: int) -> dpsgd.StepPlan:
     return dataclasses.replace(plan, dataset_size=n)  # type: ignore[type-var]
 
 
+def auditable(plan: dpsgd.StepPlan) -> bool:
+    """Whether the one-run audit applies: Poisson sampling (add/remove), where a canary is simply in or out."""
+    return getattr(plan, "sampling", "poisson") == "poisson"
+
+
 def audit_plan(plan: dpsgd.StepPlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
                significance: float = 0.05, microbatch_size: int = 256,
-               engine_factory: Callable[..., dpsgd.DPSGD] = dpsgd.DPSGD,
-               progress: Callable[[int], None] | None = None) -> CanaryAudit:
+               engine_factory: Callable[..., dpsgd.DPSGD] = dpsgd.DPSGD) -> CanaryAudit:
     """Run the engine for ``plan.steps`` steps over N stand-ins and the included canaries; bound eps.
 
     ``engine_factory`` is the engine class (tests pass a broken one to show the audit catches it).
     Only Poisson plans (add/remove adjacency: a canary is in the data or not) are audited.
     """
-    if getattr(plan, "sampling", "poisson") != "poisson":
+    if not auditable(plan):
         raise AuditError(f"the one-run canary audit needs a Poisson plan (add/remove), got {plan.sampling!r}")
     if not (isinstance(m, int) and m >= 2):
         raise AuditError(f"canaries m must be an integer >= 2, got {m!r}")
@@ -130,8 +134,6 @@ def audit_plan(plan: dpsgd.StepPlan, *, certified_epsilon: float, m: int = 1000,
         clip, std = audited.clip_at(t), audited.noise_std_at(t)
         weight = clip / std ** 2 if std > 0 else 1.0 / clip
         scores += weight * divisor * grads["theta_c"].detach().to(torch.float64)
-        if progress is not None:
-            progress(t)
     s = scores.numpy()
     mask = included.numpy()
     bound = one_run_epsilon_lb(s[mask], s[~mask], delta=audited.delta, significance=significance)

@@ -36,8 +36,6 @@ class AuditError(ValueError):
 def auditing() -> ModuleType:
     """``jax_privacy/auditing.py`` loaded as a module of its own, without the package's JAX imports."""
     name = "jax_privacy_auditing"
-    if name in sys.modules:
-        return sys.modules[name]
     spec = importlib.util.find_spec("jax_privacy")
     if spec is None or not spec.submodule_search_locations:
         raise AuditError("package jax-privacy is not installed: run `make install` (it installs "
@@ -85,10 +83,9 @@ def one_run_epsilon_lb(in_scores: Any, out_scores: Any, *, delta: float, signifi
         raise AuditError(f"significance must be in (0, 1), got {significance}")
     if not 0 < delta < 1:
         raise AuditError(f"delta must be in (0, 1), got {delta}")
-    a = auditor(in_scores, out_scores)
-    eps = float(a.epsilon_one_run(significance=significance, delta=delta))
-    n_in, n_out = len(np.asarray(in_scores).reshape(-1)), len(np.asarray(out_scores).reshape(-1))
-    return OneRunBound(epsilon_lb=eps, significance=significance, delta=delta, m=n_in + n_out, n_in=n_in)
+    ins, outs = _scores(in_scores, "in"), _scores(out_scores, "out")
+    eps = float(auditor(ins, outs).epsilon_one_run(significance=significance, delta=delta))
+    return OneRunBound(epsilon_lb=eps, significance=significance, delta=delta, m=len(ins) + len(outs), n_in=len(ins))
 
 
 @dataclass(frozen=True)

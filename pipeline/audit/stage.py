@@ -56,7 +56,7 @@ def audit_one_run(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
         for line_no, entry in ledger.read_ledger(path):
             plan_of = STEP_PLANS.get(entry.mechanism)
             plan = plan_of(entry) if plan_of is not None else None
-            if plan is None or plan.sampling != "poisson":  # a canary in or out is add/remove adjacency
+            if plan is None or not dpsgd_canaries.auditable(plan):
                 why = entry.mechanism if plan is None else f"{entry.mechanism} with fixed-size batches"
                 skipped[why] = skipped.get(why, 0) + 1
                 continue

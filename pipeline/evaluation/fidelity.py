@@ -159,6 +159,16 @@ def _classes(labels: np.ndarray) -> list[int]:
     return [int(c) for c in np.unique(labels)]
 
 
+def _feature_space(feature_extractor: str, evalnet_path: str | os.PathLike,
+                   inception_weights: str | os.PathLike | None) -> tuple[str, str, bool]:
+    """torch-fidelity's extractor name, its weights file and whether it wants RGB, for a config value."""
+    if feature_extractor not in FEATURE_EXTRACTORS:
+        raise PipelineError(f"feature extractor {feature_extractor!r}: expected one of {', '.join(FEATURE_EXTRACTORS)}")
+    name = FEATURE_EXTRACTORS[feature_extractor]
+    weights = evalnet_path if name == EVALNET_EXTRACTOR else inception_weights_path(inception_weights)
+    return name, str(weights), name == INCEPTION_EXTRACTOR
+
+
 def fidelity_metrics(samples: Split, reference: Split, *, evalnet_path: str | os.PathLike,
                      feature_extractor: str = "evalnet", inception_weights: str | os.PathLike | None = None,
                      batch_size: int = 256, kid_subsets: int = 100, kid_subset_size: int = 500,
@@ -175,15 +185,11 @@ def fidelity_metrics(samples: Split, reference: Split, *, evalnet_path: str | os
     above extracted. Keys: ``fid``, ``kid_mean``, ``kid_std``, ``kid_subset_size``,
     ``precision``, ``recall``, ``prc_neighborhood``, ``feature_extractor``, ``fid_class_*``.
     """
-    if feature_extractor not in FEATURE_EXTRACTORS:
-        raise PipelineError(f"feature extractor {feature_extractor!r}: expected one of {', '.join(FEATURE_EXTRACTORS)}")
+    name, weights, rgb = _feature_space(feature_extractor, evalnet_path, inception_weights)
     smallest = max(2, prc_neighborhood + 1)  # a covariance needs 2 rows; k-NN radii need k+1
     if len(samples) < smallest or len(reference) < smallest:
         raise PipelineError(f"FID/precision-recall (k={prc_neighborhood}) need at least {smallest} images per set, "
                             f"got {len(samples)} samples and {len(reference)} reference images")
-    name = FEATURE_EXTRACTORS[feature_extractor]
-    weights = evalnet_path if name == EVALNET_EXTRACTOR else inception_weights_path(inception_weights)
-    rgb = name == INCEPTION_EXTRACTOR
     subset = min(kid_subset_size, len(samples), len(reference))
     with tempfile.TemporaryDirectory(prefix="dpgen-fidelity-") as cache_root, _on_device(device):
         kwargs = dict(
@@ -215,13 +221,9 @@ def fid_only(samples: Split, reference: Split, *, evalnet_path: str | os.PathLik
              device: torch.device = torch.device("cpu")) -> float:
     """FID of ``samples`` against ``reference`` alone (torch-fidelity, the same feature space as
     :func:`fidelity_metrics`): what a rule that chooses on the validation split reads."""
-    if feature_extractor not in FEATURE_EXTRACTORS:
-        raise PipelineError(f"feature extractor {feature_extractor!r}: expected one of {', '.join(FEATURE_EXTRACTORS)}")
+    name, weights, rgb = _feature_space(feature_extractor, evalnet_path, inception_weights)
     if len(samples) < 2 or len(reference) < 2:
         raise PipelineError(f"FID needs at least 2 images per set, got {len(samples)} and {len(reference)}")
-    name = FEATURE_EXTRACTORS[feature_extractor]
-    weights = evalnet_path if name == EVALNET_EXTRACTOR else inception_weights_path(inception_weights)
-    rgb = name == INCEPTION_EXTRACTOR
     with _on_device(device):
         raw = torch_fidelity.calculate_metrics(
             input1=UInt8Images(samples.images, rgb=rgb), input2=UInt8Images(reference.images, rgb=rgb),

@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.io import read_json, write_json
 from pipeline.stage import PipelineError, stage
-from pipeline.training.dpdm_runs import SELECT_BY, select_sampler
+from pipeline.training.dpdm_runs import SELECT_BY, mean_scores, select_sampler
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,7 @@ def dpdm_select_sampler(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
                                 f"--in val=...); the choice is made on the validation split only")
         scores.setdefault(str(r["sampler"]), []).append(float(value))
         per_row[str(r["row"])] = float(value)
-    sampler = select_sampler(scores)
-    means = {k: sum(v) / len(v) for k, v in scores.items()}
+    sampler, means = select_sampler(scores), mean_scores(scores)
     log.info("dpdm_select_sampler: %s (mean %s over %d eps) from %s", sampler, SELECT_BY,
              len(next(iter(scores.values()))), {k: round(v, 4) for k, v in means.items()})
     write_json(outputs["selection"], {"format": "dpgen-selection/1", "sampler": sampler, "criterion": SELECT_BY,

@@ -136,12 +136,17 @@ def with_main_sampler(dpdm: Mapping[str, Any], sampler: str) -> dict[str, Any]:
     return {**dpdm, "sampling": sampling}
 
 
-def select_sampler(scores: Mapping[str, list[float]]) -> str:
-    """The sampler with the largest mean validation score (ties: the first in ``scores``' order)."""
+def mean_scores(scores: Mapping[str, list[float]]) -> dict[str, float]:
+    """Each sampler's mean validation score."""
     if not scores or any(not v for v in scores.values()):
         raise ValueError("select_sampler: every candidate sampler needs at least one validation score")
-    means = {k: sum(v) / len(v) for k, v in scores.items()}
-    return max(means, key=lambda k: (means[k], -list(means).index(k)))
+    return {k: sum(v) / len(v) for k, v in scores.items()}
+
+
+def select_sampler(scores: Mapping[str, list[float]]) -> str:
+    """The sampler with the largest mean validation score (ties: the first in ``scores``' order, as ``max`` keeps)."""
+    means = mean_scores(scores)
+    return max(means, key=means.__getitem__)
 
 
 def _row(row: str, run: DpdmRun, dpdm: Mapping[str, Any], sampler: str, **extra: Any) -> Row:
