@@ -203,3 +203,23 @@ def audit_runtime_min(config: Config, n_lines: int) -> int:
     steps = max(-(-int(d["epochs"] * n) // d["batch_size"]), s["steps"])
     batch = max(d["batch_size"], s["batch_size"]) + config["audit"]["canaries"] * max(d["batch_size"], 64) / n
     return max(5, int(4 * n_lines * steps * max(batch, 64) / 64 * 5e-3 / 60) + 5)
+
+
+def dpdm_twin_runtime_min(config: Config) -> int:
+    """DPDM's non-private twin: T steps of one backward pass over B x K example-draws (no per-example
+    gradients: ~5e-4 s per 16x16 draw on two CPU cores, ~1e-5 s on one GPU; x4 headroom on the GPU rate)."""
+    d, m = config["dpdm"], config["audit"]["mia"]
+    p = config["data"]["private"]
+    n = (p["n_reference"] or 500) if m["twin_train_on"] == "members" else (p["n_private_train"] or 60000)
+    batch = min(d["batch_size"], n)
+    steps = -(-int(m["twin_epochs"] * n) // batch)
+    return max(10, int(4 * steps * batch * m["twin_K"] * (_side(config) / 16) ** 2 * 1e-5 / 60) + 10)
+
+
+def mia_runtime_min(config: Config) -> int:
+    """Membership attacks on one model: (loss draws x sigmas + SecMI's inversion) forward passes over
+    2 x n_reference records (~1e-4 s per 16x16 record-pass on two CPU cores), x4 headroom."""
+    m = config["audit"]["mia"]
+    n = 2 * (config["data"]["private"]["n_reference"] or 500)
+    passes = m["loss_draws"] * len(m["loss_sigmas"]) + m["secmi_inversion_steps"] + 8
+    return max(5, int(4 * passes * n * (_side(config) / 16) ** 2 * 1e-4 / 60) + 5)

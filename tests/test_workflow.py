@@ -142,7 +142,7 @@ def planned_jobs(output: str) -> dict[str, int]:
 RERUN_SCOPE = {
     "dpdm.seeds": ({"dpdm": {"seeds": [0, 1]}}, "train_dpdm",
                    {"train_dpdm", "sample_dpdm", "evaluate_dpdm", "dpdm_table_main", "dpdm_samples_by_epsilon",
-                    "audit_one_run"}),
+                    "audit_one_run", "train_dpdm_twin", "audit_mia", "audit_mia_table"}),
     "empden.n_out": ({"empden": {"n_out": 10}}, "empden_sample_subsampled",
                      {"empden_sample_subsampled", "empden_sample_full_batch", "empden_sample_public_only",
                       "empden_evaluate", "empden_table8_grid", "empden_table2_comparison", "empden_figure3_tradeoffs",
@@ -152,11 +152,14 @@ RERUN_SCOPE = {
                          {"empden_blocks", "empden_table7_accountants", "empden_table8_9_eps",
                           "empden_table11_edgeworth_clt_pld", "empden_table12_rdp", "empden_table13_theoretical_asr",
                           "empden_figure4_full_batch", "empden_figure5_mu_vs_logsnr",
-                          "empden_figure7_stopping_traces"}),
+                          "empden_figure7_stopping_traces",
+                          # SecMI is read at Table 13's stopping points of the asr_N grid
+                          "audit_mia", "audit_mia_table", "empden_table13"}),
     # a new seed trains its own runs; the runs already built are not replanned
     "straightdp.seeds": ({"straightdp": {"seeds": [0, 1]}}, "train_straightdp",
                          {"release_moments", "train_straightdp", "sample_straightdp", "evaluate_straightdp",
-                          "straightdp_table", "straightdp_figure_accuracy", "audit_one_run"}),
+                          "straightdp_table", "straightdp_figure_accuracy", "audit_one_run", "audit_mia",
+                          "audit_mia_table"}),
     # the audit reads the DP-SGD transcripts; the runs that wrote them are untouched
     "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
@@ -203,6 +206,13 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # the one-run audit: one row per DP-SGD line (the DPDM run, the four STRAIGHTDP training runs)
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     assert sorted(audit["mechanism"]) == ["dpsgd"] + ["tha_dpsgd"] * 4 and audit["passed"].all()
+    # membership inference: the DPDM run, its non-private twin and the four STRAIGHTDP flows, every attack;
+    # EMPDEN Table 13 has its numerical column
+    mia = pd.read_parquet(results / "tables" / "audit_mia.parquet")
+    assert sorted(mia.groupby("method")["run"].nunique().items()) == [("dpdm", 1), ("dpdm_twin", 1), ("straightdp", 4)]
+    assert mia.loc[mia["private"], "under_curve"].all() and mia["auc"].between(0, 1).all()
+    table13 = pd.read_parquet(results / "tables" / "empden_table13.parquet")
+    assert table13["numerical_asr"].between(0.5, 1).all() and len(table13) == 4
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # nothing left to do: a second run is a no-op
     again = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))

@@ -24,3 +24,16 @@ def asr_bound(eps: float, delta: float = 0.0) -> float:
     # Divide through by e^eps so eps in the hundreds does not overflow.
     e = math.exp(-eps)
     return min(1.0, (1.0 + delta * e) / (e + 1.0))
+
+
+#: EMPDEN Table 13's stopping points t = s T, as the fraction s of the T-step grid still to go (App. L)
+STOPPING_POINTS = {"T": 1.0, "3T/4": 0.75, "T/2": 0.5, "T/4": 0.25}
+
+
+def stop_index(s: float, N: int) -> int:
+    """The grid index i of stopping at t = s T on an N-step EDM grid (sigma_t = t_i, t_0 = sigma_max).
+
+    The private block before the stop covers steps 0..i-1, i = max(1, round((1 - s) N)): at t = T
+    the sampler has taken one private step.
+    """
+    return max(1, round((1 - s) * N))

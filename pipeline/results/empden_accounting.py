@@ -34,7 +34,7 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.edgeworth import Block, edgeworth_epsilon
 from pipeline.privacy.empden_block import EmpdenBlock
-from pipeline.privacy.mia import asr_bound
+from pipeline.privacy.mia import STOPPING_POINTS, asr_bound, stop_index
 from pipeline.reporting import write_table
 from pipeline.stage import PipelineError, stage
 
@@ -289,10 +289,6 @@ def empden_table12_rdp(inputs, outputs, params) -> None:
         "eps_rdp_bound", "delta_strict", "eps_rdp_bound_strict_delta", "rdp_orders"])
 
 
-#: Table 13's stopping points, as the fraction of the T-step discretisation still to go.
-STOPPING_POINTS = {"T": 1.0, "3T/4": 0.75, "T/2": 0.5, "T/4": 0.25}
-
-
 def asr_rows(cfg: AccountingConfig) -> list[dict[str, Any]]:
     """EMPDEN Table 13 (theoretical rows): ASR bound from eps_u for each q and stopping point.
 
@@ -304,7 +300,7 @@ def asr_rows(cfg: AccountingConfig) -> list[dict[str, Any]]:
     for q in cfg.asr_q:
         subset = max(1, round(q * cfg.n))
         for label, s in STOPPING_POINTS.items():
-            block = cfg.block(subset, k=max(1, round((1 - s) * cfg.asr_N)), N=cfg.asr_N)
+            block = cfg.block(subset, k=stop_index(s, cfg.asr_N), N=cfg.asr_N)
             # the theoretical rows amplify by the q asked for, not by the rounded subset's B/n
             event = acc.outputwise_event(block.mu_bar_B, q, cfg.N_out)
             eps = acc.pld_epsilon(event, cfg.delta, settings=cfg.pld)
