@@ -223,3 +223,10 @@ def mia_runtime_min(config: Config) -> int:
     n = 2 * (config["data"]["private"]["n_reference"] or 500)
     passes = m["loss_draws"] * len(m["loss_sigmas"]) + m["secmi_inversion_steps"] + 8
     return max(5, int(4 * passes * n * (_side(config) / 16) ** 2 * 1e-4 / 60) + 5)
+
+
+def clip_runtime_min(config: Config) -> int:
+    """The small CLIP: steps x groups x classes images through a 2-layer ViT (~0.25 s per step of 16 x 10 16x16
+    images on one CPU core), x4 headroom."""
+    c = config["evaluation"]["clip"]
+    return max(5, int(4 * c["steps"] * c["groups"] * 10 * (_side(config) / 16) ** 2 * 1.6e-3 / 60) + 5)

@@ -74,7 +74,7 @@ rule audit_mia:
     wildcard_constraints:
         method="dpdm|dpdm_twin|straightdp",
     params:
-        p=lambda wildcards: stage_params(mia=config["audit"]["mia"], grid=mia_grid(), method=wildcards.method,
+        p=lambda wildcards: stage_params(mia=mia_attack_settings(), grid=mia_grid(), method=wildcards.method,
                                          run=wildcards.run, nonmember_split=MIA_NONMEMBERS, seed=SEED,
                                          device=config["device"], threads=TORCH_THREADS),
     log:

@@ -79,6 +79,7 @@ rule evaluate_dpdm:
     """Score one sample set with the evaluation core (FID/KID/P&R, per-class FID, downstream accuracy on test,
     and on val for the choice of the main sampler)."""
     input:
+        unpack(clip_inputs),
         samples=dpdm_samples_path("{run}", "{sampler}"),
         test=DATA / "test.npz",
         val=DATA / "val.npz",
@@ -89,8 +90,9 @@ rule evaluate_dpdm:
         run=dpdm_runs.RUN_PATTERN,
         sampler="[A-Za-z0-9_]+",
     params:
-        p=lambda wildcards: params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"],
+        p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
                                         name=f"dpdm/{wildcards.run}/{wildcards.sampler}"),
+        clip=clip_arg,
     log:
         LOGS / "evaluate_dpdm" / "{run}_{sampler}.log",
     threads: TORCH_THREADS
@@ -102,7 +104,7 @@ rule evaluate_dpdm:
         GPU_ENV
     shell:
         "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q} val={input.val:q}"
-        " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+        " evalnet={input.evalnet:q}{params.clip} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
 checkpoint dpdm_select_sampler:

@@ -123,6 +123,7 @@ rule empden_evaluate:
     """Score one cell's samples with the evaluation core (FID/KID/precision-recall vs the test split; FID vs
     val, which chooses Table 2's best cell)."""
     input:
+        unpack(clip_inputs),
         samples=EMPDEN_SAMPLES / "{cell}.npz",
         test=DATA / "test.npz",
         val=DATA / "val.npz",
@@ -132,8 +133,9 @@ rule empden_evaluate:
     wildcard_constraints:
         cell="(hybrid|per_step|full_batch|public_only)/[A-Za-z0-9_]+",
     params:
-        p=lambda wildcards: params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"],
+        p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
                                         name=f"empden/{wildcards.cell}"),
+        clip=clip_arg,
     log:
         LOGS / "empden_evaluate" / "{cell}.log",
     threads: TORCH_THREADS
@@ -145,7 +147,7 @@ rule empden_evaluate:
         GPU_ENV
     shell:
         "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q} val={input.val:q}"
-        " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+        " evalnet={input.evalnet:q}{params.clip} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
 rule empden_table8_grid:

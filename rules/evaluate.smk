@@ -2,6 +2,25 @@
 # metrics every method's samples are scored with. Code: pipeline/evaluation/.
 
 EVALNET = EXPDIR / "evalnet"
+CLIP_DIR = EXPDIR / "clip"
+CLIP_MODEL = CLIP_DIR / "clip.pt"
+
+
+def clip_inputs(wildcards=None):
+    """The CLIP file an evaluation reads, when evaluation.clip.enabled (unpacked into each evaluate rule)."""
+    return {"clip": CLIP_MODEL} if config["evaluation"]["clip"]["enabled"] else {}
+
+
+def clip_arg(wildcards, input):
+    """' clip=<path>' for the evaluate_samples call, or nothing when CLIP metrics are off."""
+    return f" clip={shlex.quote(str(input.clip))}" if "clip" in input.keys() else ""
+
+
+def evaluation_params():
+    """The evaluation section an evaluate job depends on (the CLIP training keys reach it through the CLIP file)."""
+    ev = dict(config["evaluation"])
+    ev["clip"] = {"enabled": ev["clip"]["enabled"]}
+    return ev
 
 
 rule train_evalnet:
@@ -27,16 +46,68 @@ rule train_evalnet:
         " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
+if config["evaluation"]["clip"]["source"] == "trained":
+
+    rule train_clip:
+        """A small CLIP (open_clip's CLIP and ClipLoss) on the public split only; zero-shot accuracy on real test."""
+        input:
+            public=DATA / "public.npz",
+            test=DATA / "test.npz",
+        output:
+            model=CLIP_MODEL,
+            metrics=CLIP_DIR / "metrics.json",
+        params:
+            p=stage_params(clip={k: v for k, v in config["evaluation"]["clip"].items() if k != "enabled"}, seed=SEED,
+                           threads=TORCH_THREADS),
+        log:
+            LOGS / "train_clip.log",
+        threads: TORCH_THREADS
+        resources:
+            gpu=1,
+            mem_mb=3000,
+            runtime=cost.clip_runtime_min(config),
+        conda:
+            GPU_ENV
+        shell:
+            "python -m pipeline train_clip --in public={input.public:q} test={input.test:q}"
+            " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+else:
+
+    rule import_clip:
+        """A pretrained open_clip model from evaluation.clip.pretrained_path (never downloaded)."""
+        input:
+            test=DATA / "test.npz",
+        output:
+            model=CLIP_MODEL,
+            metrics=CLIP_DIR / "metrics.json",
+        params:
+            p=stage_params(clip={k: v for k, v in config["evaluation"]["clip"].items() if k != "enabled"}),
+        log:
+            LOGS / "import_clip.log",
+        threads: 1
+        resources:
+            mem_mb=8000,
+            runtime=10,
+        conda:
+            CPU_ENV
+        shell:
+            "python -m pipeline import_clip --in test={input.test:q} --out model={output.model:q}"
+            " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
 rule evaluate_reference_real:
     """The 'real data' reference row: held-out real images no model saw, scored like samples."""
     input:
+        unpack(clip_inputs),
         samples=DATA / "reference.npz",
         test=DATA / "test.npz",
         evalnet=EVALNET / "evalnet.pt",
     output:
         metrics=EXPDIR / "eval" / "reference_real" / "metrics.json",
     params:
-        p=params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"], name="reference_real"),
+        p=params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"], name="reference_real"),
+        clip=clip_arg,
     log:
         LOGS / "evaluate_reference_real.log",
     threads: TORCH_THREADS
@@ -48,4 +119,4 @@ rule evaluate_reference_real:
         GPU_ENV
     shell:
         "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
-        " evalnet={input.evalnet:q} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+        " evalnet={input.evalnet:q}{params.clip} --out metrics={output.metrics:q} --params {params.p:q} --log {log:q}"

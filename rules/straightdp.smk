@@ -161,6 +161,7 @@ rule sample_straightdp:
 rule evaluate_straightdp:
     """Score one run's samples with the evaluation core, plus Table 5's domain rate against the public set."""
     input:
+        unpack(clip_inputs),
         samples=sdp_samples_path("{run}"),
         test=DATA / "test.npz",
         evalnet=EVALNET / "evalnet.pt",
@@ -170,8 +171,9 @@ rule evaluate_straightdp:
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: params_json(evaluation=config["evaluation"], seed=SEED, device=config["device"],
+        p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
                                         name=f"straightdp/{wildcards.run}"),
+        clip=clip_arg,
     log:
         LOGS / "evaluate_straightdp" / "{run}.log",
     threads: TORCH_THREADS
@@ -183,7 +185,8 @@ rule evaluate_straightdp:
         GPU_ENV
     shell:
         "python -m pipeline evaluate_samples --in samples={input.samples:q} test={input.test:q}"
-        " evalnet={input.evalnet:q} public={input.public:q} --out metrics={output.metrics:q} --params {params.p:q}"
+        " evalnet={input.evalnet:q} public={input.public:q}{params.clip} --out metrics={output.metrics:q}"
+        " --params {params.p:q}"
         " --log {log:q}"
 
 

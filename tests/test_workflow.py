@@ -99,6 +99,7 @@ TINY = {
         "kid_subset_size": 50,
         "evalnet": {"epochs": 3, "width": 8},
         "downstream": {"cnn_epochs": 2, "mlp_hidden": 32, "repeats": 2},
+        "clip": {"steps": 20, "groups": 2, "width": 16, "layers": 1, "embed_dim": 8},
     },
     # every method at a toy size: one cell each, a few optimisation steps
     "pretrain": {"steps": 4, "batch_size": 16, "unet": {"block_out_channels": [8, 16]}},
@@ -191,6 +192,10 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
                  "straightdp_table1_main", "straightdp_table5_per_class"):
         assert name in index
         assert len(pd.read_parquet(results / "tables" / f"{name}.parquet")) >= 1
+    # CLIP metrics beside the eval-net ones, in the shared evaluation and so in every method's table
+    for name in ("reference_real", "dpdm_table_main", "straightdp_table1_main", "empden_table8_grid"):
+        cols = set(pd.read_parquet(results / "tables" / f"{name}.parquet").columns)
+        assert {"clip_fd", "clip_zero_shot_acc"} <= cols or {"clip_fd_mean", "clip_zero_shot_acc_mean"} <= cols, name
     # the hybrid cell and the DPDM run claimed their epsilon, and the replay recomputed every claim
     replay = json.loads((results / "tiny" / "ledger" / "replay.json").read_text())
     assert replay["all_ok"] and len(replay["claims"]) >= 3

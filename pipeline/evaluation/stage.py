@@ -81,13 +81,15 @@ def domain_rate(samples: Split, private: Split, public: Split, *, seed: int = 0,
 
 def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluation: Mapping[str, Any] | None = None,
              seed: int = 0, device: str = "auto", verbose: bool = False, public: Split | None = None,
-             val: Split | None = None) -> dict[str, Any]:
+             val: Split | None = None, clip_path: str | Path | None = None) -> dict[str, Any]:
     """All metrics of ``samples`` against the real ``test`` split (see the module doc for keys).
 
     ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled);
     ``public`` adds ``domain_rate`` (:func:`domain_rate`); ``val`` adds the FID against the
     validation split and the downstream accuracy on it (``fid_val``, ``acc_<classifier>_val``),
-    which selection rules read.
+    which selection rules read; ``clip_path`` (a ``dpgen-clip/1`` file) adds ``clip_fd`` (Fréchet
+    distance to test in CLIP image space) and ``clip_zero_shot_acc`` (the zero-shot class probe:
+    the fraction of samples whose nearest caption is their conditioning label's).
     """
     # torch-fidelity (with torchvision) and scikit-learn take seconds to import: loaded here,
     # not at module level, so `python -m pipeline evaluate_samples --help` stays quick.
@@ -121,6 +123,11 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
                                    device=dev, val=val))
     if public is not None:
         out["domain_rate"] = domain_rate(samples, test, public, seed=seed)
+    if clip_path is not None:
+        from pipeline.evaluation.clip import ClipModel, clip_fd
+
+        out["clip_fd"] = clip_fd(samples, test, clip_path=clip_path, batch_size=cfg["batch_size"])
+        out["clip_zero_shot_acc"] = ClipModel(clip_path).zero_shot_accuracy(samples)
     out["wall_s"] = time.perf_counter() - start
     return out
 
@@ -128,7 +135,7 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
 @stage(
     "evaluate_samples",
     inputs=("samples", "test", "evalnet"),
-    optional_inputs=("public", "val"),
+    optional_inputs=("public", "val", "clip"),
     outputs=("metrics",),
     params={
         "evaluation": "the evaluation config section (feature_extractor, kid_*, prc_neighborhood, downstream, ...)",
@@ -148,7 +155,7 @@ def evaluate_samples(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     val = load_labelled_split(inputs["val"], "val") if "val" in inputs else None
     metrics = evaluate(samples, test, evalnet_path=inputs["evalnet"], evaluation=params.get("evaluation"),
                        seed=int(params.get("seed", 0)), device=params.get("device", "auto"), verbose=True,
-                       public=public, val=val)
+                       public=public, val=val, clip_path=inputs.get("clip"))
     metrics = {"name": str(params.get("name", Path(inputs["samples"]).stem)), **metrics}
     log.info("%s: fid %.3f, label consistency %s, downstream %s", metrics["name"], metrics["fid"],
              metrics["label_consistency"], {k: v for k, v in metrics.items() if k.startswith("acc_")})

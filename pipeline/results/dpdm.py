@@ -29,7 +29,9 @@ METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_class_mean"
            "acc_logreg", "acc_mlp", "acc_cnn", "acc_logreg_std", "acc_mlp_std", "acc_cnn_std",
            "n_samples", "n_test", "feature_extractor",
            # what the choice of the main sampler read (rule dpdm_select_sampler), beside what test says
-           "acc_cnn_val")
+           "acc_cnn_val",
+           # CLIP metrics (evaluation.clip; null when off)
+           "clip_fd", "clip_zero_shot_acc")
 
 
 def run_privacy(ledger_path: str | Path) -> dict[str, Any]:

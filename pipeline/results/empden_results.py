@@ -34,7 +34,7 @@ from pipeline.results.empden_accounting import AccountingConfig, account_block
 from pipeline.stage import PipelineError, stage
 
 #: metric columns carried from evaluate_samples into Table 8
-METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_val")
+METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_val", "clip_fd", "clip_zero_shot_acc")
 FACTS = ("cell", "method", "seed", "beta", "p_percent", "B", "T", "sigma_min", "k_steps", "t0", "t1", "n",
          "q_B", "mu_bar_B", "n_out", "delta", "claimed_epsilon", "normaliser", "normaliser_n")
 EPS = ("eps_lower_estimate", "eps_upper_bound", "eps_edgeworth_estimate", "edgeworth_valid", "edgeworth_reason")

@@ -62,7 +62,7 @@ COMPOSED_MECHANISM = "straightdp_composition"
 
 #: metric columns of each table, read from evaluate_samples' JSON (null -> NaN, never invented)
 TABLE_METRICS: dict[str, tuple[str, ...]] = {
-    "table1_main": ("acc_logreg", "acc_mlp", "acc_cnn", "fid", "label_consistency"),
+    "table1_main": ("acc_logreg", "acc_mlp", "acc_cnn", "fid", "label_consistency", "clip_fd", "clip_zero_shot_acc"),
     "table5_per_class": ("fid_class_mean", "label_consistency", "domain_rate"),
     "table6_fid_vs_eps": ("fid",),
     "table7_precision_recall": ("precision", "recall"),

@@ -93,6 +93,11 @@ def twin_inputs(wildcards):
     return inputs
 
 
+def mia_attack_settings():
+    """audit.mia less the twin's keys: editing how the twin trains reruns the twin's attacks only."""
+    return {k: v for k, v in config["audit"]["mia"].items() if not k.startswith("twin_")}
+
+
 def mia_grid():
     a = config["accounting"]
     return {k: a[k] for k in ("sigma_min", "sigma_max", "rho", "asr_N")}

@@ -161,3 +161,34 @@ def test_domain_rate_is_a_key_only_when_the_public_split_is_given(split_files, e
     assert main([*base, "--out", f"metrics={tmp_path / 'without.json'}"]) == 0
     assert read_json(tmp_path / "with.json")["domain_rate"] > 0.9
     assert "domain_rate" not in read_json(tmp_path / "without.json")
+
+
+@pytest.fixture(scope="module")
+def clip_file(split_files, tmp_path_factory):
+    """A small CLIP trained by the train_clip stage (here on the eval-train digits, to keep the test short)."""
+    from pipeline.evaluation.clip import train_clip
+
+    root = tmp_path_factory.mktemp("clip")
+    train_clip({"public": split_files["eval_train"]}, {"model": root / "clip.pt", "metrics": root / "clip.json"},
+               {"clip": {"steps": 150, "groups": 8, "lr": 3e-3, "width": 32, "layers": 1, "embed_dim": 16,
+                         "patch_size": 4}, "seed": 0})
+    return root / "clip.pt"
+
+
+def test_clip_adds_its_two_columns_moves_nothing_else_and_tells_digits_from_noise(split_files, evalnet, clip_file,
+                                                                                 tmp_path, digits):
+    params = json.dumps({"evaluation": EVALUATION, "seed": 0, "device": "cpu", "name": "real"})
+    plain = tmp_path / "plain.json"
+    assert _run(split_files, evalnet, plain) == 0
+    rows = {}
+    noise = tmp_path / "noise.npz"
+    save_split(noise, digits.noise_like(digits.real), name="noise", source="test", seed=0)
+    for name, samples in (("real", split_files["real"]), ("noise", noise)):
+        rows[name] = tmp_path / f"{name}_clip.json"
+        assert main(["evaluate_samples", "--in", f"samples={samples}", f"test={split_files['test']}",
+                     f"evalnet={evalnet}", f"clip={clip_file}", "--out", f"metrics={rows[name]}",
+                     "--params", params]) == 0
+    a, b, n = read_json(plain), read_json(rows["real"]), read_json(rows["noise"])
+    assert set(b) - set(a) == {"clip_fd", "clip_zero_shot_acc"}
+    assert {k: v for k, v in b.items() if k in a and k != "wall_s"} == {k: v for k, v in a.items() if k != "wall_s"}
+    assert b["clip_zero_shot_acc"] > 0.5 > n["clip_zero_shot_acc"] and b["clip_fd"] < n["clip_fd"]
