@@ -69,7 +69,7 @@ def small_clip_config(image_size: int, *, width: int = 64, layers: int = 2, embe
     if image_size % patch_size:
         raise PipelineError(f"evaluation.clip: image size {image_size} is not a multiple of patch_size {patch_size}")
     return {"embed_dim": embed_dim,
-            "vision_cfg": {"layers": layers, "width": width, "head_width": 32, "patch_size": patch_size,
+            "vision_cfg": {"layers": layers, "width": width, "head_width": min(32, width), "patch_size": patch_size,
                            "image_size": image_size},
             "text_cfg": {"context_length": context_length, "width": width, "heads": 2, "layers": layers}}
 
