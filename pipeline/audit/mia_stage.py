@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from pipeline import seeds
+import pipeline.flow.backbone  # noqa: F401 (registers STRAIGHTDP's flow model kind with the model-file loader)
 from pipeline.audit import mia
 from pipeline.audit.one_run import attack_curve, tpr_bound
 from pipeline.device import resolve_device
