@@ -35,11 +35,6 @@ import torch
 from scipy.stats import beta as beta_dist
 from torch import Tensor, nn
 
-from pipeline import seeds
-
-seeds.register_streams(
-    seeds.Stream("audit.mia", "the member subset and the loss attack's noise draws (keys: none)"),
-)
 #: D(x, sigma[B], labels[B] | None) -> y_hat, the VE-sigma denoiser every attack speaks
 Denoise = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
@@ -47,14 +42,6 @@ REFERENCES = {
     "loss": "loss/residual threshold (Carlini et al. 2023, Sec. 5; Yeom et al. 2018)",
     "secmi": "SecMI_stat t-error (Duan et al. 2023, eq. 7-9), DDIM = probability-flow Euler steps",
 }
-
-
-def member_indices(n_private: int, n: int, seed: int) -> Tensor:
-    """The fixed member subset: ``n`` of the ``n_private`` private records, the same for every model
-    attacked and for the twin that trains on it (stream ``audit.mia``)."""
-    if not 0 < n <= n_private:
-        raise ValueError(f"a member subset of {n} records needs 0 < n <= {n_private} (the private records)")
-    return torch.randperm(n_private, generator=seeds.torch_generator("audit.mia", seed))[:n]
 
 
 def ve_denoiser(model: nn.Module) -> Denoise:

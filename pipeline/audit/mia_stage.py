@@ -29,6 +29,7 @@ from pipeline import seeds
 import pipeline.flow.backbone  # noqa: F401 (registers STRAIGHTDP's flow model kind with the model-file loader)
 from pipeline.audit import mia
 from pipeline.audit.one_run import attack_curve, tpr_bound
+from pipeline.data.members import member_indices
 from pipeline.device import resolve_device
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.io import arrays_sha256, load_split, read_json, write_json
@@ -120,7 +121,7 @@ def audit_mia(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: M
     all_x, all_y = _split_tensors(inputs["members"], device)
     if len(all_x) < len(out_x):
         raise PipelineError(f"input members: {len(all_x)} records, fewer than the {len(out_x)} non-members")
-    pick = mia.member_indices(len(all_x), len(out_x), seed).to(device)
+    pick = member_indices(len(all_x), len(out_x), seed).to(device)
     in_x, in_y = all_x[pick], all_y[pick]
     if meta.get("members_sha256") is not None:  # a twin trained on the member subset: the same subset is attacked
         ours = arrays_sha256({"images": load_split(inputs["members"]).images[pick.cpu().numpy()]})

@@ -16,7 +16,7 @@ At the DP runs' own budget (8 epochs over 2,500 digits on the embedded default) 
 memorise: the loss attack's AUC stays within 0.50-0.54, inside its sampling interval (measured at
 8 and 16 epochs). A control must be able to fail, so by default (``audit.mia.twin_train_on:
 members``, given the input ``nonmembers``) the twin trains on the attacked member subset only
-(:func:`pipeline.audit.mia.member_indices`, as many records as there are non-members) for
+(:func:`pipeline.data.members.member_indices`, as many records as there are non-members) for
 ``audit.mia.twin_epochs`` passes with ``audit.mia.twin_K`` draws: each member is seen ~50x more
 often than by a DP run, the regime in which memorisation shows.
 """
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from pipeline import seeds
-from pipeline.audit.mia import member_indices
+from pipeline.data.members import member_indices
 from pipeline.device import resolve_device
 from pipeline.io import Split, arrays_sha256, write_json
 from pipeline.models.checkpoint import read_denoiser_meta, save_denoiser
@@ -51,7 +51,7 @@ STAGE = "train_dpdm_twin"
 PARAMS_DOC = {k: v for k, v in DPDM_PARAMS.items() if k not in ("epsilon", "delta", "clip", "micro_batch")}
 PARAMS_DOC["epochs"] = "passes over the data: T = ceil(epochs * N / batch_size) steps (the twin may train longer)"
 PARAMS_DOC["member_seed"] = ("with input nonmembers: the audit's seed that picks the member subset the twin "
-                             "trains on (pipeline.audit.mia.member_indices)")
+                             "trains on (pipeline.data.members.member_indices)")
 
 
 def example_losses(draw_loss: dpsgd.ExampleLoss, model: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.audit.mia import member_indices
+from pipeline.data.members import member_indices
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
 from pipeline.models.precond import parameterisation
 from pipeline.models.unet import UNetSpec, build_unet
