@@ -93,7 +93,9 @@ TINY = {
     # SENSGEO's six stages have their own stage tests (tests/results/test_sensgeo.py);
     # leaving them out here keeps the suite under 5 minutes on 2 cores
     "methods": ["accounting", "empden", "empden_diagnostics", "dpdm", "straightdp", "audit"],
-    "audit": {"canaries": 50},
+    "audit": {"canaries": 50,
+              # the twin and the attacks at a toy size: a few passes, few draws, a short inversion
+              "mia": {"twin_epochs": 20, "loss_draws": 2, "secmi_inversion_steps": 10, "bootstrap": 50}},
     "evaluation": {
         "batch_size": 100,
         "kid_subset_size": 50,
