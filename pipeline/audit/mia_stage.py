@@ -32,7 +32,7 @@ from pipeline.audit.one_run import attack_curve, tpr_bound
 from pipeline.data.members import member_indices
 from pipeline.device import resolve_device
 from pipeline.diffusion.schedule import EDMSchedule
-from pipeline.io import arrays_sha256, load_split, read_json, write_json
+from pipeline.io import Split, arrays_sha256, load_split, read_json, write_json
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
 from pipeline.privacy.mia import STOPPING_POINTS, asr_bound, stop_index
 from pipeline.reporting.tables import read_table, write_table
@@ -57,8 +57,7 @@ PARAMS_DOC = {
 }
 
 
-def _split_tensors(path: Path, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    split = load_split(path)
+def _split_tensors(split: Split, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return to_model_scale(split.images).to(device), torch.from_numpy(split.labels.astype(np.int64)).to(device)
 
 
@@ -117,21 +116,22 @@ def audit_mia(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: M
         raise PipelineError(f"input model {inputs['model']}: a private model's meta must record its certified eps")
     model = load_denoiser(inputs["model"], device).eval()
     denoise = mia.ve_denoiser(model)
-    out_x, out_y = _split_tensors(inputs["nonmembers"], device)
-    all_x, all_y = _split_tensors(inputs["members"], device)
+    members = load_split(inputs["members"])  # read once: attacked, and hashed against a twin's training subset
+    out_x, out_y = _split_tensors(load_split(inputs["nonmembers"]), device)
+    all_x, all_y = _split_tensors(members, device)
     if len(all_x) < len(out_x):
         raise PipelineError(f"input members: {len(all_x)} records, fewer than the {len(out_x)} non-members")
     pick = member_indices(len(all_x), len(out_x), seed).to(device)
     in_x, in_y = all_x[pick], all_y[pick]
     if meta.get("members_sha256") is not None:  # a twin trained on the member subset: the same subset is attacked
-        ours = arrays_sha256({"images": load_split(inputs["members"]).images[pick.cpu().numpy()]})
+        ours = arrays_sha256({"images": members.images[pick.cpu().numpy()]})
         if ours != meta["members_sha256"]:
             raise PipelineError(f"input model {inputs['model']}: it trained on another member subset than the one "
                                 "attacked here (different audit seed or split sizes); rebuild the twin")
 
     attacks: list[tuple[dict[str, Any], np.ndarray, np.ndarray]] = []
+    draw_seed = seeds.seed_of("audit.mia", seed)  # the same noise draws at every sigma and for every model
     for sigma in cfg["loss_sigmas"]:
-        draw_seed = seeds.seed_of("audit.mia", seed)
         ins, outs = (mia.loss_scores(denoise, x, y, float(sigma), draws=int(cfg["loss_draws"]), seed=draw_seed)
                      for x, y in ((in_x, in_y), (out_x, out_y)))
         attacks.append(({"attack": "loss", "sigma": float(sigma), "stopping_point": None}, ins, outs))
