@@ -250,7 +250,7 @@ def bisect_log_sigma(eps_of: Callable[[float], float], lo: float, hi: float, tar
     """Bisection on log sigma from a bracket with eps(hi) <= target < eps(lo), kept invariant: the
     returned ``hi`` is certified and a sigma smaller by more than ``rtol`` exceeds the target.
 
-    Shared by every noise calibration (DP-SGD, the moment release): the callers check the
+    Shared by every noise calibration (DP-SGD, the Gaussian releases): the callers check the
     bracket, since each seeds it differently.
     """
     while hi / lo > 1 + rtol:
@@ -260,6 +260,49 @@ def bisect_log_sigma(eps_of: Callable[[float], float], lo: float, hi: float, tar
         else:
             lo = mid
     return hi
+
+
+def gdp_noise_multiplier(*, target_epsilon: float, delta: float, gdp_scale: float) -> float:
+    """The sigma at which an event that is exactly (``gdp_scale`` / sigma)-GDP has eps(delta) =
+    ``target_epsilon`` (closed form, EMPDEN eq. 44): a Gaussian of multiplier sigma is (1/sigma)-GDP,
+    k of them composed (sqrt(k)/sigma)-GDP."""
+    log_mu = optimize.brentq(lambda lm: gdp_epsilon(delta, math.exp(lm)) - target_epsilon,
+                             math.log(1e-8), math.log(1e4), xtol=1e-14, rtol=1e-14, maxiter=500)
+    return gdp_scale / math.exp(log_mu)
+
+
+def calibrate_gaussian_noise_multiplier(event_of: Callable[[float], dp_event.DpEvent], *, gdp_scale: float,
+                                        target_epsilon: float, delta: float, settings: PLDSettings,
+                                        rtol: float = 1e-3) -> float:
+    """Smallest sigma (to relative tolerance ``rtol``) whose certified PLD eps of ``event_of(sigma)``
+    is <= ``target_epsilon``, for an event of unsampled Gaussians that is exactly
+    (``gdp_scale``/sigma)-GDP (the moment release: sqrt 2; DP-MERF: 1; Private Evolution: sqrt T).
+
+    The bracket is seeded by the exact GDP closed form sigma_gdp (:func:`gdp_noise_multiplier`):
+    the pessimistic PLD eps is never below the exact one, so every sigma < sigma_gdp exceeds the
+    target, and the search starts within a few rtol of the answer (a fixed wide bracket would ask
+    the PLD for sigma ~ 0.05, whose grid is millions of points). Invariant: eps(hi) <= target <
+    eps(lo); ``hi`` is returned.
+    """
+    if not (isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise AccountingError(f"target epsilon must be > 0 and finite, got {target_epsilon!r}")
+    _check_delta(delta)
+    if not 0 < rtol < 0.5:
+        raise AccountingError(f"rtol must be in (0, 0.5), got {rtol}")
+    eps_of = lambda s: pld_epsilon(event_of(s), delta, settings=settings)  # noqa: E731
+    sigma_gdp = gdp_noise_multiplier(target_epsilon=target_epsilon, delta=delta, gdp_scale=gdp_scale)
+    lo, hi = sigma_gdp / (1 + rtol), sigma_gdp * (1 + rtol)
+    if eps_of(lo) <= target_epsilon:  # impossible for a certified accountant; refuse rather than trust it
+        raise AccountingError(f"PLD eps at sigma {lo:.6g} is below the exact GDP eps: the accountant is not "
+                              f"certified")
+    for _ in range(200):
+        if eps_of(hi) <= target_epsilon:
+            break
+        lo, hi = hi, hi * 1.1
+    else:
+        raise AccountingError(f"target eps {target_epsilon} at delta {delta} not met by sigma <= {hi:.6g}; "
+                              f"the PLD discretisation h = {settings.value_discretization_interval} is too coarse")
+    return bisect_log_sigma(eps_of, lo, hi, target_epsilon, rtol)
 
 
 def pld_epsilon(event: dp_event.DpEvent, delta: float, *, pessimistic: bool = True,

@@ -9,6 +9,11 @@ asks this one function, so a table's eps and the audit's cannot disagree.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
+from dp_accounting import dp_event
+
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.stage import PipelineError
@@ -31,3 +36,30 @@ def recompute(entry: ledger.LedgerEntry) -> float:
     if name == "gdp":
         return acc.gdp_epsilon(entry.delta, acc.gdp_mu_of_event(event))
     raise PipelineError(f"replay: accountant {name!r} is not certified")  # validate() already refuses it
+
+
+def composed_entry(entries: Sequence[ledger.LedgerEntry], *, mechanism: str = "composed") -> ledger.LedgerEntry:
+    """One line holding ``ComposedDpEvent`` of ``entries``' events under the LAST line's accountant.
+
+    Built as a line so that :func:`recompute` -- the replay's one function -- chooses the PLD
+    settings and the reference construction: a run's composed eps (STRAIGHTDP's release + THA,
+    a run of all_runs.parquet) cannot drift from how every single line is certified. The lines
+    must share delta and accountant (one PLD grid); the last line's noise multiplier and sampling
+    rate are Gaussians / sampled events of the composition, so the line validates. One line is
+    returned as it is.
+    """
+    if not entries:
+        raise PipelineError("composed_entry: no ledger lines to compose")
+    if len(entries) == 1:
+        return entries[0]
+    last = entries[-1]
+    for e in entries[:-1]:
+        if e.delta != last.delta:
+            raise PipelineError(f"lines {e.mechanism} and {last.mechanism}: delta {e.delta:g} != {last.delta:g} "
+                                f"(one run composes at one delta)")
+        if e.accountant != last.accountant:
+            raise PipelineError(f"lines {e.mechanism} and {last.mechanism}: accountant settings differ "
+                                f"({e.accountant} vs {last.accountant}); the composition needs one PLD grid")
+    composed = dp_event.ComposedDpEvent([e.dp_event() for e in entries])
+    return dataclasses.replace(last, stage=mechanism, mechanism=mechanism, event=ledger.event_to_dict(composed),
+                               extra={})

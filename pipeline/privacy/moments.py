@@ -60,7 +60,6 @@ from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
-from scipy import optimize
 
 from pipeline.io import CorruptFileError, atomic_path
 from pipeline.privacy import accountants as acc
@@ -262,41 +261,20 @@ def moment_event(sigma: float) -> dp_event.DpEvent:
 def gdp_noise_multiplier(*, target_epsilon: float, delta: float) -> float:
     """The sigma at which the release's exact eps(delta) is ``target_epsilon``: the composition
     of two Gaussians of multiplier sigma is sqrt(2)/sigma-GDP (closed form, EMPDEN eq. 44)."""
-    log_mu = optimize.brentq(lambda lm: acc.gdp_epsilon(delta, math.exp(lm)) - target_epsilon,
-                             math.log(1e-8), math.log(1e4), xtol=1e-14, rtol=1e-14, maxiter=500)
-    return math.sqrt(2.0) / math.exp(log_mu)
+    return acc.gdp_noise_multiplier(target_epsilon=target_epsilon, delta=delta, gdp_scale=math.sqrt(2.0))
 
 
 def calibrate_noise_multiplier(*, target_epsilon: float, delta: float,
                                settings: acc.PLDSettings = MOMENT_PLD_SETTINGS, rtol: float = 1e-3) -> float:
-    """Smallest sigma (to relative tolerance ``rtol``) whose certified eps <= ``target_epsilon``.
-
-    Bisection on log sigma, as :func:`pipeline.privacy.dpsgd.calibrate_noise_multiplier`, with
-    the bracket seeded by the exact GDP closed form sigma_gdp (:func:`gdp_noise_multiplier`):
-    the pessimistic PLD eps is never below the exact one, so every sigma < sigma_gdp exceeds
-    the target, and the search starts within a few rtol of the answer (a fixed wide bracket
-    would ask the PLD for sigma ~ 0.05, whose grid is millions of points). Invariant:
-    eps(hi) <= target < eps(lo); ``hi`` is returned.
-    """
-    if not (isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise MomentsError(f"target epsilon must be > 0 and finite, got {target_epsilon!r}")
-    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        raise MomentsError(f"delta must be in (0, 1), got {delta!r}")
-    if not 0 < rtol < 0.5:
-        raise MomentsError(f"rtol must be in (0, 0.5), got {rtol}")
-    eps_of = lambda s: acc.pld_epsilon(moment_event(s), delta, settings=settings)  # noqa: E731
-    sigma_gdp = gdp_noise_multiplier(target_epsilon=target_epsilon, delta=delta)
-    lo, hi = sigma_gdp / (1 + rtol), sigma_gdp * (1 + rtol)
-    if eps_of(lo) <= target_epsilon:  # impossible for a certified accountant; refuse rather than trust it
-        raise MomentsError(f"PLD eps at sigma {lo:.6g} is below the exact GDP eps: the accountant is not certified")
-    for _ in range(200):
-        if eps_of(hi) <= target_epsilon:
-            break
-        lo, hi = hi, hi * 1.1
-    else:
-        raise MomentsError(f"target eps {target_epsilon} at delta {delta} not met by sigma <= {hi:.6g}; "
-                           f"the PLD discretisation h = {settings.value_discretization_interval} is too coarse")
-    return acc.bisect_log_sigma(eps_of, lo, hi, target_epsilon, rtol)
+    """Smallest sigma (to relative tolerance ``rtol``) whose certified eps <= ``target_epsilon``
+    (:func:`pipeline.privacy.accountants.calibrate_gaussian_noise_multiplier`, seeded by the exact
+    GDP closed form of the two Gaussians, :func:`gdp_noise_multiplier`)."""
+    try:
+        return acc.calibrate_gaussian_noise_multiplier(moment_event, gdp_scale=math.sqrt(2.0),
+                                                       target_epsilon=target_epsilon, delta=delta,
+                                                       settings=settings, rtol=rtol)
+    except acc.AccountingError as exc:
+        raise MomentsError(str(exc)) from None
 
 
 def calibrate_release(*, target_epsilon: float, delta: float, R: float, N: int, n_classes: int, p: int,

@@ -29,7 +29,6 @@ public data only, with the threshold and the horizon tau).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -38,13 +37,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from dp_accounting import dp_event
 
 from pipeline.io import read_json
 from pipeline.privacy import ledger, rebuild
 # moments and tha register their rebuilders on import: a line is checked against its parameters
 from pipeline.privacy import moments, tha  # noqa: F401
-from pipeline.privacy.certify import recompute
+from pipeline.privacy.certify import composed_entry, recompute
 from pipeline.privacy.replay import REL_TOL
 from pipeline.reporting import save_figure
 from pipeline.reporting.figures import readable_log_axis
@@ -113,19 +111,6 @@ def _certified(entry: ledger.LedgerEntry) -> float:
     return _CERTIFIED[key]
 
 
-def _composed_entry(release: ledger.LedgerEntry, train: ledger.LedgerEntry) -> ledger.LedgerEntry:
-    """A ledger line holding ComposedDpEvent([release, train]) under the train line's accountant.
-
-    Built as a line so that :func:`pipeline.privacy.certify.recompute` -- the replay's one
-    function -- chooses the PLD settings and the reference construction: the composed eps
-    cannot drift from how every single line is certified. The train line's noise multiplier
-    and sampling rate are Gaussians / sampled events of the composition, so the line validates.
-    """
-    composed = dp_event.ComposedDpEvent([release.dp_event(), train.dp_event()])
-    return dataclasses.replace(train, stage=COMPOSED_MECHANISM, mechanism=COMPOSED_MECHANISM,
-                               event=ledger.event_to_dict(composed), extra={})
-
-
 def run_privacy(release: Path | None, train: Path | None) -> dict[str, Any]:
     """Privacy columns of one STRAIGHTDP run from its transcripts (either may be None, not both).
 
@@ -152,13 +137,11 @@ def run_privacy(release: Path | None, train: Path | None) -> dict[str, Any]:
                    K_buckets=len(edges) - 1 if edges else 0, tau=edges[0] if edges else math.nan,
                    beta=float(tr.extra.get("beta", math.nan)), sampling_rate=float(tr.sampling["probability"]))
     if rel is not None and tr is not None:
-        if rel.delta != tr.delta:
-            raise PipelineError(f"{release} and {train}: delta {rel.delta:g} != {tr.delta:g} (one run composes at "
-                                f"one delta)")
-        if rel.accountant != tr.accountant:
-            raise PipelineError(f"{release} and {train}: accountant settings differ ({rel.accountant} vs "
-                                f"{tr.accountant}); the composition needs one PLD grid")
-        out["eps_certified"] = _certified(_composed_entry(rel, tr))
+        try:
+            composed = composed_entry([rel, tr], mechanism=COMPOSED_MECHANISM)
+        except PipelineError as exc:
+            raise PipelineError(f"{release} and {train}: {exc}") from None
+        out["eps_certified"] = _certified(composed)
     else:
         out["eps_certified"] = out["eps_release"] if tr is None else out["eps_train"]
     line = tr if tr is not None else rel

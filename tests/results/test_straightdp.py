@@ -82,16 +82,18 @@ def test_a_single_stage_run_certifies_that_stage(tmp_path):
 @pytest.mark.parametrize("mutation", ["release_noise_off_in_composition", "release_sensitivity_halved"])
 def test_the_composition_check_detects_a_composition_that_spends_less(tmp_path, monkeypatch, mutation):
     """check_composed must fail if the stage dropped the release or halved its sensitivity (doubled sigma)."""
-    original = sdp._composed_entry
+    original = sdp.composed_entry
 
-    def weaker(release, train):
+    def weaker(entries, mechanism):
+        release, train = entries
         if mutation == "release_noise_off_in_composition":
             return train  # the release's noise gone from the accounting: as if it cost nothing
         doubled = moments.MomentReleasePlan(sigma=2 * RELEASE.sigma, R=RELEASE.R, N=RELEASE.N,
                                             n_classes=RELEASE.n_classes, p=RELEASE.p, delta=DELTA)
-        return original(moments.ledger_entry(doubled, stage="x", config_id="c", seed=0, settings=COARSE), train)
+        return original([moments.ledger_entry(doubled, stage="x", config_id="c", seed=0, settings=COARSE), train],
+                        mechanism=mechanism)
 
-    monkeypatch.setattr(sdp, "_composed_entry", weaker)
+    monkeypatch.setattr(sdp, "composed_entry", weaker)
     p = sdp.run_privacy(write_release(tmp_path / "r.jsonl"), write_train(tmp_path / "t.jsonl"))
     with pytest.raises(AssertionError):
         check_composed(p, RELEASE, THA)
