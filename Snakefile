@@ -21,6 +21,7 @@ include: "rules/empden.smk"
 include: "rules/empden_diagnostics.smk"
 include: "rules/dpdm.smk"
 include: "rules/straightdp.smk"
+include: "rules/baselines.smk"
 include: "rules/audit.smk"
 include: "rules/pretrain.smk"
 

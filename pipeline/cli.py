@@ -34,6 +34,8 @@ CORE_STAGES: dict[str, str] = {
     "data_figure": "pipeline.reporting.stage:data_figure",
     "collect_table": "pipeline.reporting.stage:collect_table",
     "index_html": "pipeline.reporting.stage:index_html",
+    "all_runs_table": "pipeline.results.all_runs:all_runs_table",
+    "privacy_utility_figure": "pipeline.results.all_runs:privacy_utility_figure",
     "replay": "pipeline.privacy.replay:replay",
     "pretrain_public": "pipeline.training.pretrain:pretrain_public",
 }

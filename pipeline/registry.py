@@ -14,23 +14,62 @@ it reads are used. Pure Python (no Snakemake): tested in ``tests/test_registry.p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 #: what a method registers: a function returning its paths (or path -> claims for transcripts)
 TargetsFn = Callable[[], Iterable[str | PathLike[str]]]
 TranscriptsFn = Callable[[], Mapping[str | PathLike[str], int]]
+#: what a method registers for all_runs.parquet: one record per (configuration, seed) it ran
+RunsFn = Callable[[], Iterable["RunRecord"]]
 
 #: the suffixes the index page shows: tables and figures (a figure's PDF is written beside its PNG)
 REPORT_SUFFIXES = (".parquet", ".png")
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of all_runs.parquet: a method's (configuration, seed) that was evaluated.
+
+    ``metrics``: its evaluate_samples JSON; ``ledgers``: the transcripts of every private mechanism
+    that made it (composed for its certified eps; none for a public-only or non-private reference);
+    ``private``: whether it claims DP (a private run without a transcript is refused);
+    ``benchmarks``: Snakemake benchmark files of the jobs that produced it (its cost columns);
+    ``label``: its line in the privacy-utility figure; ``in_figure``: whether it is drawn there
+    (ablation rows and eps far off the common range stay in the table only).
+    """
+
+    method: str
+    config: str
+    seed: int
+    metrics: str
+    epsilon_target: float | None = None
+    private: bool = True
+    ledgers: tuple[str, ...] = ()
+    benchmarks: tuple[str, ...] = ()
+    label: str = ""
+    in_figure: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", str(self.metrics))
+        object.__setattr__(self, "ledgers", tuple(str(p) for p in self.ledgers))
+        object.__setattr__(self, "benchmarks", tuple(str(p) for p in self.benchmarks))
+        if self.private and not self.ledgers:
+            raise ValueError(f"run {self.method}/{self.config}: a private run needs its ledger transcripts")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class MethodRegistry:
-    """Each method's targets and ledger transcripts, as registered by its rule file."""
+    """Each method's targets, ledger transcripts and evaluated runs, as registered by its rule file."""
 
     def __init__(self) -> None:
         self._targets: dict[str, list[TargetsFn]] = {}
         self._transcripts: dict[str, list[TranscriptsFn]] = {}
+        self._runs: dict[str, list[RunsFn]] = {}
 
     def register_targets(self, method: str, targets: TargetsFn) -> None:
         """``targets()`` lists the method's outputs in ``rule all``: its tables (.parquet) and figures
@@ -43,6 +82,12 @@ class MethodRegistry:
         (ledger lines) it must hold; the replay reads them all and checks every count."""
         self._transcripts.setdefault(method, []).append(transcripts)
         self._targets.setdefault(method, [])
+
+    def register_runs(self, method: str, runs: RunsFn) -> None:
+        """``runs()`` lists the method's evaluated (configuration, seed) records: the rows of all_runs.parquet."""
+        self._runs.setdefault(method, []).append(runs)
+        self._targets.setdefault(method, [])
+        self._transcripts.setdefault(method, [])
 
     @property
     def methods(self) -> list[str]:
@@ -77,3 +122,13 @@ class MethodRegistry:
             for fn in self._transcripts[method]:
                 out.update((Path(p), int(n)) for p, n in fn().items())
         return out
+
+    def runs(self, methods: Sequence[str]) -> list[RunRecord]:
+        """Every evaluated run of the chosen ``methods``, in their order; a metrics file listed twice is one run."""
+        self._check(methods)
+        out: dict[str, RunRecord] = {}
+        for method in methods:
+            for fn in self._runs.get(method, []):
+                for run in fn():
+                    out.setdefault(run.metrics, run)
+        return list(out.values())

@@ -106,6 +106,30 @@ def register_transcripts(method, transcripts):
     REGISTRY.register_transcripts(method, transcripts)
 
 
+def register_runs(method, runs):
+    """``runs()``: the method's evaluated runs (pipeline.registry.RunRecord), the rows of all_runs.parquet."""
+    REGISTRY.register_runs(method, runs)
+
+
+def all_run_records():
+    """Every evaluated run of the core references and the chosen methods (all_runs.parquet's rows)."""
+    return [*CORE_RUNS, *_registered(REGISTRY.runs)]
+
+
+def run_table_inputs(records):
+    """metrics_i and ledger_i_j of each run record: the inputs of all_runs_table (and of a method's run table)."""
+    out = {}
+    for i, r in enumerate(records):
+        out[f"metrics_{i}"] = r.metrics
+        out.update({f"ledger_{i}_{j}": p for j, p in enumerate(r.ledgers)})
+    return out
+
+
+def run_table_params(records):
+    runs = [{k: v for k, v in r.as_dict().items() if k not in ("metrics", "ledgers")} for r in records]
+    return stage_params(runs=runs)
+
+
 def method_on(method):
     """Whether config `methods` chooses ``method`` (its rules exist either way: any output can be asked for by path)."""
     return method in config["methods"]
@@ -118,8 +142,9 @@ def _registered(query):
         raise WorkflowError(str(exc)) from None
 
 
-#: the core tables and figures every config reports (rules/report.smk)
-CORE_REPORT = [TABLES / "reference_real.parquet", FIGURES / "data_samples.png"]
+#: the core tables and figures every config reports (rules/report.smk); the comparison first
+CORE_REPORT = [FIGURES / "privacy_utility.png", TABLES / "all_runs.parquet", TABLES / "reference_real.parquet",
+               FIGURES / "data_samples.png"]
 
 
 def report_inputs():

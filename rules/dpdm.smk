@@ -20,6 +20,7 @@ except ConfigError as _exc:
 register_targets("dpdm", dpdm_targets)
 # every run writes its own transcript, with one claim
 register_transcripts("dpdm", lambda: {dpdm_ledger_path(r.name): 1 for r in dpdm_runs.runs(config["dpdm"])})
+register_runs("dpdm", dpdm_records)
 
 
 rule train_dpdm:

@@ -26,6 +26,7 @@ include: "functions/empden.smk"
 
 register_targets("empden", empden_targets)
 register_transcripts("empden", empden_ledger_claims)
+register_runs("empden", empden_records)
 
 
 

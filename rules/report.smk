@@ -1,5 +1,11 @@
-# Reporting: Parquet tables (results/tables/), figures (results/figures/), index page.
-# Code: pipeline/reporting/stage.py.
+# Reporting: Parquet tables (results/tables/), figures (results/figures/), index page, and the
+# cross-method comparison (all_runs.parquet + privacy_utility.png).
+# Code: pipeline/reporting/stage.py, pipeline/results/all_runs.py.
+from pipeline.registry import RunRecord
+
+#: the reference rows every config has: held-out real data (no privacy)
+CORE_RUNS = [RunRecord(method="reference", config="reference_real", seed=SEED, private=False,
+                       metrics=EXPDIR / "eval" / "reference_real" / "metrics.json", label="real held-out data")]
 
 
 rule reference_real:
@@ -69,3 +75,43 @@ rule index_html:
         CPU_ENV
     shell:
         "python -m pipeline index_html {params.ins} --out index={output:q} --params {params.p:q} --log {log:q}"
+
+
+rule all_runs_table:
+    """Table all_runs: one row per evaluated (method, configuration, seed), certified eps from its transcripts."""
+    input:
+        unpack(lambda wildcards: run_table_inputs(all_run_records())),
+    output:
+        table=TABLES / "all_runs.parquet",
+    params:
+        p=lambda wildcards: run_table_params(all_run_records()),
+        ins=lambda wildcards: io_args("--in", run_table_inputs(all_run_records())),
+    log:
+        LOGS / "all_runs_table.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline all_runs_table {params.ins} --out table={output.table:q} --params {params.p:q} --log {log:q}"
+
+
+rule privacy_utility_figure:
+    """Figure privacy_utility: downstream accuracy and FID vs certified eps, one line per method, references flat."""
+    input:
+        table=TABLES / "all_runs.parquet",
+    output:
+        png=FIGURES / "privacy_utility.png",
+        pdf=FIGURES / "privacy_utility.pdf",
+    log:
+        LOGS / "privacy_utility_figure.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline privacy_utility_figure --in table={input.table:q} --out figure={output.png:q} --log {log:q}"

@@ -13,6 +13,7 @@ include: "functions/straightdp.smk"
 
 register_targets("straightdp", sdp_targets)
 register_transcripts("straightdp", sdp_transcripts)
+register_runs("straightdp", sdp_records)
 
 
 rule straightdp_public:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.registry import MethodRegistry
+from pipeline.registry import MethodRegistry, RunRecord
 
 
 def registry() -> MethodRegistry:
@@ -48,3 +48,18 @@ def test_a_method_left_out_never_computes_its_targets():
 def test_a_chosen_method_no_rule_file_registers_is_a_one_line_error():
     with pytest.raises(ValueError, match="config error at methods: gamma has no rule file registering it"):
         registry().targets(["alpha", "gamma"])
+
+
+def test_runs_of_the_chosen_methods_in_order_each_metrics_file_once():
+    reg = MethodRegistry()
+    a = RunRecord(method="alpha", config="a1", seed=0, metrics="e/a1.json", ledgers=("l/a1.jsonl",))
+    shared = RunRecord(method="beta", config="b1", seed=0, metrics="e/b1.json", private=False)
+    reg.register_runs("alpha", lambda: [a])
+    reg.register_runs("beta", lambda: [shared, shared])
+    assert reg.runs(["beta", "alpha"]) == [shared, a]
+    assert reg.runs(["alpha"]) == [a]
+
+
+def test_a_private_run_record_needs_its_transcripts():
+    with pytest.raises(ValueError, match="needs its ledger transcripts"):
+        RunRecord(method="alpha", config="a1", seed=0, metrics="e/a1.json")

@@ -132,3 +132,19 @@ def dpdm_sampler_grid_inputs():
     """Figure dpdm_samples_by_sampler: the sampler ablation's samples at :func:`dpdm_sampler_grid_eps`."""
     return {r["sampler"]: dpdm_samples_path(r["run"], r["sampler"]) for r in dpdm_rows("dpdm_table_samplers")
             if r["eps_target"] == float(dpdm_sampler_grid_eps())}
+
+
+def dpdm_records():
+    """all_runs records: every evaluated (run, sampler) of the DPDM tables; the main table's rows are the
+    figure's DPDM line (the main sampler, chosen on val), the ablations' rows stay in the table."""
+    from pipeline.registry import RunRecord
+
+    out = []
+    for table in dpdm_runs.table_rows(config["dpdm"]):
+        main = table == "dpdm_table_main"
+        for r in dpdm_rows(table):
+            out.append(RunRecord(method="dpdm", config=f"{r['run']}/{r['sampler']}", seed=r["seed"],
+                                 epsilon_target=r["eps_target"], metrics=dpdm_metrics_path(r["run"], r["sampler"]),
+                                 ledgers=(dpdm_ledger_path(r["run"]),), label="DPDM" if main else "DPDM (ablations)",
+                                 in_figure=main))
+    return out

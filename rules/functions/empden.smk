@@ -61,3 +61,16 @@ def empden_figure4_inputs():
     """The full-batch cells (Figure 4 right)."""
     cells = [c for c in empden_cells() if c.method == "full_batch"]
     return {f"samples_{i}": empden_sample_path(c) for i, c in enumerate(cells)}
+
+
+def empden_records():
+    """all_runs records: every evaluated cell; the figure draws the subsampled cells (hybrid, per-step) as
+    points and the public-only cell as a reference (full-batch eps ~1e3-1e4 stay in the table only)."""
+    from pipeline.registry import RunRecord
+
+    labels = {"hybrid": "EMPDEN hybrid (p, B, T grid)", "per_step": "EMPDEN per-step (p, B, T grid)",
+              "full_batch": "EMPDEN full batch", "public_only": "public denoiser only (EMPDEN)"}
+    return [RunRecord(method="empden", config=c.name, seed=c.seed, private=c.private, metrics=empden_metrics_path(c),
+                      ledgers=(EXPDIR / "ledger" / f"{c.ledger_stem}.jsonl",) if c.private else (),
+                      label=labels[c.method], in_figure=c.method != "full_batch")
+            for c in empden_cells()]

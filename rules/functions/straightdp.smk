@@ -119,3 +119,17 @@ def sdp_transcripts():
         if run.trains:
             out[sdp_train_ledger(run.name)] = 1
     return out
+
+
+def sdp_records():
+    """all_runs records: every run of Table 1 (one figure line per row), its release and/or train transcript."""
+    from pipeline.registry import RunRecord
+
+    out = []
+    for run in sdp_runs():
+        ledgers = ((sdp_release_ledger(run.name),) if run.releases else ()) + \
+                  ((sdp_train_ledger(run.name),) if run.trains else ())
+        out.append(RunRecord(method="straightdp", config=run.name, seed=run.seed, epsilon_target=run.epsilon,
+                             metrics=sdp_metrics_path(run.name), ledgers=ledgers,
+                             label=f"STRAIGHTDP: {straightdp_runs.LABELS[run.row]}"))
+    return out

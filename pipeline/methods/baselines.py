@@ -1,0 +1,12 @@
+"""Baselines (DP-MERF, Private Evolution) under the same protocol, their table; and the cross-method
+comparison (all_runs.parquet, the privacy-utility figure).
+
+Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and their names:
+``pipeline/baselines/runs.py``.
+"""
+
+STAGES = {
+    "dp_merf": "pipeline.baselines.dp_merf:dp_merf",
+    "private_evolution": "pipeline.baselines.private_evolution:private_evolution",
+    "baselines_table": "pipeline.results.baselines:baselines_table",
+}

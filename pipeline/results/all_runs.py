@@ -1,0 +1,192 @@
+"""Every method side by side: ``all_runs.parquet`` and the privacy-utility figure.
+
+One row per evaluated (method, configuration, seed) that a method's rule file registered
+(``register_runs``, :class:`pipeline.registry.RunRecord`): the metrics of the shared
+``evaluate_samples`` stage, the certified eps recomputed here from the run's own ledger
+transcripts (every line checked against its parameters, the lines of one run composed in one
+PLD: STRAIGHTDP's release + THA), and the cost of the jobs that made it (Snakemake benchmark
+files). Column schema: README, "all_runs.parquet".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.io import read_json
+from pipeline.privacy import ledger, rebuild
+# every mechanism's rebuilder registers on import: a line is checked against its parameters
+from pipeline.privacy import dp_merf, moments, private_evolution, tha  # noqa: F401
+from pipeline.privacy.certify import composed_entry, recompute
+from pipeline.reporting.figures import readable_log_axis, save_figure
+from pipeline.reporting.tables import write_table
+from pipeline.stage import PipelineError, stage
+
+#: metric columns copied from evaluate_samples' JSON (null when a metric does not apply)
+METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_class_mean", "label_consistency",
+           "acc_logreg", "acc_mlp", "acc_cnn", "acc_logreg_std", "acc_mlp_std", "acc_cnn_std",
+           "clip_fd", "clip_zero_shot_acc", "n_samples")
+
+
+
+_CERTIFIED: dict[str, float] = {}
+
+
+def certified(entry: ledger.LedgerEntry) -> float:
+    """:func:`recompute` memoised on (event, accountant, delta): seeds of a grid often share an event."""
+    key = json.dumps([entry.event, entry.accountant, entry.delta], sort_keys=True)
+    if key not in _CERTIFIED:
+        _CERTIFIED[key] = recompute(entry)
+    return _CERTIFIED[key]
+
+
+def run_privacy(transcripts: Sequence[Path]) -> dict[str, Any]:
+    """Privacy columns of one run from its transcripts: every line rebuilt from its parameters, all lines
+    composed (one delta, one accountant) and certified by the replay's accountant."""
+    lines: list[ledger.LedgerEntry] = []
+    for path in transcripts:
+        try:
+            found = [e for _, e in ledger.read_ledger(path)]
+            for e in found:
+                rebuild.check(e)
+        except (FileNotFoundError, ledger.LedgerError) as exc:
+            raise PipelineError(f"{path}: {exc}") from None
+        if not found:
+            raise PipelineError(f"{path}: empty transcript (a private run without its claim)")
+        lines += found
+    entry = composed_entry(lines, mechanism="run_composition")
+    return {"eps_certified": certified(entry), "delta": lines[0].delta, "accountant": entry.accountant["name"],
+            "adjacency": ",".join(sorted({e.adjacency for e in lines})),
+            "mechanisms": ",".join(e.mechanism for e in lines)}
+
+
+def read_benchmarks(paths: Sequence[Path]) -> dict[str, float]:
+    """Cost of a run from Snakemake benchmark TSVs: summed wall and CPU seconds, the largest max RSS.
+    NaN when none is declared or one is missing (a job that ran before benchmarks were declared)."""
+    unknown = {"cost_wall_s": math.nan, "cost_cpu_s": math.nan, "cost_max_rss_mb": math.nan}
+    wall = cpu = rss = 0.0
+    if not paths:
+        return unknown
+    for p in paths:
+        if not Path(p).is_file():
+            return unknown
+        df = pd.read_csv(p, sep="\t")
+        wall += float(df["s"].iloc[-1])
+        cpu += float(pd.to_numeric(df.get("cpu_time", pd.Series([math.nan])), errors="coerce").iloc[-1])
+        rss = max(rss, float(pd.to_numeric(df["max_rss"], errors="coerce").iloc[-1]))
+    return {"cost_wall_s": wall, "cost_cpu_s": cpu, "cost_max_rss_mb": rss}
+
+
+def checked_runs(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    runs = params.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise PipelineError("stage all_runs_table: params.runs must be a non-empty list of runs")
+    for i, r in enumerate(runs):
+        missing = [f for f in ("method", "config", "seed", "private") if f not in r]
+        if missing:
+            raise PipelineError(f"stage all_runs_table: params.runs[{i}] lacks {', '.join(missing)}")
+    return runs
+
+
+def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per run: its fields, its privacy (private runs), its metrics and its cost."""
+    rows = []
+    for i, r in enumerate(runs):
+        if f"metrics_{i}" not in inputs:
+            raise PipelineError(f"stage all_runs_table: run {i} ({r['method']}/{r['config']}) needs --in metrics_{i}")
+        ledgers = [inputs[k] for k in sorted((k for k in inputs if k.startswith(f"ledger_{i}_")),
+                                             key=lambda k: int(k.rsplit("_", 1)[1]))]
+        if r["private"] and not ledgers:
+            raise PipelineError(f"stage all_runs_table: private run {r['method']}/{r['config']} has no ledger "
+                                f"transcript (--in ledger_{i}_0=...)")
+        privacy = (run_privacy(ledgers) if r["private"] else
+                   {"eps_certified": math.nan, "delta": math.nan, "accountant": "", "adjacency": "", "mechanisms": ""})
+        metrics = read_json(inputs[f"metrics_{i}"])
+        eps_target = r.get("epsilon_target")
+        rows.append({"method": str(r["method"]), "label": str(r.get("label") or r["method"]), "config": str(r["config"]),
+                     "seed": int(r["seed"]), "private": bool(r["private"]),
+                     "epsilon_target": math.nan if eps_target is None else float(eps_target), **privacy,
+                     **{m: (math.nan if metrics.get(m) is None else float(metrics[m])) for m in METRICS},
+                     **read_benchmarks([Path(p) for p in r.get("benchmarks", [])]),
+                     "in_figure": bool(r.get("in_figure", True))})
+    df = pd.DataFrame(rows)
+    bad = df[df["private"] & ~np.isfinite(df["eps_certified"])]
+    if len(bad):
+        raise PipelineError(f"stage all_runs_table: private run {bad.iloc[0]['method']}/{bad.iloc[0]['config']} has "
+                            f"no finite certified eps")
+    return df
+
+
+@stage("all_runs_table", outputs=("table",), any_inputs=True,
+       params={"runs": "list of {method, config, seed, epsilon_target, private, label, in_figure, benchmarks}; run i "
+                       "reads --in metrics_i= and ledger_i_0=, ledger_i_1=, ...", "config_id": "id of the settings"})
+def all_runs_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """all_runs.parquet: every evaluated run of every method, certified eps recomputed from its transcripts."""
+    df = run_rows(inputs, checked_runs(params))
+    write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")))
+
+
+# --------------------------------------------------------------------------- the figure
+
+def _line(ax: Any, g: pd.DataFrame, metric: str, label: str, color: Any) -> None:
+    """One method's line: mean over seeds per configuration, a band from the seeds' min to max."""
+    by = g.groupby("config").agg(eps=("eps_certified", "mean"), mean=(metric, "mean"), lo=(metric, "min"),
+                                 hi=(metric, "max"), target=("epsilon_target", "mean")).sort_values("eps")
+    by = by[np.isfinite(by["mean"]) & np.isfinite(by["eps"])]
+    if by.empty:
+        return
+    if by["target"].notna().all():
+        ax.plot(by["eps"], by["mean"], marker="o", color=color, label=label)
+        ax.fill_between(by["eps"], by["lo"], by["hi"], color=color, alpha=0.2, linewidth=0)
+    else:  # a grid of configurations without a target eps (EMPDEN's cells): points, not a line
+        ax.scatter(by["eps"], by["mean"], marker="s", s=18, color=color, label=label)
+
+
+def privacy_utility_figure_of(df: pd.DataFrame) -> Any:
+    """Downstream CNN accuracy and FID vs certified eps: a line per method label, references horizontal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    private = df[df["private"] & df["in_figure"]]
+    refs = df[~df["private"] & df["in_figure"]]
+    colors = plt.get_cmap("tab10")
+    labels = list(dict.fromkeys(private["label"]))
+    for ax, metric, name in ((axes[0], "acc_cnn", "downstream CNN accuracy on real test (fraction)"),
+                             (axes[1], "fid", "FID vs real test (eval-net features; lower is better)")):
+        for k, label in enumerate(labels):
+            _line(ax, private[private["label"] == label], metric, label, colors(k % 10))
+        for j, (label, g) in enumerate(refs.groupby("label", sort=False)):
+            value = g[metric].mean()
+            if np.isfinite(value):
+                ax.axhline(value, color="0.3", linestyle=("--", ":", "-.")[j % 3], linewidth=1,
+                           label=f"{label} (reference)")
+        ax.set_xscale("log")
+        readable_log_axis(ax.xaxis)
+        ax.set_xlabel("certified ε (PLD upper bound, δ as in each run's ledger)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Utility vs privacy: downstream accuracy")
+    axes[1].set_title("Utility vs privacy: sample quality")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(4, max(1, len(names))), fontsize=8, frameon=False)
+    fig.suptitle("Every method under one ledger and one evaluation (mean over seeds; band = seeds' range)")
+    fig.tight_layout(rect=(0, 0.14, 1, 0.95))
+    return fig
+
+
+@stage("privacy_utility_figure", inputs=("table",), outputs=("figure",))
+def privacy_utility_figure(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """results/figures/privacy_utility.png (+ PDF): accuracy and FID vs certified eps, one line per method."""
+    df = pd.read_parquet(inputs["table"])
+    if df.empty:
+        raise PipelineError(f"stage privacy_utility_figure: {inputs['table']} holds no runs")
+    save_figure(privacy_utility_figure_of(df), outputs["figure"])

@@ -1,0 +1,62 @@
+"""Stage dp_merf: one release, its ledger line within the target, a generator's balanced samples."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.baselines.dp_merf import dp_merf, median_length_scale, unit_pixels
+from pipeline.io import Split, load_split, save_split
+from pipeline.privacy import ledger
+from pipeline.privacy.replay import audit
+from pipeline.stage import PipelineError
+from tests.conftest import one_thread
+
+SMALL = {"delta": 1e-5, "n_samples": 12,
+         "dp_merf": {"n_features": 32, "steps": 5, "batch_size": 12, "hidden": 8, "z_dim": 4}}
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    save_split(d / "private.npz", Split(rng.integers(0, 256, (30, 1, 8, 8), dtype=np.uint8), np.arange(30) % 3),
+               name="private_train", source="test", seed=0)
+    save_split(d / "public.npz", Split(rng.integers(0, 256, (20, 1, 8, 8), dtype=np.uint8), np.arange(20) % 3),
+               name="public", source="test", seed=0)
+    return d
+
+
+def run(splits, tmp, run="dp_merf_eps2_seed0", **section):
+    out = {"samples": tmp / "s.npz", "ledger": tmp / "l.jsonl", "metrics": tmp / "m.json"}
+    with one_thread():
+        dp_merf({"data": splits / "private.npz", "public": splits / "public.npz"}, out,
+                {"run": run, "baselines": {**SMALL, **section}, "device": "cpu", "config_id": "t"})
+    return out
+
+
+def test_a_run_writes_balanced_samples_and_one_certified_line_within_its_target(splits, tmp_path):
+    out = run(splits, tmp_path)
+    samples = load_split(out["samples"])
+    assert samples.images.shape == (12, 1, 8, 8) and np.bincount(samples.labels).tolist() == [4, 4, 4]
+    entry = ledger.only_line(out["ledger"], "dp_merf_embedding")
+    assert entry.claimed_epsilon <= 2.0 and entry.extra["m"] == 30 and entry.sensitivity == pytest.approx(2 / 30)
+    results, _ = audit({"l": out["ledger"]}, {"l": 1})
+    assert results[0]["ok"] and results[0]["recomputed_epsilon"] <= 2.0
+    metrics = json.loads(out["metrics"].read_text())
+    assert metrics["noise_multiplier"] == pytest.approx(entry.noise_multiplier)
+
+
+def test_the_length_scale_is_the_median_public_distance(splits):
+    import torch
+
+    pub = unit_pixels(load_split(splits / "public.npz"))
+    assert median_length_scale(pub, torch.Generator().manual_seed(0)) == pytest.approx(
+        float(torch.pdist(pub).median()))
+
+
+def test_another_methods_run_name_is_a_one_line_error(splits, tmp_path):
+    with pytest.raises(PipelineError, match="is a pe run"):
+        run(splits, tmp_path, run="pe_eps1_seed0")

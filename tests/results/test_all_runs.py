@@ -1,0 +1,108 @@
+"""all_runs.parquet: one row per evaluated run of every method, its certified eps recomputed from its
+own transcripts (several lines composed), references without eps, the figure drawn from it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import dp_merf as merf
+from pipeline.privacy import ledger
+from pipeline.privacy import private_evolution as pe
+from pipeline.results.all_runs import all_runs_table, privacy_utility_figure
+from pipeline.results.baselines import baselines_table
+from pipeline.stage import PipelineError
+
+COARSE = acc.PLDSettings(1e-3)
+MERF = merf.MerfReleasePlan(sigma=2.0, m=100, n_features=4, n_classes=2, delta=1e-5)
+PE = pe.PEHistogramPlan(sigma=4.0, T=3, delta=1e-5)
+
+
+def write_metrics(path, fid, acc_cnn):
+    path.write_text(json.dumps({"fid": fid, "acc_cnn": acc_cnn, "kid_mean": 0.01, "n_samples": 10, "clip_fd": None}))
+    return path
+
+
+def write_line(path, entry):
+    ledger.append_entry(path, entry)
+    return path
+
+
+@pytest.fixture()
+def files(tmp_path):
+    f = {"m_merf": write_metrics(tmp_path / "merf.json", 50.0, 0.7),
+         "m_two": write_metrics(tmp_path / "two.json", 40.0, 0.8),
+         "m_ref": write_metrics(tmp_path / "ref.json", 1.0, 0.95),
+         "l_merf": write_line(tmp_path / "merf.jsonl", merf.ledger_entry(MERF, stage="s", config_id="c", seed=0,
+                                                                          settings=COARSE)),
+         "l_pe": write_line(tmp_path / "pe.jsonl", pe.ledger_entry(PE, stage="s", config_id="c", seed=0,
+                                                                    settings=COARSE))}
+    return f
+
+
+RUNS = [{"method": "dp_merf", "config": "dp_merf_eps3_seed0", "seed": 0, "epsilon_target": 3.0, "private": True,
+         "label": "DP-MERF"},
+        {"method": "two", "config": "both", "seed": 1, "epsilon_target": 9.0, "private": True, "label": "two lines"},
+        {"method": "reference", "config": "reference_real", "seed": 0, "epsilon_target": None, "private": False,
+         "label": "real"}]
+
+
+def inputs(f):
+    return {"metrics_0": f["m_merf"], "ledger_0_0": f["l_merf"], "metrics_1": f["m_two"], "ledger_1_0": f["l_merf"],
+            "ledger_1_1": f["l_pe"], "metrics_2": f["m_ref"]}
+
+
+def test_one_row_per_run_with_its_composed_certified_eps(files, tmp_path):
+    all_runs_table(inputs(files), {"table": tmp_path / "all.parquet"}, {"runs": RUNS, "config_id": "x"})
+    df = pd.read_parquet(tmp_path / "all.parquet")
+    assert list(df["config"]) == ["dp_merf_eps3_seed0", "both", "reference_real"]
+    ref = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+    ref.compose(dp_event.GaussianDpEvent(2.0))
+    assert df.loc[0, "eps_certified"] == pytest.approx(ref.get_epsilon(1e-5), rel=1e-6)
+    both = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+    both.compose(dp_event.ComposedDpEvent([dp_event.GaussianDpEvent(2.0),
+                                           dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(4.0), 3)]))
+    assert df.loc[1, "eps_certified"] == pytest.approx(both.get_epsilon(1e-5), rel=1e-6)
+    assert df.loc[1, "eps_certified"] > df.loc[0, "eps_certified"]  # composing never spends less
+    assert df.loc[1, "mechanisms"] == "dp_merf_embedding,pe_nn_histogram"
+    assert math.isnan(df.loc[2, "eps_certified"]) and not df.loc[2, "private"]
+    assert df["private"].sum() == 2 and df.loc[df["private"], "eps_certified"].notna().all()
+    assert df.loc[0, "fid"] == 50.0 and math.isnan(df.loc[0, "clip_fd"])
+    assert math.isnan(df.loc[0, "cost_wall_s"])  # no benchmark files given
+
+
+def test_a_private_run_without_its_transcript_is_refused(files, tmp_path):
+    ins = inputs(files)
+    del ins["ledger_0_0"]
+    with pytest.raises(PipelineError, match="no ledger transcript"):
+        all_runs_table(ins, {"table": tmp_path / "t.parquet"}, {"runs": RUNS, "config_id": "x"})
+
+
+def test_costs_come_from_the_benchmark_files(files, tmp_path):
+    bench = tmp_path / "b.tsv"
+    bench.write_text("s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+                     "12.5\t0:00:12\t300.0\t1\t1\t1\t0\t0\t50\t20.0\n")
+    runs = [dict(RUNS[0], benchmarks=[str(bench), str(bench)])]
+    all_runs_table({"metrics_0": files["m_merf"], "ledger_0_0": files["l_merf"]}, {"table": tmp_path / "a.parquet"},
+                   {"runs": runs, "config_id": "x"})
+    row = pd.read_parquet(tmp_path / "a.parquet").iloc[0]
+    assert (row["cost_wall_s"], row["cost_cpu_s"], row["cost_max_rss_mb"]) == (25.0, 40.0, 300.0)
+
+
+def test_the_baselines_table_fails_a_run_over_its_target(files, tmp_path):
+    over = [dict(RUNS[0], epsilon_target=0.5)]
+    with pytest.raises(PipelineError, match="> its target"):
+        baselines_table({"metrics_0": files["m_merf"], "ledger_0_0": files["l_merf"]},
+                        {"table": tmp_path / "b.parquet"}, {"runs": over, "config_id": "x"})
+
+
+def test_the_figure_draws_every_private_label_and_the_references(files, tmp_path):
+    all_runs_table(inputs(files), {"table": tmp_path / "all.parquet"}, {"runs": RUNS, "config_id": "x"})
+    privacy_utility_figure({"table": tmp_path / "all.parquet"}, {"figure": tmp_path / "pu.png"}, {})
+    assert (tmp_path / "pu.png").stat().st_size > 10_000 and (tmp_path / "pu.pdf").is_file()
