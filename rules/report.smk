@@ -64,7 +64,7 @@ rule index_html:
     params:
         ins=lambda wildcards: io_args("--in", {**{f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()},
                                                "replay": REPLAY_REPORT}),
-        p=params_json(title=f"DP generative models: {EXP}"),
+        p=params_json(title=f"DP generative models: {EXP}", first=["privacy_utility"]),
     log:
         LOGS / "index_html.log",
     threads: 1

@@ -92,7 +92,7 @@ TINY = {
     "accounting": {"p": [55], "B": [25], "N_out": 50, "asr_q": [0.01], "asr_N": 40},
     # SENSGEO's six stages have their own stage tests (tests/results/test_sensgeo.py);
     # leaving them out here keeps the suite under 5 minutes on 2 cores
-    "methods": ["accounting", "empden", "empden_diagnostics", "dpdm", "straightdp", "audit"],
+    "methods": ["accounting", "empden", "empden_diagnostics", "dpdm", "straightdp", "baselines", "audit"],
     "audit": {"canaries": 50,
               # the twin and the attacks at a toy size: a few passes, few draws, a short inversion
               "mia": {"twin_epochs": 20, "loss_draws": 2, "secmi_inversion_steps": 10, "bootstrap": 50}},
@@ -123,6 +123,10 @@ TINY = {
                    "dpsgd": {"steps": 2, "batch_size": 25, "micro_batch": 25, "proxy_examples": 4, "buckets": 2,
                              "betas": [0, 1]},
                    "sampling": {"n_samples": 20, "batch_size": 20, "steps": 2}},
+    # both baselines at one eps: a few generator steps, two PE iterations of two candidates per class
+    "baselines": {"epsilons": [3], "n_samples": 20,
+                  "dp_merf": {"n_features": 64, "steps": 5, "batch_size": 20, "hidden": 16},
+                  "pe": {"iterations": 2, "n_per_class": 2, "sampler_steps": 3}},
 }
 
 
@@ -165,12 +169,14 @@ RERUN_SCOPE = {
                           "audit_mia_table"}),
     # the audit reads the DP-SGD transcripts; the runs that wrote them are untouched
     "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
+    "baselines.seeds": ({"baselines": {"seeds": [0, 1]}}, "private_evolution",
+                        {"dp_merf", "private_evolution", "evaluate_baseline", "baselines_table"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
                                                {"empden_table1_window_swap", "empden_table4_proxy",
                                                 "empden_figure6_critical_window"}),
 }
-SHARED_RULES = {"replay", "index_html", "all"}
+SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utility_figure"}
 
 
 @pytest.mark.slow
@@ -220,6 +226,20 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert mia.loc[mia["private"], "under_curve"].all() and mia["auc"].between(0, 1).all()
     table13 = pd.read_parquet(results / "tables" / "empden_table13.parquet")
     assert table13["numerical_asr"].between(0.5, 1).all() and len(table13) == 4
+    # the baselines: one certified run each within its target, scored by the shared evaluation
+    baselines = pd.read_parquet(results / "tables" / "baselines.parquet")
+    assert sorted(baselines["method"]) == ["dp_merf", "pe"] and (baselines["eps_certified"] <= 3).all()
+    # every method side by side: one row per evaluated run, a certified eps on every private row
+    all_runs = pd.read_parquet(results / "tables" / "all_runs.parquet")
+    assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe"}
+    assert not all_runs.duplicated(["method", "config", "seed"]).any()
+    assert all_runs.groupby("method").size().to_dict() == {
+        "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 6, "dp_merf": 1, "pe": 1}
+    private = all_runs[all_runs["private"]]
+    assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
+    assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()
+    assert (results / "figures" / "privacy_utility.png").stat().st_size > 10_000
+    assert index.index("privacy_utility") < index.index("reference_real")
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # nothing left to do: a second run is a no-op
     again = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))

@@ -108,11 +108,18 @@ def _replay_section(inputs: Mapping[str, Path], out: Path) -> str:
     return verdict.verdict_html(verdict.replay_verdict(read_json(path), path), os.path.relpath(path, out.parent))
 
 
+def _figure_html(key: str, path: Path, out: Path) -> str:
+    rel = os.path.relpath(path, out.parent)
+    pdf = os.path.relpath(path.with_suffix(".pdf"), out.parent)
+    return (f"<h3>{html.escape(path.stem)}</h3><img src='{html.escape(rel)}' alt='{html.escape(key)}'>"
+            f"<p><a href='{html.escape(pdf)}'>PDF</a></p>")
+
+
 @stage(
     "index_html",
     outputs=("index",),
     any_inputs=True,
-    params={"title": "page title"},
+    params={"title": "page title", "first": "figure stems shown first, before the tables (the comparison)"},
 )
 def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """``results/index.html``: the ledger replay verdict (``--in replay=replay.json``), every table (first
@@ -124,6 +131,13 @@ def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
              f"<h1>{html.escape(params.get('title', 'results'))}</h1>", _replay_section(inputs, out)]
     tables = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".parquet"}
     figures = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".png"}
+    first = [str(s) for s in params.get("first", [])]
+    if first:  # the figures a reader should see before any table (the cross-method comparison)
+        parts.append("<h2>Every method side by side</h2>")
+        for key, path in list(figures.items()):
+            if path.stem in first:
+                parts.append(_figure_html(key, path, out))
+                del figures[key]
     parts.append("<h2>Tables</h2>")
     for key, path in tables.items():
         rel = os.path.relpath(path, out.parent)
@@ -131,10 +145,7 @@ def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
                      f"<p><a href='{html.escape(rel)}'>{html.escape(rel)}</a></p>{_table_html(path)}")
     parts.append("<h2>Figures</h2>")
     for key, path in figures.items():
-        rel = os.path.relpath(path, out.parent)
-        pdf = os.path.relpath(path.with_suffix(".pdf"), out.parent)
-        parts.append(f"<h3>{html.escape(path.stem)}</h3><img src='{html.escape(rel)}' alt='{html.escape(key)}'>"
-                     f"<p><a href='{html.escape(pdf)}'>PDF</a></p>")
+        parts.append(_figure_html(key, path, out))
     with atomic_path(out) as tmp:
         tmp.write_text("\n".join(parts) + "\n")
 

@@ -45,3 +45,15 @@ def test_data_figure_and_index(tmp_path):
                {"index": tmp_path / "index.html"}, {"title": "unit"})
     page = (tmp_path / "index.html").read_text()
     assert "href='tables/ref.parquet'" in page and "src='fig/data.png'" in page and "1.25" in page
+
+
+def test_the_comparison_figure_comes_before_every_table(tmp_path):
+    write_json(tmp_path / "m.json", {"fid": 1.25})
+    collect_table({"r": tmp_path / "m.json"}, {"table": tmp_path / "ref.parquet"}, {"config_id": "c", "seed": 0})
+    for name in ("privacy_utility", "other"):
+        (tmp_path / f"{name}.png").write_bytes(b"png")
+    index_html({"ref": tmp_path / "ref.parquet", "other": tmp_path / "other.png", "pu": tmp_path / "privacy_utility.png"},
+               {"index": tmp_path / "index.html"}, {"title": "unit", "first": ["privacy_utility"]})
+    page = (tmp_path / "index.html").read_text()
+    assert page.index("privacy_utility.png") < page.index("<h2>Tables</h2>") < page.index("other.png")
+    assert page.count("privacy_utility.png") == 1
