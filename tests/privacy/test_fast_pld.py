@@ -35,7 +35,10 @@ def test_composed_eps_matches_the_reference_path(pessimistic):
     settings = acc.PLDSettings(1e-4)
     fast = acc.pld_epsilon(event, 1e-5, settings=settings, pessimistic=pessimistic)
     ref = acc.pld_epsilon(event, 1e-5, settings=settings, pessimistic=pessimistic, reference=True)
-    assert fast == pytest.approx(ref, rel=1e-7)  # float rounding, amplified by 2000 compositions
+    if pessimistic:  # never below the reference: the fast path adds its margin over float rounding
+        assert ref <= fast <= ref * (1 + 2 * acc.FAST_PATH_REL_MARGIN)
+    else:
+        assert fast == pytest.approx(ref, rel=1e-7)  # float rounding, amplified by 2000 compositions
 
 
 @pytest.mark.parametrize("mu, q, n", [(2.09, 5e-4, 50000), (1.0, 0.3, 100), (0.5, 1.0, 30)])
