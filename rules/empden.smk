@@ -174,13 +174,17 @@ rule empden_table8_grid:
 
 
 rule empden_table2_comparison:
-    """EMPDEN Table 2 (our rows): best hybrid cells against the public-only and full-private references."""
+    """EMPDEN Table 2: best hybrid cells against the public-only and full-private references, and the prior
+    methods' rows (the baselines, DPDM) from their own runs when those methods are chosen."""
     input:
+        unpack(empden_table2_prior_inputs),
         grid=EMPDEN_TABLE8,
     output:
         table=TABLES / "empden_table2_comparison.parquet",
     params:
         p=stage_params(beta=config["accounting"]["beta"]),
+        prior=lambda wildcards, input: "".join(f" {k}={shlex.quote(str(input[k]))}" for k in ("baselines", "dpdm")
+                                              if k in input.keys()),
     log:
         LOGS / "empden_table2_comparison.log",
     threads: 1
@@ -190,7 +194,7 @@ rule empden_table2_comparison:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline empden_table2_comparison --in grid={input.grid:q} --out table={output.table:q}"
+        "python -m pipeline empden_table2_comparison --in grid={input.grid:q}{params.prior} --out table={output.table:q}"
         " --params {params.p:q} --log {log:q}"
 
 

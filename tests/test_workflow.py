@@ -149,7 +149,9 @@ def planned_jobs(output: str) -> dict[str, int]:
 RERUN_SCOPE = {
     "dpdm.seeds": ({"dpdm": {"seeds": [0, 1]}}, "train_dpdm",
                    {"train_dpdm", "sample_dpdm", "evaluate_dpdm", "dpdm_table_main", "dpdm_samples_by_epsilon",
-                    "audit_one_run", "train_dpdm_twin", "audit_mia", "audit_mia_table"}),
+                    "audit_one_run", "train_dpdm_twin", "audit_mia", "audit_mia_table",
+                    # EMPDEN Table 2's prior-method rows read DPDM's main table
+                    "empden_table2_comparison"}),
     "empden.n_out": ({"empden": {"n_out": 10}}, "empden_sample_subsampled",
                      {"empden_sample_subsampled", "empden_sample_full_batch", "empden_sample_public_only",
                       "empden_evaluate", "empden_table8_grid", "empden_table2_comparison", "empden_figure3_tradeoffs",
@@ -170,7 +172,8 @@ RERUN_SCOPE = {
     # the audit reads the DP-SGD transcripts; the runs that wrote them are untouched
     "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
     "baselines.seeds": ({"baselines": {"seeds": [0, 1]}}, "private_evolution",
-                        {"dp_merf", "private_evolution", "evaluate_baseline", "baselines_table"}),
+                        {"dp_merf", "private_evolution", "evaluate_baseline", "baselines_table",
+                         "empden_table2_comparison"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
                                                {"empden_table1_window_swap", "empden_table4_proxy",

@@ -209,7 +209,25 @@ def empden_table3_beta(inputs, outputs, params) -> None:
     _write(rows.sort_values("beta", ascending=False)[cols], outputs["table"], params)
 
 
-@stage("empden_table2_comparison", inputs=("grid",), outputs=("table",),
+def prior_method_rows(runs: pd.DataFrame, eps: float) -> pd.DataFrame:
+    """EMPDEN Table 2's prior-method rows from other pipelines' runs (a baselines or DPDM table in the
+    all_runs layout, or DPDM's main table): per method, its configuration whose certified eps is
+    nearest ``eps`` (the hybrid row's; a choice that reads no sample quality), FID mean +- std over
+    its seeds, under the same evaluation."""
+    runs = runs.rename(columns={"eps_target": "epsilon_target"})
+    if "method" not in runs:
+        runs = runs.assign(method="dpdm")
+    rows = []
+    for method, g in runs.groupby("method", sort=True):
+        by = g.groupby("epsilon_target").agg(eps_upper_bound=("eps_certified", "max"), fid_mean=("fid", "mean"),
+                                             fid_std=("fid", "std"), n_seeds=("seed", "nunique"),
+                                             seed=("seed", "min")).reset_index()
+        best = by.iloc[[int((by["eps_upper_bound"] - eps).abs().argmin())]]
+        rows.append(best.assign(role=f"prior_{method}", method=method, chosen_on="eps_u"))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+@stage("empden_table2_comparison", inputs=("grid",), optional_inputs=("baselines", "dpdm"), outputs=("table",),
        params={"beta": "beta of the main grid (accounting.beta)", **TABLE_DOC})
 def empden_table2_comparison(inputs, outputs, params) -> None:
     """EMPDEN Table 2 (our rows): the hybrid sampler against the public-only and full-private references.
@@ -219,8 +237,9 @@ def empden_table2_comparison(inputs, outputs, params) -> None:
     handoff p and subset size B, with the lowest FID against the *validation* split, averaged over
     the seeds it was sampled with; its test FID mean +- std is what the row reports, so the test split
     scores a cell it did not choose) and ``hybrid_tightest_eps`` (the cell with the smallest
-    certified eps_u, a choice that reads no data). The other methods of the paper's Table 2 are
-    other pipelines' rows of the cross-method table, under the same evaluation.
+    certified eps_u, a choice that reads no data). With the optional inputs ``baselines``
+    (baselines.parquet) and ``dpdm`` (dpdm_table_main.parquet), the paper's prior-method rows
+    (``prior_<method>``, :func:`prior_method_rows`) at the eps nearest the best hybrid cell's.
     """
     df = _grid(inputs["grid"])
     beta = float(params["beta"])
@@ -242,6 +261,11 @@ def empden_table2_comparison(inputs, outputs, params) -> None:
         rows.append(hyb.nsmallest(1, "eps_upper_bound").assign(role="hybrid_tightest_eps", chosen_on="eps_u"))
     if not rows:
         raise PipelineError("empden_table2_comparison: the grid table has no cell")
+    hybrid_eps = next((float(r["eps_upper_bound"].iloc[0]) for r in rows if r["role"].iloc[0] == "hybrid_best_val_fid"),
+                      None)
+    for key in ("baselines", "dpdm"):
+        if key in inputs and hybrid_eps is not None:
+            rows.append(prior_method_rows(read_table(inputs[key]), hybrid_eps))
     out = pd.concat(rows, ignore_index=True)
     if "chosen_on" not in out:
         out["chosen_on"] = None

@@ -74,3 +74,13 @@ def empden_records():
                       ledgers=(EXPDIR / "ledger" / f"{c.ledger_stem}.jsonl",) if c.private else (),
                       label=labels[c.method], in_figure=c.method != "full_batch")
             for c in empden_cells()]
+
+
+def empden_table2_prior_inputs(wildcards=None):
+    """Table 2's prior-method rows read the baselines' and DPDM's main tables, when those methods are chosen."""
+    out = {}
+    if method_on("baselines"):
+        out["baselines"] = TABLES / "baselines.parquet"
+    if method_on("dpdm"):
+        out["dpdm"] = TABLES / "dpdm_table_main.parquet"
+    return out

@@ -182,3 +182,22 @@ def test_table8_refuses_a_cell_without_its_metrics(grid, tmp_path):
     with pytest.raises(PipelineError, match="metrics_0 missing"):
         empden_table8_grid({"samples_0": inputs["samples_0"]}, {"table": tmp_path / "t.parquet"},
                            {"accounting": ACCOUNTING})
+
+
+def test_table2_takes_the_prior_methods_rows_at_the_eps_nearest_the_hybrid_cell(grid, tmp_path):
+    from pipeline.reporting.tables import write_table
+
+    hybrid_eps = read_table(grid[2]).query("method == 'hybrid'")["eps_upper_bound"]
+    runs = pd.DataFrame([
+        {"method": "pe", "epsilon_target": e, "eps_certified": e * 0.999, "fid": f, "seed": s}
+        for e, f in ((0.01, 90.0), (float(hybrid_eps.median()), 70.0), (1e4, 50.0)) for s in (0, 1)])
+    write_table(runs, tmp_path / "baselines.parquet", config_id="x")
+    out = tmp_path / "t2.parquet"
+    empden_table2_comparison({"grid": grid[2], "baselines": tmp_path / "baselines.parquet"}, {"table": out},
+                             {"beta": 1.0})
+    df = read_table(out).set_index("role")
+    chosen = df.loc["hybrid_best_val_fid", "eps_upper_bound"]
+    row = df.loc["prior_pe"]
+    nearest = min((0.01, float(hybrid_eps.median()), 1e4), key=lambda e: abs(e * 0.999 - chosen))
+    assert row["eps_upper_bound"] == pytest.approx(nearest * 0.999) and row["n_seeds"] == 2
+    assert row["chosen_on"] == "eps_u"
