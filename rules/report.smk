@@ -80,12 +80,12 @@ rule index_html:
 rule all_runs_table:
     """Table all_runs: one row per evaluated (method, configuration, seed), certified eps from its transcripts."""
     input:
-        unpack(lambda wildcards: run_table_inputs(all_run_records())),
+        unpack(lambda wildcards: {**run_table_inputs(all_run_records()), **all_runs_audit_inputs()}),
     output:
         table=TABLES / "all_runs.parquet",
     params:
         p=lambda wildcards: run_table_params(all_run_records()),
-        ins=lambda wildcards: io_args("--in", run_table_inputs(all_run_records())),
+        ins=lambda wildcards: io_args("--in", {**run_table_inputs(all_run_records()), **all_runs_audit_inputs()}),
     log:
         LOGS / "all_runs_table.log",
     threads: 1

@@ -241,6 +241,10 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     private = all_runs[all_runs["private"]]
     assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
     assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()
+    # the audits' columns on the runs whose model was attacked / whose DP-SGD line was audited
+    trained = all_runs[all_runs["method"].isin(["dpdm"]) | all_runs["config"].str.startswith(("uniform", "tha"))]
+    assert trained["mia_auc_max"].notna().all() and trained["audit_eps_lb"].notna().all()
+    assert all_runs.loc[all_runs["method"] == "pe", "mia_auc_max"].isna().all()
     assert (results / "figures" / "privacy_utility.png").stat().st_size > 10_000
     assert index.index("privacy_utility") < index.index("reference_real")
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0

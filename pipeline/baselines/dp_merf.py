@@ -30,8 +30,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline import seeds
-from pipeline.baselines.runs import BaselineRun
-from pipeline.device import resolve_device
+from pipeline.baselines.common import baseline_setup
 from pipeline.io import Split, atomic_path, load_split, save_split, write_json
 from pipeline.privacy import dp_merf as merf
 from pipeline.privacy import ledger
@@ -50,27 +49,6 @@ seeds.register_streams(
 
 #: at most this many public images enter the median heuristic (n^2 / 2 distances)
 MEDIAN_SUBSET = 1000
-
-
-def baseline_section(params: Mapping[str, Any], method: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the baselines section, its ``method`` subsection) of a stage's params, schema defaults filled."""
-    from pipeline.config import deep_merge, schema_defaults
-
-    section = deep_merge(schema_defaults("baselines"), dict(params.get("baselines", {})))
-    return section, dict(section[method])
-
-
-def baseline_run(params: Mapping[str, Any], method: str) -> BaselineRun:
-    """The run of ``params.run``; a missing name, a bad one or another method's is a one-line error."""
-    try:
-        run = BaselineRun.from_name(str(params["run"]))
-    except KeyError:
-        raise PipelineError(f"param run (the run's name, e.g. {method}_eps1_seed0) is required") from None
-    except ValueError as exc:
-        raise PipelineError(f"param run: {exc}") from None
-    if run.method != method:
-        raise PipelineError(f"param run: {run.name} is a {run.method} run, this stage runs {method}")
-    return run
 
 
 def unit_pixels(split: Split) -> torch.Tensor:
@@ -141,11 +119,7 @@ def generate(G: Generator, n: int, *, generator: torch.Generator, device: torch.
 def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """DP-MERF: release the class-conditional RFF mean embedding once (Gaussian, sensitivity 2/m), train a
     generator to match it, sample; write the samples, the ledger line and the run's metrics."""
-    section, cfg = baseline_section(params, "dp_merf")
-    run = baseline_run(params, "dp_merf")
-    device = resolve_device(str(params.get("device", "auto")))
-    if device.type == "cpu":
-        torch.set_num_threads(int(params.get("threads", 1)))
+    section, cfg, run, device = baseline_setup(params, "dp_merf")
     start = time.perf_counter()
     split, sha = load_training_split(inputs["data"], "data")
     try:

@@ -34,8 +34,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from pipeline import seeds
-from pipeline.baselines.dp_merf import baseline_run, baseline_section
-from pipeline.device import resolve_device
+from pipeline.baselines.common import baseline_setup
 from pipeline.io import Split, atomic_path, save_split, write_json
 from pipeline.models.checkpoint import load_denoiser
 from pipeline.models.denoiser import VE_SIGMA
@@ -140,11 +139,7 @@ def resample(noisy: np.ndarray, labels: np.ndarray, n_per_class: int, generator:
 def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Private Evolution over the public denoiser: T noisy nearest-neighbour vote histograms (Gaussian,
     sensitivity 1) steer random + variation API samples; write S_T, the ledger line and the run's metrics."""
-    section, cfg = baseline_section(params, "pe")
-    run = baseline_run(params, "pe")
-    device = resolve_device(str(params.get("device", "auto")))
-    if device.type == "cpu":
-        torch.set_num_threads(int(params.get("threads", 1)))
+    section, cfg, run, device = baseline_setup(params, "pe")
     start = time.perf_counter()
     split, sha = load_training_split(inputs["data"], "data")
     T, n_per_class = int(cfg["iterations"]), int(cfg["n_per_class"])

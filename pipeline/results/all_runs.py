@@ -123,12 +123,46 @@ def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]]) -> p
     return df
 
 
+#: the audit columns, null where a run has no audited model or line (EMPDEN cells, baselines)
+AUDIT_COLUMNS = ("mia_auc_max", "mia_tpr_at_1pct_fpr_max", "mia_under_curve", "audit_eps_lb")
+
+
+def model_run(config: str) -> str:
+    """The trained model's run name of a configuration (DPDM's ``run/sampler`` -> ``run``)."""
+    return config.split("/", 1)[0]
+
+
+def join_audits(df: pd.DataFrame, audit_mia: Path | None, audit_one_run: Path | None) -> pd.DataFrame:
+    """The audit columns of each run, from the audits' tables (joined on the trained model's run name):
+    the strongest membership attack's AUC and TPR at 1% FPR, whether every attack's ROC stayed under the
+    certified eps's curve, and the largest one-run eps_lb (95%) of the run's DP-SGD lines."""
+    df = df.copy()
+    for col in AUDIT_COLUMNS:
+        df[col] = pd.Series([None] * len(df), dtype="object" if col == "mia_under_curve" else "float64")
+    runs = df["config"].map(model_run)
+    if audit_mia is not None:
+        mia = pd.read_parquet(audit_mia)
+        g = mia.groupby("run").agg(auc=("auc", "max"), tpr=("tpr_at_1pct_fpr", "max"), under=("under_curve", "all"))
+        hit = runs.isin(g.index) & df["private"]
+        df.loc[hit, "mia_auc_max"] = runs[hit].map(g["auc"])
+        df.loc[hit, "mia_tpr_at_1pct_fpr_max"] = runs[hit].map(g["tpr"])
+        df.loc[hit, "mia_under_curve"] = runs[hit].map(g["under"]).astype(bool)
+    if audit_one_run is not None:
+        one = pd.read_parquet(audit_one_run).groupby("run")["epsilon_lb"].max()
+        hit = runs.isin(one.index) & df["private"]
+        df.loc[hit, "audit_eps_lb"] = runs[hit].map(one)
+    df["mia_under_curve"] = df["mia_under_curve"].astype("boolean")
+    return df
+
+
 @stage("all_runs_table", outputs=("table",), any_inputs=True,
        params={"runs": "list of {method, config, seed, epsilon_target, private, label, in_figure, benchmarks}; run i "
                        "reads --in metrics_i= and ledger_i_0=, ledger_i_1=, ...", "config_id": "id of the settings"})
 def all_runs_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """all_runs.parquet: every evaluated run of every method, certified eps recomputed from its transcripts."""
-    df = run_rows(inputs, checked_runs(params))
+    """all_runs.parquet: every evaluated run of every method, certified eps recomputed from its transcripts, the
+    audit columns from --in audit_mia= / audit_one_run= (the audits' tables) when given."""
+    runs = {k: v for k, v in inputs.items() if k not in ("audit_mia", "audit_one_run")}
+    df = join_audits(run_rows(runs, checked_runs(params)), inputs.get("audit_mia"), inputs.get("audit_one_run"))
     write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")))
 
 

@@ -106,3 +106,21 @@ def test_the_figure_draws_every_private_label_and_the_references(files, tmp_path
     all_runs_table(inputs(files), {"table": tmp_path / "all.parquet"}, {"runs": RUNS, "config_id": "x"})
     privacy_utility_figure({"table": tmp_path / "all.parquet"}, {"figure": tmp_path / "pu.png"}, {})
     assert (tmp_path / "pu.png").stat().st_size > 10_000 and (tmp_path / "pu.pdf").is_file()
+
+
+def test_the_audit_columns_join_on_the_trained_models_run(files, tmp_path):
+    from pipeline.reporting.tables import write_table
+
+    mia = pd.DataFrame({"run": ["dp_merf_eps3_seed0"] * 2 + ["other"], "auc": [0.52, 0.55, 0.9],
+                        "tpr_at_1pct_fpr": [0.01, 0.02, 0.5], "under_curve": [True, True, False]})
+    one = pd.DataFrame({"run": ["dp_merf_eps3_seed0"], "epsilon_lb": [0.4]})
+    write_table(mia, tmp_path / "mia.parquet", config_id="x", seed=0)
+    write_table(one, tmp_path / "one.parquet", config_id="x", seed=0)
+    runs = [dict(RUNS[0], config="dp_merf_eps3_seed0/sampler"), RUNS[2]]
+    all_runs_table({"metrics_0": files["m_merf"], "ledger_0_0": files["l_merf"], "metrics_1": files["m_ref"],
+                    "audit_mia": tmp_path / "mia.parquet", "audit_one_run": tmp_path / "one.parquet"},
+                   {"table": tmp_path / "a.parquet"}, {"runs": runs, "config_id": "x"})
+    df = pd.read_parquet(tmp_path / "a.parquet")
+    assert (df.loc[0, "mia_auc_max"], df.loc[0, "mia_tpr_at_1pct_fpr_max"], df.loc[0, "audit_eps_lb"]) == (0.55, 0.02, 0.4)
+    assert bool(df.loc[0, "mia_under_curve"]) and pd.isna(df.loc[1, "mia_under_curve"])
+    assert math.isnan(df.loc[1, "mia_auc_max"]) and math.isnan(df.loc[1, "audit_eps_lb"])
