@@ -131,7 +131,7 @@ def test_nested_command_line_values_are_typed_like_yaml():
 
 def test_methods_default_to_every_method_in_the_index_order():
     assert validate_config({})["methods"] == ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm",
-                                              "straightdp", "audit"]
+                                              "straightdp", "baselines", "audit"]
 
 
 @pytest.mark.parametrize("method", ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm"])
@@ -146,7 +146,7 @@ def test_an_old_enabled_key_says_to_use_the_methods_list(method):
     ("methods", "message"),
     [
         (["dpdm", "straigthdp"], "config error at methods[1]: expected one of accounting, sensgeo, empden, "
-                                 "empden_diagnostics, dpdm, straightdp, audit, got 'straigthdp'"),
+                                 "empden_diagnostics, dpdm, straightdp, baselines, audit, got 'straigthdp'"),
         (["dpdm", "dpdm"], "config error at methods: expected a list without repeats, got ['dpdm', 'dpdm']"),
     ],
 )
