@@ -35,6 +35,9 @@ METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_class_mean"
 
 
 
+#: the name of a run's in-memory composition of its lines (never written to a ledger)
+COMPOSED_MECHANISM = "run_composition"
+
 _CERTIFIED: dict[str, float] = {}
 
 
@@ -60,7 +63,7 @@ def run_privacy(transcripts: Sequence[Path]) -> dict[str, Any]:
         if not found:
             raise PipelineError(f"{path}: empty transcript (a private run without its claim)")
         lines += found
-    entry = composed_entry(lines, mechanism="run_composition")
+    entry = composed_entry(lines, mechanism=COMPOSED_MECHANISM)
     return {"eps_certified": certified(entry), "delta": lines[0].delta, "accountant": entry.accountant["name"],
             "adjacency": ",".join(sorted({e.adjacency for e in lines})),
             "mechanisms": ",".join(e.mechanism for e in lines)}

@@ -59,7 +59,7 @@ def on_sphere(v, R):
 def adversarial_records(z, R, p, rng):
     """Replacements of record z: zero, antipodal, orthogonal at norm R, each axis at +-R, a random one."""
     out = [np.zeros(p), on_sphere(rng.standard_normal(p), R)]
-    if np.linalg.norm(z) > 0:
+    if np.linalg.norm(z) > 1e-9:  # a (sub)normal-tiny z has no direction floating point can rescale to R
         out.append(-on_sphere(z, R))
         if p >= 2:
             w = rng.standard_normal(p)

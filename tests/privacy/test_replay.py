@@ -22,7 +22,7 @@ from pipeline.privacy.replay import ReplayError, audit, recompute, replay
 from pipeline.config import validate_config
 from pipeline.io import Split
 from pipeline.privacy import accountants as acc
-from pipeline.privacy import dpsgd, ledger, moments, rebuild, tha
+from pipeline.privacy import dp_merf, dpsgd, ledger, moments, private_evolution, rebuild, tha
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
@@ -118,11 +118,24 @@ def write_tha_dpsgd(path: Path) -> None:
     ledger.append_entry(path, tha.ledger_entry(plan, stage="train_straightdp", config_id="c", seed=0, settings=COARSE))
 
 
+def write_dp_merf(path: Path) -> None:
+    """DP-MERF (Harder et al. 2021): one Gaussian on the mean embedding, sensitivity 2/m (replace-one)."""
+    plan = dp_merf.MerfReleasePlan(sigma=2.0, m=500, n_features=16, n_classes=10, delta=DELTA)
+    ledger.append_entry(path, dp_merf.ledger_entry(plan, stage="dp_merf", config_id="c", seed=0, settings=COARSE))
+
+
+def write_pe_histogram(path: Path) -> None:
+    """Private Evolution (Lin et al. 2024): T Gaussians on the vote histogram, sensitivity 1."""
+    plan = private_evolution.PEHistogramPlan(sigma=5.0, T=4, delta=DELTA)
+    ledger.append_entry(path, private_evolution.ledger_entry(plan, stage="private_evolution", config_id="c", seed=0,
+                                                             settings=COARSE))
+
+
 WRITERS: dict[str, Callable[[Path], None]] = {
     "hybrid": write_hybrid, "per_step": write_per_step, "full_batch": write_full_batch, "figure2": write_figure2,
     "configuration_claims": write_configuration_claims, "dpsgd_poisson": write_dpsgd_poisson,
     "dpsgd_fixed_size": write_dpsgd_fixed_size, "moment_release": write_moment_release,
-    "tha_dpsgd": write_tha_dpsgd,
+    "tha_dpsgd": write_tha_dpsgd, "dp_merf": write_dp_merf, "pe_histogram": write_pe_histogram,
 }
 
 

@@ -353,8 +353,9 @@ def test_the_ledger_line_validates_rebuilds_and_replays(tmp_path):
     ledger.append_entry(path, entry)
     claims, summaries = audit({"train_tha": path}, {"train_tha": 1})
     assert summaries[0]["ok"] and claims[0]["ok"] and claims[0]["event_rebuilt"]
-    # dp_accounting's own construction agrees with the claim to floating-point rounding
-    assert claims[0]["recomputed_epsilon"] == pytest.approx(entry.claimed_epsilon, rel=1e-9)
+    # dp_accounting's own construction agrees with the claim up to the fast path's margin, never above it
+    assert claims[0]["recomputed_epsilon"] <= entry.claimed_epsilon
+    assert claims[0]["recomputed_epsilon"] == pytest.approx(entry.claimed_epsilon, rel=2 * acc.FAST_PATH_REL_MARGIN)
 
 
 def _tamper_event_sigma(d):
