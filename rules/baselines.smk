@@ -31,7 +31,7 @@ rule dp_merf:
     log:
         LOGS / "baselines" / "{run}.log",
     benchmark:
-        baseline_benchmark("dp_merf", "{run}")
+        benchmark_path("dp_merf", "{run}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -63,7 +63,7 @@ rule private_evolution:
     log:
         LOGS / "baselines" / "{run}.log",
     benchmark:
-        baseline_benchmark("private_evolution", "{run}")
+        benchmark_path("private_evolution", "{run}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -94,7 +94,7 @@ rule evaluate_baseline:
     log:
         LOGS / "evaluate_baseline" / "{run}.log",
     benchmark:
-        baseline_benchmark("evaluate_baseline", "{run}")
+        benchmark_path("evaluate_baseline", "{run}")
     threads: TORCH_THREADS
     resources:
         gpu=1,

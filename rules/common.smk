@@ -48,6 +48,15 @@ SEED = config["seed"]
 PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
 #: the ledger replay's verdict (rule replay), the first thing results/index.html shows
 REPLAY_REPORT = EXPDIR / "ledger" / "replay.json"
+#: Snakemake benchmark files (wall, CPU, max RSS per job): all_runs.parquet's cost columns
+BENCHMARKS = EXPDIR / "benchmarks"
+
+
+def benchmark_path(rule, name):
+    """The benchmark file of ``rule``'s job ``name`` (wildcards allowed): BENCHMARKS/<rule>/<name>.tsv."""
+    return BENCHMARKS / rule / f"{name}.tsv"
+
+
 #: threads of a job that runs a small torch model (pipeline/resources.py)
 TORCH_THREADS = cost.torch_threads(config)
 

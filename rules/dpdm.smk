@@ -38,6 +38,8 @@ rule train_dpdm:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_dpdm" / "{run}.log",
+    benchmark:
+        benchmark_path("train_dpdm", "{run}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -64,6 +66,8 @@ rule sample_dpdm:
         p=dpdm_sample_params,
     log:
         LOGS / "sample_dpdm" / "{run}_{sampler}.log",
+    benchmark:
+        benchmark_path("sample_dpdm", "{run}/{sampler}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -96,6 +100,8 @@ rule evaluate_dpdm:
         clip=clip_arg,
     log:
         LOGS / "evaluate_dpdm" / "{run}_{sampler}.log",
+    benchmark:
+        benchmark_path("evaluate_dpdm", "{run}/{sampler}")
     threads: TORCH_THREADS
     resources:
         gpu=1,

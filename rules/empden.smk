@@ -52,6 +52,8 @@ rule empden_sample_subsampled:
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_sample" / "{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.log",
+    benchmark:
+        benchmark_path("empden_sample", "{method}/p{p}_B{B}_T{T}_beta{beta}_s{seed}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -82,6 +84,8 @@ rule empden_sample_full_batch:
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     log:
         LOGS / "empden_sample" / "full_batch_smin{smin}_beta{beta}_s{seed}.log",
+    benchmark:
+        benchmark_path("empden_sample", "full_batch/smin{smin}_beta{beta}_s{seed}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -108,6 +112,8 @@ rule empden_sample_public_only:
         p=lambda wildcards: empden_sample_params("public_only", wildcards),
     log:
         LOGS / "empden_sample" / "public_only_s{seed}.log",
+    benchmark:
+        benchmark_path("empden_sample", "public_only/s{seed}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -139,6 +145,8 @@ rule empden_evaluate:
         clip=clip_arg,
     log:
         LOGS / "empden_evaluate" / "{cell}.log",
+    benchmark:
+        benchmark_path("empden_evaluate", "{cell}")
     threads: TORCH_THREADS
     resources:
         gpu=1,

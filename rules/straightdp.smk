@@ -94,6 +94,8 @@ rule release_moments:
         p=lambda wildcards: sdp_params(run=wildcards.run),
     log:
         LOGS / "release_moments" / "{run}.log",
+    benchmark:
+        benchmark_path("release_moments", "{run}")
     threads: 1
     resources:
         mem_mb=4000,
@@ -120,6 +122,8 @@ rule train_straightdp:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_straightdp" / "{run}.log",
+    benchmark:
+        benchmark_path("train_straightdp", "{run}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -147,6 +151,8 @@ rule sample_straightdp:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "sample_straightdp" / "{run}.log",
+    benchmark:
+        benchmark_path("sample_straightdp", "{run}")
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -177,6 +183,8 @@ rule evaluate_straightdp:
         clip=clip_arg,
     log:
         LOGS / "evaluate_straightdp" / "{run}.log",
+    benchmark:
+        benchmark_path("evaluate_straightdp", "{run}")
     threads: TORCH_THREADS
     resources:
         gpu=1,

@@ -20,10 +20,6 @@ def baseline_metrics_path(run):
     return EXPDIR / "eval" / "baselines" / run / "metrics.json"
 
 
-def baseline_benchmark(rule, run):
-    return EXPDIR / "benchmarks" / rule / f"{run}.tsv"
-
-
 def baseline_run_list():
     return baseline_runs.runs(config["baselines"])
 
@@ -44,7 +40,7 @@ def baseline_records():
         train_rule = "dp_merf" if run.method == "dp_merf" else "private_evolution"
         out.append(RunRecord(method=run.method, config=run.name, seed=run.seed, epsilon_target=run.epsilon,
                              metrics=baseline_metrics_path(run.name), ledgers=(baseline_ledger_path(run.name),),
-                             benchmarks=(baseline_benchmark(train_rule, run.name),
-                                         baseline_benchmark("evaluate_baseline", run.name)),
+                             benchmarks=(benchmark_path(train_rule, run.name),
+                                         benchmark_path("evaluate_baseline", run.name)),
                              label=baseline_runs.LABELS[run.method]))
     return out

@@ -146,5 +146,8 @@ def dpdm_records():
             out.append(RunRecord(method="dpdm", config=f"{r['run']}/{r['sampler']}", seed=r["seed"],
                                  epsilon_target=r["eps_target"], metrics=dpdm_metrics_path(r["run"], r["sampler"]),
                                  ledgers=(dpdm_ledger_path(r["run"]),), label="DPDM" if main else "DPDM (ablations)",
-                                 in_figure=main))
+                                 in_figure=main,
+                                 benchmarks=(benchmark_path("train_dpdm", r["run"]),
+                                             *(benchmark_path(rule, f"{r['run']}/{r['sampler']}")
+                                               for rule in ("sample_dpdm", "evaluate_dpdm")))))
     return out

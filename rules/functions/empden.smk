@@ -72,7 +72,8 @@ def empden_records():
               "full_batch": "EMPDEN full batch", "public_only": "public denoiser only (EMPDEN)"}
     return [RunRecord(method="empden", config=c.name, seed=c.seed, private=c.private, metrics=empden_metrics_path(c),
                       ledgers=(EXPDIR / "ledger" / f"{c.ledger_stem}.jsonl",) if c.private else (),
-                      label=labels[c.method], in_figure=c.method != "full_batch")
+                      label=labels[c.method], in_figure=c.method != "full_batch",
+                      benchmarks=(benchmark_path("empden_sample", c.name), benchmark_path("empden_evaluate", c.name)))
             for c in empden_cells()]
 
 

@@ -129,7 +129,10 @@ def sdp_records():
     for run in sdp_runs():
         ledgers = ((sdp_release_ledger(run.name),) if run.releases else ()) + \
                   ((sdp_train_ledger(run.name),) if run.trains else ())
+        rules = (("release_moments",) if run.releases else ()) + (("train_straightdp",) if run.trains else ()) + \
+                ("sample_straightdp", "evaluate_straightdp")
         out.append(RunRecord(method="straightdp", config=run.name, seed=run.seed, epsilon_target=run.epsilon,
                              metrics=sdp_metrics_path(run.name), ledgers=ledgers,
-                             label=f"STRAIGHTDP: {straightdp_runs.LABELS[run.row]}"))
+                             label=f"STRAIGHTDP: {straightdp_runs.LABELS[run.row]}",
+                             benchmarks=tuple(benchmark_path(rule, run.name) for rule in rules)))
     return out
