@@ -150,10 +150,10 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
                                                     "data_sha256": sha, "length_scale": length_scale})
     if entry.claimed_epsilon > run.epsilon:
         raise PipelineError(f"stage dp_merf: certified eps {entry.claimed_epsilon:.6g} > target {run.epsilon}")
+    # only public and released quantities are logged (never the clean embedding)
     log.info("dp_merf %s: sigma %.4g (noise std %.3g per entry, sensitivity 2/m = %.3g), certified eps %.4g; "
-             "||mu|| %.4g, ||noise|| %.4g", run.name, plan.sigma, plan.noise_std, plan.sensitivity,
-             entry.claimed_epsilon, float(merf.mean_embedding(phi, torch.from_numpy(split.labels), n_classes).norm()),
-             plan.noise_std * math.sqrt(mu_tilde.numel()))
+             "expected ||noise|| %.4g, ||released|| %.4g", run.name, plan.sigma, plan.noise_std, plan.sensitivity,
+             entry.claimed_epsilon, plan.noise_std * math.sqrt(mu_tilde.numel()), float(mu_tilde.norm()))
     del phi  # nothing below reads private data
 
     g_gen = seeds.torch_generator("dp_merf.generator", run.seed)
