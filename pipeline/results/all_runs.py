@@ -117,7 +117,8 @@ def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]]) -> p
                      "epsilon_target": math.nan if eps_target is None else float(eps_target), **privacy,
                      **{m: (math.nan if metrics.get(m) is None else float(metrics[m])) for m in METRICS},
                      **read_benchmarks([Path(p) for p in r.get("benchmarks", [])]),
-                     "in_figure": bool(r.get("in_figure", True))})
+                     "in_figure": bool(r.get("in_figure", True)),
+                     "transcripts": ",".join(Path(p).stem for p in ledgers)})
     df = pd.DataFrame(rows)
     bad = df[df["private"] & ~np.isfinite(df["eps_certified"])]
     if len(bad):
@@ -138,7 +139,8 @@ def model_run(config: str) -> str:
 def join_audits(df: pd.DataFrame, audit_mia: Path | None, audit_one_run: Path | None) -> pd.DataFrame:
     """The audit columns of each run, from the audits' tables (joined on the trained model's run name):
     the strongest membership attack's AUC and TPR at 1% FPR, whether every attack's ROC stayed under the
-    certified eps's curve, and the largest one-run eps_lb (95%) of the run's DP-SGD lines."""
+    certified eps's curve, and the largest one-run eps_lb (95%) of the run's DP-SGD lines (joined on the
+    run's transcripts)."""
     df = df.copy()
     for col in AUDIT_COLUMNS:
         df[col] = pd.Series([None] * len(df), dtype="object" if col == "mia_under_curve" else "float64")
@@ -151,9 +153,12 @@ def join_audits(df: pd.DataFrame, audit_mia: Path | None, audit_one_run: Path | 
         df.loc[hit, "mia_tpr_at_1pct_fpr_max"] = runs[hit].map(g["tpr"])
         df.loc[hit, "mia_under_curve"] = runs[hit].map(g["under"]).astype(bool)
     if audit_one_run is not None:
-        one = pd.read_parquet(audit_one_run).groupby("run")["epsilon_lb"].max()
-        hit = runs.isin(one.index) & df["private"]
-        df.loc[hit, "audit_eps_lb"] = runs[hit].map(one)
+        # the audit names a line by its transcript (a DPDM run has its own; STRAIGHTDP's train line too)
+        one = pd.read_parquet(audit_one_run).groupby("transcript")["epsilon_lb"].max()
+        for i, stems in df["transcripts"].items():
+            found = [one[t] for t in str(stems).split(",") if t in one.index]
+            if found and df.loc[i, "private"]:
+                df.loc[i, "audit_eps_lb"] = max(found)
     df["mia_under_curve"] = df["mia_under_curve"].astype("boolean")
     return df
 

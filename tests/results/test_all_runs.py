@@ -113,7 +113,7 @@ def test_the_audit_columns_join_on_the_trained_models_run(files, tmp_path):
 
     mia = pd.DataFrame({"run": ["dp_merf_eps3_seed0"] * 2 + ["other"], "auc": [0.52, 0.55, 0.9],
                         "tpr_at_1pct_fpr": [0.01, 0.02, 0.5], "under_curve": [True, True, False]})
-    one = pd.DataFrame({"run": ["dp_merf_eps3_seed0"], "epsilon_lb": [0.4]})
+    one = pd.DataFrame({"transcript": ["merf", "elsewhere"], "epsilon_lb": [0.4, 2.0]})
     write_table(mia, tmp_path / "mia.parquet", config_id="x", seed=0)
     write_table(one, tmp_path / "one.parquet", config_id="x", seed=0)
     runs = [dict(RUNS[0], config="dp_merf_eps3_seed0/sampler"), RUNS[2]]
