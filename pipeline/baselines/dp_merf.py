@@ -83,7 +83,8 @@ class Generator(nn.Module):
 
 
 def train_generator(mu_tilde: torch.Tensor, W: torch.Tensor, *, n_classes: int, out_shape: tuple[int, int, int],
-                    cfg: Mapping[str, Any], generator: torch.Generator, device: torch.device) -> tuple[Generator, list[float]]:
+                    cfg: Mapping[str, Any], generator: torch.Generator,
+                    device: torch.device) -> tuple[Generator, list[float]]:
     """Fit G to the released embedding: min ||mu_tilde - mean_b phi(G(z_b, y_b)) e_{y_b}^T||_F^2 (DP-MERF eq. 6)."""
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))  # the MLP's initialisation
     G = Generator(int(cfg["z_dim"]), n_classes, int(cfg["hidden"]), out_shape).to(device)

@@ -33,9 +33,6 @@ from pipeline.stage import PipelineError, stage
 METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_class_mean", "label_consistency",
            "acc_logreg", "acc_mlp", "acc_cnn", "acc_logreg_std", "acc_mlp_std", "acc_cnn_std",
            "clip_fd", "clip_zero_shot_acc", "n_samples")
-
-
-
 #: the name of a run's in-memory composition of its lines (never written to a ledger)
 COMPOSED_MECHANISM = "run_composition"
 
@@ -88,6 +85,7 @@ def read_benchmarks(paths: Sequence[Path]) -> dict[str, float]:
 
 
 def checked_runs(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``params.runs`` checked: a non-empty list whose items name method, config, seed and private."""
     runs = params.get("runs")
     if not isinstance(runs, list) or not runs:
         raise PipelineError("stage all_runs_table: params.runs must be a non-empty list of runs")
@@ -113,7 +111,8 @@ def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]]) -> p
                    {"eps_certified": math.nan, "delta": math.nan, "accountant": "", "adjacency": "", "mechanisms": ""})
         metrics = read_json(inputs[f"metrics_{i}"])
         eps_target = r.get("epsilon_target")
-        rows.append({"method": str(r["method"]), "label": str(r.get("label") or r["method"]), "config": str(r["config"]),
+        rows.append({"method": str(r["method"]), "label": str(r.get("label") or r["method"]),
+                     "config": str(r["config"]),
                      "seed": int(r["seed"]), "private": bool(r["private"]),
                      "epsilon_target": math.nan if eps_target is None else float(eps_target), **privacy,
                      **{m: (math.nan if metrics.get(m) is None else float(metrics[m])) for m in METRICS},
@@ -185,8 +184,9 @@ def configuration(config: str) -> str:
 
 def _line(ax: Any, g: pd.DataFrame, metric: str, label: str, color: Any) -> None:
     """One method's line: mean over seeds per configuration, a band from the seeds' min to max."""
-    by = g.assign(point=g["config"].map(configuration)).groupby("point").agg(eps=("eps_certified", "mean"), mean=(metric, "mean"), lo=(metric, "min"),
-                                 hi=(metric, "max"), target=("epsilon_target", "mean")).sort_values("eps")
+    points = g.assign(point=g["config"].map(configuration)).groupby("point")
+    by = points.agg(eps=("eps_certified", "mean"), mean=(metric, "mean"), lo=(metric, "min"), hi=(metric, "max"),
+                    target=("epsilon_target", "mean")).sort_values("eps")
     by = by[np.isfinite(by["mean"]) & np.isfinite(by["eps"])]
     if by.empty:
         return

@@ -26,6 +26,7 @@ def baselines_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     over = df[df["eps_certified"] > df["epsilon_target"]]
     if len(over):
         r = over.iloc[0]
-        raise PipelineError(f"stage baselines_table: {r['method']}/{r['config']} certified eps {r['eps_certified']:.6g} "
+        raise PipelineError(f"stage baselines_table: {r['method']}/{r['config']} certified eps "
+                            f"{r['eps_certified']:.6g} "
                             f"> its target {r['epsilon_target']:g}")
     write_table(df.drop(columns=["in_figure"]), outputs["table"], config_id=str(params.get("config_id", "unknown")))

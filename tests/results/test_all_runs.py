@@ -121,13 +121,15 @@ def test_the_audit_columns_join_on_the_trained_models_run(files, tmp_path):
                     "audit_mia": tmp_path / "mia.parquet", "audit_one_run": tmp_path / "one.parquet"},
                    {"table": tmp_path / "a.parquet"}, {"runs": runs, "config_id": "x"})
     df = pd.read_parquet(tmp_path / "a.parquet")
-    assert (df.loc[0, "mia_auc_max"], df.loc[0, "mia_tpr_at_1pct_fpr_max"], df.loc[0, "audit_eps_lb"]) == (0.55, 0.02, 0.4)
+    row = df.loc[0]
+    assert (row["mia_auc_max"], row["mia_tpr_at_1pct_fpr_max"], row["audit_eps_lb"]) == (0.55, 0.02, 0.4)
     assert bool(df.loc[0, "mia_under_curve"]) and pd.isna(df.loc[1, "mia_under_curve"])
     assert math.isnan(df.loc[1, "mia_auc_max"]) and math.isnan(df.loc[1, "audit_eps_lb"])
 
 
-@pytest.mark.parametrize(("config", "point"), [("pe_eps1_seed2", "pe_eps1"), ("hybrid/p55_B25_T3_beta1_s0", "hybrid/p55_B25_T3_beta1"),
-                                               ("edm_eps1_K4_seed3/ddim", "edm_eps1_K4/ddim"), ("reference_real", "reference_real")])
+@pytest.mark.parametrize(("config", "point"), [
+    ("pe_eps1_seed2", "pe_eps1"), ("hybrid/p55_B25_T3_beta1_s0", "hybrid/p55_B25_T3_beta1"),
+    ("edm_eps1_K4_seed3/ddim", "edm_eps1_K4/ddim"), ("reference_real", "reference_real")])
 def test_a_figure_point_is_a_configuration_over_its_seeds(config, point):
     from pipeline.results.all_runs import configuration
 
