@@ -10,6 +10,7 @@ asks this one function, so a table's eps and the audit's cannot disagree.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 from dp_accounting import dp_event
@@ -36,6 +37,19 @@ def recompute(entry: ledger.LedgerEntry) -> float:
     if name == "gdp":
         return acc.gdp_epsilon(entry.delta, acc.gdp_mu_of_event(event))
     raise PipelineError(f"replay: accountant {name!r} is not certified")  # validate() already refuses it
+
+
+_CERTIFIED: dict[str, float] = {}
+
+
+def recompute_cached(entry: ledger.LedgerEntry) -> float:
+    """:func:`recompute`, memoised on what the eps depends on (event, accountant, delta): the seeds of a
+    grid often release the same event, and a reference PLD at h = 1e-4 takes seconds, so each distinct
+    event is certified once per process (the result tables use it; the replay recomputes every line)."""
+    key = json.dumps([entry.event, entry.accountant, entry.delta], sort_keys=True)
+    if key not in _CERTIFIED:
+        _CERTIFIED[key] = recompute(entry)
+    return _CERTIFIED[key]
 
 
 def composed_entry(entries: Sequence[ledger.LedgerEntry], *, mechanism: str = "composed") -> ledger.LedgerEntry:

@@ -10,7 +10,6 @@ files). Column schema: README, "all_runs.parquet".
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -24,7 +23,7 @@ from pipeline.io import read_json
 from pipeline.privacy import ledger, rebuild
 # every mechanism's rebuilder registers on import: a line is checked against its parameters
 from pipeline.privacy import dp_merf, moments, private_evolution, tha  # noqa: F401
-from pipeline.privacy.certify import composed_entry, recompute
+from pipeline.privacy.certify import composed_entry, recompute_cached
 from pipeline.reporting.figures import readable_log_axis, save_figure
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
@@ -35,17 +34,6 @@ METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "fid_class_mean"
            "clip_fd", "clip_zero_shot_acc", "n_samples")
 #: the name of a run's in-memory composition of its lines (never written to a ledger)
 COMPOSED_MECHANISM = "run_composition"
-
-_CERTIFIED: dict[str, float] = {}
-
-
-def certified(entry: ledger.LedgerEntry) -> float:
-    """:func:`recompute` memoised on (event, accountant, delta): seeds of a grid often share an event."""
-    key = json.dumps([entry.event, entry.accountant, entry.delta], sort_keys=True)
-    if key not in _CERTIFIED:
-        _CERTIFIED[key] = recompute(entry)
-    return _CERTIFIED[key]
-
 
 def run_privacy(transcripts: Sequence[Path]) -> dict[str, Any]:
     """Privacy columns of one run from its transcripts: every line rebuilt from its parameters, all lines
@@ -62,7 +50,7 @@ def run_privacy(transcripts: Sequence[Path]) -> dict[str, Any]:
             raise PipelineError(f"{path}: empty transcript (a private run without its claim)")
         lines += found
     entry = composed_entry(lines, mechanism=COMPOSED_MECHANISM)
-    return {"eps_certified": certified(entry), "delta": lines[0].delta, "accountant": entry.accountant["name"],
+    return {"eps_certified": recompute_cached(entry), "delta": lines[0].delta, "accountant": entry.accountant["name"],
             "adjacency": ",".join(sorted({e.adjacency for e in lines})),
             "mechanisms": ",".join(e.mechanism for e in lines)}
 

@@ -29,7 +29,6 @@ public data only, with the threshold and the horizon tau).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,7 +41,7 @@ from pipeline.io import read_json
 from pipeline.privacy import ledger, rebuild
 # moments and tha register their rebuilders on import: a line is checked against its parameters
 from pipeline.privacy import moments, tha  # noqa: F401
-from pipeline.privacy.certify import composed_entry, recompute
+from pipeline.privacy.certify import composed_entry, recompute_cached
 from pipeline.privacy.replay import REL_TOL
 from pipeline.reporting import save_figure
 from pipeline.reporting.figures import readable_log_axis
@@ -96,21 +95,6 @@ def _one_line(path: Path, mechanism: str) -> ledger.LedgerEntry:
     return entry
 
 
-_CERTIFIED: dict[tuple[str, str, float], float] = {}
-
-
-def _certified(entry: ledger.LedgerEntry) -> float:
-    """:func:`recompute` of ``entry``, memoised on what the eps depends on (event, accountant, delta).
-
-    The seeds of a row often release the same event (a calibration that depends on public data
-    only), and a reference PLD at h = 1e-4 takes seconds: each distinct event is certified once.
-    """
-    key = (json.dumps(entry.accountant, sort_keys=True), json.dumps(entry.event, sort_keys=True), entry.delta)
-    if key not in _CERTIFIED:
-        _CERTIFIED[key] = recompute(entry)
-    return _CERTIFIED[key]
-
-
 def run_privacy(release: Path | None, train: Path | None) -> dict[str, Any]:
     """Privacy columns of one STRAIGHTDP run from its transcripts (either may be None, not both).
 
@@ -127,10 +111,10 @@ def run_privacy(release: Path | None, train: Path | None) -> dict[str, Any]:
                            "dpsgd_steps": 0, "K_buckets": 0, "tau": math.nan, "beta": math.nan,
                            "sampling_rate": math.nan}
     if rel is not None:
-        out["eps_release"] = _certified(rel)
+        out["eps_release"] = recompute_cached(rel)
         out["release_noise_multiplier"] = float(rel.extra.get("moment_noise_multiplier", rel.noise_multiplier))
     if tr is not None:
-        out["eps_train"] = _certified(tr)
+        out["eps_train"] = recompute_cached(tr)
         edges = [float(e) for e in tr.extra.get("edges", [])]
         out.update(train_noise_scale=float(tr.noise_std), train_noise_multipliers=list(tr.extra.get("sigma_k", [])),
                    train_clips=list(tr.extra.get("C_k", [])), dpsgd_steps=int(tr.count),
@@ -141,7 +125,7 @@ def run_privacy(release: Path | None, train: Path | None) -> dict[str, Any]:
             composed = composed_entry([rel, tr], mechanism=COMPOSED_MECHANISM)
         except PipelineError as exc:
             raise PipelineError(f"{release} and {train}: {exc}") from None
-        out["eps_certified"] = _certified(composed)
+        out["eps_certified"] = recompute_cached(composed)
     else:
         out["eps_certified"] = out["eps_release"] if tr is None else out["eps_train"]
     line = tr if tr is not None else rel
