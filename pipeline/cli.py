@@ -36,6 +36,8 @@ CORE_STAGES: dict[str, str] = {
     "index_html": "pipeline.reporting.stage:index_html",
     "all_runs_table": "pipeline.results.all_runs:all_runs_table",
     "privacy_utility_figure": "pipeline.results.all_runs:privacy_utility_figure",
+    "runtime_table": "pipeline.results.runtime:runtime_table",
+    "runtime_figure": "pipeline.results.runtime:runtime_figure",
     "replay": "pipeline.privacy.replay:replay",
     "pretrain_public": "pipeline.training.pretrain:pretrain_public",
 }

@@ -52,6 +52,8 @@ rule empden_blocks:
         ledger=EMPDEN_LEDGER,
     params:
         p=ACCOUNTING_PARAMS,
+    benchmark:
+        benchmark_path("empden_blocks")
     log:
         LOGS / "empden_blocks.log",
     threads: 1
@@ -71,6 +73,8 @@ rule empden_table7_accountants:
         blocks=EMPDEN_BLOCKS,
     output:
         table=TABLES / "empden_table7_accountants.parquet",
+    benchmark:
+        benchmark_path("empden_table7_accountants")
     log:
         LOGS / "empden_table7_accountants.log",
     threads: 1
@@ -90,6 +94,8 @@ rule empden_table8_9_eps:
         blocks=EMPDEN_BLOCKS,
     output:
         table=TABLES / "empden_table8_9_eps.parquet",
+    benchmark:
+        benchmark_path("empden_table8_9_eps")
     log:
         LOGS / "empden_table8_9_eps.log",
     threads: 1
@@ -109,6 +115,8 @@ rule empden_table11_edgeworth_clt_pld:
         blocks=EMPDEN_BLOCKS,
     output:
         table=TABLES / "empden_table11_edgeworth_clt_pld.parquet",
+    benchmark:
+        benchmark_path("empden_table11_edgeworth_clt_pld")
     log:
         LOGS / "empden_table11_edgeworth_clt_pld.log",
     threads: 1
@@ -128,6 +136,8 @@ rule empden_table12_rdp:
         blocks=EMPDEN_BLOCKS,
     output:
         table=TABLES / "empden_table12_rdp.parquet",
+    benchmark:
+        benchmark_path("empden_table12_rdp")
     log:
         LOGS / "empden_table12_rdp.log",
     threads: 1
@@ -147,6 +157,8 @@ rule empden_table13_theoretical_asr:
         table=TABLES / "empden_table13_theoretical_asr.parquet",
     params:
         p=ACCOUNTING_PARAMS,
+    benchmark:
+        benchmark_path("empden_table13_theoretical_asr")
     log:
         LOGS / "empden_table13_theoretical_asr.log",
     threads: 1
@@ -167,6 +179,8 @@ rule empden_figure4_full_batch:
         pdf=FIGURES / "empden_figure4_full_batch.pdf",
     params:
         p=ACCOUNTING_PARAMS,
+    benchmark:
+        benchmark_path("empden_figure4_full_batch")
     log:
         LOGS / "empden_figure4_full_batch.log",
     threads: 1
@@ -186,6 +200,8 @@ rule empden_figure5_mu_vs_logsnr:
         pdf=FIGURES / "empden_figure5_mu_vs_logsnr.pdf",
     params:
         p=ACCOUNTING_PARAMS,
+    benchmark:
+        benchmark_path("empden_figure5_mu_vs_logsnr")
     log:
         LOGS / "empden_figure5_mu_vs_logsnr.log",
     threads: 1
@@ -205,6 +221,8 @@ rule empden_figure7_stopping_traces:
         pdf=FIGURES / "empden_figure7_stopping_traces.pdf",
     params:
         p=ACCOUNTING_PARAMS,
+    benchmark:
+        benchmark_path("empden_figure7_stopping_traces")
     log:
         LOGS / "empden_figure7_stopping_traces.log",
     threads: 1
@@ -228,6 +246,8 @@ rule replay:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         # the claims each private stage writes, as its method registered them
         p=lambda wildcards: stage_params(expected_claims={Path(t).stem: n for t, n in ledger_claims().items()}),
+    benchmark:
+        benchmark_path("replay")
     log:
         LOGS / "replay.log",
     threads: 1

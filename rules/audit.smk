@@ -24,6 +24,8 @@ rule audit_one_run:
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         p=stage_params(audit=config["audit"], seed=SEED, threads=TORCH_THREADS),
+    benchmark:
+        benchmark_path("audit_one_run")
     log:
         LOGS / "audit_one_run.log",
     threads: TORCH_THREADS
@@ -49,6 +51,8 @@ rule train_dpdm_twin:
     params:
         p=twin_params,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    benchmark:
+        benchmark_path("train_dpdm_twin", "{seed}")
     log:
         LOGS / "train_dpdm_twin" / "twin_seed{seed}.log",
     threads: TORCH_THREADS
@@ -77,6 +81,8 @@ rule audit_mia:
         p=lambda wildcards: stage_params(mia=mia_attack_settings(), grid=mia_grid(), method=wildcards.method,
                                          run=wildcards.run, nonmember_split=MIA_NONMEMBERS, seed=SEED,
                                          device=config["device"], threads=TORCH_THREADS),
+    benchmark:
+        benchmark_path("audit_mia", "{method}/{run}")
     log:
         LOGS / "audit_mia" / "{method}_{run}.log",
     threads: TORCH_THREADS
@@ -100,6 +106,8 @@ rule audit_mia_table:
     params:
         ins=lambda wildcards: io_args("--in", mia_table_inputs()),
         p=stage_params(seed=SEED),
+    benchmark:
+        benchmark_path("audit_mia_table")
     log:
         LOGS / "audit_mia_table.log",
     threads: 1
@@ -122,6 +130,8 @@ rule empden_table13:
         table=TABLE13,
     params:
         p=stage_params(seed=SEED),
+    benchmark:
+        benchmark_path("empden_table13")
     log:
         LOGS / "empden_table13.log",
     threads: 1

@@ -117,6 +117,8 @@ rule baselines_table:
     params:
         p=lambda wildcards: run_table_params(baseline_records()),
         ins=lambda wildcards: io_args("--in", run_table_inputs(baseline_records())),
+    benchmark:
+        benchmark_path("baselines_table")
     log:
         LOGS / "baselines_table.log",
     threads: 1

@@ -48,12 +48,13 @@ SEED = config["seed"]
 PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
 #: the ledger replay's verdict (rule replay), the first thing results/index.html shows
 REPLAY_REPORT = EXPDIR / "ledger" / "replay.json"
-#: Snakemake benchmark files (wall, CPU, max RSS per job): all_runs.parquet's cost columns
+#: Snakemake benchmark files (wall, CPU, max RSS per job): runtime.parquet, all_runs.parquet's cost columns
 BENCHMARKS = EXPDIR / "benchmarks"
 
 
-def benchmark_path(rule, name):
-    """The benchmark file of ``rule``'s job ``name`` (wildcards allowed): BENCHMARKS/<rule>/<name>.tsv."""
+def benchmark_path(rule, name="job"):
+    """The benchmark file of ``rule``'s job ``name`` (its wildcards, or ``job`` where there is one job),
+    BENCHMARKS/<rule>/<name>.tsv: one row of runtime.parquet (pipeline/results/runtime.py)."""
     return BENCHMARKS / rule / f"{name}.tsv"
 
 
@@ -161,9 +162,12 @@ def _registered(query):
         raise WorkflowError(str(exc)) from None
 
 
+#: the tables and figures made after every other job: the comparison (its cost columns come from the
+#: runtime table) and the runtime table of every job before them (rules/report.smk)
+AFTER_ALL = [FIGURES / "privacy_utility.png", TABLES / "all_runs.parquet", TABLES / "runtime.parquet",
+             FIGURES / "runtime.png"]
 #: the core tables and figures every config reports (rules/report.smk); the comparison first
-CORE_REPORT = [FIGURES / "privacy_utility.png", TABLES / "all_runs.parquet", TABLES / "reference_real.parquet",
-               FIGURES / "data_samples.png"]
+CORE_REPORT = [*AFTER_ALL, TABLES / "reference_real.parquet", FIGURES / "data_samples.png"]
 
 
 def report_inputs():

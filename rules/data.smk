@@ -9,6 +9,8 @@ rule prepare_data:
     params:
         p=params_json(data=config["data"], seed=SEED),
         out=io_args("--out", data_splits()),
+    benchmark:
+        benchmark_path("prepare_data")
     log:
         LOGS / "prepare_data.log",
     threads: 1

@@ -123,6 +123,8 @@ checkpoint dpdm_select_sampler:
     params:
         p=lambda wildcards: stage_params(rows=dpdm_rows("dpdm_table_samplers")),
         ins=lambda wildcards: io_args("--in", dpdm_selection_inputs()),
+    benchmark:
+        benchmark_path("dpdm_select_sampler")
     log:
         LOGS / "dpdm_select_sampler.log",
     threads: 1
@@ -145,6 +147,8 @@ rule dpdm_table_main:
     params:
         p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_main")),
         ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_main"))),
+    benchmark:
+        benchmark_path("dpdm_table_main")
     log:
         LOGS / "dpdm_table_main.log",
     threads: 1
@@ -166,6 +170,8 @@ rule dpdm_table_noise_multiplicity:
     params:
         p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_noise_multiplicity")),
         ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_noise_multiplicity"))),
+    benchmark:
+        benchmark_path("dpdm_table_noise_multiplicity")
     log:
         LOGS / "dpdm_table_noise_multiplicity.log",
     threads: 1
@@ -187,6 +193,8 @@ rule dpdm_table_samplers:
     params:
         p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_samplers")),
         ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_samplers"))),
+    benchmark:
+        benchmark_path("dpdm_table_samplers")
     log:
         LOGS / "dpdm_table_samplers.log",
     threads: 1
@@ -208,6 +216,8 @@ rule dpdm_table_configurations:
     params:
         p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_configurations")),
         ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_configurations"))),
+    benchmark:
+        benchmark_path("dpdm_table_configurations")
     log:
         LOGS / "dpdm_table_configurations.log",
     threads: 1
@@ -231,6 +241,8 @@ rule dpdm_samples_by_epsilon:
         ins=lambda wildcards: io_args("--in", dpdm_grid_inputs()),
         p=lambda wildcards: params_json(per_class=config["dpdm"]["sampling"]["per_class"], titles=dpdm_grid_titles(),
                                         title=f"DPDM samples ({config['dpdm']['sampling']['main']}) by target eps"),
+    benchmark:
+        benchmark_path("dpdm_samples_by_epsilon")
     log:
         LOGS / "dpdm_samples_by_epsilon.log",
     threads: 1
@@ -254,6 +266,8 @@ rule dpdm_samples_by_sampler:
         ins=lambda wildcards: io_args("--in", dpdm_sampler_grid_inputs()),
         p=lambda wildcards: params_json(per_class=config["dpdm"]["sampling"]["per_class"],
                                         title=f"DPDM samplers at eps = {dpdm_sampler_grid_eps():g}"),
+    benchmark:
+        benchmark_path("dpdm_samples_by_sampler")
     log:
         LOGS / "dpdm_samples_by_sampler.log",
     threads: 1

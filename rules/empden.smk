@@ -168,6 +168,8 @@ rule empden_table8_grid:
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         p=stage_params(accounting={k: config["accounting"][k] for k in ACCOUNTING_EPS_KEYS}),
+    benchmark:
+        benchmark_path("empden_table8_grid")
     log:
         LOGS / "empden_table8_grid.log",
     threads: 1
@@ -193,6 +195,8 @@ rule empden_table2_comparison:
         p=stage_params(beta=config["accounting"]["beta"]),
         prior=lambda wildcards, input: "".join(f" {k}={shlex.quote(str(input[k]))}" for k in ("baselines", "dpdm")
                                               if k in input.keys()),
+    benchmark:
+        benchmark_path("empden_table2_comparison")
     log:
         LOGS / "empden_table2_comparison.log",
     threads: 1
@@ -214,6 +218,8 @@ rule empden_table3_beta:
         table=TABLES / "empden_table3_beta.parquet",
     params:
         p=stage_params(beta_ablation=config["empden"]["beta_ablation"], seed=config["empden"]["seeds"][0]),
+    benchmark:
+        benchmark_path("empden_table3_beta")
     log:
         LOGS / "empden_table3_beta.log",
     threads: 1
@@ -235,6 +241,8 @@ rule empden_table10_seeds:
         table=TABLES / "empden_table10_seeds.parquet",
     params:
         p=stage_params(repeated_seeds=config["empden"]["repeated_seeds"], beta=config["accounting"]["beta"]),
+    benchmark:
+        benchmark_path("empden_table10_seeds")
     log:
         LOGS / "empden_table10_seeds.log",
     threads: 1
@@ -257,6 +265,8 @@ rule empden_figure3_tradeoffs:
         pdf=FIGURES / "empden_figure3_tradeoffs.pdf",
     params:
         p=stage_params(beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0]),
+    benchmark:
+        benchmark_path("empden_figure3_tradeoffs")
     log:
         LOGS / "empden_figure3_tradeoffs.log",
     threads: 1
@@ -280,6 +290,8 @@ rule empden_figure4_samples:
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         p=stage_params(n_images=config["empden"]["figure_images"]),
+    benchmark:
+        benchmark_path("empden_figure4_samples")
     log:
         LOGS / "empden_figure4_samples.log",
     threads: 1
@@ -308,6 +320,8 @@ rule empden_figure2_trajectories:
                       beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], device=config["device"],
                       threads=TORCH_THREADS, **EMPDEN_NORMALISER_PARAMS),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+    benchmark:
+        benchmark_path("empden_figure2_trajectories")
     log:
         LOGS / "empden_figure2_trajectories.log",
     threads: TORCH_THREADS

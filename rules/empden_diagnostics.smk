@@ -36,6 +36,8 @@ rule empden_table4_proxy:
     params:
         p=DIAG_PARAMS,
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+    benchmark:
+        benchmark_path("empden_table4_proxy")
     log:
         LOGS / "empden_table4_proxy.log",
     threads: TORCH_THREADS
@@ -64,6 +66,8 @@ rule empden_table1_window_swap:
     params:
         p=DIAG_PARAMS,
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+    benchmark:
+        benchmark_path("empden_table1_window_swap")
     log:
         LOGS / "empden_table1_window_swap.log",
     threads: TORCH_THREADS
@@ -89,6 +93,8 @@ rule empden_figure6_critical_window:
         figure=FIGURES / "empden_figure6_critical_window.png",
     params:
         p=DIAG_PARAMS,
+    benchmark:
+        benchmark_path("empden_figure6_critical_window")
     log:
         LOGS / "empden_figure6_critical_window.log",
     threads: TORCH_THREADS

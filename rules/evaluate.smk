@@ -13,6 +13,8 @@ rule train_evalnet:
         metrics=EVALNET / "metrics.json",
     params:
         p=params_json(evalnet=config["evaluation"]["evalnet"], seed=SEED, device=config["device"]),
+    benchmark:
+        benchmark_path("train_evalnet")
     log:
         LOGS / "train_evalnet.log",
     threads: TORCH_THREADS
@@ -89,6 +91,8 @@ rule evaluate_reference_real:
     params:
         p=params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"], name="reference_real"),
         clip=clip_arg,
+    benchmark:
+        benchmark_path("evaluate_reference_real")
     log:
         LOGS / "evaluate_reference_real.log",
     threads: TORCH_THREADS

@@ -17,6 +17,8 @@ rule pretrain_public:
     params:
         p=stage_params(pretrain=config["pretrain"], seed=SEED, device=config["device"],
                       threads=TORCH_THREADS),
+    benchmark:
+        benchmark_path("pretrain_public")
     log:
         LOGS / "pretrain_public.log",
     threads: TORCH_THREADS

@@ -19,6 +19,8 @@ rule reference_real:
             seed=SEED,
             rows={"reference_real": {"experiment": EXP, "method": "real held-out data (no privacy)"}},
         ),
+    benchmark:
+        benchmark_path("reference_real")
     log:
         LOGS / "table_reference_real.log",
     threads: 1
@@ -41,6 +43,8 @@ rule data_samples:
         pdf=FIGURES / "data_samples.pdf",
     params:
         ins=io_args("--in", {k: v for k, v in data_splits().items() if k not in ("eval_train", "reference", "val")}),
+    benchmark:
+        benchmark_path("data_samples")
     log:
         LOGS / "figure_data_samples.log",
     threads: 1
@@ -65,6 +69,8 @@ rule index_html:
         ins=lambda wildcards: io_args("--in", {**{f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()},
                                                "replay": REPLAY_REPORT}),
         p=params_json(title=f"DP generative models: {EXP}", first=["privacy_utility"]),
+    benchmark:
+        benchmark_path("index_html")
     log:
         LOGS / "index_html.log",
     threads: 1
@@ -80,12 +86,16 @@ rule index_html:
 rule all_runs_table:
     """Table all_runs: one row per evaluated (method, configuration, seed), certified eps from its transcripts."""
     input:
-        unpack(lambda wildcards: {**run_table_inputs(all_run_records()), **all_runs_audit_inputs()}),
+        unpack(lambda wildcards: {**run_table_inputs(all_run_records()), **all_runs_audit_inputs(),
+                                  "runtime": TABLES / "runtime.parquet"}),
     output:
         table=TABLES / "all_runs.parquet",
     params:
         p=lambda wildcards: run_table_params(all_run_records()),
-        ins=lambda wildcards: io_args("--in", {**run_table_inputs(all_run_records()), **all_runs_audit_inputs()}),
+        ins=lambda wildcards: io_args("--in", {**run_table_inputs(all_run_records()), **all_runs_audit_inputs(),
+                                               "runtime": TABLES / "runtime.parquet"}),
+    benchmark:
+        benchmark_path("all_runs_table")
     log:
         LOGS / "all_runs_table.log",
     threads: 1
@@ -105,6 +115,8 @@ rule privacy_utility_figure:
     output:
         png=FIGURES / "privacy_utility.png",
         pdf=FIGURES / "privacy_utility.pdf",
+    benchmark:
+        benchmark_path("privacy_utility_figure")
     log:
         LOGS / "privacy_utility_figure.log",
     threads: 1
@@ -115,3 +127,48 @@ rule privacy_utility_figure:
         CPU_ENV
     shell:
         "python -m pipeline privacy_utility_figure --in table={input.table:q} --out figure={output.png:q} --log {log:q}"
+
+
+rule runtime_table:
+    """Table runtime: one row per job (rule, wildcards, wall s, CPU s, max RSS MB) from every benchmark file,
+    built after every other job of `all` but the comparison and the index page (they read it)."""
+    input:
+        lambda wildcards: [p for p in report_inputs() if p not in AFTER_ALL],
+        replay=REPLAY_REPORT,
+    output:
+        table=TABLES / "runtime.parquet",
+    params:
+        p=stage_params(benchmarks=str(BENCHMARKS), seed=SEED),
+    benchmark:
+        benchmark_path("runtime_table")
+    log:
+        LOGS / "runtime_table.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline runtime_table --out table={output.table:q} --params {params.p:q} --log {log:q}"
+
+
+rule runtime_figure:
+    """Figure runtime: the rules that cost the most job time (wall and CPU minutes, jobs, peak RSS)."""
+    input:
+        table=TABLES / "runtime.parquet",
+    output:
+        png=FIGURES / "runtime.png",
+        pdf=FIGURES / "runtime.pdf",
+    benchmark:
+        benchmark_path("runtime_figure")
+    log:
+        LOGS / "runtime_figure.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline runtime_figure --in table={input.table:q} --out figure={output.png:q} --log {log:q}"

@@ -24,6 +24,8 @@ rule sensgeo_fig1_naive_vs_exact:
         table=TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
     params:
         p=SENSGEO_PARAMS["fig1"],
+    benchmark:
+        benchmark_path("sensgeo_fig1_naive_vs_exact")
     log:
         LOGS / "sensgeo_fig1_naive_vs_exact.log",
     threads: 1
@@ -43,6 +45,8 @@ rule sensgeo_table_guarantees:
         table=TABLES / "sensgeo_table_guarantees.parquet",
     params:
         p=SENSGEO_PARAMS["guarantees"],
+    benchmark:
+        benchmark_path("sensgeo_table_guarantees")
     log:
         LOGS / "sensgeo_table_guarantees.log",
     threads: 1
@@ -61,6 +65,8 @@ rule sensgeo_table_sdp:
         table=TABLES / "sensgeo_table_sdp.parquet",
     params:
         p=SENSGEO_PARAMS["sdp"],
+    benchmark:
+        benchmark_path("sensgeo_table_sdp")
     log:
         LOGS / "sensgeo_table_sdp.log",
     threads: 1
@@ -80,6 +86,8 @@ rule sensgeo_fig_mi_snr:
         pdf=FIGURES / "sensgeo_fig_mi_snr.pdf",
     params:
         p=SENSGEO_PARAMS["mi"],
+    benchmark:
+        benchmark_path("sensgeo_fig_mi_snr")
     log:
         LOGS / "sensgeo_fig_mi_snr.log",
     threads: 1
@@ -98,6 +106,8 @@ rule sensgeo_table_bridge:
         table=TABLES / "sensgeo_table_bridge.parquet",
     params:
         p=SENSGEO_PARAMS["bridge"],
+    benchmark:
+        benchmark_path("sensgeo_table_bridge")
     log:
         LOGS / "sensgeo_table_bridge.log",
     threads: 1

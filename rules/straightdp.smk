@@ -24,6 +24,8 @@ rule straightdp_public:
     params:
         p=params_json(data=config["data"], public=config["straightdp"]["public"], seed=SEED,
                       stream="straightdp.public"),
+    benchmark:
+        benchmark_path("straightdp_public")
     log:
         LOGS / "straightdp_public.log",
     threads: 1
@@ -45,6 +47,8 @@ rule straightdp_geometry:
         horizon=SDP_HORIZON,
     params:
         p=lambda wildcards: sdp_params(seed=SEED),
+    benchmark:
+        benchmark_path("straightdp_geometry")
     log:
         LOGS / "straightdp_geometry.log",
     threads: 1
@@ -66,6 +70,8 @@ rule pretrain_straightdp:
         model=SDP_PUBLIC_FLOW,
     params:
         p=lambda wildcards: sdp_params(seed=SEED),
+    benchmark:
+        benchmark_path("pretrain_straightdp")
     log:
         LOGS / "pretrain_straightdp.log",
     threads: TORCH_THREADS
@@ -211,6 +217,8 @@ rule straightdp_table:
     params:
         p=lambda wildcards: sdp_table_params(table=wildcards.table),
         ins=lambda wildcards: io_args("--in", sdp_table_inputs()),
+    benchmark:
+        benchmark_path("straightdp_table", "{table}")
     log:
         LOGS / "straightdp_{table}.log",
     threads: 1
@@ -234,6 +242,8 @@ rule straightdp_figure_accuracy:
     params:
         p=lambda wildcards: sdp_table_params(),
         ins=lambda wildcards: io_args("--in", sdp_table_inputs()),
+    benchmark:
+        benchmark_path("straightdp_figure_accuracy")
     log:
         LOGS / "straightdp_figure3_accuracy.log",
     threads: 1
@@ -254,6 +264,8 @@ rule straightdp_figure_horizon:
     output:
         png=FIGURES / "straightdp_figure2_horizon.png",
         pdf=FIGURES / "straightdp_figure2_horizon.pdf",
+    benchmark:
+        benchmark_path("straightdp_figure_horizon")
     log:
         LOGS / "straightdp_figure2_horizon.log",
     threads: 1
@@ -278,6 +290,8 @@ rule straightdp_figure_samples:
         ins=lambda wildcards: io_args("--in", sdp_grid_inputs()),
         p=lambda wildcards: params_json(per_class=8, titles=sdp_grid_titles(),
                                         title=f"STRAIGHTDP samples at eps = {max(config['straightdp']['epsilons']):g}"),
+    benchmark:
+        benchmark_path("straightdp_figure_samples")
     log:
         LOGS / "straightdp_figure5_samples.log",
     threads: 1

@@ -29,6 +29,20 @@ def test_lint_is_clean(repo):
     assert "Congratulations, your workflow is in a good condition" in res.stdout + res.stderr
 
 
+def test_every_rule_declares_its_benchmark_file(repo):
+    # runtime.parquet is one row per job from these files: a rule without one would be invisible in it
+    import re
+
+    rules = {}
+    for smk in sorted((repo / "rules").glob("*.smk")) + [repo / "Snakefile"]:
+        for block in re.split(r"\n(?=rule \w+:)", smk.read_text()):
+            m = re.match(r"rule (\w+):", block)
+            if m:
+                rules[m.group(1)] = "\n    benchmark:\n        benchmark_path(" in block
+    assert len(rules) > 60
+    assert [r for r, has in rules.items() if not has and r != "all"] == []
+
+
 @pytest.mark.parametrize("how", [("--cores", "2"), ("--profile", "profiles/local")])
 def test_dry_run_local(repo, tmp_path, how):
     cfg = tmp_path / "c.yaml"
@@ -179,7 +193,8 @@ RERUN_SCOPE = {
                                                {"empden_table1_window_swap", "empden_table4_proxy",
                                                 "empden_figure6_critical_window"}),
 }
-SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utility_figure"}
+SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utility_figure", "runtime_table",
+                "runtime_figure"}
 
 
 @pytest.mark.slow
@@ -246,6 +261,16 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert trained["mia_auc_max"].notna().all() and trained["audit_eps_lb"].notna().all()
     assert all_runs.loc[all_runs["method"] == "pe", "mia_auc_max"].isna().all()
     assert (results / "figures" / "privacy_utility.png").stat().st_size > 10_000
+    # every job that ran before the runtime table left its Snakemake benchmark row; all_runs' cost is from it
+    runtime = pd.read_parquet(results / "tables" / "runtime.parquet")
+    after = {"runtime_table", "runtime_figure", "all_runs_table", "privacy_utility_figure", "index_html"}
+    assert {"train_dpdm", "pretrain_public", "prepare_data", "replay", "audit_mia"} <= set(runtime["rule"])
+    assert not after & set(runtime["rule"]) and (runtime["wall_s"] > 0).all() and runtime["cpu_s"].notna().all()
+    assert len(runtime) >= 90
+    # a DPDM row costs its run's training (shared by its samplers) plus its own sampling and evaluation
+    train = runtime.loc[runtime["rule"] == "train_dpdm", "wall_s"].sum()
+    assert (all_runs.loc[all_runs["method"] == "dpdm", "cost_wall_s"] > train).all()
+    assert (results / "figures" / "runtime.png").stat().st_size > 10_000
     assert index.index("privacy_utility") < index.index("reference_real")
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # nothing left to do: a second run is a no-op

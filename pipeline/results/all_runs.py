@@ -4,8 +4,8 @@ One row per evaluated (method, configuration, seed) that a method's rule file re
 (``register_runs``, :class:`pipeline.registry.RunRecord`): the metrics of the shared
 ``evaluate_samples`` stage, the certified eps recomputed here from the run's own ledger
 transcripts (every line checked against its parameters, the lines of one run composed in one
-PLD: STRAIGHTDP's release + THA), and the cost of the jobs that made it (Snakemake benchmark
-files). Column schema: README, "all_runs.parquet".
+PLD: STRAIGHTDP's release + THA), and the cost of the jobs that made it (their rows of
+``runtime.parquet``, :mod:`pipeline.results.runtime`). Column schema: README, "all_runs.parquet".
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pipeline.privacy import ledger, rebuild
 from pipeline.privacy import dp_merf, moments, private_evolution, tha  # noqa: F401
 from pipeline.privacy.certify import composed_entry, recompute_cached
 from pipeline.reporting.figures import readable_log_axis, save_figure
+from pipeline.results.runtime import job_cost, runtime_frame
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 
@@ -55,23 +56,6 @@ def run_privacy(transcripts: Sequence[Path]) -> dict[str, Any]:
             "mechanisms": ",".join(e.mechanism for e in lines)}
 
 
-def read_benchmarks(paths: Sequence[Path]) -> dict[str, float]:
-    """Cost of a run from Snakemake benchmark TSVs: summed wall and CPU seconds, the largest max RSS.
-    NaN when none is declared or one is missing (a job that ran before benchmarks were declared)."""
-    unknown = {"cost_wall_s": math.nan, "cost_cpu_s": math.nan, "cost_max_rss_mb": math.nan}
-    wall = cpu = rss = 0.0
-    if not paths:
-        return unknown
-    for p in paths:
-        if not Path(p).is_file():
-            return unknown
-        df = pd.read_csv(p, sep="\t")
-        wall += float(df["s"].iloc[-1])
-        cpu += float(pd.to_numeric(df.get("cpu_time", pd.Series([math.nan])), errors="coerce").iloc[-1])
-        rss = max(rss, float(pd.to_numeric(df["max_rss"], errors="coerce").iloc[-1]))
-    return {"cost_wall_s": wall, "cost_cpu_s": cpu, "cost_max_rss_mb": rss}
-
-
 def checked_runs(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``params.runs`` checked: a non-empty list whose items name method, config, seed and private."""
     runs = params.get("runs")
@@ -84,8 +68,11 @@ def checked_runs(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     return runs
 
 
-def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per run: its fields, its privacy (private runs), its metrics and its cost."""
+def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]],
+             runtime: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per run: its fields, its privacy (private runs), its metrics and its cost (its jobs' rows of
+    ``runtime``, the runtime table; NaN without it)."""
+    runtime = runtime if runtime is not None else runtime_frame(None)
     rows = []
     for i, r in enumerate(runs):
         if f"metrics_{i}" not in inputs:
@@ -104,7 +91,7 @@ def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]]) -> p
                      "seed": int(r["seed"]), "private": bool(r["private"]),
                      "epsilon_target": math.nan if eps_target is None else float(eps_target), **privacy,
                      **{m: (math.nan if metrics.get(m) is None else float(metrics[m])) for m in METRICS},
-                     **read_benchmarks([Path(p) for p in r.get("benchmarks", [])]),
+                     **job_cost(runtime, r.get("benchmarks", [])),
                      "in_figure": bool(r.get("in_figure", True)),
                      "transcripts": ",".join(Path(p).stem for p in ledgers)})
     df = pd.DataFrame(rows)
@@ -156,9 +143,12 @@ def join_audits(df: pd.DataFrame, audit_mia: Path | None, audit_one_run: Path | 
                        "reads --in metrics_i= and ledger_i_0=, ledger_i_1=, ...", "config_id": "id of the settings"})
 def all_runs_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """all_runs.parquet: every evaluated run of every method, certified eps recomputed from its transcripts, the
-    audit columns from --in audit_mia= / audit_one_run= (the audits' tables) when given."""
-    runs = {k: v for k, v in inputs.items() if k not in ("audit_mia", "audit_one_run")}
-    df = join_audits(run_rows(runs, checked_runs(params)), inputs.get("audit_mia"), inputs.get("audit_one_run"))
+    audit columns from --in audit_mia= / audit_one_run= (the audits' tables) and the cost columns from
+    --in runtime= (runtime.parquet) when given."""
+    runs = {k: v for k, v in inputs.items() if k not in ("audit_mia", "audit_one_run", "runtime")}
+    runtime = pd.read_parquet(inputs["runtime"]) if "runtime" in inputs else None
+    df = join_audits(run_rows(runs, checked_runs(params), runtime), inputs.get("audit_mia"),
+                     inputs.get("audit_one_run"))
     write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")))
 
 

@@ -17,6 +17,7 @@ from pipeline.privacy import ledger
 from pipeline.privacy import private_evolution as pe
 from pipeline.results.all_runs import all_runs_table, privacy_utility_figure
 from pipeline.results.baselines import baselines_table
+from pipeline.results.runtime import runtime_table
 from pipeline.stage import PipelineError
 
 COARSE = acc.PLDSettings(1e-3)
@@ -84,15 +85,24 @@ def test_a_private_run_without_its_transcript_is_refused(files, tmp_path):
         all_runs_table(ins, {"table": tmp_path / "t.parquet"}, {"runs": RUNS, "config_id": "x"})
 
 
-def test_costs_come_from_the_benchmark_files(files, tmp_path):
-    bench = tmp_path / "b.tsv"
-    bench.write_text("s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
-                     "12.5\t0:00:12\t300.0\t1\t1\t1\t0\t0\t50\t20.0\n")
-    runs = [dict(RUNS[0], benchmarks=[str(bench), str(bench)])]
-    all_runs_table({"metrics_0": files["m_merf"], "ledger_0_0": files["l_merf"]}, {"table": tmp_path / "a.parquet"},
+BENCH_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def test_costs_come_from_the_runtime_table_rows_of_the_runs_jobs(files, tmp_path):
+    root = tmp_path / "benchmarks"
+    (root / "train").mkdir(parents=True)
+    (root / "evaluate").mkdir()
+    (root / "train" / "a.tsv").write_text(BENCH_HEADER + "12.5\t0:00:12\t300.0\t1\t1\t1\t0\t0\t50\t20.0\n")
+    (root / "evaluate" / "a.tsv").write_text(BENCH_HEADER + "2.5\t0:00:02\t100.0\t1\t1\t1\t0\t0\t50\t3.0\n")
+    runtime_table({}, {"table": tmp_path / "runtime.parquet"}, {"benchmarks": str(root), "config_id": "x"})
+    runs = [dict(RUNS[0], benchmarks=[str(root / "train" / "a.tsv"), str(root / "evaluate" / "a.tsv")]),
+            dict(RUNS[2], benchmarks=[str(root / "train" / "never_ran.tsv")])]
+    all_runs_table({"metrics_0": files["m_merf"], "ledger_0_0": files["l_merf"], "metrics_1": files["m_ref"],
+                    "runtime": tmp_path / "runtime.parquet"}, {"table": tmp_path / "a.parquet"},
                    {"runs": runs, "config_id": "x"})
-    row = pd.read_parquet(tmp_path / "a.parquet").iloc[0]
-    assert (row["cost_wall_s"], row["cost_cpu_s"], row["cost_max_rss_mb"]) == (25.0, 40.0, 300.0)
+    df = pd.read_parquet(tmp_path / "a.parquet")
+    assert (df.loc[0, "cost_wall_s"], df.loc[0, "cost_cpu_s"], df.loc[0, "cost_max_rss_mb"]) == (15.0, 23.0, 300.0)
+    assert math.isnan(df.loc[1, "cost_wall_s"])  # a job without a benchmark row: unknown, not zero
 
 
 def test_the_baselines_table_fails_a_run_over_its_target(files, tmp_path):
