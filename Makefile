@@ -10,11 +10,12 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install run test lint slurm-profile slurm-test bench clean help
+.PHONY: install run test test-slow lint slurm-profile slurm-test bench clean help
 
 help:
 	@echo "make run            embedded default end to end (snakemake --cores $(CORES) all)"
-	@echo "make test           test suite (fast; CI runs this)"
+	@echo "make test           unit tests on $(CORES) cores (CI runs this, then the slow tier)"
+	@echo "make test-slow      the slow tier: Snakemake dry runs and the tiny end-to-end DAG (~15 min)"
 	@echo "make lint           snakemake --lint and dry runs of the local and slurm profiles"
 	@echo "make slurm-profile  link profiles/slurm to ~/.config/snakemake/slurm (then: snakemake --profile slurm all)"
 	@echo "make slurm-test     (root, Debian 12) start a single-node SLURM cluster, run tests/slurm, stop it"
@@ -34,8 +35,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) all
 
+# the unit tier on every core (one xdist worker per core, a test file's tests on one worker so its
+# fixtures are built once); the slow tier starts Snakemake (dry runs, the tiny end-to-end DAG)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(CORES) --dist worksteal -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow --durations=0
 
 lint: $(STAMP)
 	$(BIN)/snakemake --lint

@@ -11,6 +11,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # make test runs one pytest-xdist worker per core: each keeps torch and BLAS to its own core
+    # (set before anything imports torch, or two workers x two threads fight over two cores)
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,6 +9,9 @@ import yaml
 
 from tests.test_workflow import snakemake
 
+# dry runs of the whole DAG through Snakemake: the slow tier (make test-slow)
+pytestmark = pytest.mark.slow
+
 TABLES = ["dpdm_table_main", "dpdm_table_noise_multiplicity", "dpdm_table_samplers", "dpdm_table_configurations"]
 
 

@@ -1,5 +1,5 @@
 """The Snakemake workflow: lint-clean, dry-runs under both profiles, one-line config errors,
-and the embedded default DAG end to end at a tiny size."""
+and the embedded default DAG end to end at a tiny size (the slow tier: ``make test-slow``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ import yaml
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
+# every test here starts Snakemake (seconds to parse the DAG, minutes for the tiny run): the slow tier
+pytestmark = pytest.mark.slow
+
 
 def snakemake(repo: Path, *args: str,  # targets before --configfile: it takes several values
               env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -27,20 +30,6 @@ def test_lint_is_clean(repo):
     res = snakemake(repo, "--lint")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Congratulations, your workflow is in a good condition" in res.stdout + res.stderr
-
-
-def test_every_rule_declares_its_benchmark_file(repo):
-    # runtime.parquet is one row per job from these files: a rule without one would be invisible in it
-    import re
-
-    rules = {}
-    for smk in sorted((repo / "rules").glob("*.smk")) + [repo / "Snakefile"]:
-        for block in re.split(r"\n(?=rule \w+:)", smk.read_text()):
-            m = re.match(r"rule (\w+):", block)
-            if m:
-                rules[m.group(1)] = "\n    benchmark:\n        benchmark_path(" in block
-    assert len(rules) > 60
-    assert [r for r, has in rules.items() if not has and r != "all"] == []
 
 
 @pytest.mark.parametrize("how", [("--cores", "2"), ("--profile", "profiles/local")])
@@ -197,7 +186,6 @@ SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utilit
                 "runtime_figure"}
 
 
-@pytest.mark.slow
 def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # a results folder with a space: every path a rule hands to the shell is quoted
     results = tmp_path / "out dir"

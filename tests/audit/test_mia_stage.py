@@ -117,6 +117,7 @@ def test_a_twin_trained_on_another_member_subset_is_refused(attacked, tmp_path):
                   {"metrics": tmp_path / "bad.json"}, {**params, "seed": 6})
 
 
+@pytest.mark.slow  # a fresh Python process (torch imported anew): the slow tier
 def test_a_flow_model_file_is_attacked_from_a_fresh_process(attacked, tmp_path):
     """STRAIGHTDP's flows go through the same attacks (the CLI must know the flow model kind by itself)."""
     import subprocess

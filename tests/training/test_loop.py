@@ -41,6 +41,7 @@ def _step_on_disk(state) -> int:
         return 0
 
 
+@pytest.mark.slow  # two fresh Python processes (torch imported twice): the slow tier
 def test_a_run_killed_after_a_checkpoint_resumes_to_identical_weights(tmp_path):
     reference = _isolated(lambda: train_tiny(None)).state_dict()
     state, out = tmp_path / "ck" / "state.pt", tmp_path / "final.pt"
@@ -111,6 +112,7 @@ def _signalled_job(state, out):
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow  # two fresh Python processes per signal: the slow tier
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_the_state_exits_128_plus_signal_and_a_rerun_resumes_to_identical_weights(tmp_path, sig):
     reference = _isolated(lambda: train_tiny(None)).state_dict()

@@ -1,0 +1,17 @@
+"""The rule files themselves, read as text (no Snakemake started): what every rule must declare."""
+
+from __future__ import annotations
+
+import re
+
+
+def test_every_rule_declares_its_benchmark_file(repo):
+    # runtime.parquet is one row per job from these files: a rule without one would be invisible in it
+    rules = {}
+    for smk in sorted((repo / "rules").glob("*.smk")) + [repo / "Snakefile"]:
+        for block in re.split(r"\n(?=rule \w+:)", smk.read_text()):
+            m = re.match(r"rule (\w+):", block)
+            if m:
+                rules[m.group(1)] = "\n    benchmark:\n        benchmark_path(" in block
+    assert len(rules) > 60
+    assert [r for r, has in rules.items() if not has and r != "all"] == []
