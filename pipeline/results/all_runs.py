@@ -25,8 +25,8 @@ from pipeline.privacy import ledger, rebuild
 from pipeline.privacy import dp_merf, moments, private_evolution, tha  # noqa: F401
 from pipeline.privacy.certify import composed_entry, recompute_cached
 from pipeline.reporting.figures import readable_log_axis, save_figure
-from pipeline.results.runtime import job_cost, runtime_frame
 from pipeline.reporting.tables import write_table
+from pipeline.results.runtime import job_cost, runtime_frame
 from pipeline.stage import PipelineError, stage
 
 #: metric columns copied from evaluate_samples' JSON (null when a metric does not apply)
