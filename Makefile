@@ -35,8 +35,8 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) all
 
-# the unit tier on every core (one xdist worker per core, a test file's tests on one worker so its
-# fixtures are built once); the slow tier starts Snakemake (dry runs, the tiny end-to-end DAG)
+# the unit tier on every core (one xdist worker per core; idle workers steal queued tests); the slow
+# tier starts Snakemake (dry runs, the tiny end-to-end DAG) or kills fresh Python processes
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(CORES) --dist worksteal -m "not slow"
 

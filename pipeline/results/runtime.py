@@ -30,8 +30,8 @@ COLUMNS = ("rule", "job", "benchmark", "wall_s", "cpu_s", "cpu_utilisation", "ma
 
 
 def _number(row: pd.Series, column: str) -> float:
-    value = pd.to_numeric(pd.Series([row.get(column)]), errors="coerce").iloc[0]
-    return math.nan if pd.isna(value) else float(value)
+    """A column of the benchmark line as a float; NaN where absent or Snakemake wrote '-'."""
+    return float(pd.to_numeric(row.get(column, math.nan), errors="coerce"))
 
 
 def benchmark_row(path: Path, root: Path) -> dict[str, Any]:
