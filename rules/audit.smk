@@ -1,5 +1,6 @@
-# Audits: the one-run canary audit (Steinke, Nasr & Jagielski 2023) of every DP-SGD ledger line of
-# the chosen methods that train with the DP-SGD engine (DPDM's `dpsgd`, STRAIGHTDP's `tha_dpsgd`).
+# Audits: the one-run canary audit (Steinke, Nasr & Jagielski 2023) of every ledger line of the chosen
+# methods whose mechanism it can rerun: DP-SGD (DPDM's `dpsgd`, STRAIGHTDP's `tha_dpsgd`), STRAIGHTDP's
+# moment release and EMPDEN's sampler blocks.
 # Code: pipeline/audit/ (stage pipeline.audit.stage:audit_one_run); wiring: rules/functions/audit.smk.
 # A line whose eps_lb exceeds its claim fails the job. Membership inference (loss + SecMI attacks) on
 # every trained model and on DPDM's non-private twin (the positive control): table audit_mia, and
@@ -16,7 +17,7 @@ register_targets("audit", lambda: [AUDIT_TABLE] + mia_targets())
 
 
 rule audit_one_run:
-    """One-run canary audit of every DP-SGD line: eps_lb (95%) per run; fails if one exceeds its certified eps."""
+    """One-run canary audit of every auditable ledger line: eps_lb (95%) per line; fails if one exceeds its claim."""
     input:
         unpack(lambda wildcards: _audited_transcripts()),
     output:

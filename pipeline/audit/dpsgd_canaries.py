@@ -31,14 +31,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pipeline.audit.one_run import AuditError, OneRunBound, one_run_epsilon_lb
+from pipeline.audit.one_run import AuditError, CanaryAudit, one_run_epsilon_lb
 from pipeline.privacy import dpsgd
 
 #: width of a stand-in record
@@ -67,23 +64,6 @@ class _AuditModel(nn.Module):
 
 def _example_loss(model_fn: Callable[..., Tensor], x: Tensor, target: Tensor, canary: Tensor) -> Tensor:
     return model_fn(x, target, canary)
-
-
-@dataclass(frozen=True)
-class CanaryAudit:
-    """The audit of one plan: canary scores and the bound."""
-
-    bound: OneRunBound
-    in_scores: np.ndarray
-    out_scores: np.ndarray
-    certified_epsilon: float
-    steps: int
-    canary_norm: float
-
-    @property
-    def passed(self) -> bool:
-        """eps_lb does not exceed the certified eps (the claim is not refuted)."""
-        return self.bound.epsilon_lb <= self.certified_epsilon
 
 
 def with_dataset_size(plan: dpsgd.StepPlan, n: int) -> dpsgd.StepPlan:
@@ -139,12 +119,3 @@ def audit_plan(plan: dpsgd.StepPlan, *, certified_epsilon: float, m: int = 1000,
     bound = one_run_epsilon_lb(s[mask], s[~mask], delta=audited.delta, significance=significance)
     return CanaryAudit(bound=bound, in_scores=s[mask], out_scores=s[~mask], certified_epsilon=certified_epsilon,
                        steps=audited.steps, canary_norm=canary_norm)
-
-
-def summary(audit: CanaryAudit) -> dict[str, Any]:
-    """The audit's table columns (no scores)."""
-    b = audit.bound
-    return {"canaries": b.m, "canaries_in": b.n_in, "steps": audit.steps, "confidence": 1 - b.significance,
-            "delta": b.delta, "epsilon_lb": b.epsilon_lb, "certified_epsilon": audit.certified_epsilon,
-            "passed": audit.passed, "mean_score_in": float(np.mean(audit.in_scores)),
-            "mean_score_out": float(np.mean(audit.out_scores))}

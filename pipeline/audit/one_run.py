@@ -89,6 +89,32 @@ def one_run_epsilon_lb(in_scores: Any, out_scores: Any, *, delta: float, signifi
 
 
 @dataclass(frozen=True)
+class CanaryAudit:
+    """One audited ledger line: canary scores, the bound and the mechanism's size (steps, canary norm)."""
+
+    bound: OneRunBound
+    in_scores: np.ndarray
+    out_scores: np.ndarray
+    certified_epsilon: float
+    steps: int
+    canary_norm: float
+
+    @property
+    def passed(self) -> bool:
+        """eps_lb does not exceed the certified eps (the claim is not refuted)."""
+        return self.bound.epsilon_lb <= self.certified_epsilon
+
+
+def summary(audit: CanaryAudit) -> dict[str, Any]:
+    """The audit's table columns (no scores)."""
+    b = audit.bound
+    return {"canaries": b.m, "canaries_in": b.n_in, "steps": audit.steps, "confidence": 1 - b.significance,
+            "delta": b.delta, "epsilon_lb": b.epsilon_lb, "certified_epsilon": audit.certified_epsilon,
+            "passed": audit.passed, "mean_score_in": float(np.mean(audit.in_scores)),
+            "mean_score_out": float(np.mean(audit.out_scores))}
+
+
+@dataclass(frozen=True)
 class AttackCurve:
     """AUROC and TPR at fixed FPRs of a membership attack, with bootstrap (low, high) intervals."""
 

@@ -1,12 +1,21 @@
-"""Stage ``audit_one_run``: the one-run canary audit of every DP-SGD ledger line (table ``audit_one_run``).
+"""Stage ``audit_one_run``: the one-run canary audit of every auditable ledger line (table ``audit_one_run``).
 
-Each line whose mechanism runs through the DP-SGD engine (``dpsgd``: DPDM; ``tha_dpsgd``:
-STRAIGHTDP's Stage 2) is rebuilt into the plan its parameters declare (the replay's rebuild),
-the engine runs that plan over stand-ins and Dirac canaries (:mod:`pipeline.audit.dpsgd_canaries`),
-and the one-run bound gives eps_lb at 95% confidence. A line whose eps_lb exceeds the eps it
-claims fails the stage: its run's code is not the mechanism its ledger line declares. Lines of
-other mechanisms (EMPDEN's sampling-time blocks, the moment release) are counted in the log and
-not audited yet.
+Each line is rebuilt into the mechanism its parameters declare (the replay's rebuild) and the code
+that ran it runs that mechanism again over stand-ins and Dirac canaries (Steinke, Nasr & Jagielski
+2023, white box):
+
+* DP-SGD lines (``dpsgd``: DPDM; ``tha_dpsgd``: STRAIGHTDP's Stage 2): the training engine, for the
+  plan's T steps (:mod:`pipeline.audit.dpsgd_canaries`);
+* ``moment_release`` lines (STRAIGHTDP's Stage 1): the feature clip and the release, once
+  (:mod:`pipeline.audit.moment_canaries`);
+* EMPDEN sampler lines (``empden_outputwise_block``, ``empden_per_step_subsampled``,
+  ``empden_full_batch``): the private sampler step, for the block's k steps and N_out outputs
+  (:mod:`pipeline.audit.empden_canaries`).
+
+The one-run bound gives eps_lb at 95% confidence. A line whose eps_lb exceeds the eps it claims fails
+the stage: its run's code is not the mechanism its ledger line declares. Lines of other mechanisms
+(the baselines' releases), fixed-size (replace-one) DP-SGD lines and EMPDEN's configuration claims
+(App. G: no sampler ran) are counted in the log and not audited.
 """
 
 from __future__ import annotations
@@ -19,9 +28,10 @@ from typing import Any
 import pandas as pd
 
 from pipeline import seeds
-from pipeline.audit import dpsgd_canaries
-from pipeline.audit.one_run import REFERENCE
-from pipeline.privacy import dpsgd, ledger, rebuild, tha
+from pipeline.audit import dpsgd_canaries, empden_canaries, moment_canaries, one_run
+from pipeline.audit.one_run import REFERENCE, CanaryAudit
+from pipeline.privacy import dpsgd, ledger, moments, rebuild, tha
+from pipeline.privacy.empden_block import MECHANISM_NAMES as EMPDEN_MECHANISMS
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 
@@ -38,6 +48,32 @@ STEP_PLANS: dict[str, Callable[[ledger.LedgerEntry], dpsgd.StepPlan]] = {
 }
 
 
+def audit_line(entry: ledger.LedgerEntry, *, m: int, significance: float, seed: int
+               ) -> tuple[CanaryAudit, dict[str, Any]] | str:
+    """Audit one line at the plan it declares: (the audit, its sampling_rate and attack columns),
+    or, for a line no canary audit applies to, the reason (its mechanism, or its fixed-size batches)."""
+    if entry.mechanism == moments.MECHANISM:
+        audit = moment_canaries.audit_release(moments.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon,
+                                              m=m, significance=significance, seed=seed)
+        return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac feature canaries"}
+    if entry.mechanism in EMPDEN_MECHANISMS.values():
+        if entry.extra.get("source") == "given":
+            return f"{entry.mechanism} configuration claims (no sampler ran)"
+        block = rebuild.empden_block(entry)
+        audit = empden_canaries.audit_block(block, certified_epsilon=entry.claimed_epsilon, delta=entry.delta, m=m,
+                                            significance=significance, seed=seed)
+        return audit, {"sampling_rate": block.mechanism().q, "attack": "white-box Dirac canaries in the denoiser"}
+    plan_of = STEP_PLANS.get(entry.mechanism)
+    if plan_of is None:
+        return entry.mechanism
+    plan = plan_of(entry)
+    if not dpsgd_canaries.auditable(plan):
+        return f"{entry.mechanism} with fixed-size batches"
+    audit = dpsgd_canaries.audit_plan(plan, certified_epsilon=entry.claimed_epsilon, m=m, significance=significance,
+                                      seed=seed)
+    return audit, {"sampling_rate": plan.sampling_rate, "attack": "white-box Dirac gradient canaries"}
+
+
 def run_name(entry: ledger.LedgerEntry, transcript: str) -> str:
     """The run a line belongs to: its ``extra.run`` (STRAIGHTDP), else its transcript (DPDM: one per run)."""
     run = entry.extra.get("run")
@@ -48,26 +84,21 @@ def run_name(entry: ledger.LedgerEntry, transcript: str) -> str:
        params={"config_id": "id of the configuration", "seed": "the audit's seed",
                "audit": "the config's audit section (canaries, significance)"})
 def audit_one_run(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """One-run canary audit of every DP-SGD line of the ledger transcripts (--in NAME=transcript.jsonl ...)."""
+    """One-run canary audit of every auditable line of the transcripts (--in NAME=transcript.jsonl ...)."""
     cfg = params["audit"]
     m, significance, seed = int(cfg["canaries"]), float(cfg["significance"]), int(params.get("seed", 0))
     rows, skipped, failed = [], {}, []
     for t_index, (name, path) in enumerate(sorted(inputs.items())):
         for line_no, entry in ledger.read_ledger(path):
-            plan_of = STEP_PLANS.get(entry.mechanism)
-            plan = plan_of(entry) if plan_of is not None else None
-            if plan is None or not dpsgd_canaries.auditable(plan):
-                why = entry.mechanism if plan is None else f"{entry.mechanism} with fixed-size batches"
-                skipped[why] = skipped.get(why, 0) + 1
+            audited = audit_line(entry, m=m, significance=significance,
+                                 seed=seeds.seed_of("audit.canaries", seed, t_index, line_no))
+            if isinstance(audited, str):
+                skipped[audited] = skipped.get(audited, 0) + 1
                 continue
-            audit = dpsgd_canaries.audit_plan(plan, certified_epsilon=entry.claimed_epsilon, m=m,
-                                              significance=significance,
-                                              seed=seeds.seed_of("audit.canaries", seed, t_index, line_no))
+            audit, columns = audited
             row = {"transcript": name, "line": line_no, "stage": entry.stage, "mechanism": entry.mechanism,
                    "run": run_name(entry, name), "run_config_id": entry.config_id, "run_seed": entry.seed,
-                   "sampling_rate": plan.sampling_rate, "noise_std": entry.noise_std,
-                   **dpsgd_canaries.summary(audit), "attack": "white-box Dirac gradient canaries",
-                   "reference": REFERENCE}
+                   "noise_std": entry.noise_std, **columns, **one_run.summary(audit), "reference": REFERENCE}
             rows.append(row)
             log.info("audit %s line %d (%s): eps_lb %.3f (95%%) vs certified %.4f: %s", name, line_no, row["run"],
                      audit.bound.epsilon_lb, entry.claimed_epsilon, "ok" if audit.passed else "REFUTED")

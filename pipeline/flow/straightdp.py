@@ -280,7 +280,7 @@ def field_of(released: moments.ReleasedMoments, device: torch.device | str = "cp
 def release_event(path: str | Path) -> Any:
     """The dp_event of the one ``moment_release`` line of a run's Stage-1 transcript."""
     try:
-        return ledger.only_line(path, "moment_release").dp_event()
+        return ledger.only_line(path, moments.MECHANISM).dp_event()
     except ledger.LedgerError as exc:
         raise PipelineError(str(exc)) from None
 

@@ -80,6 +80,8 @@ U_WORST_CASE = math.sqrt(5.0 / 2.0)
 MOMENT_PLD_SETTINGS = acc.PLDSettings(value_discretization_interval=1e-4)
 
 MOMENTS_FORMAT = "straightdp-moments/1"
+#: the ledger mechanism name of the release
+MECHANISM = "moment_release"
 
 
 class MomentsError(ValueError):
@@ -499,7 +501,7 @@ def ledger_entry(plan: MomentReleasePlan, *, stage: str, config_id: str, seed: i
     mechanisms share sigma, so ``noise_multiplier`` matches both Gaussians of the event.
     """
     return ledger.LedgerEntry(
-        stage=stage, mechanism="moment_release", event=ledger.event_to_dict(plan.event()),
+        stage=stage, mechanism=MECHANISM, event=ledger.event_to_dict(plan.event()),
         sensitivity=DELTA_U, noise_std=plan.std_u, sampling={"scheme": "none"}, adjacency="add_or_remove_one",
         count=1, delta=plan.delta, claimed_epsilon=plan.epsilon(settings),
         accountant={"name": "pld_pessimistic", **acc.describe(settings)}, config_id=config_id, seed=seed,
@@ -509,7 +511,15 @@ def ledger_entry(plan: MomentReleasePlan, *, stage: str, config_id: str, seed: i
                **dict(extra or {})})
 
 
-@register("moment_release")
+def plan_from_entry(entry: ledger.LedgerEntry) -> MomentReleasePlan:
+    """The plan a ``moment_release`` line declares (its sigma, R, N, Y, p and delta): what the replay
+    recomputes and the one-run audit runs (:mod:`pipeline.audit.moment_canaries`)."""
+    return MomentReleasePlan(sigma=param(entry, "extra.moment_noise_multiplier"), R=param(entry, "extra.R"),
+                             N=param(entry, "extra.N", int), n_classes=param(entry, "extra.n_classes", int),
+                             p=param(entry, "extra.p", int), delta=entry.delta)
+
+
+@register(MECHANISM)
 def _moment_release(entry: ledger.LedgerEntry) -> Expected:
     """Prop. B.9: two Gaussians of multiplier sigma on u (sensitivity 2) and M2 (2R^2/N).
 
@@ -517,9 +527,7 @@ def _moment_release(entry: ledger.LedgerEntry) -> Expected:
     event whose sigma was edited, or an R or N that no longer gives the recorded M2 noise,
     is refused.
     """
-    plan = MomentReleasePlan(sigma=param(entry, "extra.moment_noise_multiplier"), R=param(entry, "extra.R"),
-                             N=param(entry, "extra.N", int), n_classes=param(entry, "extra.n_classes", int),
-                             p=param(entry, "extra.p", int), delta=entry.delta)
+    plan = plan_from_entry(entry)
     return Expected(plan.event(), {"sensitivity": DELTA_U, "noise_std": plan.std_u, "noise_multiplier": plan.sigma,
                                    "extra.std_M2": plan.std_M2, "extra.sensitivity_M2": plan.sensitivity_M2,
                                    "sampling.scheme": "none", "adjacency": "add_or_remove_one", "count": 1})

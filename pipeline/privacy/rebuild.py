@@ -26,7 +26,7 @@ from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd
 from pipeline.privacy import ledger
-from pipeline.privacy.empden_block import EmpdenBlock, Scheme
+from pipeline.privacy.empden_block import MECHANISM_NAMES, EmpdenBlock, Scheme
 
 #: relative tolerance when comparing a stored float with its rebuilt value: the same code on
 #: the same parameters agrees to the last few ulps; a real edit differs by far more.
@@ -106,6 +106,16 @@ def _empden_block(entry: ledger.LedgerEntry, scheme: Scheme) -> EmpdenBlock:
     B = n if scheme == "full_batch" else param(entry, "sampling.B", int)
     return EmpdenBlock(schedule=_edm_schedule(entry), k=param(entry, "extra.k_steps", int), C=param(entry, "extra.C"),
                        beta=param(entry, "extra.beta"), B=B, n=n, N_out=entry.count, scheme=scheme)
+
+
+
+def empden_block(entry: ledger.LedgerEntry) -> EmpdenBlock:
+    """The block an EMPDEN sampler run's line declares (its scheme from the mechanism name): what the
+    replay recomputes and the one-run audit runs (:mod:`pipeline.audit.empden_canaries`)."""
+    schemes = {name: scheme for scheme, name in MECHANISM_NAMES.items()}
+    if entry.mechanism not in schemes:
+        raise RebuildError(f"mechanism {entry.mechanism!r} is not an EMPDEN block ({', '.join(schemes)})")
+    return _empden_block(entry, schemes[entry.mechanism])
 
 
 # --------------------------------------------------------------------------- the rebuilders

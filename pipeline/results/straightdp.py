@@ -51,7 +51,7 @@ from pipeline.training.straightdp_runs import LABELS, ROWS, StraightRun
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
 
-RELEASE_MECHANISM = "moment_release"
+RELEASE_MECHANISM = moments.MECHANISM
 TRAIN_MECHANISM = "tha_dpsgd"
 # Names the in-memory composition line only: it is certified here and never written to a
 # transcript (the transcripts keep one line per mechanism), so the replay needs no rebuilder.

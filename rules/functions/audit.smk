@@ -4,12 +4,13 @@ import re
 
 AUDIT_TABLE = TABLES / "audit_one_run.parquet"
 
-#: the methods whose runs go through the DP-SGD engine (pipeline/privacy/dpsgd.py)
-AUDITED_METHODS = ("dpdm", "straightdp")
+#: the methods whose ledger lines the one-run audit can rerun: DP-SGD (DPDM, STRAIGHTDP's Stage 2), the
+#: moment release (STRAIGHTDP's Stage 1) and EMPDEN's sampler blocks (pipeline/audit/stage.py)
+AUDITED_METHODS = ("dpdm", "straightdp", "empden")
 
 
 def _audited_claims():
-    """Transcript -> claims of the chosen audited methods (the stage picks their DP-SGD lines)."""
+    """Transcript -> claims of the chosen audited methods (the stage picks the lines it can audit)."""
     return _registered(lambda methods: REGISTRY.transcripts([m for m in AUDITED_METHODS if m in methods]))
 
 

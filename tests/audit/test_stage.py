@@ -1,4 +1,4 @@
-"""Stage audit_one_run: every DP-SGD line of the transcripts audited, one row each; a refuted claim fails."""
+"""Stage audit_one_run: every DP-SGD and moment-release line audited, one row each; a refuted claim fails."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.audit.stage import audit_one_run
-from pipeline.privacy import dpsgd, ledger, moments, tha
+from pipeline.diffusion.schedule import EDMSchedule
+from pipeline.privacy import accountants as acc
+from pipeline.privacy import dp_merf, dpsgd, ledger, moments, tha
+from pipeline.privacy import empirical_denoiser as emp
+from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.reporting.tables import read_table
 from pipeline.stage import PipelineError
 
@@ -34,9 +38,24 @@ def fixed_size_line() -> ledger.LedgerEntry:
     return dpsgd.ledger_entry(plan, stage="train_dpdm", config_id="c", seed=0)
 
 
-def release_line() -> ledger.LedgerEntry:
-    plan = moments.calibrate_release(target_epsilon=0.5, delta=DELTA, R=1.0, N=2500, n_classes=10, p=4)
-    return moments.ledger_entry(plan, stage="release_moments", config_id="c", seed=0)
+def release_line(eps: float = 0.5) -> ledger.LedgerEntry:
+    plan = moments.calibrate_release(target_epsilon=eps, delta=DELTA, R=1.0, N=2500, n_classes=10, p=4)
+    return moments.ledger_entry(plan, stage="release_moments", config_id="c", seed=0,
+                                extra={"run": "uniform_moments_eps1_seed0"})
+
+
+def merf_line() -> ledger.LedgerEntry:
+    plan = dp_merf.calibrate_release(target_epsilon=1.0, delta=DELTA, m=2500, n_features=50, n_classes=10)
+    return dp_merf.ledger_entry(plan, stage="dp_merf", config_id="c", seed=0)
+
+
+def empden_line(path: Path, C: float = 5.0) -> Path:
+    """A hybrid sampler's line (Algorithm 1), written as the sampler writes it: n 500, B 40, 50 outputs."""
+    block = EmpdenBlock(schedule=EDMSchedule(N=39), k=24, C=C, beta=1.0, B=40, n=500, N_out=50)
+    sink = emp.LedgerSink(path=path, stage="empden_sample", config_id="c", seed=0, delta=DELTA,
+                          pld=acc.PLDSettings(value_discretization_interval=1e-4))
+    emp.record_block(sink, block)
+    return path
 
 
 def write(path: Path, *entries: ledger.LedgerEntry) -> Path:
@@ -45,18 +64,25 @@ def write(path: Path, *entries: ledger.LedgerEntry) -> Path:
     return path
 
 
-def test_every_dpsgd_line_gets_one_row_and_other_mechanisms_none(tmp_path):
+def test_every_dpsgd_release_and_empden_line_gets_one_row_and_other_mechanisms_none(tmp_path):
     ins = {"train_dpdm_eps1": write(tmp_path / "a.jsonl", dpdm_line()),
            "straightdp_train_uniform_eps1_seed1": write(tmp_path / "b.jsonl", tha_line()),
            "straightdp_release_x": write(tmp_path / "c.jsonl", release_line()),
            # replace-one batches: a canary cannot be simply in or out, so the audit leaves it out
-           "train_dpdm_fixed": write(tmp_path / "d.jsonl", fixed_size_line())}
+           "train_dpdm_fixed": write(tmp_path / "d.jsonl", fixed_size_line()),
+           "baselines_dp_merf": write(tmp_path / "e.jsonl", merf_line()),
+           "empden_sample_hybrid": empden_line(tmp_path / "f.jsonl")}
     audit_one_run(ins, {"table": tmp_path / "audit.parquet"}, PARAMS)
     df = read_table(tmp_path / "audit.parquet")
-    assert sorted(df["mechanism"]) == ["dpsgd", "tha_dpsgd"]
-    assert set(df["run"]) == {"train_dpdm_eps1", "uniform_eps1_seed1"}
+    assert sorted(df["mechanism"]) == ["dpsgd", "empden_outputwise_block", "moment_release", "tha_dpsgd"]
+    assert set(df["run"]) == {"train_dpdm_eps1", "uniform_eps1_seed1", "uniform_moments_eps1_seed0",
+                              "empden_sample_hybrid"}
     assert df["passed"].all() and (df["epsilon_lb"] <= df["certified_epsilon"]).all()
     assert (df["canaries"] == 400).all() and (df["confidence"] == 0.95).all()
+    release = df[df["mechanism"] == "moment_release"].iloc[0]
+    assert release["steps"] == 1 and release["sampling_rate"] == 1.0 and "feature canaries" in release["attack"]
+    block = df[df["mechanism"] == "empden_outputwise_block"].iloc[0]
+    assert block["steps"] == 24 and block["sampling_rate"] == 40 / 500 and "denoiser" in block["attack"]
 
 
 def test_a_line_that_claims_less_than_its_mechanism_gives_fails_the_stage(tmp_path):
@@ -66,3 +92,19 @@ def test_a_line_that_claims_less_than_its_mechanism_gives_fails_the_stage(tmp_pa
     with pytest.raises(PipelineError, match="refutes a certified eps.*train_dpdm_bad"):
         audit_one_run(ins, {"table": tmp_path / "audit.parquet"}, PARAMS)
     assert not (tmp_path / "audit.parquet").exists()
+
+
+def test_a_release_line_that_claims_less_than_its_noise_gives_fails_the_stage(tmp_path):
+    honest = release_line(eps=10.0)  # sigma ~ 0.7: the feature canaries stand out
+    understated = dataclasses.replace(honest, claimed_epsilon=0.05)
+    ins = {"straightdp_release_bad": write(tmp_path / "a.jsonl", understated)}
+    with pytest.raises(PipelineError, match="refutes a certified eps.*straightdp_release_bad"):
+        audit_one_run(ins, {"table": tmp_path / "audit.parquet"}, PARAMS)
+
+
+def test_an_empden_line_that_claims_less_than_its_noise_gives_fails_the_stage(tmp_path):
+    path = empden_line(tmp_path / "honest.jsonl", C=80.0)  # eps in the hundreds: the canaries stand out
+    (entry_line,) = [e for _, e in ledger.read_ledger(path)]
+    ins = {"empden_sample_bad": write(tmp_path / "a.jsonl", dataclasses.replace(entry_line, claimed_epsilon=0.05))}
+    with pytest.raises(PipelineError, match="refutes a certified eps.*empden_sample_bad"):
+        audit_one_run(ins, {"table": tmp_path / "audit.parquet"}, PARAMS)
