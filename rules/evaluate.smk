@@ -42,6 +42,8 @@ if config["evaluation"]["clip"]["source"] == "trained":
         params:
             p=stage_params(clip={k: v for k, v in config["evaluation"]["clip"].items() if k != "enabled"}, seed=SEED,
                            threads=TORCH_THREADS),
+        benchmark:
+            benchmark_path("train_clip")
         log:
             LOGS / "train_clip.log",
         threads: TORCH_THREADS
@@ -66,6 +68,8 @@ else:
             metrics=CLIP_DIR / "metrics.json",
         params:
             p=stage_params(clip={k: v for k, v in config["evaluation"]["clip"].items() if k != "enabled"}),
+        benchmark:
+            benchmark_path("import_clip")
         log:
             LOGS / "import_clip.log",
         threads: 1
