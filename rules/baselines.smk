@@ -89,7 +89,7 @@ rule evaluate_baseline:
         run=baseline_runs.RUN_PATTERN,
     params:
         p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
-                                        name=f"baselines/{wildcards.run}"),
+                                        threads=TORCH_THREADS, name=f"baselines/{wildcards.run}"),
         clip=clip_arg,
     log:
         LOGS / "evaluate_baseline" / "{run}.log",

@@ -96,7 +96,7 @@ rule evaluate_dpdm:
         sampler="[A-Za-z0-9_]+",
     params:
         p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
-                                        name=f"dpdm/{wildcards.run}/{wildcards.sampler}"),
+                                        threads=TORCH_THREADS, name=f"dpdm/{wildcards.run}/{wildcards.sampler}"),
         clip=clip_arg,
     log:
         LOGS / "evaluate_dpdm" / "{run}_{sampler}.log",

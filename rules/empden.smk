@@ -141,7 +141,7 @@ rule empden_evaluate:
         cell="(hybrid|per_step|full_batch|public_only)/[A-Za-z0-9_]+",
     params:
         p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
-                                        name=f"empden/{wildcards.cell}"),
+                                        threads=TORCH_THREADS, name=f"empden/{wildcards.cell}"),
         clip=clip_arg,
     log:
         LOGS / "empden_evaluate" / "{cell}.log",

@@ -93,7 +93,8 @@ rule evaluate_reference_real:
     output:
         metrics=EXPDIR / "eval" / "reference_real" / "metrics.json",
     params:
-        p=params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"], name="reference_real"),
+        p=params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"], threads=TORCH_THREADS,
+                      name="reference_real"),
         clip=clip_arg,
     benchmark:
         benchmark_path("evaluate_reference_real")

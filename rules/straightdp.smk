@@ -185,7 +185,7 @@ rule evaluate_straightdp:
         run=straightdp_runs.RUN_PATTERN,
     params:
         p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
-                                        name=f"straightdp/{wildcards.run}"),
+                                        threads=TORCH_THREADS, name=f"straightdp/{wildcards.run}"),
         clip=clip_arg,
     log:
         LOGS / "evaluate_straightdp" / "{run}.log",

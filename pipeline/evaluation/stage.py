@@ -141,12 +141,16 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
         "evaluation": "the evaluation config section (feature_extractor, kid_*, prc_neighborhood, downstream, ...)",
         "seed": "integer seed (KID subsets, downstream classifiers)",
         "device": "auto | cpu | cuda[:N]",
+        "threads": "torch CPU threads (default 1: the rule's declared threads, so two jobs do not share a core)",
         "name": "label of this row in the tables (e.g. the method and configuration)",
     },
 )
 def evaluate_samples(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """FID/KID/precision-recall, per-class FID, label consistency and downstream accuracy
     of a split of samples against the real test split (and the downstream accuracy on val, when given)."""
+    import torch
+
+    torch.set_num_threads(int(params.get("threads", 1)))
     samples = load_labelled_split(inputs["samples"], "samples")
     test = load_labelled_split(inputs["test"], "test")
     if not Path(inputs["evalnet"]).is_file():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.evaluation import downstream
 from pipeline.evaluation.downstream import CLASSIFIERS, downstream_accuracy
 from pipeline.evaluation.evalnet import TrainConfig
 from pipeline.io import Split
@@ -63,6 +64,23 @@ def test_repeats_report_the_mean_and_spread_over_consecutive_classifier_seeds(di
     assert out["acc_cnn"] == pytest.approx(np.mean(single))
     assert out["acc_cnn_std"] == pytest.approx(np.std(single, ddof=1))
     assert out["acc_logreg"] is None and out["acc_logreg_std"] is None
+
+
+def test_the_logistic_regression_ignores_its_seed_so_it_is_fitted_once(digits, monkeypatch):
+    """L-BFGS is a deterministic convex solve: two seeds give the same model, so repeats reuse one fit
+    (the accuracy and val accuracy are what five fits give; the std is 0) while the MLP refits per seed."""
+    a = downstream._fit_sklearn("logreg", digits.real, seed=0, mlp_hidden=64)
+    b = downstream._fit_sklearn("logreg", digits.real, seed=123, mlp_hidden=64)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+    fits = []
+    real_fit = downstream._fit_sklearn
+    monkeypatch.setattr(downstream, "_fit_sklearn", lambda kind, *a, **k: fits.append(kind) or real_fit(kind, *a, **k))
+    out = downstream_accuracy(digits.real, digits.test, classifiers=["logreg", "mlp"], seed=0, repeats=3,
+                              val=digits.test, mlp_hidden=64)
+    assert fits.count("logreg") == 1 and fits.count("mlp") == 3
+    once = downstream_accuracy(digits.real, digits.test, classifiers=["logreg"], seed=0, val=digits.test)
+    assert out["acc_logreg"] == once["acc_logreg"] and out["acc_logreg_val"] == once["acc_logreg_val"]
+    assert out["acc_logreg_std"] == 0.0
 
 
 def test_unconditional_samples_have_no_downstream_accuracy(digits):
