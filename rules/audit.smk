@@ -1,6 +1,6 @@
 # Audits: the one-run canary audit (Steinke, Nasr & Jagielski 2023) of every ledger line of the chosen
 # methods whose mechanism it can rerun: DP-SGD (DPDM's `dpsgd`, STRAIGHTDP's `tha_dpsgd`), STRAIGHTDP's
-# moment release and EMPDEN's sampler blocks.
+# moment release, EMPDEN's sampler blocks and the baselines' releases (DP-MERF, PE).
 # Code: pipeline/audit/ (stage pipeline.audit.stage:audit_one_run); wiring: rules/functions/audit.smk.
 # A line whose eps_lb exceeds its claim fails the job. Membership inference (loss + SecMI attacks) on
 # every trained model and on DPDM's non-private twin (the positive control): table audit_mia, and

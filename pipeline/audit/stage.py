@@ -10,12 +10,14 @@ that ran it runs that mechanism again over stand-ins and Dirac canaries (Steinke
   (:mod:`pipeline.audit.moment_canaries`);
 * EMPDEN sampler lines (``empden_outputwise_block``, ``empden_per_step_subsampled``,
   ``empden_full_batch``): the private sampler step, for the block's k steps and N_out outputs
-  (:mod:`pipeline.audit.empden_canaries`).
+  (:mod:`pipeline.audit.empden_canaries`);
+* the baselines' lines (``dp_merf_embedding``, ``pe_nn_histogram``): the mean-embedding release and
+  the T vote histograms (:mod:`pipeline.audit.baseline_canaries`).
 
 The one-run bound gives eps_lb at 95% confidence. A line whose eps_lb exceeds the eps it claims fails
-the stage: its run's code is not the mechanism its ledger line declares. Lines of other mechanisms
-(the baselines' releases), fixed-size (replace-one) DP-SGD lines and EMPDEN's configuration claims
-(App. G: no sampler ran) are counted in the log and not audited.
+the stage: its run's code is not the mechanism its ledger line declares. Fixed-size (replace-one)
+DP-SGD lines and EMPDEN's configuration claims (App. G: no sampler ran) are counted in the log and
+not audited.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from typing import Any
 import pandas as pd
 
 from pipeline import seeds
-from pipeline.audit import dpsgd_canaries, empden_canaries, moment_canaries, one_run
+from pipeline.audit import baseline_canaries, dpsgd_canaries, empden_canaries, moment_canaries, one_run
 from pipeline.audit.one_run import REFERENCE, CanaryAudit
-from pipeline.privacy import dpsgd, ledger, moments, rebuild, tha
+from pipeline.privacy import dp_merf, dpsgd, ledger, moments, rebuild, tha
+from pipeline.privacy import private_evolution as pe
 from pipeline.privacy.empden_block import MECHANISM_NAMES as EMPDEN_MECHANISMS
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
@@ -56,6 +59,16 @@ def audit_line(entry: ledger.LedgerEntry, *, m: int, significance: float, seed: 
         audit = moment_canaries.audit_release(moments.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon,
                                               m=m, significance=significance, seed=seed)
         return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac feature canaries"}
+    if entry.mechanism == dp_merf.MECHANISM:
+        plan = dp_merf.plan_from_entry(entry)
+        # the canaries are slots among the line's m records (replace-one): at most half of them
+        audit = baseline_canaries.audit_merf(plan, certified_epsilon=entry.claimed_epsilon, m=min(m, plan.m // 2),
+                                             significance=significance, seed=seed)
+        return audit, {"sampling_rate": 1.0, "attack": "white-box paired feature canaries (replace-one)"}
+    if entry.mechanism == pe.MECHANISM:
+        audit = baseline_canaries.audit_pe(pe.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon, m=m,
+                                           significance=significance, seed=seed)
+        return audit, {"sampling_rate": 1.0, "attack": "white-box vote canaries"}
     if entry.mechanism in EMPDEN_MECHANISMS.values():
         if entry.extra.get("source") == "given":
             return f"{entry.mechanism} configuration claims (no sampler ran)"

@@ -162,12 +162,17 @@ def ledger_entry(plan: MerfReleasePlan, *, stage: str, config_id: str, seed: int
                **dict(extra or {})})
 
 
+def plan_from_entry(entry: ledger.LedgerEntry) -> MerfReleasePlan:
+    """The plan a ``dp_merf_embedding`` line declares: what the replay recomputes and the audit runs."""
+    return MerfReleasePlan(sigma=param(entry, "extra.merf_noise_multiplier"), m=param(entry, "extra.m", int),
+                           n_features=param(entry, "extra.n_features", int),
+                           n_classes=param(entry, "extra.n_classes", int), delta=entry.delta)
+
+
 @register(MECHANISM)
 def _dp_merf(entry: ledger.LedgerEntry) -> Expected:
     """One Gaussian of multiplier sigma on the mean embedding, sensitivity 2/m (replace-one)."""
-    plan = MerfReleasePlan(sigma=param(entry, "extra.merf_noise_multiplier"), m=param(entry, "extra.m", int),
-                           n_features=param(entry, "extra.n_features", int),
-                           n_classes=param(entry, "extra.n_classes", int), delta=entry.delta)
+    plan = plan_from_entry(entry)
     return Expected(plan.event(), {"sensitivity": plan.sensitivity, "noise_std": plan.noise_std,
                                    "noise_multiplier": plan.sigma, "sampling.scheme": "none",
                                    "adjacency": "replace_one", "count": 1})

@@ -135,11 +135,16 @@ def ledger_entry(plan: PEHistogramPlan, *, stage: str, config_id: str, seed: int
                "reference": "Private Evolution (Lin et al. 2024) Alg. 1-2", **dict(extra or {})})
 
 
+def plan_from_entry(entry: ledger.LedgerEntry) -> PEHistogramPlan:
+    """The plan a ``pe_nn_histogram`` line declares: what the replay recomputes and the audit runs."""
+    return PEHistogramPlan(sigma=param(entry, "extra.pe_noise_multiplier"), T=param(entry, "extra.iterations", int),
+                           delta=entry.delta)
+
+
 @register(MECHANISM)
 def _pe_histogram(entry: ledger.LedgerEntry) -> Expected:
     """T Gaussians of multiplier sigma on the vote histogram, sensitivity 1 (add-or-remove-one)."""
-    plan = PEHistogramPlan(sigma=param(entry, "extra.pe_noise_multiplier"), T=param(entry, "extra.iterations", int),
-                           delta=entry.delta)
+    plan = plan_from_entry(entry)
     return Expected(plan.event(), {"sensitivity": SENSITIVITY, "noise_std": plan.noise_std,
                                    "noise_multiplier": plan.sigma, "sampling.scheme": "none",
                                    "adjacency": "add_or_remove_one", "count": plan.T})

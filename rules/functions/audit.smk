@@ -4,9 +4,9 @@ import re
 
 AUDIT_TABLE = TABLES / "audit_one_run.parquet"
 
-#: the methods whose ledger lines the one-run audit can rerun: DP-SGD (DPDM, STRAIGHTDP's Stage 2), the
-#: moment release (STRAIGHTDP's Stage 1) and EMPDEN's sampler blocks (pipeline/audit/stage.py)
-AUDITED_METHODS = ("dpdm", "straightdp", "empden")
+#: the methods whose ledger lines the one-run audit reruns: DP-SGD (DPDM, STRAIGHTDP's Stage 2), the moment
+#: release (STRAIGHTDP's Stage 1), EMPDEN's sampler blocks and the baselines' releases (pipeline/audit/stage.py)
+AUDITED_METHODS = ("dpdm", "straightdp", "empden", "baselines")
 
 
 def _audited_claims():

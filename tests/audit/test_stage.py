@@ -12,6 +12,7 @@ from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dp_merf, dpsgd, ledger, moments, tha
 from pipeline.privacy import empirical_denoiser as emp
+from pipeline.privacy import private_evolution as pe
 from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.reporting.tables import read_table
 from pipeline.stage import PipelineError
@@ -49,6 +50,11 @@ def merf_line() -> ledger.LedgerEntry:
     return dp_merf.ledger_entry(plan, stage="dp_merf", config_id="c", seed=0)
 
 
+def pe_line() -> ledger.LedgerEntry:
+    return pe.ledger_entry(pe.calibrate(target_epsilon=1.0, delta=DELTA, T=4), stage="private_evolution",
+                           config_id="c", seed=0)
+
+
 def empden_line(path: Path, C: float = 5.0) -> Path:
     """A hybrid sampler's line (Algorithm 1), written as the sampler writes it: n 500, B 40, 50 outputs."""
     block = EmpdenBlock(schedule=EDMSchedule(N=39), k=24, C=C, beta=1.0, B=40, n=500, N_out=50)
@@ -64,21 +70,24 @@ def write(path: Path, *entries: ledger.LedgerEntry) -> Path:
     return path
 
 
-def test_every_dpsgd_release_and_empden_line_gets_one_row_and_other_mechanisms_none(tmp_path):
+def test_every_auditable_line_gets_one_row_and_fixed_size_dpsgd_none(tmp_path):
     ins = {"train_dpdm_eps1": write(tmp_path / "a.jsonl", dpdm_line()),
            "straightdp_train_uniform_eps1_seed1": write(tmp_path / "b.jsonl", tha_line()),
            "straightdp_release_x": write(tmp_path / "c.jsonl", release_line()),
            # replace-one batches: a canary cannot be simply in or out, so the audit leaves it out
            "train_dpdm_fixed": write(tmp_path / "d.jsonl", fixed_size_line()),
            "baselines_dp_merf": write(tmp_path / "e.jsonl", merf_line()),
-           "empden_sample_hybrid": empden_line(tmp_path / "f.jsonl")}
+           "empden_sample_hybrid": empden_line(tmp_path / "f.jsonl"),
+           "baselines_pe": write(tmp_path / "g.jsonl", pe_line())}
     audit_one_run(ins, {"table": tmp_path / "audit.parquet"}, PARAMS)
     df = read_table(tmp_path / "audit.parquet")
-    assert sorted(df["mechanism"]) == ["dpsgd", "empden_outputwise_block", "moment_release", "tha_dpsgd"]
+    assert sorted(df["mechanism"]) == ["dp_merf_embedding", "dpsgd", "empden_outputwise_block", "moment_release",
+                                       "pe_nn_histogram", "tha_dpsgd"]
     assert set(df["run"]) == {"train_dpdm_eps1", "uniform_eps1_seed1", "uniform_moments_eps1_seed0",
-                              "empden_sample_hybrid"}
+                              "empden_sample_hybrid", "baselines_dp_merf", "baselines_pe"}
     assert df["passed"].all() and (df["epsilon_lb"] <= df["certified_epsilon"]).all()
     assert (df["canaries"] == 400).all() and (df["confidence"] == 0.95).all()
+    assert "replace-one" in df.loc[df["mechanism"] == "dp_merf_embedding", "attack"].iloc[0]
     release = df[df["mechanism"] == "moment_release"].iloc[0]
     assert release["steps"] == 1 and release["sampling_rate"] == 1.0 and "feature canaries" in release["attack"]
     block = df[df["mechanism"] == "empden_outputwise_block"].iloc[0]

@@ -1,0 +1,111 @@
+"""White-box one-run audits of the baselines' releases: DP-MERF's mean embedding and Private
+Evolution's vote histograms, each at a line's declared parameters (Steinke, Nasr & Jagielski 2023).
+
+**DP-MERF** (``dp_merf_embedding``; :func:`pipeline.privacy.dp_merf.release`, replace-one over a
+public m). The release is run once over m records: ``plan.m - n_canaries`` stand-ins (unit feature
+rows in ``RECORD_DIM`` coordinates of their own) and one slot per canary. Replace-one is audited
+with paired canaries (the one-run theorem needs only that the two choices of a slot are
+neighbours): slot j holds the record whose feature is ``+e_j`` ("in") or the one whose feature is
+``-e_j`` ("out"), both of norm 1 like every random-Fourier row, with label ``j mod Y``; the pair
+moves the embedding by 2/m, the declared sensitivity. The release's sensitivity does not depend on
+the number of features D, so the audit runs at one feature coordinate per canary. Canary j's score
+is its released coordinate ``mu~[j, j mod Y]``. The random-Fourier map itself is not rerun: the
+release's own check that every row has norm 1 is what its sensitivity rests on.
+
+**Private Evolution** (``pe_nn_histogram``; :func:`~pipeline.privacy.private_evolution.nn_votes`,
+``vote_histogram`` and ``noisy_histogram``, add-or-remove-one). T rounds of the histogram over n
+stand-ins (the line does not declare n: the embedded private split's 2,500) voting among stand-in
+candidates, plus each included canary, which sits exactly on a candidate of its own (so it votes
+for it: one vote, the declared sensitivity 1). The threshold is 0 (thresholding is
+post-processing; a positive one only hides votes from the attacker). Canary j's score is the sum
+over rounds of its candidate's released count.
+
+A correct release gives eps_lb <= the certified eps (with probability >= 95%); one without its
+noise shows an eps_lb above it (tests/audit/test_baseline_canaries.py). No private data is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from pipeline.audit.one_run import AuditError, CanaryAudit, one_run_epsilon_lb
+from pipeline.privacy import dp_merf
+from pipeline.privacy import private_evolution as pe
+
+#: width of a stand-in record's block of coordinates
+RECORD_DIM = 16
+#: private records of the PE audit (its line declares no n; the embedded private split's size)
+PE_STANDINS = 2500
+#: stand-in candidates per class of the PE audit
+PE_CANDIDATES_PER_CLASS = 8
+#: classes of the PE audit's stand-ins and canaries
+PE_CLASSES = 10
+
+MerfRelease = Callable[..., torch.Tensor]
+Histogram = Callable[..., np.ndarray]
+
+
+def _check_m(m: int) -> None:
+    if not (isinstance(m, int) and m >= 2):
+        raise AuditError(f"canaries m must be an integer >= 2, got {m!r}")
+
+
+def audit_merf(plan: dp_merf.MerfReleasePlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
+               significance: float = 0.05, release: MerfRelease = dp_merf.release) -> CanaryAudit:
+    """DP-MERF's release once over stand-ins and m paired canary slots (``release`` is what is audited)."""
+    _check_m(m)
+    if m >= plan.m:
+        raise AuditError(f"the DP-MERF audit puts its {m} canaries among the line's m = {plan.m} records: "
+                         f"use fewer canaries (audit.canaries)")
+    gen = torch.Generator().manual_seed(seed)
+    included = torch.rand(m, generator=gen) < 0.5
+    n_features = -(-(m + RECORD_DIM) // 2)
+    audited = dataclasses.replace(plan, n_features=n_features)
+    n_base = plan.m - m
+    phi = torch.zeros(plan.m, 2 * n_features, dtype=torch.float64)
+    standin = torch.randn(n_base, RECORD_DIM, generator=gen, dtype=torch.float64)
+    phi[:n_base, m:m + RECORD_DIM] = standin / standin.norm(dim=1, keepdim=True)
+    j = torch.arange(m)
+    phi[n_base + j, j] = torch.where(included, 1.0, -1.0).to(torch.float64)
+    labels = torch.cat([torch.randint(0, plan.n_classes, (n_base,), generator=gen), j % plan.n_classes])
+    released = release(phi, labels, audited, generator=gen)
+    s, mask = released[j, j % plan.n_classes].numpy(), included.numpy()
+    bound = one_run_epsilon_lb(s[mask], s[~mask], delta=plan.delta, significance=significance)
+    return CanaryAudit(bound=bound, in_scores=s[mask], out_scores=s[~mask], certified_epsilon=certified_epsilon,
+                       steps=1, canary_norm=1.0)
+
+
+def audit_pe(plan: pe.PEHistogramPlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
+             significance: float = 0.05, histogram: Histogram = pe.noisy_histogram) -> CanaryAudit:
+    """PE's T histogram rounds over stand-ins and the included canaries (``histogram`` is what is audited)."""
+    _check_m(m)
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    included = torch.rand(m, generator=gen) < 0.5
+    dim = m + RECORD_DIM
+    # candidates: one per canary (canary j sits on candidate j), then the stand-ins' candidates
+    n_stand_cand = PE_CANDIDATES_PER_CLASS * PE_CLASSES
+    candidates = torch.zeros(m + n_stand_cand, dim, dtype=torch.float64)
+    candidates[torch.arange(m), torch.arange(m)] = 1.0
+    candidates[m:, m:] = torch.randn(n_stand_cand, RECORD_DIM, generator=gen, dtype=torch.float64)
+    candidate_labels = torch.cat([torch.arange(m) % PE_CLASSES, torch.arange(n_stand_cand) % PE_CLASSES])
+    ids = torch.nonzero(included).flatten()
+    private = torch.zeros(PE_STANDINS + len(ids), dim, dtype=torch.float64)
+    private[:PE_STANDINS, m:] = torch.randn(PE_STANDINS, RECORD_DIM, generator=gen, dtype=torch.float64)
+    # stand-ins sit in their own coordinates, far from every canary's candidate (distance >= 1)
+    private[:PE_STANDINS, m:] += 10.0
+    candidates[m:, m:] += 10.0
+    private[PE_STANDINS + torch.arange(len(ids)), ids] = 1.0
+    private_labels = torch.cat([torch.randint(0, PE_CLASSES, (PE_STANDINS,), generator=gen), ids % PE_CLASSES])
+    counts = pe.vote_histogram(pe.nn_votes(private, private_labels, candidates, candidate_labels), len(candidates))
+    scores = np.zeros(m)
+    for _ in range(plan.T):
+        scores += histogram(counts, plan, threshold=0.0, generator=rng)[:m]
+    mask = included.numpy()
+    bound = one_run_epsilon_lb(scores[mask], scores[~mask], delta=plan.delta, significance=significance)
+    return CanaryAudit(bound=bound, in_scores=scores[mask], out_scores=scores[~mask],
+                       certified_epsilon=certified_epsilon, steps=plan.T, canary_norm=1.0)
