@@ -10,10 +10,11 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install run test test-slow lint slurm-profile slurm-test bench clean help
+.PHONY: install run report test test-slow lint slurm-profile slurm-test bench clean help
 
 help:
 	@echo "make run            embedded default end to end (snakemake --cores $(CORES) all)"
+	@echo "make report         after make run: Snakemake's report of every table and figure -> $(REPORT)"
 	@echo "make test           unit tests on $(CORES) cores (CI runs this, then the slow tier)"
 	@echo "make test-slow      the slow tier: Snakemake dry runs and the tiny end-to-end DAG (~15 min)"
 	@echo "make lint           snakemake --lint and dry runs of the local and slurm profiles"
@@ -34,6 +35,11 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) all
+
+# the report of a finished run (runs no job): summary first, every table and figure with its caption
+REPORT ?= results/report.html
+report: $(STAMP)
+	$(BIN)/snakemake --report $(REPORT)
 
 # the unit tier on every core (one xdist worker per core; idle workers steal queued tests); the slow
 # tier starts Snakemake (dry runs, the tiny end-to-end DAG) or kills fresh Python processes

@@ -11,6 +11,9 @@
 configfile: "config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/account.smk"
 include: "rules/data.smk"
@@ -24,6 +27,7 @@ include: "rules/straightdp.smk"
 include: "rules/baselines.smk"
 include: "rules/audit.smk"
 include: "rules/pretrain.smk"
+include: "rules/review.smk"
 
 
 localrules:

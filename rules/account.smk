@@ -175,7 +175,7 @@ rule empden_table13_theoretical_asr:
 rule empden_figure4_full_batch:
     """EMPDEN Figure 4 left/middle: full-batch delta(eps) and trade-off curves over sigma_min."""
     output:
-        png=FIGURES / "empden_figure4_full_batch.png",
+        png=report_figure("empden_figure4_full_batch"),
         pdf=FIGURES / "empden_figure4_full_batch.pdf",
     params:
         p=ACCOUNTING_PARAMS,
@@ -196,7 +196,7 @@ rule empden_figure4_full_batch:
 rule empden_figure5_mu_vs_logsnr:
     """EMPDEN Figure 5: per-step mu_t against log SNR (full batch)."""
     output:
-        png=FIGURES / "empden_figure5_mu_vs_logsnr.png",
+        png=report_figure("empden_figure5_mu_vs_logsnr"),
         pdf=FIGURES / "empden_figure5_mu_vs_logsnr.pdf",
     params:
         p=ACCOUNTING_PARAMS,
@@ -217,7 +217,7 @@ rule empden_figure5_mu_vs_logsnr:
 rule empden_figure7_stopping_traces:
     """EMPDEN Figure 7: eps(delta) traces and trade-off curves per stopping time."""
     output:
-        png=FIGURES / "empden_figure7_stopping_traces.png",
+        png=report_figure("empden_figure7_stopping_traces"),
         pdf=FIGURES / "empden_figure7_stopping_traces.pdf",
     params:
         p=ACCOUNTING_PARAMS,

@@ -186,9 +186,52 @@ def ledger_transcripts():
 
 
 def all_targets():
-    """Every output of the target `all`: data, tables, figures, the ledger replay, the index page.
+    """Every output of the target `all`: data, tables, figures, the ledger replay, the summary page and the
+    report's table views (rules/review.smk).
 
     The public denoiser (rules/pretrain.smk) is built whenever a method that uses it is chosen.
     """
     return [*data_splits().values(), *CORE_REPORT, *_registered(REGISTRY.targets), REPLAY_REPORT,
-            RESULTS / "index.html"]
+            RESULTS / "index.html", *report_table_views().values()]
+
+
+# ---- snakemake --report (make report): captions under report/captions/, categories per paper/method
+
+#: captions of the report's tables and figures (reStructuredText, one file per table or figure)
+CAPTIONS = Path(workflow.basedir) / "report" / "captions"
+#: the caption of a table or figure nobody has written one for (a test keeps the default config free of it)
+MISSING_CAPTION = CAPTIONS / "_missing.rst"
+#: the report's categories, in menu order: a table or figure goes to the first whose prefix its name has
+REPORT_CATEGORIES = (("privacy_utility", "1 Comparison"), ("all_runs", "1 Comparison"),
+                     ("reference_real", "2 Data and evaluation"), ("data_samples", "2 Data and evaluation"),
+                     ("empden", "3 EMPDEN"), ("dpdm", "4 DPDM"), ("straightdp", "5 STRAIGHTDP"),
+                     ("sensgeo", "6 SENSGEO"), ("baselines", "7 Baselines"), ("audit", "8 Audits"),
+                     ("runtime", "9 Cost"))
+#: each method's headline row on the summary page: its configuration whose certified eps is nearest this
+HEADLINE_EPSILON = 1.0
+#: where the report's readable table views go (rule report_tables)
+REPORT_DIR = RESULTS / "report"
+
+
+def report_category(name):
+    return next((cat for prefix, cat in REPORT_CATEGORIES if name.startswith(prefix)), "10 Other")
+
+
+def caption_path(name, kind):
+    """report/captions/<name>_<kind>.rst (where a table and a figure share a name), else <name>.rst."""
+    for candidate in (CAPTIONS / f"{name}_{kind}.rst", CAPTIONS / f"{name}.rst"):
+        if candidate.is_file():
+            return str(candidate)
+    return str(MISSING_CAPTION)
+
+
+def report_figure(name):
+    """FIGURES/<name>.png flagged for Snakemake's report, with its caption and category."""
+    return report(FIGURES / f"{name}.png", caption=caption_path(name, "figure"), category=report_category(name),
+                  subcategory="figures")
+
+
+def report_table_views():
+    """Table name -> its readable view in the report (rule report_tables), for every table of `all`."""
+    return {Path(p).stem: REPORT_DIR / "tables" / f"{Path(p).stem}.html" for p in report_inputs()
+            if Path(p).suffix == ".parquet"}

@@ -235,7 +235,7 @@ rule dpdm_samples_by_epsilon:
     input:
         unpack(lambda wildcards: dpdm_grid_inputs()),
     output:
-        png=FIGURES / "dpdm_samples_by_epsilon.png",
+        png=report_figure("dpdm_samples_by_epsilon"),
         pdf=FIGURES / "dpdm_samples_by_epsilon.pdf",
     params:
         ins=lambda wildcards: io_args("--in", dpdm_grid_inputs()),
@@ -260,7 +260,7 @@ rule dpdm_samples_by_sampler:
     input:
         unpack(lambda wildcards: dpdm_sampler_grid_inputs()),
     output:
-        png=FIGURES / "dpdm_samples_by_sampler.png",
+        png=report_figure("dpdm_samples_by_sampler"),
         pdf=FIGURES / "dpdm_samples_by_sampler.pdf",
     params:
         ins=lambda wildcards: io_args("--in", dpdm_sampler_grid_inputs()),

@@ -261,7 +261,7 @@ rule empden_figure3_tradeoffs:
     input:
         grid=EMPDEN_TABLE8,
     output:
-        png=FIGURES / "empden_figure3_tradeoffs.png",
+        png=report_figure("empden_figure3_tradeoffs"),
         pdf=FIGURES / "empden_figure3_tradeoffs.pdf",
     params:
         p=stage_params(beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0]),
@@ -285,7 +285,7 @@ rule empden_figure4_samples:
     input:
         unpack(lambda wildcards: {"grid": EMPDEN_TABLE8, **empden_figure4_inputs()}),
     output:
-        png=FIGURES / "empden_figure4_samples.png",
+        png=report_figure("empden_figure4_samples"),
         pdf=FIGURES / "empden_figure4_samples.pdf",
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
@@ -312,7 +312,7 @@ rule empden_figure2_trajectories:
         private=DATA / "private_train.npz",
         public=PUBLIC_DENOISER,
     output:
-        png=FIGURES / "empden_figure2_trajectories.png",
+        png=report_figure("empden_figure2_trajectories"),
         pdf=FIGURES / "empden_figure2_trajectories.pdf",
         ledger=EMPDEN_FIGURE2_LEDGER,
     params:

@@ -32,7 +32,7 @@ rule empden_table4_proxy:
         denoiser=PUBLIC_DENOISER,
     output:
         table=TABLES / "empden_table4_proxy.parquet",
-        figure=FIGURES / "empden_figure1_proxy_cosine.png",
+        figure=report_figure("empden_figure1_proxy_cosine"),
     params:
         p=DIAG_PARAMS,
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
@@ -90,7 +90,7 @@ rule empden_figure6_critical_window:
         evalnet=rules.train_evalnet.output.model,
     output:
         table=TABLES / "empden_figure6_critical_window.parquet",
-        figure=FIGURES / "empden_figure6_critical_window.png",
+        figure=report_figure("empden_figure6_critical_window"),
     params:
         p=DIAG_PARAMS,
     benchmark:

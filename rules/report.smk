@@ -1,5 +1,5 @@
-# Reporting: Parquet tables (results/tables/), figures (results/figures/), index page, and the
-# cross-method comparison (all_runs.parquet + privacy_utility.png).
+# Reporting: Parquet tables (results/tables/), figures (results/figures/), the summary page (results/index.html,
+# the first page of `snakemake --report`), and the cross-method comparison (all_runs.parquet + privacy_utility.png).
 # Code: pipeline/reporting/stage.py, pipeline/results/all_runs.py.
 from pipeline.registry import RunRecord
 
@@ -39,7 +39,7 @@ rule data_samples:
     input:
         **{k: v for k, v in data_splits().items() if k not in ("eval_train", "reference", "val")},
     output:
-        png=FIGURES / "data_samples.png",
+        png=report_figure("data_samples"),
         pdf=FIGURES / "data_samples.pdf",
     params:
         ins=io_args("--in", {k: v for k, v in data_splits().items() if k not in ("eval_train", "reference", "val")}),
@@ -58,17 +58,16 @@ rule data_samples:
 
 
 rule index_html:
-    """results/index.html: the ledger replay verdict, then every table and figure of rule all."""
+    """results/index.html and the report's first page: replay verdict, privacy-utility plot, one row per method."""
     input:
-        # functions: methods register their tables in rule files included after this one
-        lambda wildcards: report_inputs(),
         replay=REPLAY_REPORT,
+        all_runs=TABLES / "all_runs.parquet",
+        figure=FIGURES / "privacy_utility.png",
     output:
-        RESULTS / "index.html",
+        index=RESULTS / "index.html",
+        fragment=REPORT_DIR / "summary.html",
     params:
-        ins=lambda wildcards: io_args("--in", {**{f"{Path(p).stem}_{Path(p).suffix[1:]}": p for p in report_inputs()},
-                                               "replay": REPLAY_REPORT}),
-        p=params_json(title=f"DP generative models: {EXP}", first=["privacy_utility"]),
+        p=params_json(title=f"DP generative models: {EXP}", headline_epsilon=HEADLINE_EPSILON),
     benchmark:
         benchmark_path("index_html")
     log:
@@ -80,7 +79,9 @@ rule index_html:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline index_html {params.ins} --out index={output:q} --params {params.p:q} --log {log:q}"
+        "python -m pipeline index_html --in replay={input.replay:q} all_runs={input.all_runs:q}"
+        " figure={input.figure:q} --out index={output.index:q} fragment={output.fragment:q} --params {params.p:q}"
+        " --log {log:q}"
 
 
 rule all_runs_table:
@@ -113,7 +114,7 @@ rule privacy_utility_figure:
     input:
         table=TABLES / "all_runs.parquet",
     output:
-        png=FIGURES / "privacy_utility.png",
+        png=report_figure("privacy_utility"),
         pdf=FIGURES / "privacy_utility.pdf",
     benchmark:
         benchmark_path("privacy_utility_figure")
@@ -158,7 +159,7 @@ rule runtime_figure:
     input:
         table=TABLES / "runtime.parquet",
     output:
-        png=FIGURES / "runtime.png",
+        png=report_figure("runtime"),
         pdf=FIGURES / "runtime.pdf",
     benchmark:
         benchmark_path("runtime_figure")

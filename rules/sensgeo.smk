@@ -19,7 +19,7 @@ SENSGEO_PARAMS = {section: stage_params(seed=config["sensgeo"]["seed"], **{secti
 rule sensgeo_fig1_naive_vs_exact:
     """Figure 1 + summary table: naive diameter bound over the exact Mahalanobis diameter."""
     output:
-        png=FIGURES / "sensgeo_fig1_naive_vs_exact.png",
+        png=report_figure("sensgeo_fig1_naive_vs_exact"),
         pdf=FIGURES / "sensgeo_fig1_naive_vs_exact.pdf",
         table=TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
     params:
@@ -82,7 +82,7 @@ rule sensgeo_table_sdp:
 rule sensgeo_fig_mi_snr:
     """Figure: binary-input Gaussian channel capacity vs SNR (MI-DP) and the rho_* calibration."""
     output:
-        png=FIGURES / "sensgeo_fig_mi_snr.png",
+        png=report_figure("sensgeo_fig_mi_snr"),
         pdf=FIGURES / "sensgeo_fig_mi_snr.pdf",
     params:
         p=SENSGEO_PARAMS["mi"],

@@ -237,7 +237,7 @@ rule straightdp_figure_accuracy:
     input:
         unpack(lambda wildcards: sdp_table_inputs()),
     output:
-        png=FIGURES / "straightdp_figure3_accuracy.png",
+        png=report_figure("straightdp_figure3_accuracy"),
         pdf=FIGURES / "straightdp_figure3_accuracy.pdf",
     params:
         p=lambda wildcards: sdp_table_params(),
@@ -262,7 +262,7 @@ rule straightdp_figure_horizon:
     input:
         horizon=SDP_HORIZON,
     output:
-        png=FIGURES / "straightdp_figure2_horizon.png",
+        png=report_figure("straightdp_figure2_horizon"),
         pdf=FIGURES / "straightdp_figure2_horizon.pdf",
     benchmark:
         benchmark_path("straightdp_figure_horizon")
@@ -284,7 +284,7 @@ rule straightdp_figure_samples:
     input:
         unpack(lambda wildcards: sdp_grid_inputs()),
     output:
-        png=FIGURES / "straightdp_figure5_samples.png",
+        png=report_figure("straightdp_figure5_samples"),
         pdf=FIGURES / "straightdp_figure5_samples.pdf",
     params:
         ins=lambda wildcards: io_args("--in", sdp_grid_inputs()),

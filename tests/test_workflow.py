@@ -288,7 +288,8 @@ def test_nested_command_line_config_is_typed(repo, tmp_path):
 
 
 def _index_inputs(stdout: str) -> str:
-    return next(line for line in stdout.splitlines() if line.startswith("Shell command: python -m pipeline index_html"))
+    """The tables the report shows (rule report_tables' inputs): every table of `all`."""
+    return next(line for line in stdout.splitlines() if line.startswith("Shell command: python -m pipeline report_tables"))
 
 
 def test_the_methods_list_switches_a_method_off(repo, tmp_path):
@@ -301,7 +302,7 @@ def test_the_methods_list_switches_a_method_off(repo, tmp_path):
     # neither the EMPDEN accounting tables, nor its sampling grid, nor its diagnostics
     assert not [rule for rule in jobs if rule.startswith("empden")], jobs
     index = _index_inputs(res.stdout)
-    assert "dpdm_table_main_parquet=" in index and "empden" not in index
+    assert "dpdm_table_main=" in index and "empden" not in index
     # the replay reads only the chosen methods' transcripts
     replay = next(line for line in res.stdout.splitlines() if line.startswith("Shell command: python -m pipeline replay"))
     assert "train_dpdm_" in replay and "empden" not in replay
@@ -345,7 +346,7 @@ def test_a_method_registered_only_in_its_own_rule_file_reaches_rule_all_the_inde
                         "--configfile", str(cfg))
         assert res.returncode == 0, res.stderr[-2000:]
         assert ("plugin_table" in planned_jobs(res.stdout)) is chosen
-        assert (f"plugin_table_parquet={results / 'tables' / 'plugin_table.parquet'}" in _index_inputs(res.stdout)) is chosen
+        assert (f"plugin_table={results / 'tables' / 'plugin_table.parquet'}" in _index_inputs(res.stdout)) is chosen
         replay = next(l for l in res.stdout.splitlines() if l.startswith("Shell command: python -m pipeline replay"))
         assert ('"plugin_run": 3' in replay) is chosen
 

@@ -1,9 +1,7 @@
-"""Reporting stages: metric JSONs → Parquet tables, data figures, the results index page."""
+"""Reporting stages: metric JSONs → Parquet tables, data figures (the summary page: review.py)."""
 
 from __future__ import annotations
 
-import html
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,10 +9,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.io import atomic_path, load_points, load_split, read_json
-from pipeline.reporting import verdict
+from pipeline.io import load_points, load_split, read_json
 from pipeline.reporting.figures import save_figure
-from pipeline.reporting.tables import read_table, write_table
+from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 
 
@@ -87,66 +84,3 @@ def data_figure(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
         ax.set_aspect("equal")
         ax.set_title(f"toy mixture (n={len(pts)})")
     save_figure(fig, outputs["figure"])
-
-
-def _table_html(path: Path, max_rows: int = 20) -> str:
-    df = read_table(path)
-    shown = df.head(max_rows)
-    more = f"<p>… {len(df) - max_rows} more rows</p>" if len(df) > max_rows else ""
-    return shown.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–", border=0) + more
-
-
-def _replay_section(inputs: Mapping[str, Path], out: Path) -> str:
-    """The replay verdict banner from the one ``.json`` input (the replay report), or a warning if none."""
-    reports = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".json"}
-    if len(reports) > 1:
-        raise PipelineError(f"stage index_html: expected one replay report (.json input), got {len(reports)}: "
-                            f"{', '.join(reports)}")
-    if not reports:
-        return verdict.MISSING_HTML
-    (path,) = reports.values()
-    return verdict.verdict_html(verdict.replay_verdict(read_json(path), path), os.path.relpath(path, out.parent))
-
-
-def _figure_html(key: str, path: Path, out: Path) -> str:
-    rel = os.path.relpath(path, out.parent)
-    pdf = os.path.relpath(path.with_suffix(".pdf"), out.parent)
-    return (f"<h3>{html.escape(path.stem)}</h3><img src='{html.escape(rel)}' alt='{html.escape(key)}'>"
-            f"<p><a href='{html.escape(pdf)}'>PDF</a></p>")
-
-
-@stage(
-    "index_html",
-    outputs=("index",),
-    any_inputs=True,
-    params={"title": "page title", "first": "figure stems shown first, before the tables (the comparison)"},
-)
-def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """``results/index.html``: the ledger replay verdict (``--in replay=replay.json``), every table (first
-    rows inline, link to the Parquet) and figure."""
-    out = Path(outputs["index"])
-    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(params.get('title', 'results'))}</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
-             "font-size:12px}td,th{padding:2px 6px;border-bottom:1px solid #ddd}img{max-width:100%}</style>",
-             f"<h1>{html.escape(params.get('title', 'results'))}</h1>", _replay_section(inputs, out)]
-    tables = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".parquet"}
-    figures = {k: Path(v) for k, v in inputs.items() if Path(v).suffix == ".png"}
-    first = [str(s) for s in params.get("first", [])]
-    if first:  # the figures a reader should see before any table (the cross-method comparison)
-        parts.append("<h2>Every method side by side</h2>")
-        for key, path in list(figures.items()):
-            if path.stem in first:
-                parts.append(_figure_html(key, path, out))
-                del figures[key]
-    parts.append("<h2>Tables</h2>")
-    for key, path in tables.items():
-        rel = os.path.relpath(path, out.parent)
-        parts.append(f"<h3 id='{html.escape(key)}'>{html.escape(path.stem)}</h3>"
-                     f"<p><a href='{html.escape(rel)}'>{html.escape(rel)}</a></p>{_table_html(path)}")
-    parts.append("<h2>Figures</h2>")
-    for key, path in figures.items():
-        parts.append(_figure_html(key, path, out))
-    with atomic_path(out) as tmp:
-        tmp.write_text("\n".join(parts) + "\n")
-
-

@@ -1,4 +1,4 @@
-"""The index page states the ledger replay's verdict: passed or failed, claims per transcript, failures.
+"""The summary page (results/index.html, the report's first page) states the ledger replay's verdict: passed or failed, claims per transcript, failures.
 
 The replay report is produced by the real ``replay`` stage from a DP-SGD transcript where the
 test can afford it; reports the stage would refuse to write (failures, contradictions, the
@@ -19,7 +19,7 @@ from pipeline.privacy.replay import replay
 from pipeline.io import write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger
-from pipeline.reporting.stage import index_html
+from pipeline.reporting.review import index_html
 from pipeline.reporting.verdict import replay_verdict
 from pipeline.stage import PipelineError
 
@@ -32,7 +32,7 @@ def verdict_section(page: str) -> str:
 
 def render(tmp_path: Path, report: Path | None) -> str:
     inputs = {} if report is None else {"replay": report}
-    index_html(inputs, {"index": tmp_path / "index.html"}, {"title": "unit"})
+    index_html(inputs, {"index": tmp_path / "index.html", "fragment": tmp_path / "summary.html"}, {"title": "unit"})
     return (tmp_path / "index.html").read_text()
 
 
@@ -62,9 +62,9 @@ def test_index_shows_a_passed_replay_with_claims_per_transcript(tmp_path, genuin
     assert "dp-accounting" in section  # the versions that recomputed the claims
 
 
-def test_the_verdict_comes_before_the_tables_and_links_the_report(tmp_path, genuine_report):
+def test_the_verdict_comes_before_the_headline_rows_and_links_the_report(tmp_path, genuine_report):
     page = render(tmp_path, genuine_report)
-    assert page.index("<section id='replay'") < page.index("<h2>Tables</h2>")
+    assert page.index("<section id='replay'") < page.index("One row per method")
     assert re.search(r"href='[^']*replay\.json'", verdict_section(page))
 
 

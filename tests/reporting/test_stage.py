@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
 from pipeline.io import Split, save_points, save_split, write_json
 from pipeline.reporting import read_table, save_figure
-from pipeline.reporting.stage import collect_table, data_figure, index_html
+from pipeline.reporting.stage import collect_table, data_figure
 
 
 def test_collect_table_flattens_one_row_per_input(tmp_path):
@@ -29,7 +30,7 @@ def test_save_figure_writes_png_and_pdf(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF"
 
 
-def test_data_figure_and_index(tmp_path):
+def test_data_figure_and_collect_table(tmp_path):
     rng = np.random.default_rng(0)
     split = Split(rng.integers(0, 255, (20, 1, 8, 8), dtype=np.uint8), np.arange(20) % 10)
     for name in ("private_train", "test"):
@@ -41,19 +42,4 @@ def test_data_figure_and_index(tmp_path):
     write_json(tmp_path / "m.json", {"fid": 1.25})
     collect_table({"r": tmp_path / "m.json"}, {"table": tmp_path / "tables" / "ref.parquet"},
                   {"config_id": "c", "seed": 0})
-    index_html({"ref": tmp_path / "tables" / "ref.parquet", "data": tmp_path / "fig" / "data.png"},
-               {"index": tmp_path / "index.html"}, {"title": "unit"})
-    page = (tmp_path / "index.html").read_text()
-    assert "href='tables/ref.parquet'" in page and "src='fig/data.png'" in page and "1.25" in page
-
-
-def test_the_comparison_figure_comes_before_every_table(tmp_path):
-    write_json(tmp_path / "m.json", {"fid": 1.25})
-    collect_table({"r": tmp_path / "m.json"}, {"table": tmp_path / "ref.parquet"}, {"config_id": "c", "seed": 0})
-    for name in ("privacy_utility", "other"):
-        (tmp_path / f"{name}.png").write_bytes(b"png")
-    index_html({"ref": tmp_path / "ref.parquet", "other": tmp_path / "other.png", "pu": tmp_path / "privacy_utility.png"},
-               {"index": tmp_path / "index.html"}, {"title": "unit", "first": ["privacy_utility"]})
-    page = (tmp_path / "index.html").read_text()
-    assert page.index("privacy_utility.png") < page.index("<h2>Tables</h2>") < page.index("other.png")
-    assert page.count("privacy_utility.png") == 1
+    assert pd.read_parquet(tmp_path / "tables" / "ref.parquet")["fid"].tolist() == [1.25]

@@ -1,0 +1,213 @@
+"""What a reviewer reads first: the summary page and readable views of every table.
+
+Two stages, both post-processing of finished results (no privacy cost, nothing chosen):
+
+* ``index_html`` writes the summary once, in two wrappings of the same HTML: ``results/index.html``
+  (a page of its own) and a fragment that ``snakemake --report`` shows as the report's first page
+  (``report/workflow.rst`` includes it). It holds the ledger replay's verdict (every claim
+  recomputed: how many, all ok or which failed), the privacy-utility figure, one headline row per
+  method (its configuration whose certified eps is nearest ``headline_epsilon``, mean over seeds:
+  certified eps, FID, downstream CNN accuracy, the largest one-run audit eps_lb when present) and the
+  reference rows (non-private runs: real data, public-only, non-private twins).
+* ``report_tables`` renders each Parquet table as a compact HTML view for the report: numbers to 4
+  significant digits, long strings replaced by short codes with a legend under the table, columns
+  grouped (identifiers, privacy, quality, cost, other). The Parquet keeps full precision.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.io import atomic_path, read_json
+from pipeline.reporting import verdict
+from pipeline.reporting.tables import read_table
+from pipeline.stage import PipelineError, stage
+
+#: strings longer than this become codes in a table view (the legend under the table spells them out)
+MAX_CELL_CHARS = 32
+#: rows shown per table view (the Parquet holds every row)
+MAX_ROWS = 200
+#: column groups of a table view, matched in order on the column name (first match wins)
+COLUMN_GROUPS: tuple[tuple[str, str], ...] = (
+    ("run", r"^(method|label|row|name|config|config_id|run|transcript|line|stage|seed|run_seed|rule|job|experiment|"
+            r"row_label|cell|p|B|T|beta|K|sampler.*|parameterisation|init|scheme|model)$"),
+    ("privacy", r"(eps|epsilon|delta|sigma|noise|accountant|adjacency|mechanism|mu_|q_|sampling|clip|canar|"
+                r"certified|asr|tpr|fpr|auc|under_curve|passed|confidence)"),
+    ("quality", r"(fid|kid|precision|recall|acc|consistency|clip_|domain|zero_shot|cos|agree|prob)"),
+    ("cost", r"(wall|cpu|rss|seconds|_s$|minutes|utilisation)"),
+)
+CSS = ("font-family:sans-serif;font-size:13px;line-height:1.35")
+TABLE_CSS = ("<style>.dpgen table{border-collapse:collapse;font-size:12px}.dpgen td,.dpgen th{padding:2px 6px;"
+             "border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}.dpgen th{background:#f3f3f3}"
+             ".dpgen td:first-child,.dpgen th:first-child{text-align:left}.dpgen .ok{color:#176117}"
+             ".dpgen .bad{color:#a00000}.dpgen img{max-width:100%}</style>")
+
+
+# ------------------------------------------------------------------------------------------ summary
+
+def headline_rows(all_runs: pd.DataFrame, epsilon: float) -> pd.DataFrame:
+    """One row per private method: its configuration whose mean certified eps (over seeds) is nearest
+    ``epsilon`` on a log scale, with mean FID, CNN accuracy and the largest audit eps_lb over seeds."""
+    private = all_runs[all_runs["private"] & np.isfinite(all_runs["eps_certified"])]
+    if private.empty:
+        return pd.DataFrame(columns=["method", "config", "seeds", "eps_certified", "fid", "acc_cnn", "audit_eps_lb"])
+    agg = private.groupby(["label", "config"], sort=False).agg(
+        method=("method", "first"), seeds=("seed", "nunique"), eps_certified=("eps_certified", "mean"),
+        fid=("fid", "mean"), acc_cnn=("acc_cnn", "mean"),
+        audit_eps_lb=("audit_eps_lb", lambda s: pd.to_numeric(s, errors="coerce").max())).reset_index()
+    agg["distance"] = (np.log(agg["eps_certified"].clip(lower=1e-12)) - math.log(epsilon)).abs()
+    best = agg.loc[agg.groupby("label", sort=False)["distance"].idxmin()]
+    return best.drop(columns="distance").reset_index(drop=True)
+
+
+def reference_rows(all_runs: pd.DataFrame) -> pd.DataFrame:
+    """The non-private rows (real data, public-only references, non-private twins), mean over seeds."""
+    ref = all_runs[~all_runs["private"]]
+    if ref.empty:
+        return pd.DataFrame(columns=["label", "config", "fid", "acc_cnn"])
+    return ref.groupby(["label", "config"], sort=False).agg(fid=("fid", "mean"), acc_cnn=("acc_cnn", "mean")
+                                                           ).reset_index()
+
+
+def _png_data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+
+
+def _number(v: Any, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.{digits}g}"
+    return html.escape(str(v))
+
+
+def _rows_html(df: pd.DataFrame, columns: Mapping[str, str]) -> str:
+    head = "".join(f"<th>{html.escape(title)}</th>" for title in columns.values())
+    body = "".join("<tr>" + "".join(f"<td>{_number(row[c])}</td>" for c in columns) + "</tr>"
+                   for _, row in df.iterrows())
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def summary_fragment(*, verdict_html: str, figure: Path | None, headline: pd.DataFrame | None,
+                     references: pd.DataFrame | None, epsilon: float, title: str) -> str:
+    """The summary's HTML fragment (inline styles, the figure embedded): verdict, plot, headline, references."""
+    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}<h2>{html.escape(title)}</h2>", verdict_html]
+    if figure is not None:
+        parts.append(f"<img src='{_png_data_uri(figure)}' alt='privacy-utility figure' style='max-width:100%'>")
+    parts.append(f"<h3>One row per method (its configuration nearest certified ε = {epsilon:g}, mean over seeds)</h3>")
+    if headline is None or references is None:
+        parts.append("<p class='bad'>no all_runs table given: run the workflow's <code>all</code> target</p>")
+    else:
+        parts.append(_rows_html(headline, {"label": "method", "config": "configuration", "seeds": "seeds",
+                                           "eps_certified": "certified ε", "fid": "FID", "acc_cnn": "CNN accuracy",
+                                           "audit_eps_lb": "audit ε_lb (95%)"}))
+        parts.append("<p>certified ε: upper bound recomputed from the run's ledger (named accountant); audit ε_lb: "
+                     "empirical lower bound of the one-run canary audit. FID against real test data (lower is "
+                     "better); CNN accuracy: trained on the samples, tested on real data.</p>")
+        parts.append("<h3>References (no privacy)</h3>")
+        parts.append(_rows_html(references, {"label": "reference", "config": "configuration", "fid": "FID",
+                                             "acc_cnn": "CNN accuracy"}))
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+@stage("index_html", optional_inputs=("replay", "all_runs", "figure"), outputs=("index", "fragment"),
+       params={"title": "page title", "headline_epsilon": "each method's headline configuration is the one whose "
+                                                         "certified eps is nearest this (default 1)"})
+def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """``results/index.html`` and the report's first page: replay verdict, privacy-utility plot, headline rows
+    (``--in replay=replay.json all_runs=all_runs.parquet figure=privacy_utility.png``; a missing one is said)."""
+    title = str(params.get("title", "results"))
+    epsilon = float(params.get("headline_epsilon", 1.0))
+    if not epsilon > 0:
+        raise PipelineError(f"stage index_html: headline_epsilon must be > 0, got {epsilon}")
+    out = Path(outputs["index"])
+    if "replay" in inputs:
+        replay = Path(inputs["replay"])
+        verdict_html = verdict.verdict_html(verdict.replay_verdict(read_json(replay), replay),
+                                            os.path.relpath(replay, out.parent))
+    else:
+        verdict_html = verdict.MISSING_HTML
+    runs = pd.read_parquet(inputs["all_runs"]) if "all_runs" in inputs else None
+    fragment = summary_fragment(verdict_html=verdict_html, figure=inputs.get("figure"),
+                                headline=headline_rows(runs, epsilon) if runs is not None else None,
+                                references=reference_rows(runs) if runs is not None else None,
+                                epsilon=epsilon, title=title)
+    with atomic_path(Path(outputs["fragment"])) as tmp:
+        tmp.write_text(fragment + "\n")
+    page = (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<body style='max-width:1200px;margin:auto'>{fragment}<p>Every table and figure, with captions: "
+            f"<code>make report</code> writes <code>results/report.html</code> (Snakemake's report).</p></body>")
+    with atomic_path(out) as tmp:
+        tmp.write_text(page + "\n")
+
+
+# ------------------------------------------------------------------------------------------ table views
+
+def column_group(name: str) -> str:
+    """The group a column is shown under (``COLUMN_GROUPS``, else ``other``)."""
+    for group, pattern in COLUMN_GROUPS:
+        if re.search(pattern, name):
+            return group
+    return "other"
+
+
+def table_view(df: pd.DataFrame, *, max_rows: int = MAX_ROWS) -> str:
+    """A compact HTML view of a table: grouped columns, numbers to 4 significant digits, long strings as codes."""
+    order = ["run", "privacy", "quality", "cost", "other"]
+    columns = sorted(df.columns, key=lambda c: order.index(column_group(c)))
+    legend: dict[str, str] = {}
+
+    def cell(v: Any) -> str:
+        if isinstance(v, str) and len(v) > MAX_CELL_CHARS:
+            code = legend.setdefault(v, f"s{len(legend) + 1}")
+            return f"<abbr title='{html.escape(v)}'>[{code}]</abbr>"
+        return _number(v)
+
+    groups: list[tuple[str, int]] = []
+    for c in columns:
+        g = column_group(c)
+        if groups and groups[-1][0] == g:
+            groups[-1] = (g, groups[-1][1] + 1)
+        else:
+            groups.append((g, 1))
+    shown = df[columns].head(max_rows)
+    rows = "".join("<tr>" + "".join(f"<td>{cell(row[c])}</td>" for c in columns) + "</tr>"
+                   for _, row in shown.iterrows())
+    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}",
+             "<table><tr>" + "".join(f"<th colspan='{n}'>{g}</th>" for g, n in groups) + "</tr>",
+             "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>", rows, "</table>"]
+    if len(df) > max_rows:
+        parts.append(f"<p>… {len(df) - max_rows} more rows in the Parquet file</p>")
+    if legend:
+        parts.append("<p><b>Codes:</b></p><ul>" + "".join(f"<li>[{code}] {html.escape(text)}</li>"
+                                                          for text, code in legend.items()) + "</ul>")
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+@stage("report_tables", outputs=("dir",), any_inputs=True, params={})
+def report_tables(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """One HTML view ``<dir>/<key>.html`` per input table (``--in NAME=table.parquet``) for the report."""
+    if not inputs:
+        raise PipelineError("stage report_tables: give at least one --in NAME=table.parquet")
+    out = Path(outputs["dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    for key, path in inputs.items():
+        view = f"<!doctype html><meta charset='utf-8'><title>{html.escape(key)}</title>{table_view(read_table(path))}"
+        with atomic_path(out / f"{key}.html") as tmp:
+            tmp.write_text(view + "\n")

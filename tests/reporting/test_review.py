@@ -1,0 +1,108 @@
+"""The reviewer's first page and the report's table views (pipeline/reporting/review.py).
+
+The summary picks each method's headline configuration by certified eps only (nearest the headline
+eps, mean over seeds; never by a test metric), shows the non-private references apart, and embeds the
+privacy-utility figure so the page stands alone inside Snakemake's report. Table views keep every row
+and column of the table but are readable: grouped columns, 4 significant digits, long strings as codes.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.reporting.review import column_group, headline_rows, index_html, reference_rows, report_tables, table_view
+from pipeline.reporting.tables import write_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def runs() -> pd.DataFrame:
+    rows = []
+    for seed in (0, 1):
+        for eps, fid in ((0.2, 90.0), (1.0, 60.0 + seed), (10.0, 40.0)):
+            rows.append({"method": "dpdm", "label": "DPDM", "config": f"eps{eps}", "seed": seed, "private": True,
+                         "eps_certified": eps * 0.999, "fid": fid, "acc_cnn": 0.5, "audit_eps_lb": 0.01 * (1 + seed)})
+        rows.append({"method": "pe", "label": "PE", "config": "eps3", "seed": seed, "private": True,
+                     "eps_certified": 3.0, "fid": 70.0, "acc_cnn": 0.4, "audit_eps_lb": np.nan})
+        rows.append({"method": "reference", "label": "real held-out data", "config": "reference_real", "seed": seed,
+                     "private": False, "eps_certified": np.nan, "fid": 7.0, "acc_cnn": 0.8, "audit_eps_lb": np.nan})
+    return pd.DataFrame(rows)
+
+
+def test_each_method_heads_with_its_configuration_nearest_the_headline_eps():
+    head = headline_rows(runs(), 1.0).set_index("label")
+    assert head.loc["DPDM", "config"] == "eps1.0" and head.loc["DPDM", "seeds"] == 2
+    assert head.loc["DPDM", "fid"] == pytest.approx(60.5)  # mean over seeds
+    assert head.loc["DPDM", "audit_eps_lb"] == pytest.approx(0.02)  # the largest over seeds
+    assert head.loc["PE", "config"] == "eps3" and np.isnan(head.loc["PE", "audit_eps_lb"])
+    assert "real held-out data" not in head.index
+    assert headline_rows(runs(), 10.0).set_index("label").loc["DPDM", "config"] == "eps10.0"
+
+
+def test_references_are_the_non_private_rows():
+    ref = reference_rows(runs())
+    assert ref["label"].tolist() == ["real held-out data"] and ref["fid"].tolist() == [7.0]
+
+
+def test_the_summary_page_embeds_the_figure_and_writes_the_same_fragment_for_the_report(tmp_path):
+    write_table(runs(), tmp_path / "all_runs.parquet", config_id="c", seed=0)
+    png = tmp_path / "privacy_utility.png"
+    png.write_bytes(b"\x89PNG fake")
+    index_html({"all_runs": tmp_path / "all_runs.parquet", "figure": png},
+               {"index": tmp_path / "index.html", "fragment": tmp_path / "summary.html"}, {"title": "unit"})
+    page, fragment = (tmp_path / "index.html").read_text(), (tmp_path / "summary.html").read_text()
+    assert fragment.strip() in page
+    assert base64.b64encode(png.read_bytes()).decode() in fragment
+    assert fragment.index("no report given") < fragment.index("<img") < fragment.index("One row per method")
+    assert fragment.index("One row per method") < fragment.index("References")
+    assert re.search(r"<td>DPDM</td><td>eps1.0</td><td>2</td><td>0.999</td>", fragment)
+
+
+def test_a_table_view_groups_columns_rounds_numbers_and_codes_long_strings():
+    long = "a diagnostic string far longer than a table cell should be"
+    df = pd.DataFrame({"fid": [12.3456789], "note": [long], "method": ["dpdm"], "eps_certified": [0.99949],
+                       "wall_s": [3.0]})
+    view = table_view(df)
+    headers = re.findall(r"<th>([a-z_]+)</th>", view)
+    assert headers == ["method", "eps_certified", "fid", "wall_s", "note"]
+    assert re.findall(r"<th colspan='1'>(\w+)</th>", view) == ["run", "privacy", "quality", "cost", "other"]
+    assert "12.35" in view and "0.9995" in view and "12.3456789" not in view
+    assert "[s1]" in view and f"[s1] {long}" in view
+    assert [column_group(c) for c in ("acc_cnn", "epsilon_lb", "max_rss_mb", "config")] == \
+        ["quality", "privacy", "cost", "run"]
+
+
+def test_report_tables_writes_one_view_per_table(tmp_path):
+    for name in ("a", "b"):
+        write_table(pd.DataFrame({"fid": [1.0, 2.0]}), tmp_path / f"{name}.parquet", config_id="c", seed=0)
+    report_tables({"a": tmp_path / "a.parquet", "b": tmp_path / "b.parquet"}, {"dir": tmp_path / "views"}, {})
+    assert sorted(p.name for p in (tmp_path / "views").iterdir()) == ["a.html", "b.html"]
+
+
+def test_every_table_and_figure_of_the_default_all_has_its_own_caption(tmp_path):
+    """The report's captions (report/captions/): every table view and figure the embedded default builds has
+    a caption file of its own (not the placeholder) that names what is certified."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    res = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--nolock", "--cores", "1", "all",
+                          "--config", f"results_dir={tmp_path / 'r'}"], cwd=REPO, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    shell = next(line for line in res.stdout.splitlines() if line.startswith("Shell command: python -m pipeline "
+                                                                              "report_tables"))
+    tables = re.findall(r" (\w+)=\S+\.parquet", shell)
+    figures = set(re.findall(r'report_figure\("(\w+)"\)', "".join(p.read_text() for p in (REPO / "rules").glob("*.smk"))))
+    assert len(tables) > 30 and len(figures) > 15
+    captions = REPO / "report" / "captions"
+    for name, kind in [(t, "table") for t in tables] + [(f, "figure") for f in figures]:
+        path = next((p for p in (captions / f"{name}_{kind}.rst", captions / f"{name}.rst") if p.is_file()), None)
+        assert path is not None, f"no caption for {kind} {name}"
+        assert len(path.read_text().split()) >= 15, f"{path.name} is too short to say what it shows"
