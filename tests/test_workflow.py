@@ -186,6 +186,30 @@ SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utilit
                 "runtime_figure"}
 
 
+def check_report(page: str, results: Path, tmp_path: Path) -> None:
+    """Snakemake's report of a finished run: the summary is its first page, every table (as its readable
+    view) and every figure of `all` is in it with a caption, and headless Chromium renders it."""
+    assert "One row per method" in page and "Privacy ledger replay" in page
+    views = sorted((results / "report" / "tables").glob("*.html"))
+    figures = sorted((results / "figures").glob("*.png"))
+    assert len(views) >= 20 and len(figures) >= 15
+    for path in views + figures:
+        assert path.name in page, f"{path.name} missing from the report"
+    assert "No caption has been written" not in page  # every result has its own caption
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("headless Chromium not installed (.ci/run installs Debian's chromium): screenshot not taken")
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1400,1000", "--virtual-time-budget=10000", f"--screenshot={shot}",
+                    (tmp_path / "report.html").as_uri()], capture_output=True, timeout=180, check=True)
+    import matplotlib.image as mpimg
+
+    pixels = mpimg.imread(shot)
+    # a rendered page, not a blank one: the summary's text and the figure put many distinct greys on it
+    assert pixels.shape[:2] == (1000, 1400) and pixels.std() > 0.05
+
+
 def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # a results folder with a space: every path a rule hands to the shell is quoted
     results = tmp_path / "out dir"
@@ -204,7 +228,7 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     index = (results / "index.html").read_text()
     for name in ("reference_real", "empden_table8_grid", "empden_table4_proxy", "dpdm_table_main",
                  "straightdp_table1_main", "straightdp_table5_per_class"):
-        assert name in index
+        assert (results / "report" / "tables" / f"{name}.html").stat().st_size > 500  # the report's view
         assert len(pd.read_parquet(results / "tables" / f"{name}.parquet")) >= 1
     # CLIP metrics beside the eval-net ones, in the shared evaluation and so in every method's table
     for name in ("reference_real", "dpdm_table_main", "straightdp_table1_main", "empden_table8_grid"):
@@ -222,9 +246,14 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     main = pd.read_parquet(results / "tables" / "dpdm_table_main.parquet")
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
-    # the one-run audit: one row per DP-SGD line (the DPDM run, the four STRAIGHTDP training runs)
+    # the one-run audit: one row per line of every private mechanism (the DPDM run, the four STRAIGHTDP
+    # training runs and four releases, the EMPDEN cells, the two baselines), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
-    assert sorted(audit["mechanism"]) == ["dpsgd"] + ["tha_dpsgd"] * 4 and audit["passed"].all()
+    counts = audit["mechanism"].value_counts().to_dict()
+    assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "dp_merf_embedding",
+                                       "pe_nn_histogram")} == {"dpsgd": 1, "tha_dpsgd": 4, "moment_release": 4,
+                                                               "dp_merf_embedding": 1, "pe_nn_histogram": 1}
+    assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()
     # membership inference: the DPDM run, its non-private twin and the four STRAIGHTDP flows, every attack;
     # EMPDEN Table 13 has its numerical column
     mia = pd.read_parquet(results / "tables" / "audit_mia.parquet")
@@ -251,7 +280,8 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert (results / "figures" / "privacy_utility.png").stat().st_size > 10_000
     # every job that ran before the runtime table left its Snakemake benchmark row; all_runs' cost is from it
     runtime = pd.read_parquet(results / "tables" / "runtime.parquet")
-    after = {"runtime_table", "runtime_figure", "all_runs_table", "privacy_utility_figure", "index_html"}
+    after = {"runtime_table", "runtime_figure", "all_runs_table", "privacy_utility_figure", "index_html",
+             "report_tables"}
     assert {"train_dpdm", "pretrain_public", "prepare_data", "replay", "audit_mia"} <= set(runtime["rule"])
     assert not after & set(runtime["rule"]) and (runtime["wall_s"] > 0).all() and runtime["cpu_s"].notna().all()
     # one row per benchmark file but those of the jobs that ran after the table (84 jobs at this size)
@@ -261,8 +291,17 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     train = runtime.loc[runtime["rule"] == "train_dpdm", "wall_s"].sum()
     assert (all_runs.loc[all_runs["method"] == "dpdm", "cost_wall_s"] > train).all()
     assert (results / "figures" / "runtime.png").stat().st_size > 10_000
-    assert index.index("privacy_utility") < index.index("reference_real")
+    # the summary page: the verdict, the comparison figure (embedded), one headline row per method, references
+    assert index.index("<section id='replay'") < index.index("<img") < index.index("One row per method")
+    assert "PASSED" in index and all(f"<td>{label}</td>" in index for label in set(private["label"]))
+    assert index.index("One row per method") < index.index("real held-out data")
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
+    # the reviewer's report from the finished run (runs no job): summary first, every table and figure with
+    # its caption; then headless Chromium opens it (a broken page fails here rather than for a reader)
+    report = tmp_path / "report.html"
+    res = snakemake(repo, "--report", str(report), "--configfile", str(cfg))
+    assert res.returncode == 0, res.stderr[-3000:]
+    check_report(report.read_text(), results, tmp_path)
     # nothing left to do: a second run is a no-op
     again = snakemake(repo, "-n", "--cores", "2", "all", "--configfile", str(cfg))
     assert "Nothing to be done" in again.stdout + again.stderr

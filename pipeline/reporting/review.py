@@ -103,9 +103,9 @@ def _rows_html(df: pd.DataFrame, columns: Mapping[str, str]) -> str:
 
 
 def summary_fragment(*, verdict_html: str, figure: Path | None, headline: pd.DataFrame | None,
-                     references: pd.DataFrame | None, epsilon: float, title: str) -> str:
+                     references: pd.DataFrame | None, epsilon: float) -> str:
     """The summary's HTML fragment (inline styles, the figure embedded): verdict, plot, headline, references."""
-    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}<h2>{html.escape(title)}</h2>", verdict_html]
+    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}", verdict_html]
     if figure is not None:
         parts.append(f"<img src='{_png_data_uri(figure)}' alt='privacy-utility figure' style='max-width:100%'>")
     parts.append(f"<h3>One row per method (its configuration nearest certified ε = {epsilon:g}, mean over seeds)</h3>")
@@ -146,11 +146,11 @@ def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     fragment = summary_fragment(verdict_html=verdict_html, figure=inputs.get("figure"),
                                 headline=headline_rows(runs, epsilon) if runs is not None else None,
                                 references=reference_rows(runs) if runs is not None else None,
-                                epsilon=epsilon, title=title)
+                                epsilon=epsilon)
     with atomic_path(Path(outputs["fragment"])) as tmp:
         tmp.write_text(fragment + "\n")
     page = (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<body style='max-width:1200px;margin:auto'>{fragment}<p>Every table and figure, with captions: "
+            f"<body style='max-width:1200px;margin:auto'><h1>{html.escape(title)}</h1>{fragment}<p>Every table and figure, with captions: "
             f"<code>make report</code> writes <code>results/report.html</code> (Snakemake's report).</p></body>")
     with atomic_path(out) as tmp:
         tmp.write_text(page + "\n")
