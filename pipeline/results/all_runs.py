@@ -102,7 +102,8 @@ def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]],
     return df
 
 
-#: the audit columns, null where a run has no audited model or line (EMPDEN cells, baselines)
+#: the audit columns, null where a run has no attacked model (membership: EMPDEN cells, baselines) or no
+#: audited line (one-run: the non-private references)
 AUDIT_COLUMNS = ("mia_auc_max", "mia_tpr_at_1pct_fpr_max", "mia_under_curve", "audit_eps_lb")
 
 
@@ -114,8 +115,8 @@ def model_run(config: str) -> str:
 def join_audits(df: pd.DataFrame, audit_mia: Path | None, audit_one_run: Path | None) -> pd.DataFrame:
     """The audit columns of each run, from the audits' tables (joined on the trained model's run name):
     the strongest membership attack's AUC and TPR at 1% FPR, whether every attack's ROC stayed under the
-    certified eps's curve, and the largest one-run eps_lb (95%) of the run's DP-SGD lines (joined on the
-    run's transcripts)."""
+    certified eps's curve, and the largest one-run eps_lb (95%) of the run's audited ledger lines (joined on
+    the run's transcripts)."""
     df = df.copy()
     for col in AUDIT_COLUMNS:
         df[col] = pd.Series([None] * len(df), dtype="object" if col == "mia_under_curve" else "float64")
