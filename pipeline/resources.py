@@ -194,22 +194,22 @@ def straightdp_sample_runtime_min(config: Config) -> int:
 
 # ----------------------------------------------------------------------------- audits
 
-def audit_runtime_min(config: Config, n_lines: int) -> int:
-    """The one-run audit of ``n_lines`` ledger lines, each costed as the dearer of two kinds, x4 headroom:
-    a DP-SGD line, T engine steps over the expected batch and the sampled canaries on a 16-wide model
-    (~5e-3 s per 64 records on one CPU core; 0.4 s for DPDM's embedded 79 steps), at the largest T and batch
-    of DPDM and STRAIGHTDP; an EMPDEN line, the full grid's steps for N_out outputs over n + m records of
-    m + 16 coordinates (~1 GFLOP/s on one CPU core: 12 s for an embedded hybrid block, 20 s full batch)."""
+def audit_runtime_min(config: Config, n_lines: int, n_empden_lines: int = 0) -> int:
+    """The one-run audit of ``n_lines`` ledger lines, ``n_empden_lines`` of them EMPDEN sampler blocks, x4 headroom.
+    Any other line is costed as a DP-SGD line, T engine steps over the expected batch and the sampled canaries on a
+    16-wide model (~5e-3 s per 64 records on one CPU core; 0.4 s for DPDM's embedded 79 steps), at the largest T
+    and batch of DPDM and STRAIGHTDP (a release line costs far less); an EMPDEN line, the full grid's steps for
+    N_out outputs over n + m records of m + 16 coordinates (~1 GFLOP/s on one CPU core: 12 s for an embedded
+    hybrid block, 20 s full batch)."""
     d, s = config["dpdm"], config["straightdp"]["dpsgd"]
     n = config["data"]["private"]["n_private_train"] or 60000
     steps = max(-(-int(d["epochs"] * n) // d["batch_size"]), s["steps"])
     m = config["audit"]["canaries"]
     batch = max(d["batch_size"], s["batch_size"]) + m * max(d["batch_size"], 64) / n
     dpsgd_s = steps * max(batch, 64) / 64 * 5e-3
-    e = config["empden"]
-    n_out = e["n_out"] or config["accounting"]["N_out"]
-    empden_s = 2 * n_out * (n + m) * (m + 16) * config["accounting"]["N"] * 1e-9 if "empden" in config["methods"] else 0.0
-    return max(5, int(4 * n_lines * max(dpsgd_s, empden_s) / 60) + 5)
+    n_out = config["empden"]["n_out"] or config["accounting"]["N_out"]
+    empden_s = 2 * n_out * (n + m) * (m + 16) * config["accounting"]["N"] * 1e-9
+    return max(5, int(4 * ((n_lines - n_empden_lines) * dpsgd_s + n_empden_lines * empden_s) / 60) + 5)
 
 
 def dpdm_twin_runtime_min(config: Config) -> int:

@@ -14,6 +14,11 @@ def _audited_claims():
     return _registered(lambda methods: REGISTRY.transcripts([m for m in AUDITED_METHODS if m in methods]))
 
 
+def _empden_claims():
+    """Transcript -> claims of EMPDEN's sampler runs, when chosen (their audit costs most per line)."""
+    return _registered(lambda methods: REGISTRY.transcripts(["empden"] if "empden" in methods else []))
+
+
 def _audited_transcripts():
     return {Path(p).stem: p for p in _audited_claims()}
 
