@@ -199,7 +199,7 @@ def audit_runtime_min(config: Config, n_lines: int, n_empden_lines: int = 0) -> 
     Any other line is costed as a DP-SGD line, T engine steps over the expected batch and the sampled canaries on a
     16-wide model (~5e-3 s per 64 records on one CPU core; 0.4 s for DPDM's embedded 79 steps), at the largest T
     and batch of DPDM and STRAIGHTDP (a release line costs far less); an EMPDEN line, the full grid's steps for
-    N_out outputs over n + m records of m + 16 coordinates (~1 GFLOP/s on one CPU core: 12 s for an embedded
+    N_out outputs over n + m records of m + 16 coordinates (~4 GFLOP/s on one CPU core: 12 s for an embedded
     hybrid block, 20 s full batch)."""
     d, s = config["dpdm"], config["straightdp"]["dpsgd"]
     n = config["data"]["private"]["n_private_train"] or 60000
@@ -208,7 +208,7 @@ def audit_runtime_min(config: Config, n_lines: int, n_empden_lines: int = 0) -> 
     batch = max(d["batch_size"], s["batch_size"]) + m * max(d["batch_size"], 64) / n
     dpsgd_s = steps * max(batch, 64) / 64 * 5e-3
     n_out = config["empden"]["n_out"] or config["accounting"]["N_out"]
-    empden_s = 2 * n_out * (n + m) * (m + 16) * config["accounting"]["N"] * 1e-9
+    empden_s = 2 * n_out * (n + m) * (m + 16) * config["accounting"]["N"] * 2.5e-10
     return max(5, int(4 * ((n_lines - n_empden_lines) * dpsgd_s + n_empden_lines * empden_s) / 60) + 5)
 
 
