@@ -150,8 +150,9 @@ def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     with atomic_path(Path(outputs["fragment"])) as tmp:
         tmp.write_text(fragment + "\n")
     page = (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<body style='max-width:1200px;margin:auto'><h1>{html.escape(title)}</h1>{fragment}<p>Every table and figure, with captions: "
-            f"<code>make report</code> writes <code>results/report.html</code> (Snakemake's report).</p></body>")
+            f"<body style='max-width:1200px;margin:auto'><h1>{html.escape(title)}</h1>{fragment}"
+            "<p>Every table and figure, with captions: <code>make report</code> writes <code>results/report.html</code>"
+            " (Snakemake's report).</p></body>")
     with atomic_path(out) as tmp:
         tmp.write_text(page + "\n")
 

@@ -94,7 +94,7 @@ def replay_verdict(report: Any, source: Path | str = "replay report") -> ReplayV
 
 
 def verdict_html(verdict: ReplayVerdict, href: str) -> str:
-    """The page's replay section: a coloured PASSED/FAILED banner, the per-transcript counts, any failures."""
+    """The page's replay section: a coloured PASSED/FAILED banner, the per-transcript counts (folded), any failures."""
     esc = html.escape
     word, colour = ("PASSED", "#1a7f37") if verdict.passed else ("FAILED", "#cf222e")
     summary = (f"{verdict.n_claims} ε claim(s) in {len(verdict.transcripts)} ledger transcript(s) recomputed from "
@@ -108,8 +108,10 @@ def verdict_html(verdict: ReplayVerdict, href: str) -> str:
             f"<tr><td>{esc(t.name)}</td><td>{t.n_claims}</td>"
             f"<td>{'–' if t.expected_claims is None else t.expected_claims}</td>"
             f"<td>{'ok' if t.ok else '<b>FAILED</b>'}</td></tr>" for t in verdict.transcripts)
-        parts.append("<table><tr><th>transcript</th><th>claims replayed</th><th>expected</th><th>verdict</th></tr>"
-                     f"{rows}</table>")
+        # folded: the verdict stays one short box above the figure; the failures (below) are never folded
+        parts.append(f"<details><summary>claims per transcript ({len(verdict.transcripts)})</summary>"
+                     "<table><tr><th>transcript</th><th>claims replayed</th><th>expected</th><th>verdict</th></tr>"
+                     f"{rows}</table></details>")
     if verdict.failures:
         parts.append("<h3>Failures</h3><ul>" + "".join(f"<li>{esc(f)}</li>" for f in verdict.failures) + "</ul>")
     if verdict.versions:
