@@ -39,7 +39,7 @@ run: $(STAMP)
 # the report of a finished run (runs no job): summary first, every table and figure with its caption
 REPORT ?= results/report.html
 report: $(STAMP)
-	$(BIN)/snakemake --report $(REPORT)
+	$(BIN)/snakemake --report $(REPORT) --report-stylesheet report/style.css
 
 # the unit tier on every core (one xdist worker per core; idle workers steal queued tests); the slow
 # tier starts Snakemake (dry runs, the tiny end-to-end DAG) or kills fresh Python processes

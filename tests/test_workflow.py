@@ -299,7 +299,8 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # the reviewer's report from the finished run (runs no job): summary first, every table and figure with
     # its caption; then headless Chromium opens it (a broken page fails here rather than for a reader)
     report = tmp_path / "report.html"
-    res = snakemake(repo, "--report", str(report), "--configfile", str(cfg))
+    res = snakemake(repo, "--report", str(report), "--report-stylesheet", "report/style.css",
+                    "--configfile", str(cfg))
     assert res.returncode == 0, res.stderr[-3000:]
     check_report(report.read_text(), results, tmp_path)
     # nothing left to do: a second run is a no-op
