@@ -148,7 +148,8 @@ def planned_jobs(output: str) -> dict[str, int]:
 
 
 #: edits of one method's config key -> (a rule the edit must replan, every rule it may replan: the
-#: method's own, the replay and index that read every method's outputs, and the target `all`)
+#: method's own, the replay, the summary and the report's table views that read every method's outputs,
+#: and the target `all`)
 RERUN_SCOPE = {
     "dpdm.seeds": ({"dpdm": {"seeds": [0, 1]}}, "train_dpdm",
                    {"train_dpdm", "sample_dpdm", "evaluate_dpdm", "dpdm_table_main", "dpdm_samples_by_epsilon",
@@ -158,7 +159,9 @@ RERUN_SCOPE = {
     "empden.n_out": ({"empden": {"n_out": 10}}, "empden_sample_subsampled",
                      {"empden_sample_subsampled", "empden_sample_full_batch", "empden_sample_public_only",
                       "empden_evaluate", "empden_table8_grid", "empden_table2_comparison", "empden_figure3_tradeoffs",
-                      "empden_figure4_samples"}),
+                      "empden_figure4_samples",
+                      # the one-run audit reruns every EMPDEN sampler line
+                      "audit_one_run"}),
     # the accounting method's tables share one empden_blocks job; EMPDEN's sampled cells are untouched
     "accounting.asr_N": ({"accounting": {"asr_N": 60}}, "empden_table13_theoretical_asr",
                          {"empden_blocks", "empden_table7_accountants", "empden_table8_9_eps",
@@ -172,18 +175,18 @@ RERUN_SCOPE = {
                          {"release_moments", "train_straightdp", "sample_straightdp", "evaluate_straightdp",
                           "straightdp_table", "straightdp_figure_accuracy", "audit_one_run", "audit_mia",
                           "audit_mia_table"}),
-    # the audit reads the DP-SGD transcripts; the runs that wrote them are untouched
+    # the audit reads every private mechanism's transcripts; the runs that wrote them are untouched
     "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
     "baselines.seeds": ({"baselines": {"seeds": [0, 1]}}, "private_evolution",
                         {"dp_merf", "private_evolution", "evaluate_baseline", "baselines_table",
-                         "empden_table2_comparison"}),
+                         "empden_table2_comparison", "audit_one_run"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
                                                {"empden_table1_window_swap", "empden_table4_proxy",
                                                 "empden_figure6_critical_window"}),
 }
 SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utility_figure", "runtime_table",
-                "runtime_figure"}
+                "runtime_figure", "report_tables"}
 
 
 def check_report(page: str, results: Path, tmp_path: Path) -> None:
