@@ -192,7 +192,7 @@ def all_targets():
     The public denoiser (rules/pretrain.smk) is built whenever a method that uses it is chosen.
     """
     return [*data_splits().values(), *CORE_REPORT, *_registered(REGISTRY.targets), REPLAY_REPORT,
-            RESULTS / "index.html", *report_table_views().values()]
+            RESULTS / "index.html", REPORT_DIR / "tables"]
 
 
 # ---- snakemake --report (make report): captions under report/captions/, categories per paper/method
@@ -231,7 +231,7 @@ def report_figure(name):
                   subcategory="figures")
 
 
-def report_table_views():
-    """Table name -> its readable view in the report (rule report_tables), for every table of `all`."""
-    return {Path(p).stem: REPORT_DIR / "tables" / f"{Path(p).stem}.html" for p in report_inputs()
-            if Path(p).suffix == ".parquet"}
+def report_table_inputs():
+    """Table name -> Parquet path of every table of `all`: each gets a readable view in the report (rule report_tables,
+    results/report/tables/<name>.html)."""
+    return {Path(p).stem: p for p in report_inputs() if Path(p).suffix == ".parquet"}

@@ -2,20 +2,24 @@
 # Its first page is the summary (rule index_html: replay verdict, privacy-utility plot, one headline row per
 # method; report/workflow.rst includes it); every figure is flagged where its rule writes it
 # (rules/common.smk: report_figure); every table gets a readable view here. Captions: report/captions/.
-# Code: pipeline/reporting/review.py. Included last: the table list is every method's registered tables.
+# Code: pipeline/reporting/review.py.
 
 
 rule report_tables:
     """A readable HTML view of every table of `all` (grouped columns, 4 digits, long strings as codes)."""
     input:
-        **{name: TABLES / f"{name}.parquet" for name in report_table_views()},
+        # a function: a method's rule file may register its tables after this file is read
+        unpack(lambda wildcards: report_table_inputs()),
     output:
-        **{name: report(view, caption=caption_path(name, "table"), category=report_category(name),
-                        subcategory="tables")
-           for name, view in report_table_views().items()},
+        # one directory whose files are the results: the table list is known only once every rule file is read
+        views=report(directory(REPORT_DIR / "tables"), patterns=["{name}.html"],
+                     caption=str(CAPTIONS / "_table.rst"), category=lambda wildcards: report_category(wildcards.name),
+                     subcategory="tables"),
     params:
-        ins=io_args("--in", {name: TABLES / f"{name}.parquet" for name in report_table_views()}),
-        out=REPORT_DIR / "tables",
+        ins=lambda wildcards: io_args("--in", report_table_inputs()),
+        # the captions' text, read by report/captions/_table.rst when `snakemake --report` renders each view
+        captions=lambda wildcards: {name: Path(caption_path(name, "table")).read_text()
+                                    for name in report_table_inputs()},
     benchmark:
         benchmark_path("report_tables")
     log:
@@ -27,4 +31,4 @@ rule report_tables:
     conda:
         CPU_ENV
     shell:
-        "python -m pipeline report_tables {params.ins} --out dir={params.out:q} --log {log:q}"
+        "python -m pipeline report_tables {params.ins} --out dir={output.views:q} --log {log:q}"
