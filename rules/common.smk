@@ -198,7 +198,9 @@ def all_targets():
 # ---- snakemake --report (make report): captions under report/captions/, categories per paper/method
 
 #: captions of the report's tables and figures (reStructuredText, one file per table or figure)
-CAPTIONS = Path(workflow.basedir) / "report" / "captions"
+#: (this file's directory is rules/: the workflow's own basedir would be a wrapping Snakefile's when one
+#: includes this repository's Snakefile)
+CAPTIONS = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parent / "report" / "captions"
 #: the caption of a table or figure nobody has written one for (a test keeps the default config free of it)
 MISSING_CAPTION = CAPTIONS / "_missing.rst"
 #: the report's categories, in menu order: a table or figure goes to the first whose prefix its name has
