@@ -50,7 +50,8 @@ CSS = ("font-family:sans-serif;font-size:13px;line-height:1.35")
 TABLE_CSS = ("<style>.dpgen table{border-collapse:collapse;font-size:12px}.dpgen td,.dpgen th{padding:2px 6px;"
              "border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}.dpgen th{background:#f3f3f3}"
              ".dpgen td:first-child,.dpgen th:first-child{text-align:left}.dpgen .ok{color:#176117}"
-             ".dpgen .bad{color:#a00000}.dpgen img{max-width:100%}</style>")
+             ".dpgen .bad{color:#a00000}.dpgen img{max-width:100%}.dpgen tr.groups th{text-align:center;"
+             "border-left:2px solid #bbb;text-transform:uppercase;font-size:11px}</style>")
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -190,7 +191,7 @@ def table_view(df: pd.DataFrame, *, max_rows: int = MAX_ROWS) -> str:
     rows = "".join("<tr>" + "".join(f"<td>{cell(row[c])}</td>" for c in columns) + "</tr>"
                    for _, row in shown.iterrows())
     parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}",
-             "<table><tr>" + "".join(f"<th colspan='{n}'>{g}</th>" for g, n in groups) + "</tr>",
+             "<table><tr class='groups'>" + "".join(f"<th colspan='{n}'>{g}</th>" for g, n in groups) + "</tr>",
              "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>", rows, "</table>"]
     if len(df) > max_rows:
         parts.append(f"<p>… {len(df) - max_rows} more rows in the Parquet file</p>")
