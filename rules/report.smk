@@ -1,6 +1,6 @@
 # Reporting: Parquet tables (results/tables/), figures (results/figures/), the summary page (results/index.html,
 # the first page of `snakemake --report`), and the cross-method comparison (all_runs.parquet + privacy_utility.png).
-# Code: pipeline/reporting/stage.py, pipeline/results/all_runs.py.
+# Code: pipeline/reporting/stage.py, pipeline/reporting/review.py (the summary), pipeline/results/all_runs.py.
 from pipeline.registry import RunRecord
 
 #: the reference rows every config has: held-out real data (no privacy)

@@ -102,7 +102,8 @@ def downstream_accuracy(train: Split, test: Split, *, classifiers: Sequence[str]
     scored = {"test": test} if val is None else {"test": test, "val": val}
     for kind in classifiers:
         accs: dict[str, list[float]] = {k: [] for k in scored}
-        for r, rep_seed in enumerate(seeds.seed_of("downstream.classifier", seed, r) for r in range(repeats)):
+        for r in range(repeats):
+            rep_seed = seeds.seed_of("downstream.classifier", seed, r)
             if r > 0 and kind in DETERMINISTIC:
                 for k in scored:
                     accs[k].append(accs[k][0])
