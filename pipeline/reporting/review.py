@@ -62,6 +62,9 @@ def headline_rows(all_runs: pd.DataFrame, epsilon: float) -> pd.DataFrame:
     private = all_runs[all_runs["private"] & np.isfinite(all_runs["eps_certified"])]
     if private.empty:
         return pd.DataFrame(columns=["method", "config", "seeds", "eps_certified", "fid", "acc_cnn", "audit_eps_lb"])
+    # a run's name carries its seed (uniform_eps1_seed0, hybrid/p40_B200_T3_beta1_s0, edm_eps1_K4_seed0/churn):
+    # the configuration is the name without it
+    private = private.assign(config=private["config"].map(without_seed))
     agg = private.groupby(["label", "config"], sort=False).agg(
         method=("method", "first"), seeds=("seed", "nunique"), eps_certified=("eps_certified", "mean"),
         fid=("fid", "mean"), acc_cnn=("acc_cnn", "mean"),
@@ -69,6 +72,11 @@ def headline_rows(all_runs: pd.DataFrame, epsilon: float) -> pd.DataFrame:
     agg["distance"] = (np.log(agg["eps_certified"].clip(lower=1e-12)) - math.log(epsilon)).abs()
     best = agg.loc[agg.groupby("label", sort=False)["distance"].idxmin()]
     return best.drop(columns="distance").reset_index(drop=True)
+
+
+def without_seed(config: str) -> str:
+    """A run's configuration name without its seed part (``_seed<k>`` or ``_s<k>`` before a ``/`` or the end)."""
+    return re.sub(r"_(?:seed|s)\d+(?=/|$)", "", config)
 
 
 def reference_rows(all_runs: pd.DataFrame) -> pd.DataFrame:

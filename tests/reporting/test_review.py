@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.reporting.review import column_group, headline_rows, index_html, reference_rows, report_tables, table_view
+from pipeline.reporting.review import (column_group, headline_rows, index_html, reference_rows, report_tables,
+                                       table_view, without_seed)
 from pipeline.reporting.tables import write_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,8 @@ def runs() -> pd.DataFrame:
     rows = []
     for seed in (0, 1):
         for eps, fid in ((0.2, 90.0), (1.0, 60.0 + seed), (10.0, 40.0)):
-            rows.append({"method": "dpdm", "label": "DPDM", "config": f"eps{eps}", "seed": seed, "private": True,
+            rows.append({"method": "dpdm", "label": "DPDM", "config": f"eps{eps}_seed{seed}/ddim", "seed": seed,
+                         "private": True,
                          "eps_certified": eps * 0.999, "fid": fid, "acc_cnn": 0.5, "audit_eps_lb": 0.01 * (1 + seed)})
         rows.append({"method": "pe", "label": "PE", "config": "eps3", "seed": seed, "private": True,
                      "eps_certified": 3.0, "fid": 70.0, "acc_cnn": 0.4, "audit_eps_lb": np.nan})
@@ -40,12 +42,14 @@ def runs() -> pd.DataFrame:
 
 def test_each_method_heads_with_its_configuration_nearest_the_headline_eps():
     head = headline_rows(runs(), 1.0).set_index("label")
-    assert head.loc["DPDM", "config"] == "eps1.0" and head.loc["DPDM", "seeds"] == 2
+    assert head.loc["DPDM", "config"] == "eps1.0/ddim" and head.loc["DPDM", "seeds"] == 2  # seeds pooled
     assert head.loc["DPDM", "fid"] == pytest.approx(60.5)  # mean over seeds
     assert head.loc["DPDM", "audit_eps_lb"] == pytest.approx(0.02)  # the largest over seeds
     assert head.loc["PE", "config"] == "eps3" and np.isnan(head.loc["PE", "audit_eps_lb"])
     assert "real held-out data" not in head.index
-    assert headline_rows(runs(), 10.0).set_index("label").loc["DPDM", "config"] == "eps10.0"
+    assert headline_rows(runs(), 10.0).set_index("label").loc["DPDM", "config"] == "eps10.0/ddim"
+    assert [without_seed(c) for c in ("uniform_eps1_seed1", "hybrid/p40_B200_T3_beta1_s0", "sensgeo")] == \
+        ["uniform_eps1", "hybrid/p40_B200_T3_beta1", "sensgeo"]
 
 
 def test_references_are_the_non_private_rows():
@@ -64,7 +68,7 @@ def test_the_summary_page_embeds_the_figure_and_writes_the_same_fragment_for_the
     assert base64.b64encode(png.read_bytes()).decode() in fragment
     assert fragment.index("no report given") < fragment.index("<img") < fragment.index("One row per method")
     assert fragment.index("One row per method") < fragment.index("References")
-    assert re.search(r"<td>DPDM</td><td>eps1.0</td><td>2</td><td>0.999</td>", fragment)
+    assert re.search(r"<td>DPDM</td><td>eps1.0/ddim</td><td>2</td><td>0.999</td>", fragment)
 
 
 def test_a_table_view_groups_columns_rounds_numbers_and_codes_long_strings():
