@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pipeline.audit.one_run import AuditError, CanaryAudit, one_run_epsilon_lb
+from pipeline.audit.one_run import AuditError, CanaryAudit, canary_audit, check_canaries
 from pipeline.privacy import dp_merf
 from pipeline.privacy import private_evolution as pe
 
@@ -49,15 +49,10 @@ MerfRelease = Callable[..., torch.Tensor]
 Histogram = Callable[..., np.ndarray]
 
 
-def _check_m(m: int) -> None:
-    if not (isinstance(m, int) and m >= 2):
-        raise AuditError(f"canaries m must be an integer >= 2, got {m!r}")
-
-
 def audit_merf(plan: dp_merf.MerfReleasePlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
                significance: float = 0.05, release: MerfRelease = dp_merf.release) -> CanaryAudit:
     """DP-MERF's release once over stand-ins and m paired canary slots (``release`` is what is audited)."""
-    _check_m(m)
+    check_canaries(m)
     if m >= plan.m:
         raise AuditError(f"the DP-MERF audit puts its {m} canaries among the line's m = {plan.m} records: "
                          f"use fewer canaries (audit.canaries)")
@@ -73,16 +68,14 @@ def audit_merf(plan: dp_merf.MerfReleasePlan, *, certified_epsilon: float, m: in
     phi[n_base + j, j] = torch.where(included, 1.0, -1.0).to(torch.float64)
     labels = torch.cat([torch.randint(0, plan.n_classes, (n_base,), generator=gen), j % plan.n_classes])
     released = release(phi, labels, audited, generator=gen)
-    s, mask = released[j, j % plan.n_classes].numpy(), included.numpy()
-    bound = one_run_epsilon_lb(s[mask], s[~mask], delta=plan.delta, significance=significance)
-    return CanaryAudit(bound=bound, in_scores=s[mask], out_scores=s[~mask], certified_epsilon=certified_epsilon,
-                       steps=1, canary_norm=1.0)
+    return canary_audit(released[j, j % plan.n_classes].numpy(), included.numpy(), delta=plan.delta,
+                        significance=significance, certified_epsilon=certified_epsilon, steps=1, canary_norm=1.0)
 
 
 def audit_pe(plan: pe.PEHistogramPlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
              significance: float = 0.05, histogram: Histogram = pe.noisy_histogram) -> CanaryAudit:
     """PE's T histogram rounds over stand-ins and the included canaries (``histogram`` is what is audited)."""
-    _check_m(m)
+    check_canaries(m)
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     included = torch.rand(m, generator=gen) < 0.5
@@ -105,7 +98,5 @@ def audit_pe(plan: pe.PEHistogramPlan, *, certified_epsilon: float, m: int = 100
     scores = np.zeros(m)
     for _ in range(plan.T):
         scores += histogram(counts, plan, threshold=0.0, generator=rng)[:m]
-    mask = included.numpy()
-    bound = one_run_epsilon_lb(scores[mask], scores[~mask], delta=plan.delta, significance=significance)
-    return CanaryAudit(bound=bound, in_scores=scores[mask], out_scores=scores[~mask],
-                       certified_epsilon=certified_epsilon, steps=plan.T, canary_norm=1.0)
+    return canary_audit(scores, included.numpy(), delta=plan.delta, significance=significance,
+                        certified_epsilon=certified_epsilon, steps=plan.T, canary_norm=1.0)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from pipeline.audit.one_run import AuditError, CanaryAudit, one_run_epsilon_lb
+from pipeline.audit.one_run import AuditError, CanaryAudit, canary_audit, check_canaries
 from pipeline.privacy import dpsgd
 
 #: width of a stand-in record
@@ -87,8 +87,7 @@ def audit_plan(plan: dpsgd.StepPlan, *, certified_epsilon: float, m: int = 1000,
     """
     if not auditable(plan):
         raise AuditError(f"the one-run canary audit needs a Poisson plan (add/remove), got {plan.sampling!r}")
-    if not (isinstance(m, int) and m >= 2):
-        raise AuditError(f"canaries m must be an integer >= 2, got {m!r}")
+    check_canaries(m)
     gen = torch.Generator().manual_seed(seed)
     included = torch.rand(m, generator=gen) < 0.5
     in_ids = torch.nonzero(included).flatten()
@@ -114,8 +113,5 @@ def audit_plan(plan: dpsgd.StepPlan, *, certified_epsilon: float, m: int = 1000,
         clip, std = audited.clip_at(t), audited.noise_std_at(t)
         weight = clip / std ** 2 if std > 0 else 1.0 / clip
         scores += weight * divisor * grads["theta_c"].detach().to(torch.float64)
-    s = scores.numpy()
-    mask = included.numpy()
-    bound = one_run_epsilon_lb(s[mask], s[~mask], delta=audited.delta, significance=significance)
-    return CanaryAudit(bound=bound, in_scores=s[mask], out_scores=s[~mask], certified_epsilon=certified_epsilon,
-                       steps=audited.steps, canary_norm=canary_norm)
+    return canary_audit(scores.numpy(), included.numpy(), delta=audited.delta, significance=significance,
+                        certified_epsilon=certified_epsilon, steps=audited.steps, canary_norm=canary_norm)

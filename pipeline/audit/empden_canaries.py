@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline.audit.one_run import AuditError, CanaryAudit, one_run_epsilon_lb
+from pipeline.audit.one_run import AuditError, CanaryAudit, canary_audit, check_canaries
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.empden_block import EmpdenBlock
 
@@ -66,8 +66,7 @@ def audit_block(block: EmpdenBlock, *, certified_epsilon: float, delta: float, m
 
     ``step`` is the private step under audit (tests pass a broken one to show the audit catches it).
     """
-    if not (isinstance(m, int) and m >= 2):
-        raise AuditError(f"canaries m must be an integer >= 2, got {m!r}")
+    check_canaries(m)
     if block.k < 1:
         raise AuditError("an EMPDEN block of 0 private steps releases nothing to audit")
     gen = torch.Generator().manual_seed(seed)
@@ -90,7 +89,5 @@ def audit_block(block: EmpdenBlock, *, certified_epsilon: float, delta: float, m
             released = (x_next - (1.0 - two_dt_over_t) * x) / two_dt_over_t
             scores += released[:, :m].sum(dim=0) / emp.mechanism_noise_std(t, t_next) ** 2
             x = x_next
-    s, mask = scores.numpy(), included.numpy()
-    bound = one_run_epsilon_lb(s[mask], s[~mask], delta=delta, significance=significance)
-    return CanaryAudit(bound=bound, in_scores=s[mask], out_scores=s[~mask], certified_epsilon=certified_epsilon,
-                       steps=block.k, canary_norm=CANARY_NORM_FACTOR * C)
+    return canary_audit(scores.numpy(), included.numpy(), delta=delta, significance=significance,
+                        certified_epsilon=certified_epsilon, steps=block.k, canary_norm=CANARY_NORM_FACTOR * C)

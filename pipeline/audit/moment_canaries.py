@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipeline.audit.one_run import AuditError, CanaryAudit, one_run_epsilon_lb
+from pipeline.audit.one_run import CanaryAudit, canary_audit, check_canaries
 from pipeline.privacy import moments
 
 #: width of a stand-in record's feature block
@@ -50,8 +50,7 @@ def audit_release(plan: moments.MomentReleasePlan, *, certified_epsilon: float, 
 
     ``release`` is the mechanism under audit (tests pass a broken one to show the audit catches it).
     """
-    if not (isinstance(m, int) and m >= 2):
-        raise AuditError(f"canaries m must be an integer >= 2, got {m!r}")
+    check_canaries(m)
     rng = np.random.default_rng(seed)
     included = rng.random(m) < 0.5
     p = m + RECORD_DIM
@@ -74,6 +73,5 @@ def audit_release(plan: moments.MomentReleasePlan, *, certified_epsilon: float, 
     # the clean value of both coordinates is 0 without the canary (no stand-in touches them)
     scores = (0.5 * u[j % plan.n_classes, 1 + j] / audited.std_u ** 2
               + audited.R ** 2 / audited.N * noisy.M2[j, j] / audited.std_M2 ** 2)
-    bound = one_run_epsilon_lb(scores[included], scores[~included], delta=plan.delta, significance=significance)
-    return CanaryAudit(bound=bound, in_scores=scores[included], out_scores=scores[~included],
-                       certified_epsilon=certified_epsilon, steps=1, canary_norm=CANARY_NORM_FACTOR * plan.R)
+    return canary_audit(scores, included, delta=plan.delta, significance=significance,
+                        certified_epsilon=certified_epsilon, steps=1, canary_norm=CANARY_NORM_FACTOR * plan.R)

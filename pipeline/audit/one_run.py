@@ -105,6 +105,21 @@ class CanaryAudit:
         return self.bound.epsilon_lb <= self.certified_epsilon
 
 
+def check_canaries(m: Any) -> None:
+    """An audit needs at least two canaries (one-line error otherwise)."""
+    if not (isinstance(m, int) and m >= 2):
+        raise AuditError(f"canaries m must be an integer >= 2, got {m!r}")
+
+
+def canary_audit(scores: np.ndarray, included: np.ndarray, *, delta: float, significance: float,
+                 certified_epsilon: float, steps: int, canary_norm: float) -> CanaryAudit:
+    """The audit of one line from every canary's score and inclusion coin: the one-run bound and the scores."""
+    ins, outs = scores[included], scores[~included]
+    bound = one_run_epsilon_lb(ins, outs, delta=delta, significance=significance)
+    return CanaryAudit(bound=bound, in_scores=ins, out_scores=outs, certified_epsilon=certified_epsilon, steps=steps,
+                       canary_norm=canary_norm)
+
+
 def summary(audit: CanaryAudit) -> dict[str, Any]:
     """The audit's table columns (no scores)."""
     b = audit.bound
