@@ -8,7 +8,7 @@
 #
 #   snakemake results/tables/audit_one_run.parquet
 #   snakemake results/tables/audit_mia.parquet
-#   snakemake results/digits/audit/mia/dpdm/edm_eps1_K4_seed0.json     one model's attacks
+#   snakemake results/digits/audit/mia/dpdm/edm_eps1_K2_seed0.json     one model's attacks
 #   snakemake results/digits/models/dpdm/twin_seed0.pt                 the non-private twin (never release it)
 
 include: "functions/audit.smk"

@@ -4,9 +4,9 @@
 # dpdm_sample_grid), pipeline/results/dpdm.py (dpdm_table). Runs, their names and the tables'
 # rows: pipeline/training/dpdm_runs.py; a run's files and params: rules/functions/dpdm.smk.
 #
-#   snakemake results/digits/models/dpdm/edm_eps1_K4_seed0.pt                 one training run
-#   snakemake results/digits/samples/dpdm/edm_eps1_K4_seed0/churn.npz         one sample set
-#   snakemake results/digits/eval/dpdm/vpred_eps0p2_K4_seed0/ddim/metrics.json
+#   snakemake results/digits/models/dpdm/edm_eps1_K2_seed0.pt                 one training run
+#   snakemake results/digits/samples/dpdm/edm_eps1_K2_seed0/churn.npz         one sample set
+#   snakemake results/digits/eval/dpdm/vpred_eps0p2_K2_seed0/ddim/metrics.json
 # Any run name works as a target (e.g. K16 or seed3), not only those the tables use.
 
 include: "functions/dpdm.smk"

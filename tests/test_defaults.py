@@ -103,7 +103,7 @@ def test_dpdm_params_left_out_take_the_schema_defaults():
     for f in dataclasses.fields(DPDMConfig):
         if f.name in section:
             assert _plain(getattr(cfg, f.name)) == section[f.name], f.name
-    assert (cfg.epochs, cfg.lr, cfg.K) == (8, 1e-3, 4)  # the example, spelt out
+    assert (cfg.epochs, cfg.lr, cfg.K) == (8, 1e-3, 2)  # the example, spelt out
 
 
 def test_dpdm_params_given_win_and_a_partial_unet_is_completed_from_the_schema():

@@ -31,7 +31,7 @@ def _jobs(stdout: str) -> dict[str, int]:
     # K1 and v-prediction runs only they need) are unknown; the ablation's 3 runs x 4 samplers are
     # (in `all`, the ledger replay asks for every run up front)
     ("auto", 3, 12),
-    # fixed by hand: eps {0.2, 1, 10} at K=4 (EDM), K=1 at eps 10, v-prediction at eps 0.2;
+    # fixed by hand: eps {0.2, 1, 10} at K=2 (EDM), K=1 at eps 10, v-prediction at eps 0.2;
     # 4 samplers x 3 eps (main sampler included) + K1 + v-prediction = 14 scored sample sets
     ("guided", 5, 14),
 ])
@@ -48,12 +48,12 @@ def test_tables_figures_and_any_run_name_dry_run_with_shared_runs_trained_once(r
     assert jobs["train_dpdm"] == trained + 1  # + the extra VE run
     assert jobs["sample_dpdm"] == scored + 1 and jobs["evaluate_dpdm"] == scored
     assert jobs.get("dpdm_select_sampler", 0) == (main == "auto")
-    later = ("vpred_eps0p2_K4_seed0", "edm_eps10_K1_seed0") if main != "auto" else ()
-    for run in ("edm_eps0p2_K4_seed0", "run=ve_eps3p5_K16_seed7", *later):
+    later = ("vpred_eps0p2_K2_seed0", "edm_eps10_K1_seed0") if main != "auto" else ()
+    for run in ("edm_eps0p2_K2_seed0", "run=ve_eps3p5_K16_seed7", *later):
         assert run in res.stdout
     for sampler in ("ddim", "stochastic_ddim", "churn", "guided"):  # the sampler ablation covers every eps
         for eps in ("0p2", "1", "10"):
-            assert f"edm_eps{eps}_K4_seed0/{sampler}.npz" in res.stdout
+            assert f"edm_eps{eps}_K2_seed0/{sampler}.npz" in res.stdout
 
 
 def test_auto_main_sampler_without_an_ablation_to_choose_from_is_a_one_line_config_error(repo, tmp_path):
