@@ -35,7 +35,7 @@ wrapper ``"rectified_flow"`` (:class:`RectifiedFlowVelocity`) with the checkpoin
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -75,6 +75,18 @@ class FlowSpec:
     pos_embed_max_size: int = 8
     caption_tokens: int = 1
     num_classes: int = 0
+    #: STRAIGHTDP Sec. 3.3's three backbone constraints, each its own switch (all off: SD3's MM-DiT as is).
+    #: ``stream_clamp`` = B0 (None = off): every token of both streams entering a block, and the image
+    #: stream leaving the last one, is projected onto the ball of radius B0 (Lemma B.2).
+    stream_clamp: float | None = None
+    #: ``late_injection`` = l0 (0 = off): cross-modal inflow (attention between the streams and the pooled
+    #: label in the adaptive norms) exists only in the last l0 blocks; before them it is an architectural zero.
+    late_injection: int = 0
+    #: independent softmax normalisers for self- and cross-attention: a block's image update is F(h) + G(h, e).
+    decoupled_attention: bool = False
+    #: True when the constraints were imposed on weights pretrained without them (Sec. 3.3's collapse
+    #: ablation, :func:`impose_post_hoc`); a model trained inside its constraints from step 0 has False.
+    post_hoc: bool = False
 
     def __post_init__(self) -> None:
         positive = ("image_size", "channels", "patch_size", "num_layers", "attention_head_dim",
@@ -92,6 +104,17 @@ class FlowSpec:
         if self.pos_embed_max_size < self.image_size // self.patch_size:
             raise ValueError(f"flow backbone: pos_embed_max_size must be >= image_size / patch_size = "
                              f"{self.image_size // self.patch_size}, got {self.pos_embed_max_size}")
+        if self.stream_clamp is not None and not (isinstance(self.stream_clamp, (int, float))
+                                                  and math.isfinite(self.stream_clamp) and self.stream_clamp > 0):
+            raise ValueError(f"flow backbone: stream_clamp (B0) must be a number > 0 or null, got {self.stream_clamp!r}")
+        if not (isinstance(self.late_injection, int) and 0 <= self.late_injection <= self.num_layers):
+            raise ValueError(f"flow backbone: late_injection (l0) must be an integer in [0, num_layers = "
+                             f"{self.num_layers}], got {self.late_injection!r}")
+        for name in ("decoupled_attention", "post_hoc"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"flow backbone: {name} must be true or false, got {getattr(self, name)!r}")
+        if self.post_hoc and not self.constrained:
+            raise ValueError("flow backbone: post_hoc is only meaningful with a constraint switched on")
         if self.caption_projection_dim != self.width:
             raise ValueError(f"flow backbone: caption_projection_dim must equal the width num_attention_heads x "
                              f"attention_head_dim = {self.width}, got {self.caption_projection_dim}")
@@ -106,6 +129,16 @@ class FlowSpec:
         """The label of the unconditional (classifier-free guidance) branch: the last table row."""
         return self.num_classes
 
+    @property
+    def constrained(self) -> bool:
+        """Whether any of Sec. 3.3's constraints is on (the forward pass then runs block by block here)."""
+        return self.stream_clamp is not None or self.late_injection > 0 or self.decoupled_attention
+
+    def cross_blocks(self) -> range:
+        """The blocks with cross-modal inflow: the last l0 under late injection, else every block."""
+        first = self.num_layers - self.late_injection if self.late_injection else 0
+        return range(first, self.num_layers)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -118,12 +151,40 @@ class FlowSpec:
         return cls(**d)
 
 
+def clamp_tokens(h: Tensor, B0: float) -> Tensor:
+    """Pi_B0(h) = h min(1, B0 / ||h||) per token (norm over the last dim): STRAIGHTDP Sec. 3.3 (1), Lemma B.2.
+
+    The projection onto the centred ball of radius B0 (1-Lipschitz); a token inside the ball is returned
+    unchanged bit for bit (the factor is exactly B0 / B0), the zero token included.
+    """
+    norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
+    return h * (B0 / norm.clamp(min=B0))
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(Q K^T / sqrt(d)) V over heads ``[B, H, N, D]``, returned as ``[B, N, H*D]``."""
+    scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    out = scores.softmax(dim=-1) @ v
+    return out.transpose(1, 2).reshape(q.shape[0], -1, q.shape[1] * q.shape[-1])
+
+
 class MatmulJointAttnProcessor:
     """diffusers' ``JointAttnProcessor2_0`` (SD3 joint attention) with softmax(Q K^T / sqrt(d)) V written out.
 
     Same mathematics as the SDPA call it replaces (scale 1/sqrt(head_dim), no mask, no dropout);
     batchable by ``torch.func.vmap`` on every device (see the module docstring).
+
+    Two switches give STRAIGHTDP Sec. 3.3's attention constraints (defaults: SD3's joint attention):
+
+    * ``cross=False``: no cross-modal inflow (late injection outside the last l0 blocks): each stream
+      attends to its own tokens only, so the image update does not depend on the caption stream.
+    * ``decoupled=True``: self- and cross-attention get independent softmax normalisers, so the image
+      update is exactly F(h) + G(h, e): softmax(Q_h K_h^T) V_h + softmax(Q_h K_e^T) V_e, projected by the
+      same linear output layer (its bias belongs to F); the caption stream likewise.
     """
+
+    def __init__(self, *, cross: bool = True, decoupled: bool = False) -> None:
+        self.cross, self.decoupled = bool(cross), bool(decoupled)
 
     def __call__(self, attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
                  attention_mask: Tensor | None = None, *args: Any, **kwargs: Any) -> Tensor | tuple[Tensor, Tensor]:
@@ -139,7 +200,9 @@ class MatmulJointAttnProcessor:
             q = attn.norm_q(q)
         if attn.norm_k is not None:
             k = attn.norm_k(k)
-        if encoder_hidden_states is not None:
+        if encoder_hidden_states is None:
+            out = _attend(q, k, v)
+        else:
             cq = heads(attn.add_q_proj(encoder_hidden_states))
             ck = heads(attn.add_k_proj(encoder_hidden_states))
             cv = heads(attn.add_v_proj(encoder_hidden_states))
@@ -147,11 +210,13 @@ class MatmulJointAttnProcessor:
                 cq = attn.norm_added_q(cq)
             if attn.norm_added_k is not None:
                 ck = attn.norm_added_k(ck)
-            q, k, v = torch.cat([q, cq], dim=2), torch.cat([k, ck], dim=2), torch.cat([v, cv], dim=2)
-        scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
-        out = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, -1, q.shape[1] * q.shape[-1])
-        if encoder_hidden_states is not None:
-            out, context = out[:, :n_img], out[:, n_img:]
+            if not self.cross:
+                out, context = _attend(q, k, v), _attend(cq, ck, cv)
+            elif self.decoupled:
+                out, context = _attend(q, k, v) + _attend(q, ck, cv), _attend(cq, ck, cv) + _attend(cq, k, v)
+            else:  # SD3: one softmax over both streams' keys
+                joint = _attend(torch.cat([q, cq], dim=2), torch.cat([k, ck], dim=2), torch.cat([v, cv], dim=2))
+                out, context = joint[:, :n_img], joint[:, n_img:]
             if not attn.context_pre_only:
                 context = attn.to_add_out(context)
         out = attn.to_out[1](attn.to_out[0](out))  # linear projection, dropout
@@ -177,18 +242,76 @@ class MMDiTBackbone(nn.Module):
             caption_projection_dim=spec.caption_projection_dim, pooled_projection_dim=spec.pooled_projection_dim,
             pos_embed_max_size=spec.pos_embed_max_size)
         self.transformer.set_attn_processor(MatmulJointAttnProcessor())
+        cross = spec.cross_blocks()
+        for i, block in enumerate(self.transformer.transformer_blocks):
+            if spec.decoupled_attention or i not in cross:
+                block.attn.set_processor(MatmulJointAttnProcessor(cross=i in cross, decoupled=spec.decoupled_attention))
         self.caption = nn.Embedding(spec.num_classes + 1, spec.caption_tokens * spec.joint_attention_dim)
         self.pooled = nn.Embedding(spec.num_classes + 1, spec.pooled_projection_dim)
 
     def forward(self, x: Tensor, timestep: Tensor, labels: Tensor) -> Tensor:
         caption = self.caption(labels).view(labels.shape[0], self.spec.caption_tokens, self.spec.joint_attention_dim)
+        if self.spec.constrained:
+            return self.constrained_forward(x, timestep, caption, self.pooled(labels))
         return self.transformer(x, encoder_hidden_states=caption, pooled_projections=self.pooled(labels),
                                 timestep=timestep, return_dict=False)[0]
 
+    def constrained_forward(self, x: Tensor, timestep: Tensor, caption: Tensor, pooled: Tensor,
+                            taps: list[tuple[Tensor, Tensor | None]] | None = None) -> Tensor:
+        """``SD3Transformer2DModel.forward`` block by block with Sec. 3.3's constraints (see :class:`FlowSpec`).
+
+        Written out because two constraints live between diffusers' calls: the stream clamp acts on the
+        streams between blocks, and late injection gives the blocks before the last l0 a time-only
+        adaptive-norm embedding (SD3 adds the pooled caption to every block's). With every switch off this
+        is SD3's forward (``tests/flow/test_backbone.py`` checks the equality). ``taps``, when given,
+        receives each block's output (image stream, caption stream) for the exactness tests.
+        """
+        tr, spec = self.transformer, self.spec
+        height, width = x.shape[-2:]
+        h = tr.pos_embed(x).contiguous()
+        temb = tr.time_text_embed(timestep, pooled)
+        embed = tr.time_text_embed
+        temb_time = embed.timestep_embedder(embed.time_proj(timestep).to(dtype=pooled.dtype))  # no label in it
+        e = tr.context_embedder(caption)
+        cross = spec.cross_blocks()
+        B0 = spec.stream_clamp
+        for i, block in enumerate(tr.transformer_blocks):
+            if B0 is not None:
+                h, e = clamp_tokens(h, B0), clamp_tokens(e, B0)
+            e, h = block(hidden_states=h, encoder_hidden_states=e, temb=temb if i in cross else temb_time)
+            if taps is not None:
+                taps.append((h, e))
+        if B0 is not None:
+            h = clamp_tokens(h, B0)
+        h = tr.proj_out(tr.norm_out(h, temb))
+        p, c = tr.config.patch_size, tr.out_channels
+        h = h.reshape(h.shape[0], height // p, width // p, p, p, c)
+        return torch.einsum("nhwpqc->nchpwq", h).reshape(h.shape[0], c, height, width)
+
 
 def build_backbone(spec: FlowSpec) -> MMDiTBackbone:
-    """The MM-DiT of ``spec`` (weights from torch's global RNG: seed it first)."""
+    """The MM-DiT of ``spec`` (weights from torch's global RNG: seed it first).
+
+    A constrained spec gives a model that is constrained from its first forward pass: pretraining a
+    model built here optimises inside the constraint set from the start (Sec. 3.3's requirement).
+    """
     return MMDiTBackbone(spec)
+
+
+def impose_post_hoc(model: RectifiedFlowVelocity, **constraints: Any) -> RectifiedFlowVelocity:
+    """Sec. 3.3's ablation: the weights of a model pretrained WITHOUT constraints, run inside them.
+
+    A separate path on purpose: the returned model's spec says ``post_hoc=True`` (its file records it),
+    so it can never pass for a model trained inside its constraints; the paper reports that this
+    collapses the model (0.02 accuracy), the pretrained-inside-constraints route does not.
+    """
+    spec = model.net.spec
+    if spec.constrained:
+        raise ValueError("impose_post_hoc: the model already has constraints; post-hoc means imposing them on "
+                         "an unconstrained model")
+    new = RectifiedFlowVelocity(MMDiTBackbone(replace(spec, **constraints, post_hoc=True)), model.timestep_scale)
+    new.load_state_dict(model.state_dict())
+    return new
 
 
 def _per_example_t(t: Tensor | float, x: Tensor) -> Tensor:
