@@ -142,7 +142,10 @@ def flow_spec(cfg: Mapping[str, Any], split: Split, n_classes: int) -> FlowSpec:
                         joint_attention_dim=int(f["joint_attention_dim"]), caption_projection_dim=heads * head_dim,
                         pooled_projection_dim=int(f["joint_attention_dim"]),
                         pos_embed_max_size=int(size) // int(f["patch_size"]), caption_tokens=int(f["caption_tokens"]),
-                        num_classes=int(n_classes))
+                        num_classes=int(n_classes),
+                        stream_clamp=None if f.get("stream_clamp") is None else float(f["stream_clamp"]),
+                        late_injection=int(f.get("late_injection", 0)),
+                        decoupled_attention=bool(f.get("decoupled_attention", False)))
     except ValueError as exc:
         raise PipelineError(f"param straightdp.flow: {exc}") from None
 
@@ -413,9 +416,12 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     images = to_model_scale(split.images).to(device)
     labels = torch.from_numpy(split.labels.astype(np.int64)).to(device)
 
+    grad_norms: list[dict[str, float] | None] = []  # App. D.3's non-private diagnostic (see the metrics note)
+
     def step(i: int) -> float:
         engine.steps_taken = i
-        engine.step(optimizer, (images, drop_labels(labels, float(sgd["p_uncond"]), spec.num_classes, gen)))
+        info = engine.step(optimizer, (images, drop_labels(labels, float(sgd["p_uncond"]), spec.num_classes, gen)))
+        grad_norms.append(dpsgd.norm_quantiles(info))
         return float("nan")  # the private loss is deliberately not recorded
 
     res = loop.run_training(model=model, optimizer=optimizer, step_fn=step, total_steps=plan.steps,
@@ -440,7 +446,14 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         "noise_multipliers": list(plan.noise_multipliers), "edges": list(plan.edges), "steps": plan.steps,
         "sampling_rate": plan.sampling_rate, "proxy_scores": {str(k): v for k, v in scores.items()},
         "planning_s": planning_s, "wall_s_this_run": res.wall_s, "resumed_from": res.resumed_from,
-        "device": str(device), "note": "no training loss is reported: it is a function of the private data"})
+        "device": str(device), "note": "no training loss is reported: it is a function of the private data",
+        "backbone_constraints": {"stream_clamp": spec.stream_clamp, "late_injection": spec.late_injection,
+                                 "decoupled_attention": spec.decoupled_attention, "post_hoc": spec.post_hoc},
+        "grad_norms_non_private_diagnostic": {
+            "note": "per-sample gradient-norm quantiles of the private batches (STRAIGHTDP App. D.3): NOT DP, a "
+                    "function of the private data like a training loss; medians over the steps of this process "
+                    "(a resumed run logs only the steps after its resume)",
+            "per_bucket": dpsgd.summarise_norm_quantiles(grad_norms)}})
 
 
 # --------------------------------------------------------------------------- sampling

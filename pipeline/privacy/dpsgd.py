@@ -51,6 +51,7 @@ deployment that must resist an attacker who can predict the noise.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -421,6 +422,33 @@ class StepInfo:
     #: the plan's bucket of this step and its clip norm (public: they are functions of the step)
     bucket: int = 0
     clip: float = float("nan")
+
+
+def norm_quantiles(info: StepInfo) -> dict[str, float] | None:
+    """One step's per-sample gradient-norm quantiles p50 / p90 and the fraction clipped (STRAIGHTDP App. D.3).
+
+    A NON-PRIVATE diagnostic (a function of the private batch, like :class:`StepInfo` itself): it may go
+    to a run's training metrics flagged as such, never into a result that claims DP. None for an empty batch.
+    """
+    norms = info.grad_norms.detach().double().cpu()
+    if norms.numel() == 0:
+        return None
+    p50, p90 = torch.quantile(norms, torch.tensor([0.5, 0.9], dtype=torch.float64)).tolist()
+    return {"bucket": int(info.bucket), "p50": p50, "p90": p90,
+            "clip_fraction": float((norms > info.clip).double().mean()), "n": int(norms.numel())}
+
+
+def summarise_norm_quantiles(rows: Sequence[Mapping[str, float] | None]) -> dict[str, dict[str, float]]:
+    """Per bucket, the medians over steps of p50, p90 and the clip fraction, and the upper-tail ratio
+    p90 / p50 of those medians (App. D.3 reads the clamp's effect off this ratio)."""
+    out: dict[str, dict[str, float]] = {}
+    kept = [r for r in rows if r is not None]
+    for b in sorted({int(r["bucket"]) for r in kept}):
+        mine = [r for r in kept if int(r["bucket"]) == b]
+        med = {k: float(statistics.median(r[k] for r in mine)) for k in ("p50", "p90", "clip_fraction")}
+        out[str(b)] = {**med, "p90_over_p50": med["p90"] / med["p50"] if med["p50"] > 0 else float("nan"),
+                       "steps": len(mine)}
+    return out
 
 
 class DPSGD:

@@ -200,3 +200,23 @@ def test_post_hoc_is_a_separate_labelled_path_and_constraints_survive_the_spec_j
                        ({"decoupled_attention": 1}, "decoupled_attention"), ({"post_hoc": True}, "post_hoc")]:
         with pytest.raises(ValueError, match=match):
             replace(SPEC3, **bad)
+
+
+def test_the_config_switches_reach_the_pretrained_flows_spec_and_typos_are_one_line_errors():
+    import numpy as np
+
+    from pipeline.config import ConfigError, validate_config
+    from pipeline.flow.straightdp import flow_spec
+    from pipeline.io import Split
+
+    cfg = validate_config({"straightdp": {"flow": {"stream_clamp": 16, "late_injection": 1,
+                                                   "decoupled_attention": True}}})["straightdp"]
+    split = Split(np.zeros((4, 1, 16, 16), dtype=np.uint8), np.arange(4))
+    spec = flow_spec(cfg, split, 10)
+    assert (spec.stream_clamp, spec.late_injection, spec.decoupled_attention, spec.post_hoc) == (16.0, 1, True, False)
+    default = flow_spec(validate_config({})["straightdp"], split, 10)
+    assert not default.constrained  # the embedded default's flow is SD3's MM-DiT as is
+    with pytest.raises(ConfigError, match="stream_clamp"):
+        validate_config({"straightdp": {"flow": {"stream_clamp": 0}}})
+    with pytest.raises(Exception, match="late_injection .* num_layers = 2"):
+        flow_spec(validate_config({"straightdp": {"flow": {"late_injection": 3}}})["straightdp"], split, 10)

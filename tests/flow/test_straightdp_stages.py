@@ -136,6 +136,14 @@ def test_stage2_composes_with_the_release_within_the_total_eps(world, tmp_path, 
     else:
         assert alone <= 1.0 and metrics["tau"] == 0 and metrics["edges"] == [0.0, 1.0]
     assert metrics["noise_std"] > 0 and "loss" not in " ".join(metrics)
+    # App. D.3's gradient-norm log: per bucket, flagged as the non-private diagnostic it is
+    log = metrics["grad_norms_non_private_diagnostic"]
+    assert "NOT DP" in log["note"] and log["per_bucket"]
+    for row in log["per_bucket"].values():
+        assert 0 < row["p50"] <= row["p90"] and row["p90_over_p50"] >= 1 and 0 <= row["clip_fraction"] <= 1
+    assert sum(row["steps"] for row in log["per_bucket"].values()) <= metrics["steps"]
+    assert metrics["backbone_constraints"] == {"stream_clamp": None, "late_injection": 0,
+                                               "decoupled_attention": False, "post_hoc": False}
 
 
 def test_each_row_samples_from_what_the_paper_says(world, tmp_path):

@@ -392,3 +392,23 @@ def test_the_engine_reads_clip_and_noise_of_the_current_step(monkeypatch):
         assert measured == pytest.approx(p.noise_std_at(step) / 10, rel=5 / math.sqrt(2 * n))
         # the check would catch the other step's (smaller or larger) noise
         assert measured != pytest.approx(p.noise_std_at(step + 1) / 10, rel=5 / math.sqrt(2 * n))
+
+
+def test_gradient_norm_quantiles_per_bucket_are_the_medians_over_steps():
+    """STRAIGHTDP App. D.3's log: per step p50/p90 and clip fraction; per bucket their medians and p90/p50."""
+    from pipeline.privacy.dpsgd import StepInfo, norm_quantiles, summarise_norm_quantiles
+
+    def info(norms, bucket, clip=2.0):
+        t = torch.tensor(norms, dtype=torch.float64)
+        return StepInfo(batch_size=len(norms), grad_norms=t, losses=torch.zeros(len(norms)), bucket=bucket, clip=clip)
+
+    row = norm_quantiles(info([float(i) for i in range(1, 12)], 0))  # 1..11
+    assert row == {"bucket": 0, "p50": 6.0, "p90": 10.0, "clip_fraction": 9 / 11, "n": 11}
+    assert norm_quantiles(info([], 1)) is None  # an empty Poisson batch
+    rows = [row, None, norm_quantiles(info([1.0, 1.0, 1.0], 0)), norm_quantiles(info([1.0, 3.0], 1))]
+    rows.append(norm_quantiles(info([2.0, 2.0], 0)))
+    out = summarise_norm_quantiles(rows)
+    assert set(out) == {"0", "1"} and out["0"]["steps"] == 3 and out["1"]["steps"] == 1
+    assert out["0"]["p50"] == 2.0 and out["0"]["p90"] == 2.0 and out["0"]["p90_over_p50"] == 1.0
+    assert out["1"]["p50"] == pytest.approx(2.0) and out["1"]["p90"] == pytest.approx(2.8)
+    assert out["1"]["clip_fraction"] == 0.5
