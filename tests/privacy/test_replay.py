@@ -22,7 +22,7 @@ from pipeline.privacy.replay import ReplayError, audit, recompute, replay
 from pipeline.config import validate_config
 from pipeline.io import Split
 from pipeline.privacy import accountants as acc
-from pipeline.privacy import dp_merf, dpsgd, ledger, moments, private_evolution, rebuild, tha
+from pipeline.privacy import dp_merf, dpsgd, ledger, moments, private_evolution, rebuild, text_moments, tha
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
@@ -131,11 +131,19 @@ def write_pe_histogram(path: Path) -> None:
                                                              settings=COARSE))
 
 
+def write_text_moment_release(path: Path) -> None:
+    """STRAIGHTDP's text-conditional release (eq. 5, Prop. B.10): one Gaussian, sensitivity 2 sqrt(2)/N."""
+    plan = text_moments.TextReleasePlan(sigma=2.0, R=1.2, R_txt=1.0, N=500, p=8, q=12, delta=DELTA)
+    ledger.append_entry(path, text_moments.ledger_entry(plan, stage="release_text_moments", config_id="c", seed=0,
+                                                        settings=COARSE))
+
+
 WRITERS: dict[str, Callable[[Path], None]] = {
     "hybrid": write_hybrid, "per_step": write_per_step, "full_batch": write_full_batch, "figure2": write_figure2,
     "configuration_claims": write_configuration_claims, "dpsgd_poisson": write_dpsgd_poisson,
     "dpsgd_fixed_size": write_dpsgd_fixed_size, "moment_release": write_moment_release,
     "tha_dpsgd": write_tha_dpsgd, "dp_merf": write_dp_merf, "pe_histogram": write_pe_histogram,
+    "text_moment_release": write_text_moment_release,
 }
 
 
