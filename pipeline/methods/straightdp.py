@@ -14,4 +14,5 @@ STAGES = {
     "straightdp_table": "pipeline.results.straightdp:straightdp_table",
     "straightdp_figure_accuracy": "pipeline.results.straightdp:straightdp_figure_accuracy",
     "straightdp_figure_horizon": "pipeline.results.straightdp:straightdp_figure_horizon",
+    "straightdp_table2_noise_sweep": "pipeline.results.straightdp_table2:straightdp_table2_noise_sweep",
 }
