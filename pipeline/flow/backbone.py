@@ -271,7 +271,8 @@ class MMDiTBackbone(nn.Module):
         h = tr.pos_embed(x).contiguous()
         temb = tr.time_text_embed(timestep, pooled)
         embed = tr.time_text_embed
-        temb_time = embed.timestep_embedder(embed.time_proj(timestep).to(dtype=pooled.dtype))  # no label in it
+        temb_time = (embed.timestep_embedder(embed.time_proj(timestep).to(dtype=pooled.dtype))  # no label in it
+                     if spec.late_injection else temb)
         e = tr.context_embedder(caption)
         cross = spec.cross_blocks()
         B0 = spec.stream_clamp
