@@ -90,14 +90,7 @@ def _fill_defaults(instance: dict[str, Any], schema: Mapping[str, Any]) -> None:
             _fill_defaults(instance[key], sub)
 
 
-def schema_defaults(*section: str) -> dict[str, Any]:
-    """The schema's defaults of one section, nested objects filled, e.g. ``schema_defaults("dpdm")``
-    or ``schema_defaults("evaluation", "evalnet")``.
-
-    Stage code fills absent params from here rather than from defaults of its own, so the schema
-    stays the one place a default lives (``tests/test_defaults.py`` holds every stage dataclass to it).
-    Keys whose schema has no default are absent. Returns a fresh copy the caller may change.
-    """
+def _schema_node(section: tuple[str, ...]) -> Mapping[str, Any]:
     node: Mapping[str, Any] = load_schema()
     for i, key in enumerate(section):
         properties = node.get("properties", {})
@@ -106,6 +99,24 @@ def schema_defaults(*section: str) -> dict[str, Any]:
         node = properties[key]
     if node.get("type") != "object" and "properties" not in node:
         raise KeyError(f"schema entry {'.'.join(section)} is not a section (an object with properties)")
+    return node
+
+
+def schema_keys(*section: str) -> list[str]:
+    """Every key the schema allows in one section, with or without a default (e.g. the opt-in
+    switches of ``straightdp.flow``), sorted."""
+    return sorted(_schema_node(section).get("properties", {}))
+
+
+def schema_defaults(*section: str) -> dict[str, Any]:
+    """The schema's defaults of one section, nested objects filled, e.g. ``schema_defaults("dpdm")``
+    or ``schema_defaults("evaluation", "evalnet")``.
+
+    Stage code fills absent params from here rather than from defaults of its own, so the schema
+    stays the one place a default lives (``tests/test_defaults.py`` holds every stage dataclass to it).
+    Keys whose schema has no default are absent. Returns a fresh copy the caller may change.
+    """
+    node = _schema_node(section)
     out = copy.deepcopy(node.get("default", {}))
     _fill_defaults(out, node)
     return out

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from pipeline import seeds
-from pipeline.config import deep_merge, schema_defaults
+from pipeline.config import deep_merge, schema_defaults, schema_keys
 from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: see STREAMS below)
 from pipeline.device import resolve_device
 from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
@@ -101,10 +101,11 @@ def section(params: Mapping[str, Any]) -> dict[str, Any]:
         if key not in defaults:
             raise PipelineError(f"param straightdp.{key}: unknown key (known: {', '.join(sorted(defaults))})")
         if isinstance(defaults[key], Mapping):
-            unknown = sorted(set(value) - set(defaults[key]))
+            # the schema's keys, not the defaults': opt-in switches (flow.stream_clamp, ...) have no default
+            known = schema_keys("straightdp", key)
+            unknown = sorted(set(value) - set(known))
             if unknown:
-                raise PipelineError(f"param straightdp.{key}.{unknown[0]}: unknown key "
-                                    f"(known: {', '.join(sorted(defaults[key]))})")
+                raise PipelineError(f"param straightdp.{key}.{unknown[0]}: unknown key (known: {', '.join(known)})")
     return deep_merge(defaults, given)
 
 

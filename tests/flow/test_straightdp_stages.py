@@ -163,6 +163,17 @@ def test_each_row_samples_from_what_the_paper_says(world, tmp_path):
         assert s.images.std() > 0
 
 
+def test_the_backbone_switches_are_known_params_without_defaults():
+    """Sec. 3.3's opt-in switches have no schema default (config_ids without them are unchanged) but
+    are valid params: the diagnostics' pretrain_straightdp once refused them as unknown keys."""
+    switches = {"stream_clamp": 16, "late_injection": 1, "decoupled_attention": True}
+    cfg = sdp.section({"straightdp": {"flow": switches}})
+    assert {k: cfg["flow"][k] for k in switches} == switches
+    assert not set(switches) & set(sdp.section({})["flow"])
+    with pytest.raises(PipelineError, match=r"^param straightdp.flow.stream_clmap: unknown key"):
+        sdp.section({"straightdp": {"flow": {"stream_clmap": 16}}})
+
+
 def test_bad_input_is_one_line(world, tmp_path):
     out = {"moments": tmp_path / "m.npz", "ledger": tmp_path / "l.jsonl"}
     inputs = {"data": world["data"], "geometry": world["geometry"]}
