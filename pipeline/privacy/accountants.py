@@ -222,7 +222,9 @@ def _build_pld_cached(event_json: str, pessimistic: bool, settings: PLDSettings,
     return _build_pld(ledger.event_from_json(event_json), pessimistic, settings, reference)
 
 
-def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings, reference: bool):
+def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings, reference: bool,
+               factor: int | None = None):
+    # factor: the split factor every self-composition inside must use (None: each picks its own)
     if isinstance(event, dp_event.GaussianDpEvent):
         return _gaussian_pld(event.noise_multiplier, 1.0, pessimistic, s, reference)
     if isinstance(event, dp_event.PoissonSampledDpEvent):
@@ -232,16 +234,22 @@ def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings, refer
                                   f"not {type(inner).__name__}")
         return _gaussian_pld(inner.noise_multiplier, event.sampling_probability, pessimistic, s, reference)
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        single = _build_pld(event.event, pessimistic, s, reference)
+        single = _build_pld(event.event, pessimistic, s, reference, factor)
         if reference:
             return single.self_compose(event.count)
-        # Composed on a grid <= 1e-4 after a dominating split of the one-output PMF: never
-        # below dp_accounting's composition at h, much cheaper at h = 1e-5 (fast_pld, "Speed").
-        return fast_pld.coarse_self_compose(single, event.count)
+        # Composed on a coarser grid k h after a dominating split of the one-output PMF: never
+        # below dp_accounting's composition at h, much cheaper (fast_pld, "Speed").
+        return fast_pld.coarse_self_compose(single, event.count, factor=factor)
     if isinstance(event, dp_event.ComposedDpEvent):
         if not event.events:
             raise AccountingError("PLD: empty composition")
-        plds = [_build_pld(e, pessimistic, s, reference) for e in event.events]
+        plds = [_build_pld(e, pessimistic, s, reference, factor) for e in event.events]
+        grids = [p._pmf_remove._discretization for p in plds]  # noqa: SLF001
+        if len(set(grids)) > 1:
+            # parts split onto different grids cannot be composed: rebuild them all on the
+            # finest one chosen (a part on a finer grid than it chose is only more accurate)
+            common = round(min(grids) / s.value_discretization_interval)
+            plds = [_build_pld(e, pessimistic, s, reference, common) for e in event.events]
         out = plds[0]
         for other in plds[1:]:
             out = out.compose(other)

@@ -171,8 +171,8 @@ def test_empden_table7_certified_eps(mu_bar, printed):
 
 
 def random_k1_events(n: int, seed: int):
-    """Random events on the fast path's unsplit branch at h = 1e-4: one Gaussian, one subsampled
-    Gaussian, a self-composition at k = 1 (DP-SGD's calibration path), a composition of two."""
+    """Random events at h = 1e-4: one Gaussian, one subsampled Gaussian, a self-composition
+    (DP-SGD's calibration path; split onto k h when its loss is wide enough), a composition of two."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -187,9 +187,11 @@ def random_k1_events(n: int, seed: int):
 
 def test_the_fast_paths_certified_eps_is_never_below_dp_accountings_on_random_cases():
     """#19: the k = 1 path (the CLI's and DP-SGD's calibration at h = 1e-4) sat below the reference
-    eps_u by float rounding in most random cases; with its margin it never does, and stays within it."""
+    eps_u by float rounding in most random cases; with its margin it never does, and stays within it.
+    A self-composition may also be split onto k h (k <= 8 at h = 1e-4): never below, within 1e-4."""
     settings = acc.PLDSettings(1e-4)
     for event in random_k1_events(30, seed=19):
         fast = acc.pld_epsilon(event, 1e-5, settings=settings)
         ref = acc.pld_epsilon(event, 1e-5, settings=settings, reference=True)
-        assert ref <= fast <= ref * (1 + 2 * acc.FAST_PATH_REL_MARGIN), event
+        slack = 1e-4 if isinstance(event, dp_event.SelfComposedDpEvent) else 2 * acc.FAST_PATH_REL_MARGIN
+        assert ref <= fast <= ref * (1 + slack), event

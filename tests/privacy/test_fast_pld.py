@@ -125,7 +125,25 @@ def test_a_narrow_loss_keeps_the_fine_grid_a_wide_one_is_coarsened():
     wide = fast_pld.from_gaussian_mechanism(0.5, sampling_prob=0.1, value_discretization_interval=H)
     assert fast_pld.split_factor(narrow._pmf_remove, 10) == 1
     assert fast_pld.split_factor(wide._pmf_remove, 10) == 10
-    assert fast_pld.composition_factor(1e-5) == 10 and fast_pld.composition_factor(1e-3) == 1
+    assert fast_pld.composition_factor(1e-5) == 10
+    # at h >= 1e-4 the interval alone would force k = 1; the split tolerance decides up to 8
+    assert fast_pld.composition_factor(1e-4) == fast_pld.composition_factor(1e-3) == 8
+    assert fast_pld.composition_factor(1e-3, min_factor=1) == 1
+
+
+def test_at_the_cli_grid_a_strong_block_is_coarsened_and_stays_above_dp_accounting():
+    """h = 1e-4 (the CLI's and DP-SGD calibration's grid): a DP-SGD-like mechanism (sigma 1, q 0.05,
+    1,000 steps) composes on k h > h and its eps_u is >= dp_accounting's, within 1e-4 relative."""
+    h, n, sigma, q = 1e-4, 1_000, 1.0, 0.05
+    naive = pld_lib.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=h,
+                                            log_mass_truncation_bound=-50, use_connect_dots=True)
+    single = fast_pld.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=h,
+                                              log_mass_truncation_bound=-50)
+    composed = fast_pld.coarse_self_compose(single, n)
+    assert composed._pmf_remove._discretization >= 4 * h
+    eps_naive = naive.self_compose(n).get_epsilon_for_delta(DELTA)
+    eps_ours = fast_pld.epsilon_for_delta(composed, DELTA)
+    assert eps_naive <= eps_ours <= eps_naive * (1 + 1e-4)
 
 
 def test_empden_tables_take_the_fast_path(monkeypatch):

@@ -36,12 +36,14 @@ def flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- accounting
 
-def test_the_tha_event_eps_equals_dp_accountings_own_pld_accountant():
+def test_the_tha_event_eps_is_dp_accountings_own_pld_accountants_never_below():
+    """Ours composes each bucket on a split grid k h (fast_pld, "Speed"): never below the library's
+    eps at the same h, above it by the split's excess only (<= 1e-4 relative)."""
     event = tha.tha_event([0.8, 1.0, 1.3], 0.1, [14, 13, 13])
     lib = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
     lib.compose(event)
     ours = acc.pld_epsilon(event, DELTA, settings=COARSE)
-    assert ours == pytest.approx(lib.get_epsilon(DELTA), rel=1e-6)
+    assert lib.get_epsilon(DELTA) <= ours <= lib.get_epsilon(DELTA) * (1 + 1e-4)
     optimistic = acc.pld_epsilon(event, DELTA, settings=COARSE, pessimistic=False)
     # the certified value sits above the rounded-down one by the discretisation slack only
     assert optimistic <= ours <= optimistic * 1.01
@@ -353,9 +355,8 @@ def test_the_ledger_line_validates_rebuilds_and_replays(tmp_path):
     ledger.append_entry(path, entry)
     claims, summaries = audit({"train_tha": path}, {"train_tha": 1})
     assert summaries[0]["ok"] and claims[0]["ok"] and claims[0]["event_rebuilt"]
-    # dp_accounting's own construction agrees with the claim up to the fast path's margin, never above it
-    assert claims[0]["recomputed_epsilon"] <= entry.claimed_epsilon
-    assert claims[0]["recomputed_epsilon"] == pytest.approx(entry.claimed_epsilon, rel=2 * acc.FAST_PATH_REL_MARGIN)
+    # dp_accounting's own construction agrees with the claim up to the fast path's split excess, never above it
+    assert claims[0]["recomputed_epsilon"] <= entry.claimed_epsilon <= claims[0]["recomputed_epsilon"] * (1 + 1e-4)
 
 
 def _tamper_event_sigma(d):
