@@ -31,8 +31,10 @@ def test_rows_carry_their_columns_metrics_and_the_recomputed_certified_eps(tmp_p
     assert df["row"].tolist() == ["a", "b"] and df["K"].tolist() == [1, 4]
     assert df["fid"].tolist() == [50.0, 30.0] and df["acc_cnn"].tolist() == [0.6, 0.8]
     assert df["acc_mlp"].isna().all()  # not in the metrics: null, not invented
-    # the certified eps is recomputed from the transcript and never below the claim
-    assert (df["eps_certified"] >= df["eps_claimed"] * (1 - 1e-6)).all()
+    # the certified eps is recomputed from the transcript (dp_accounting's own PLD): the stage's claim
+    # (the fast path, split onto a coarser grid) covers it, above it by the split's excess only
+    assert (df["eps_certified"] <= df["eps_claimed"]).all()
+    assert (df["eps_claimed"] <= df["eps_certified"] * (1 + 1e-3)).all()
     assert df["eps_certified"].iloc[0] == pytest.approx(PLAN.epsilon(), rel=1e-2)
     assert df["noise_multiplier"].tolist() == [1.2, 1.2] and df["dpsgd_steps"].tolist() == [20, 20]
     assert df["config_id"].tolist() == ["c", "c"]
