@@ -291,18 +291,17 @@ def release_event(path: str | Path) -> Any:
 
 # --------------------------------------------------------------------------- Stage 2
 
-def public_bucket_gradients(model: torch.nn.Module, public: Split, plan: tha.THAPlan, *, n: int, K: int,
-                            generator: torch.Generator, micro_batch: int) -> list[Tensor]:
-    """Per-example gradients ``[n, P]`` of the PUBLIC model on ``n`` PUBLIC examples per bucket,
-    times drawn in the bucket: the input of the planner's proxy (App. B.5 step 3)."""
+def public_bucket_gradients(model: torch.nn.Module, images: Tensor, labels: Tensor, plan: tha.THAPlan, *, n: int,
+                            K: int, generator: torch.Generator, micro_batch: int) -> list[Tensor]:
+    """Per-example gradients ``[n, P]`` of the PUBLIC model on ``n`` PUBLIC examples per bucket (``images``
+    in model scale, ``[N, ...]``; ``labels`` ``[N]``), times drawn in the bucket: the input of the planner's
+    proxy (App. B.5 step 3)."""
     params = dpsgd.trainable_parameters(model)
     loss_fn = dpsgd.multiplicity_loss(flow_loss)
     multiplicity = dpsgd.NoiseMultiplicity(K, tha.uniform_time_sampler)
-    images = to_model_scale(public.images)
-    labels = torch.from_numpy(public.labels.astype(np.int64))
     out = []
     for k in range(plan.K):
-        idx = torch.randint(len(public), (n,), generator=generator)
+        idx = torch.randint(len(images), (n,), generator=generator)
         rows = []
         for s in range(0, n, micro_batch):
             chunk_idx = idx[s:s + micro_batch]
@@ -336,6 +335,36 @@ def stage2_plan(run: StraightRun, cfg: Mapping[str, Any], *, n: int, tau: float,
         return tha.select_plan(candidates, lambda p: tha.gradient_snr_proxy(proxy_grads(p), p))
     except dpsgd.DPSGDError as exc:
         raise PipelineError(f"stage train_straightdp {run.name}: {exc}") from None
+
+
+def dpsgd_flow_training(model: torch.nn.Module, plan: tha.THAPlan, images: Tensor, labels: Tensor, *,
+                        sgd: Mapping[str, Any], seed: int, num_classes: int, device: torch.device,
+                        state_path: Path | None, run_hash: str, checkpoint_every_s: float, desc: str
+                        ) -> tuple[loop.TrainResult, list[dict[str, float] | None]]:
+    """Stage 2's training loop (Sec. 3.2): ``plan.steps`` DP-SGD steps of the flow loss (eq. 1) on the
+    PRIVATE ``images`` (model scale, ``[N, ...]``) and ``labels`` ``[N]`` (each dropped to the null label
+    with ``p_uncond``), per-step clips and noise from ``plan`` (uniform or THA), K time draws per example
+    (noise multiplicity), EMA weights; resumable from ``state_path``. Returns the result and App. D.3's
+    per-step gradient-norm quantiles (a NON-private diagnostic)."""
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=float(sgd["lr"]))
+    gen = seeds.torch_generator("straightdp.draws", seed)
+    noise_gen = seeds.torch_generator("straightdp.mechanism_noise", seed, device=device)
+    engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(flow_loss), plan, microbatch_size=int(sgd["micro_batch"]),
+                         multiplicity=dpsgd.NoiseMultiplicity(int(sgd["noise_multiplicity"]), tha.uniform_time_sampler),
+                         generator=gen, noise_generator=noise_gen)
+    grad_norms: list[dict[str, float] | None] = []
+
+    def step(i: int) -> float:
+        engine.steps_taken = i
+        info = engine.step(optimizer, (images, drop_labels(labels, float(sgd["p_uncond"]), num_classes, gen)))
+        grad_norms.append(dpsgd.norm_quantiles(info))
+        return float("nan")  # the private loss is deliberately not recorded
+
+    res = loop.run_training(model=model, optimizer=optimizer, step_fn=step, total_steps=plan.steps,
+                            state_path=state_path, run_hash=run_hash, ema_decay=float(sgd["ema_decay"]),
+                            checkpoint_every_s=checkpoint_every_s, generators={"draws": gen, "mechanism": noise_gen},
+                            desc=desc, show_loss=False)
+    return res, grad_norms
 
 
 @stage("train_straightdp", inputs=("data", "public", "init", "geometry", "horizon"),
@@ -391,7 +420,9 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
 
     def proxy_grads(plan: tha.THAPlan) -> list[Tensor]:
         if plan.edges not in cache:  # every candidate shares the buckets: one set of public gradients
-            cache[plan.edges] = public_bucket_gradients(model, public, plan, n=int(sgd["proxy_examples"]),
+            cache[plan.edges] = public_bucket_gradients(model, to_model_scale(public.images),
+                                                        torch.from_numpy(public.labels.astype(np.int64)), plan,
+                                                        n=int(sgd["proxy_examples"]),
                                                         K=int(sgd["noise_multiplicity"]), generator=proxy_gen,
                                                         micro_batch=int(sgd["micro_batch"]))
         return cache[plan.edges]
@@ -408,28 +439,13 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
              "(%.1f s)", run.name, tau, plan.beta, [round(c, 4) for c in plan.clips], plan.noise_std,
              plan.sampling_rate, plan.steps, total_eps, run.epsilon, planning_s)
 
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=float(sgd["lr"]))
-    gen = seeds.torch_generator("straightdp.draws", run.seed)
-    noise_gen = seeds.torch_generator("straightdp.mechanism_noise", run.seed, device=device)
-    engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(flow_loss), plan, microbatch_size=int(sgd["micro_batch"]),
-                         multiplicity=dpsgd.NoiseMultiplicity(int(sgd["noise_multiplicity"]), tha.uniform_time_sampler),
-                         generator=gen, noise_generator=noise_gen)
     images = to_model_scale(split.images).to(device)
     labels = torch.from_numpy(split.labels.astype(np.int64)).to(device)
-
-    grad_norms: list[dict[str, float] | None] = []  # App. D.3's non-private diagnostic (see the metrics note)
-
-    def step(i: int) -> float:
-        engine.steps_taken = i
-        info = engine.step(optimizer, (images, drop_labels(labels, float(sgd["p_uncond"]), spec.num_classes, gen)))
-        grad_norms.append(dpsgd.norm_quantiles(info))
-        return float("nan")  # the private loss is deliberately not recorded
-
-    res = loop.run_training(model=model, optimizer=optimizer, step_fn=step, total_steps=plan.steps,
-                            state_path=ck_dir / loop.STATE_FILE, run_hash=run_hash, ema_decay=float(sgd["ema_decay"]),
-                            checkpoint_every_s=float(cfg["checkpoint_every_s"]),
-                            generators={"draws": gen, "mechanism": noise_gen}, desc=f"train_straightdp {run.name}",
-                            show_loss=False)
+    res, grad_norms = dpsgd_flow_training(model, plan, images, labels, sgd=sgd, seed=run.seed,
+                                          num_classes=spec.num_classes, device=device,
+                                          state_path=ck_dir / loop.STATE_FILE, run_hash=run_hash,
+                                          checkpoint_every_s=float(cfg["checkpoint_every_s"]),
+                                          desc=f"train_straightdp {run.name}")
 
     config_id = str(params.get("config_id", "unknown"))
     entry = tha.ledger_entry(plan, stage="train_straightdp", config_id=config_id, seed=run.seed,
