@@ -1,8 +1,9 @@
 # STRAIGHTDP (Che, Xu & Wu 2026): a wrong-domain public set, the moment release (Stage 1), a
 # rectified flow trained by uniform or THA DP-SGD (Stage 2), the shared evaluation, Tables 1, 5,
-# 6, 7 and Figures 2a, 3, 5. Code: pipeline/flow/straightdp.py (stages), pipeline/results/
-# straightdp.py (tables, figures). Runs and their names: pipeline/training/straightdp_runs.py;
-# a run's files and params: rules/functions/straightdp.smk.
+# 6, 7 and Figures 2a, 3, 5, 6 (the 2-D toy: pipeline/results/straightdp_toy.py). Code:
+# pipeline/flow/straightdp.py (stages), pipeline/results/straightdp.py (tables, figures). Runs and
+# their names: pipeline/training/straightdp_runs.py; a run's files and params:
+# rules/functions/straightdp.smk.
 #
 #   snakemake results/tables/straightdp_table1_main.parquet                  Table 1 alone
 #   snakemake results/digits/models/straightdp/tha_moments_eps1_seed0.pt     one training run
@@ -255,6 +256,34 @@ rule straightdp_figure_accuracy:
     shell:
         "python -m pipeline straightdp_figure_accuracy {params.ins} --out figure={output.png:q} --params {params.p:q}"
         " --log {log:q}"
+
+
+rule straightdp_figure6_toy:
+    """STRAIGHTDP Figure 6: the 2-D mixture control end to end (moments only, uniform DP-SGD, StraightDP), W2 vs eps."""
+    input:
+        toy=DATA / "toy.npz",
+    output:
+        table=TABLES / "straightdp_figure6_toy.parquet",
+        png=report_figure("straightdp_figure6_toy"),
+        pdf=FIGURES / "straightdp_figure6_toy.pdf",
+        ledger=SDP_TOY_LEDGER,
+    params:
+        p=lambda wildcards: stage_params(
+            straightdp={k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING},
+            toy_data={k: config["data"]["toy"][k] for k in ("n_modes", "radius", "std")}, threads=1),
+    benchmark:
+        benchmark_path("straightdp_figure6_toy")
+    log:
+        LOGS / "straightdp_figure6_toy.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline straightdp_figure6_toy --in toy={input.toy:q} --out table={output.table:q}"
+        " figure={output.png:q} ledger={output.ledger:q} --params {params.p:q} --log {log:q}"
 
 
 rule straightdp_figure_horizon:

@@ -45,7 +45,7 @@ from pipeline.config import deep_merge, schema_defaults, schema_keys
 from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: see STREAMS below)
 from pipeline.device import resolve_device
 from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
-from pipeline.flow.field import GaussianMomentModel, field_cosine_curve, guided_start, knee_horizon
+from pipeline.flow.field import CosineCurve, GaussianMomentModel, field_cosine_curve, guided_start, knee_horizon
 from pipeline.flow.rectified import euler_sample, flow_loss
 from pipeline.flow.train import distill_to_field, pretrain_flow
 from pipeline.images import to_uint8
@@ -181,10 +181,7 @@ def straightdp_geometry(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
     with atomic_path(outputs["geometry"], suffix=".npz") as tmp:
         np.savez(tmp, mean=geometry.mean, basis=geometry.basis, R=np.array(geometry.R), public_eigvals=spectrum)
 
-    ts = np.linspace(0.0, T_MAX_CURVE, int(hor["n_times"]))
-    curve = field_cosine_curve(model, z, y, ts, n_probe=int(hor["n_probe"]),
-                               generator=seeds.torch_generator("straightdp.horizon", seed))
-    tau = knee_horizon(ts, curve.conditional_worst, tau_max=float(hor["tau_max"]))
+    ts, curve, tau = public_horizon(model, z, y, hor, seed)
     write_json(outputs["horizon"], {
         "format": "straightdp-horizon/1", "ts": ts.tolist(), "conditional_worst": curve.conditional_worst.tolist(),
         "unconditional": curve.unconditional.tolist(), "conditional_per_class": curve.conditional_per_class.tolist(),
@@ -192,6 +189,16 @@ def straightdp_geometry(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
         "rank": rank, "n_public": len(public), "source": "public data only (Sec. 3.1, Fig. 2a)"})
     log.info("straightdp_geometry: p=%d, R=%.4g, tau=%.3g (cosine at tau: %.3f)", geometry.p, geometry.R, tau,
              float(np.interp(tau, ts, curve.conditional_worst)))
+
+
+def public_horizon(model: GaussianMomentModel, z: Tensor, y: Tensor, hor: Mapping[str, Any], seed: int
+                   ) -> tuple[np.ndarray, CosineCurve, float]:
+    """Fig. 2a's cosine curve of the public Gaussian field ``model`` against the empirical one on the public
+    rows ``z``/``y`` and the horizon tau at its knee, capped at ``hor["tau_max"]`` (Sec. 3.1, public only)."""
+    ts = np.linspace(0.0, T_MAX_CURVE, int(hor["n_times"]))
+    curve = field_cosine_curve(model, z, y, ts, n_probe=int(hor["n_probe"]),
+                               generator=seeds.torch_generator("straightdp.horizon", seed))
+    return ts, curve, knee_horizon(ts, curve.conditional_worst, tau_max=float(hor["tau_max"]))
 
 
 # --------------------------------------------------------------------------- public pretraining
@@ -252,15 +259,10 @@ def release_moments(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     split, sha = load_training_split(inputs["data"], "data")
     geometry, _ = read_geometry(inputs["geometry"])
     n_classes = int(split.labels.max()) + 1
-    # N is the declared public size constant of Prop. B.9 (the embedded split size is public)
-    N = len(split)
     try:
-        plan = moments.calibrate_release(target_epsilon=eps1, delta=float(cfg["delta"]), R=geometry.R, N=N,
-                                         n_classes=n_classes, p=geometry.p)
-        noisy = moments.release(geometry.features(flat(split).numpy()), split.labels.astype(np.int64), plan,
-                                generator=seeds.numpy_rng("straightdp.release", run.seed))
-        model = moments.moment_model(noisy, geometry, rank=min(int(rel["rank"]), geometry.p),
-                                     floor=float(rel["floor"]), min_count=float(rel["min_count"]))
+        plan, model = release_class_moments(flat(split).numpy(), split.labels.astype(np.int64), geometry,
+                                            n_classes=n_classes, epsilon=eps1, delta=float(cfg["delta"]), rel=rel,
+                                            seed=run.seed)
     except moments.MomentsError as exc:
         raise PipelineError(f"stage release_moments: {exc}") from None
     entry = moments.ledger_entry(plan, stage="release_moments", config_id=str(params.get("config_id", "unknown")),
@@ -273,6 +275,20 @@ def release_moments(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
         ledger.append_entry(tmp, entry)
     log.info("release_moments %s: sigma %.4g for eps %.4g (of %.4g), %d classes fell back", run.name, plan.sigma,
              entry.claimed_epsilon, run.epsilon, int(model.fell_back.sum()))
+
+
+def release_class_moments(z: np.ndarray, labels: np.ndarray, geometry: moments.PublicGeometry, *, n_classes: int,
+                          epsilon: float, delta: float, rel: Mapping[str, Any], seed: int
+                          ) -> tuple[moments.MomentReleasePlan, moments.ReleasedMoments]:
+    """Stage 1 on private rows ``z`` ``[N, d]`` (model scale) and ``labels`` ``[N]`` (Prop. B.9): the release
+    calibrated to ``epsilon`` in the public ``geometry``, then its post-processing into the class-conditional
+    Gaussian model (rank, floor, min_count of ``rel``). N is the declared public size constant."""
+    plan = moments.calibrate_release(target_epsilon=epsilon, delta=delta, R=geometry.R, N=len(z),
+                                     n_classes=n_classes, p=geometry.p)
+    noisy = moments.release(geometry.features(z), labels, plan, generator=seeds.numpy_rng("straightdp.release", seed))
+    model = moments.moment_model(noisy, geometry, rank=min(int(rel["rank"]), geometry.p),
+                                 floor=float(rel["floor"]), min_count=float(rel["min_count"]))
+    return plan, model
 
 
 def field_of(released: moments.ReleasedMoments, device: torch.device | str = "cpu") -> GaussianMomentModel:

@@ -52,11 +52,24 @@ def sdp_run(wildcards):
 #: keys that list which runs exist, not how one is made: left out of a job's params so that adding
 #: an eps or a seed reruns nothing already built
 SDP_LISTING = ("epsilons", "seeds", "rows")
+#: the Fig. 6 toy's own subsection: only its rule reads it (the image runs' params and ids ignore it)
+SDP_TOY_LEDGER = EXPDIR / "ledger" / "straightdp_toy.jsonl"
+
+
+def sdp_toy_enabled():
+    """Fig. 6 runs on data.toy: it exists only when the data stage writes the toy."""
+    return bool(config["data"]["toy"]["enabled"])
+
+
+def sdp_toy_claims():
+    """Ledger lines of the toy: per (eps, seed), one release (moments only), one DP-SGD (uniform), both (StraightDP)."""
+    toy = config["straightdp"]["toy"]
+    return 4 * len(toy["epsilons"]) * len(toy["seeds"])
 
 
 def sdp_params(**extra):
-    """Stage params: the straightdp section (less its listing keys), the runtime keys, ``extra``."""
-    section = {k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING}
+    """Stage params: the straightdp section (less its listing keys and the toy's), the runtime keys, ``extra``."""
+    section = {k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING + ("toy",)}
     return stage_params(straightdp=section, device=config["device"], threads=TORCH_THREADS, **extra)
 
 
@@ -105,9 +118,11 @@ def sdp_grid_titles():
 
 
 def sdp_targets():
-    """Tables 1, 5, 6, 7 and Figures 2a, 3, 5."""
+    """Tables 1, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on."""
+    toy = [TABLES / "straightdp_figure6_toy.parquet", FIGURES / "straightdp_figure6_toy.png"] if sdp_toy_enabled() else []
     return [*(TABLES / f"straightdp_{t}.parquet" for t in SDP_TABLES),
-            *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples"))]
+            *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples")),
+            *toy]
 
 
 def sdp_transcripts():
@@ -118,6 +133,8 @@ def sdp_transcripts():
             out[sdp_release_ledger(run.name)] = 1
         if run.trains:
             out[sdp_train_ledger(run.name)] = 1
+    if sdp_toy_enabled():
+        out[SDP_TOY_LEDGER] = sdp_toy_claims()
     return out
 
 
