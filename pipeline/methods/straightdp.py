@@ -15,5 +15,6 @@ STAGES = {
     "straightdp_figure_accuracy": "pipeline.results.straightdp:straightdp_figure_accuracy",
     "straightdp_figure_horizon": "pipeline.results.straightdp:straightdp_figure_horizon",
     "straightdp_table2_noise_sweep": "pipeline.results.straightdp_table2:straightdp_table2_noise_sweep",
+    "straightdp_table2_ablation": "pipeline.results.straightdp_table2:straightdp_table2_ablation",
     "straightdp_figure6_toy": "pipeline.results.straightdp_toy:straightdp_figure6_toy",
 }

@@ -1,4 +1,5 @@
-"""Stage ``straightdp_table2_noise_sweep``: STRAIGHTDP Table 2 (right), the backbone under noise.
+"""Stages ``straightdp_table2_noise_sweep`` (Table 2 right, the backbone under noise) and
+``straightdp_table2_ablation`` (Table 2 left, one constraint at a time at the smallest eps).
 
 Two runs of the same STRAIGHTDP rows that differ only in the Sec. 3.3 backbone constraints (e.g.
 ``configs/diagnostics/straightdp_b0_off.yaml`` and ``straightdp_b0_16.yaml``): their Table 1 Parquet
@@ -8,6 +9,8 @@ it goes, and App. D.3's upper-tail ratio p90/p50 of the per-sample gradient norm
 step-weighted mean of the run's per-bucket ratios of medians, then the mean over seeds). The ratios are
 NON-PRIVATE diagnostics (functions of the private batches, logged by ``train_straightdp``); the
 accuracies and FIDs are the shared evaluation's. Both inputs must be the same rows at the same budgets.
+The ablation reads any number of backbones' Table 1 files (one named ``unconstrained``; e.g. the
+``configs/diagnostics/straightdp_b0_*.yaml`` arms) at one (row, eps) and reports each arm's gain over it.
 """
 
 from __future__ import annotations
@@ -87,5 +90,50 @@ def straightdp_table2_noise_sweep(inputs: Mapping[str, Path], outputs: Mapping[s
         raise PipelineError(f"{where}: --in constrained_metrics holds runs without the stream clamp")
     df = noise_sweep(tables, ratios, where)
     df.insert(0, "table", "table2_noise_sweep")
+    write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")),
+                seed=int(params.get("seed", 0)))
+
+
+ABLATION_COLUMNS = ("acc_cnn_mean", "acc_cnn_std_seeds", "fid_mean", "fid_std_seeds", "eps_certified", "n_seeds")
+
+
+def single_factor_ablation(tables: Mapping[str, pd.DataFrame], *, row: str, eps: float | None,
+                           where: str) -> pd.DataFrame:
+    """One line per arm (in the given order) at one (row, eps): CNN accuracy and FID (mean, std over
+    seeds), the certified eps, and the signed gain acc_cnn(arm) / acc_cnn(unconstrained) - 1."""
+    if "unconstrained" not in tables:
+        raise PipelineError(f"{where}: one input must be named unconstrained (the reference arm); got "
+                            f"{', '.join(tables)}")
+    picked = {arm: t[t["row"] == row] for arm, t in tables.items()}
+    common = set.intersection(*(set(t["eps_target"]) for t in picked.values()))
+    if not common:
+        raise PipelineError(f"{where}: the arms share no eps for row {row}")
+    eps = min(common) if eps is None else float(eps)  # Table 2 (left) ablates at the smallest eps
+    if eps not in common:
+        raise PipelineError(f"{where}: eps {eps:g} is not in every arm (common: {sorted(common)})")
+    out = []
+    for arm, t in picked.items():
+        line = t[t["eps_target"] == eps].iloc[0]
+        out.append({"arm": arm, "row": row, "eps_target": eps, **{c: line[c] for c in ABLATION_COLUMNS}})
+    df = pd.DataFrame(out)
+    ref = float(df.loc[df["arm"] == "unconstrained", "acc_cnn_mean"].iloc[0])
+    df["signed_gain_acc_cnn"] = df["acc_cnn_mean"] / ref - 1
+    return df
+
+
+@stage("straightdp_table2_ablation", outputs=("table",), any_inputs=True,
+       params={"row": "the Table 1 row compared (default uniform_moments)",
+               "eps": "the budget (default: the smallest eps every arm ran)",
+               "config_id": "id of the settings", "seed": "the table's seed column"})
+def straightdp_table2_ablation(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
+                               params: Mapping[str, Any]) -> None:
+    """Table 2 (left): the single-factor ablation at the smallest eps. Inputs: arm name -> that backbone's
+    Table 1 Parquet (e.g. unconstrained, clamp_only, late_only, decoupled_only, full)."""
+    where = "stage straightdp_table2_ablation"
+    tables = {arm: read_table(path) for arm, path in inputs.items()}
+    eps = params.get("eps")
+    df = single_factor_ablation(tables, row=str(params.get("row", "uniform_moments")),
+                                eps=None if eps is None else float(eps), where=where)
+    df.insert(0, "table", "table2_ablation")
     write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")),
                 seed=int(params.get("seed", 0)))

@@ -60,3 +60,24 @@ def test_mismatched_arms_are_one_line_errors(tmp_path):
         straightdp_table2_noise_sweep(ins, {"table": tmp_path / "t.parquet"}, {})
     with pytest.raises(PipelineError, match="no gradient-norm log"):
         run_tail_ratio({}, "x")
+
+
+def test_the_ablation_compares_every_arm_with_the_unconstrained_one_at_the_smallest_shared_eps(tmp_path):
+    from pipeline.results.straightdp_table2 import straightdp_table2_ablation
+
+    arms = {"unconstrained": _table(tmp_path / "u.parquet", (0.20, 0.40), (300.0, 250.0)),
+            "clamp_only": _table(tmp_path / "c.parquet", (0.24, 0.39), (290.0, 240.0)),
+            "late_only": _table(tmp_path / "l.parquet", (0.18, 0.41), (310.0, 260.0))}
+    out = tmp_path / "abl.parquet"
+    straightdp_table2_ablation(arms, {"table": out}, {})
+    t = read_table(out).set_index("arm")
+    assert list(t.index) == ["unconstrained", "clamp_only", "late_only"] and set(t["eps_target"]) == {0.3}
+    assert t.loc["clamp_only", "signed_gain_acc_cnn"] == pytest.approx(0.2)
+    assert t.loc["late_only", "signed_gain_acc_cnn"] == pytest.approx(-0.1)  # a cost is reported as a cost
+    assert t.loc["unconstrained", "signed_gain_acc_cnn"] == 0
+    straightdp_table2_ablation(arms, {"table": out}, {"eps": 1.0})
+    assert read_table(out).set_index("arm").loc["clamp_only", "signed_gain_acc_cnn"] == pytest.approx(-0.025)
+    with pytest.raises(PipelineError, match="one input must be named unconstrained"):
+        straightdp_table2_ablation({"a": arms["clamp_only"]}, {"table": out}, {})
+    with pytest.raises(PipelineError, match="eps 3 is not in every arm"):
+        straightdp_table2_ablation(arms, {"table": out}, {"eps": 3.0})
