@@ -125,7 +125,10 @@ TINY = {
                    "horizon": {"n_times": 4, "n_probe": 8}, "distill": {"steps": 2, "batch_size": 16},
                    "dpsgd": {"steps": 2, "batch_size": 25, "micro_batch": 25, "proxy_examples": 4, "buckets": 2,
                              "betas": [0, 1]},
-                   "sampling": {"n_samples": 20, "batch_size": 20, "steps": 2}},
+                   "sampling": {"n_samples": 20, "batch_size": 20, "steps": 2},
+                   # Fig. 6's toy at one point per line
+                   "toy": {"epsilons": [1], "seeds": [0], "hidden": 8, "pretrain_steps": 10, "distill_steps": 2,
+                           "dpsgd_steps": 2, "dpsgd_batch_size": 40, "n_eval": 20}},
     # both baselines at one eps: a few generator steps, two PE iterations of two candidates per class
     "baselines": {"epsilons": [3], "n_samples": 20,
                   "dp_merf": {"n_features": 64, "steps": 5, "batch_size": 20, "hidden": 16},
@@ -241,8 +244,14 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     replay = json.loads((results / "tiny" / "ledger" / "replay.json").read_text())
     assert replay["all_ok"] and len(replay["claims"]) >= 3
     # STRAIGHTDP: 4 releasing runs + 4 training runs at eps 1, each line in its own transcript
-    sdp_ledgers = sorted((results / "tiny" / "ledger").glob("straightdp_*.jsonl"))
+    sdp_ledgers = sorted(p for p in (results / "tiny" / "ledger").glob("straightdp_*.jsonl")
+                         if p.name != "straightdp_toy.jsonl")
     assert len(sdp_ledgers) == 8 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
+    # Fig. 6's toy: its four lines (one eps, one seed) are replayed with the rest, within their budget
+    toy_claims = [c for c in replay["claims"] if c["transcript"].endswith("straightdp_toy.jsonl")]
+    assert len(toy_claims) == 4 and all(c["ok"] for c in toy_claims)
+    toy = pd.read_parquet(results / "tables" / "straightdp_figure6_toy.parquet")
+    assert len(toy) == 4 and (toy["eps_certified"].dropna() <= 1).all()
     assert (pd.read_parquet(results / "tables" / "straightdp_table1_main.parquet")["eps_certified"] <= 1).all()
     # DPDM's main sampler was chosen on val, by the checkpoint, among the ablation's samplers
     selection = json.loads((results / "tiny" / "dpdm" / "sampler_selection.json").read_text())

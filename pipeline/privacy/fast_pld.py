@@ -58,11 +58,10 @@ one-output loss, so a narrow loss (weak block, small q) keeps a finer grid; the 
 and eps, then move by ~5e-5 relative at most. The tolerance, not the absolute interval, is what
 bounds the excess: at h = 1e-4 (the CLI's and DP-SGD calibration's grid) a strong block still
 coarsens (EMPDEN's strongest block, mu_bar_B = 3.90 at q = 4e-3: k = 8, eps_u +4e-7 relative, the
-composition 7x cheaper). Because k h is a
-sub-grid of h, the split's delta curve equals the fine one at the coarse nodes and is the chord
-(linear in e^eps) in between -- connect-the-dots at k h of the fine PMF -- so the excess
-shrinks quadratically with k h (EMPDEN's (mu_bar_B, q_B) = (2.09, 1e-3): eps_u on 1e-4
-exceeds eps_u on 1e-5 by 8e-6 relative).
+composition 7x cheaper). Because k h is a sub-grid of h, the split's delta curve equals the fine
+one at the coarse nodes and is the chord (linear in e^eps) in between -- connect-the-dots at k h
+of the fine PMF -- so the excess shrinks quadratically with k h (EMPDEN's (mu_bar_B, q_B) =
+(2.09, 1e-3): eps_u on 1e-4 exceeds eps_u on 1e-5 by 8e-6 relative).
 
 What is *not* covered by the argument: floating-point rounding, which both sides have
 (dp_accounting's eps and a re-implementation of it differ by ~1e-8 relative, either sign:
