@@ -39,10 +39,61 @@ rule straightdp_public:
         "python -m pipeline prepare_public --out public={output.public:q} --params {params.p:q} --log {log:q}"
 
 
+rule train_autoencoder:
+    """The latent variant's convolutional autoencoder, on the public set only, frozen (straightdp.space: latent)."""
+    input:
+        public=SDP_PUBLIC,
+    output:
+        model=SDP_AUTOENCODER,
+        metrics=SDP_LATENT / "autoencoder.json",
+    params:
+        p=lambda wildcards: stage_params(autoencoder=config["straightdp"].get("autoencoder") or {}, seed=SEED,
+                                         threads=TORCH_THREADS),
+    benchmark:
+        benchmark_path("train_autoencoder")
+    log:
+        LOGS / "train_autoencoder.log",
+    threads: TORCH_THREADS
+    resources:
+        mem_mb=3000,
+        runtime=20,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline train_autoencoder --in public={input.public:q} --out model={output.model:q}"
+        " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+rule encode_split:
+    """A split's codes under the frozen public autoencoder (the latent variant's private and public data)."""
+    input:
+        split=lambda wildcards: SDP_CODE_SOURCES[wildcards.name],
+        autoencoder=SDP_AUTOENCODER,
+    output:
+        codes=SDP_LATENT / "{name}_codes.npz",
+    wildcard_constraints:
+        name="|".join(SDP_CODE_SOURCES),
+    params:
+        p=lambda wildcards: params_json(name=f"{wildcards.name}_codes"),
+    benchmark:
+        benchmark_path("encode_split", "{name}")
+    log:
+        LOGS / "encode_split" / "{name}.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline encode_split --in split={input.split:q} autoencoder={input.autoencoder:q}"
+        " --out codes={output.codes:q} --params {params.p:q} --log {log:q}"
+
+
 rule straightdp_geometry:
     """Public PCA basis + clip R of the release, Fig. 2a's cosine curve and the horizon tau (public only)."""
     input:
-        public=SDP_PUBLIC,
+        public=sdp_public_data(),
     output:
         geometry=SDP_GEOMETRY,
         horizon=SDP_HORIZON,
@@ -66,7 +117,7 @@ rule straightdp_geometry:
 rule pretrain_straightdp:
     """The class-conditional MM-DiT flow pretrained on the public set by eq. 1 (no private data)."""
     input:
-        public=SDP_PUBLIC,
+        public=sdp_public_data(),
     output:
         model=SDP_PUBLIC_FLOW,
     params:
@@ -90,7 +141,7 @@ rule pretrain_straightdp:
 rule release_moments:
     """Stage 1 of one run (Prop. B.9): the noisy class moments at the run's Stage-1 share, its ledger line."""
     input:
-        data=DATA / "private_train.npz",
+        data=sdp_private_data(),
         geometry=SDP_GEOMETRY,
     output:
         moments=sdp_release_path("{run}"),
@@ -153,8 +204,7 @@ rule sample_straightdp:
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_params(run=wildcards.run, shape=[cost._channels(config), cost._side(config),
-                                                                 cost._side(config)]),
+        p=lambda wildcards: sdp_params(run=wildcards.run, shape=sdp_sample_shape()),
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "sample_straightdp" / "{run}.log",

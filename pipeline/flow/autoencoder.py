@@ -9,7 +9,8 @@ split is an ordinary split: :func:`encode_split` writes them as uint8 in the pip
 (x = u / 127.5 - 1), and every STRAIGHTDP stage runs on it unchanged (the 8-bit rounding of a code,
 <= 1/255, is far below the decoder's sensitivity). Stages: ``train_autoencoder`` (public in, model
 out) and ``encode_split`` (a split and the model in, its codes out); decoding is :func:`decode`.
-Not yet wired into ``all`` (issue #16: the latent rows of Table 1).
+``straightdp.space: latent`` runs the STRAIGHTDP rules on codes (``configs/diagnostics/straightdp_latent.yaml``);
+the latent rows are not yet part of the embedded ``all`` (issue #16).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline import seeds
+from pipeline.config import deep_merge, schema_defaults
 from pipeline.images import to_uint8
 from pipeline.io import Split, atomic_path, save_split, write_json
 from pipeline.stage import PipelineError, stage
@@ -147,7 +149,8 @@ def mse(model: ConvAutoencoder, images: np.ndarray) -> float:
     return float(torch.mean((to_model_scale(decode(model, encode(model, images))) - x) ** 2))
 
 
-PARAMS_DOC = {"autoencoder": "code_channels, width, steps, batch_size, lr", "seed": "integer seed",
+PARAMS_DOC = {"autoencoder": "the straightdp.autoencoder section (code_channels, width, steps, batch_size, lr)",
+              "seed": "integer seed",
               "threads": "torch CPU threads (default 1)"}
 
 
@@ -155,20 +158,20 @@ PARAMS_DOC = {"autoencoder": "code_channels, width, steps, batch_size, lr", "see
 def train_autoencoder(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """The latent variant's autoencoder on PUBLIC images only (90% fit, 10% held out for the metrics)."""
     torch.set_num_threads(int(params.get("threads", 1)))
-    ae = dict(params.get("autoencoder") or {})
+    ae = deep_merge(schema_defaults("straightdp", "autoencoder"), dict(params.get("autoencoder") or {}))
     public, sha = load_training_split(inputs["public"], "public")
     _, c, h, _ = public.images.shape
     seed = int(params.get("seed", 0))
     try:
-        spec = AutoencoderSpec(image_size=int(h), channels=int(c), code_channels=int(ae.get("code_channels", 2)),
-                               width=int(ae.get("width", 32)))
+        spec = AutoencoderSpec(image_size=int(h), channels=int(c), code_channels=int(ae["code_channels"]),
+                               width=int(ae["width"]))
     except ValueError as exc:
         raise PipelineError(f"param {exc}") from None
     order = np.random.default_rng(seed).permutation(len(public))
     cut = max(1, len(public) // 10)
     held, fit = public.images[order[:cut]], public.images[order[cut:]]
-    model, losses = train(fit, spec, steps=int(ae.get("steps", 2000)), batch_size=int(ae.get("batch_size", 128)),
-                          lr=float(ae.get("lr", 2e-3)), seed=seed)
+    model, losses = train(fit, spec, steps=int(ae["steps"]), batch_size=int(ae["batch_size"]), lr=float(ae["lr"]),
+                          seed=seed)
     metrics = {"format": "dpgen-train-metrics/1", "stage": "train_autoencoder", "private": False,
                "public_sha256": sha, "code_shape": list(spec.code_shape), "code_dim": spec.code_dim,
                "mse_fit": mse(model, fit), "mse_held_out_public": mse(model, held), "final_loss_mean50":

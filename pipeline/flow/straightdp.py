@@ -97,15 +97,16 @@ def section(params: Mapping[str, Any]) -> dict[str, Any]:
     schema nests it); an unknown key is a one-line error."""
     defaults = schema_defaults("straightdp")
     given = params.get("straightdp") or {}
+    # the schema's keys, not the defaults': opt-in keys (space, flow.stream_clamp, ...) have no default
+    known = schema_keys("straightdp")
     for key, value in given.items():
-        if key not in defaults:
-            raise PipelineError(f"param straightdp.{key}: unknown key (known: {', '.join(sorted(defaults))})")
-        if isinstance(defaults[key], Mapping):
-            # the schema's keys, not the defaults': opt-in switches (flow.stream_clamp, ...) have no default
-            known = schema_keys("straightdp", key)
-            unknown = sorted(set(value) - set(known))
+        if key not in known:
+            raise PipelineError(f"param straightdp.{key}: unknown key (known: {', '.join(known)})")
+        if isinstance(value, Mapping):
+            sub = schema_keys("straightdp", key)
+            unknown = sorted(set(value) - set(sub))
             if unknown:
-                raise PipelineError(f"param straightdp.{key}.{unknown[0]}: unknown key (known: {', '.join(known)})")
+                raise PipelineError(f"param straightdp.{key}.{unknown[0]}: unknown key (known: {', '.join(sub)})")
     return deep_merge(defaults, given)
 
 
@@ -517,9 +518,9 @@ def flow_samples(model: torch.nn.Module, y: Tensor, *, shape: tuple[int, ...], s
     return torch.cat(out)
 
 
-@stage("sample_straightdp", optional_inputs=("model", "moments"), outputs=("samples",),
+@stage("sample_straightdp", optional_inputs=("model", "moments", "autoencoder"), outputs=("samples",),
        params={**COMMON_DOC, "run": "the run's name (row, total eps, seed)",
-               "shape": "[C, H, W] of the images (for samples drawn from the release)"})
+               "shape": "[C, H, W] of what the release models (images, or codes in the latent variant)"})
 def sample_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Labelled samples of a run: from the release (released_only), the guided public flow (public_guidance,
     Sec. 3.1 "Sampling-time guidance"), or the trained flow. Post-processing: no ledger line."""
@@ -555,7 +556,13 @@ def sample_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
             x = flow_samples(model, y, shape=shape, steps=int(smp["steps"]), guidance=float(smp["guidance"]),
                              batch_size=int(smp["batch_size"]), generator=gen, null_label=spec.null_label,
                              device=device)
-    split = Split(to_uint8(x.clamp(-1, 1)), y.numpy().astype(np.int64))
+    if "autoencoder" in inputs:  # the latent variant: the frozen public decoder, post-processing
+        from pipeline.flow import autoencoder
+
+        images = autoencoder.decode(autoencoder.load(inputs["autoencoder"]), x.clamp(-1, 1))
+    else:
+        images = to_uint8(x.clamp(-1, 1))
+    split = Split(images, y.numpy().astype(np.int64))
     save_split(outputs["samples"], split, name=run.name, source="sample_straightdp", seed=run.seed,
                extra={"row": run.row, "samples_from": run.samples_from, "wall_s": time.perf_counter() - start,
                       "steps": int(smp["steps"]), "guidance": float(smp["guidance"])})

@@ -67,6 +67,37 @@ def sdp_toy_claims():
     return 4 * len(toy["epsilons"]) * len(toy["seeds"])
 
 
+#: the latent variant's public autoencoder and the code splits (straightdp.space: latent)
+SDP_LATENT = SDP / "latent"
+SDP_AUTOENCODER = SDP_LATENT / "autoencoder.pt"
+#: code split name -> the image split it encodes
+SDP_CODE_SOURCES = {"private_train": DATA / "private_train.npz", "straightdp_public": SDP_PUBLIC}
+
+
+def sdp_latent():
+    """STRAIGHTDP's latent variant: the flow, the release and DP-SGD run on the public autoencoder's codes."""
+    return config["straightdp"].get("space", "pixel") == "latent"
+
+
+def sdp_private_data():
+    """The private split the runs see: the images, or their codes in the latent variant."""
+    return SDP_LATENT / "private_train_codes.npz" if sdp_latent() else DATA / "private_train.npz"
+
+
+def sdp_public_data():
+    """The public split the runs see: the images, or their codes in the latent variant."""
+    return SDP_LATENT / "straightdp_public_codes.npz" if sdp_latent() else SDP_PUBLIC
+
+
+def sdp_sample_shape():
+    """[C, H, W] of what the release models: the images, or the codes (code_channels x side/4 x side/4)."""
+    side = cost._side(config)
+    if sdp_latent():
+        ae = {"code_channels": 2, **(config["straightdp"].get("autoencoder") or {})}
+        return [ae["code_channels"], side // 4, side // 4]
+    return [cost._channels(config), side, side]
+
+
 def sdp_params(**extra):
     """Stage params: the straightdp section (less its listing keys and the toy's), the runtime keys, ``extra``."""
     section = {k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING + ("toy",)}
@@ -75,7 +106,7 @@ def sdp_params(**extra):
 
 def sdp_train_inputs(wildcards):
     run = sdp_run(wildcards)
-    inputs = {"data": DATA / "private_train.npz", "public": SDP_PUBLIC, "init": SDP_PUBLIC_FLOW,
+    inputs = {"data": sdp_private_data(), "public": sdp_public_data(), "init": SDP_PUBLIC_FLOW,
               "geometry": SDP_GEOMETRY, "horizon": SDP_HORIZON}
     if run.distills:
         inputs |= {"moments": sdp_release_path(run.name), "release_ledger": sdp_release_ledger(run.name)}
@@ -84,9 +115,10 @@ def sdp_train_inputs(wildcards):
 
 def sdp_sample_inputs(wildcards):
     run = sdp_run(wildcards)
-    return {"release": {"moments": sdp_release_path(run.name)},
-            "guided": {"moments": sdp_release_path(run.name), "model": SDP_PUBLIC_FLOW},
-            "model": {"model": sdp_model_path(run.name)}}[run.samples_from]
+    inputs = {"release": {"moments": sdp_release_path(run.name)},
+              "guided": {"moments": sdp_release_path(run.name), "model": SDP_PUBLIC_FLOW},
+              "model": {"model": sdp_model_path(run.name)}}[run.samples_from]
+    return inputs | ({"autoencoder": SDP_AUTOENCODER} if sdp_latent() else {})
 
 
 def sdp_table_inputs():

@@ -172,6 +172,12 @@ def test_the_backbone_switches_are_known_params_without_defaults():
     assert not set(switches) & set(sdp.section({})["flow"])
     with pytest.raises(PipelineError, match=r"^param straightdp.flow.stream_clmap: unknown key"):
         sdp.section({"straightdp": {"flow": {"stream_clmap": 16}}})
+    # the latent variant's keys are opt-in the same way
+    cfg = sdp.section({"straightdp": {"space": "latent", "autoencoder": {"steps": 5}}})
+    assert cfg["space"] == "latent" and cfg["autoencoder"] == {"steps": 5}
+    assert "space" not in sdp.section({}) and "autoencoder" not in sdp.section({})
+    with pytest.raises(PipelineError, match=r"^param straightdp.autoencoder.stpes: unknown key"):
+        sdp.section({"straightdp": {"autoencoder": {"stpes": 5}}})
 
 
 def test_bad_input_is_one_line(world, tmp_path):
