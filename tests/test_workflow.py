@@ -259,11 +259,11 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
     # the one-run audit: one row per line of every private mechanism (the DPDM run, the four STRAIGHTDP
-    # training runs and four releases, the EMPDEN cells, the two baselines), each passed
+    # training runs and four releases plus the toy's two of each, the EMPDEN cells, the two baselines), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     counts = audit["mechanism"].value_counts().to_dict()
     assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "dp_merf_embedding",
-                                       "pe_nn_histogram")} == {"dpsgd": 1, "tha_dpsgd": 4, "moment_release": 4,
+                                       "pe_nn_histogram")} == {"dpsgd": 1, "tha_dpsgd": 4 + 2, "moment_release": 4 + 2,
                                                                "dp_merf_embedding": 1, "pe_nn_histogram": 1}
     assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()
     # membership inference: the DPDM run, its non-private twin and the four STRAIGHTDP flows, every attack;
