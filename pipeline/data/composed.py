@@ -14,8 +14,9 @@ split (the private digits for the private set, a public split for calibration), 
 The attributes of a generated image are read back by fixed rules that use no private data and no
 trained model (:func:`read_quadrant`; :func:`read_thickness`, a stroke-width rule whose one threshold
 :func:`thickness_threshold` fits on the held-out evaluation split, as the eval net is trained); the
-class is read by the shared evaluation's eval net, as for every method. Table 4's per-attribute conditioning accuracy is the fraction of samples whose read
-attribute equals the caption's. Not yet wired into a stage (issue #16, Table 4).
+class is read by the shared evaluation's eval net, as for every method. Table 4's per-attribute
+conditioning accuracy is the fraction of samples whose read attribute equals the caption's. Not yet
+wired into a stage (issue #16, Table 4).
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ def plot_w2(df: pd.DataFrame, png: Path) -> None:
     ax.set_xscale("log")
     readable_log_axis(ax.xaxis)
     n_seeds = int(df["seed"].nunique())
-    ax.set(xlabel=f"privacy budget ε (δ = {float(df['delta'].iloc[0]):g})", ylabel="empirical W2 to the true mixture (↓)",
+    ax.set(xlabel=f"privacy budget ε (δ = {float(df['delta'].iloc[0]):g})",
+           ylabel="empirical W2 to the true mixture (↓)",
            title=f"STRAIGHTDP Fig. 6: 2-D mixture control (±1 s.d. over {n_seeds} seeds)")
     ax.legend(fontsize=7)
     save_figure(fig, png)

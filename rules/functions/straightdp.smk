@@ -93,7 +93,9 @@ def sdp_sample_shape():
     """[C, H, W] of what the release models: the images, or the codes (code_channels x side/4 x side/4)."""
     side = cost._side(config)
     if sdp_latent():
-        ae = {"code_channels": 2, **(config["straightdp"].get("autoencoder") or {})}
+        from pipeline.config import schema_defaults
+
+        ae = {**schema_defaults("straightdp", "autoencoder"), **(config["straightdp"].get("autoencoder") or {})}
         return [ae["code_channels"], side // 4, side // 4]
     return [cost._channels(config), side, side]
 
@@ -151,7 +153,8 @@ def sdp_grid_titles():
 
 def sdp_targets():
     """Tables 1, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on."""
-    toy = [TABLES / "straightdp_figure6_toy.parquet", FIGURES / "straightdp_figure6_toy.png"] if sdp_toy_enabled() else []
+    toy = ([TABLES / "straightdp_figure6_toy.parquet", FIGURES / "straightdp_figure6_toy.png"]
+           if sdp_toy_enabled() else [])
     return [*(TABLES / f"straightdp_{t}.parquet" for t in SDP_TABLES),
             *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples")),
             *toy]
