@@ -21,6 +21,7 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, tha
 from pipeline.privacy.certify import recompute
 from pipeline.stage import PipelineError
+from pipeline.training.data import to_model_scale
 from tests.conftest import one_thread
 
 TINY = {
@@ -200,3 +201,32 @@ def test_bad_input_is_one_line(world, tmp_path):
     with pytest.raises(PipelineError, match=r"not a STRAIGHTDP geometry file"):
         sdp.release_moments({"data": world["data"], "geometry": world["data"]}, out,
                             {"straightdp": TINY, "run": "released_only_eps1_seed0"})
+
+
+def test_the_latent_variant_releases_codes_and_samples_decoded_images(world, tmp_path):
+    """straightdp.space: latent: the public autoencoder's codes go through the same geometry, release and
+    sampling stages; sample_straightdp with the autoencoder decodes, without it returns the codes."""
+    from pipeline.flow import autoencoder as ae
+
+    model, _ = ae.train(load_split(world["public"]).images, ae.AutoencoderSpec(image_size=8, width=4), steps=3,
+                        batch_size=32, lr=1e-3, seed=0)
+    ae.save(tmp_path / "ae.pt", model, {})
+    codes = {}
+    for name in ("data", "public"):
+        codes[name] = tmp_path / f"{name}_codes.npz"
+        ae.encode_split({"split": world[name], "autoencoder": tmp_path / "ae.pt"}, {"codes": codes[name]}, {})
+    cfg = {**TINY, "release": {"p": 6, "rank": 3}}
+    geo = {"geometry": tmp_path / "g.npz", "horizon": tmp_path / "h.json"}
+    sdp.straightdp_geometry({"public": codes["public"]}, geo, {"straightdp": cfg})
+    run = "released_only_eps1_seed0"
+    rel = {"moments": tmp_path / "m.npz", "ledger": tmp_path / "l.jsonl"}
+    sdp.release_moments({"data": codes["data"], "geometry": geo["geometry"]}, rel, {"straightdp": cfg, "run": run})
+    params = {"straightdp": cfg, "run": run, "shape": [2, 2, 2]}
+    sdp.sample_straightdp({"moments": rel["moments"], "autoencoder": tmp_path / "ae.pt"},
+                          {"samples": tmp_path / "images.npz"}, params)
+    sdp.sample_straightdp({"moments": rel["moments"]}, {"samples": tmp_path / "codes.npz"}, params)
+    images, raw = load_split(tmp_path / "images.npz"), load_split(tmp_path / "codes.npz")
+    assert images.images.shape == (12, 1, 8, 8) and raw.images.shape == (12, 2, 2, 2)
+    assert np.array_equal(images.labels, raw.labels)
+    decoded = ae.decode(model, to_model_scale(raw.images))
+    assert np.abs(decoded.astype(int) - images.images.astype(int)).max() <= 2  # same codes, up to 8-bit rounding
