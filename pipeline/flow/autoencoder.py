@@ -133,7 +133,7 @@ def save(path: str | Path, model: ConvAutoencoder, meta: Mapping[str, Any]) -> N
 def load(path: str | Path) -> ConvAutoencoder:
     """The frozen autoencoder written by :func:`save` (one-line error for anything else)."""
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        blob = torch.load(path, map_location="cpu", weights_only=True)  # plain dicts, ints, floats, tensors
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
         raise PipelineError(f"input autoencoder: cannot read {path} ({exc})") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:

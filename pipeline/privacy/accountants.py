@@ -246,10 +246,11 @@ def _build_pld(event: dp_event.DpEvent, pessimistic: bool, s: PLDSettings, refer
         plds = [_build_pld(e, pessimistic, s, reference, factor) for e in event.events]
         grids = [p._pmf_remove._discretization for p in plds]  # noqa: SLF001
         if len(set(grids)) > 1:
-            # parts split onto different grids cannot be composed: rebuild them all on the
-            # finest one chosen (a part on a finer grid than it chose is only more accurate)
+            # parts split onto different grids cannot be composed: rebuild the coarser ones on the
+            # finest grid chosen (a part on a finer grid than it chose is only more accurate)
             common = round(min(grids) / s.value_discretization_interval)
-            plds = [_build_pld(e, pessimistic, s, reference, common) for e in event.events]
+            plds = [p if g == min(grids) else _build_pld(e, pessimistic, s, reference, common)
+                    for p, g, e in zip(plds, grids, event.events)]
         out = plds[0]
         for other in plds[1:]:
             out = out.compose(other)

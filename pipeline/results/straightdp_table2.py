@@ -28,6 +28,8 @@ from pipeline.stage import PipelineError, stage
 from pipeline.training.straightdp_runs import StraightRun
 
 ARMS = ("unconstrained", "constrained")
+#: the Table 1 columns each backbone (arm) contributes to either panel
+ARM_COLUMNS = ("acc_cnn_mean", "acc_cnn_std_seeds", "fid_mean", "fid_std_seeds", "eps_certified", "n_seeds")
 KEY = "grad_norms_non_private_diagnostic"
 
 
@@ -66,7 +68,7 @@ def noise_sweep(tables: Mapping[str, pd.DataFrame], ratios: Mapping[str, pd.Data
                             f"{list(b.index)}")
     out = pd.DataFrame(index=a.index)
     for arm, t in zip(ARMS, (a, b)):
-        for col in ("acc_cnn_mean", "acc_cnn_std_seeds", "fid_mean", "fid_std_seeds", "eps_certified", "n_seeds"):
+        for col in ARM_COLUMNS:
             out[f"{col}_{arm}"] = t[col]
         r = ratios[arm].groupby(keys)["p90_over_p50"].mean()
         out[f"grad_p90_over_p50_{arm}"] = r.reindex(out.index)
@@ -94,8 +96,6 @@ def straightdp_table2_noise_sweep(inputs: Mapping[str, Path], outputs: Mapping[s
                 seed=int(params.get("seed", 0)))
 
 
-ABLATION_COLUMNS = ("acc_cnn_mean", "acc_cnn_std_seeds", "fid_mean", "fid_std_seeds", "eps_certified", "n_seeds")
-
 
 def single_factor_ablation(tables: Mapping[str, pd.DataFrame], *, row: str, eps: float | None,
                            where: str) -> pd.DataFrame:
@@ -114,7 +114,7 @@ def single_factor_ablation(tables: Mapping[str, pd.DataFrame], *, row: str, eps:
     out = []
     for arm, t in picked.items():
         line = t[t["eps_target"] == eps].iloc[0]
-        out.append({"arm": arm, "row": row, "eps_target": eps, **{c: line[c] for c in ABLATION_COLUMNS}})
+        out.append({"arm": arm, "row": row, "eps_target": eps, **{c: line[c] for c in ARM_COLUMNS}})
     df = pd.DataFrame(out)
     ref = float(df.loc[df["arm"] == "unconstrained", "acc_cnn_mean"].iloc[0])
     df["signed_gain_acc_cnn"] = df["acc_cnn_mean"] / ref - 1
