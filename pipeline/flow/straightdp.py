@@ -332,7 +332,8 @@ def public_bucket_gradients(model: torch.nn.Module, images: Tensor, labels: Tens
 
 
 def stage2_plan(run: StraightRun, cfg: Mapping[str, Any], *, n: int, tau: float, spectrum: np.ndarray,
-                prior: Any, proxy_grads: Any) -> tuple[tha.THAPlan, dict[float, float]]:
+                prior: Any, proxy_grads: Any, stage: str = "train_straightdp"
+                ) -> tuple[tha.THAPlan, dict[float, float]]:
     """The run's Stage-2 plan, calibrated so Composed([prior, THA]) meets the run's total eps.
 
     ``uniform`` rows: one bucket, one clip C_ref. ``tha`` rows: K equal buckets on [tau, 1], one
@@ -351,7 +352,7 @@ def stage2_plan(run: StraightRun, cfg: Mapping[str, Any], *, n: int, tau: float,
                                          betas=[float(b) for b in sgd["betas"]], **common)
         return tha.select_plan(candidates, lambda p: tha.gradient_snr_proxy(proxy_grads(p), p))
     except dpsgd.DPSGDError as exc:
-        raise PipelineError(f"stage train_straightdp {run.name}: {exc}") from None
+        raise PipelineError(f"stage {stage} {run.name}: {exc}") from None
 
 
 def dpsgd_flow_training(model: torch.nn.Module, plan: tha.THAPlan, images: Tensor, labels: Tensor, *,

@@ -179,7 +179,7 @@ def run_point(run: StraightRun, world: ToyWorld, public_model: MLPVelocity, cfg:
     spectrum = (field if field is not None else world.public_field).spectrum().numpy()
     proxy_gen = seeds.torch_generator("straightdp.proxy", run.seed)
     plan, _ = stage2_plan(run, {"dpsgd": sgd, "delta": delta}, n=len(world.private), tau=tau, spectrum=spectrum,
-                          prior=prior, proxy_grads=lambda p: public_bucket_gradients(
+                          prior=prior, stage="straightdp_figure6_toy", proxy_grads=lambda p: public_bucket_gradients(
                               model, world.public, world.public_labels, p, n=int(sgd["proxy_examples"]),
                               K=int(sgd["noise_multiplicity"]), generator=proxy_gen,
                               micro_batch=int(sgd["micro_batch"])))

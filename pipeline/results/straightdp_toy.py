@@ -63,6 +63,11 @@ def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
         raise PipelineError(f"stage straightdp_figure6_toy: param toy_data.{missing[0]} is required "
                             f"(the data.toy section: {', '.join(TOY_DATA_KEYS)})")
     points, labels = load_points(inputs["toy"])
+    if int(cfg["toy"]["dpsgd_batch_size"]) >= len(points):
+        # q = batch / N = 1 leaves subsampling nothing to amplify: the small eps of the figure would not
+        # calibrate, and the error would come from deep inside the accountant's bisection
+        raise PipelineError(f"param straightdp.toy.dpsgd_batch_size is {cfg['toy']['dpsgd_batch_size']} but the toy "
+                            f"set (data.toy.n) has {len(points)} points: the expected DP-SGD batch must be below it")
     if int(labels.max()) >= int(toy_data["n_modes"]):
         raise PipelineError(f"input toy: labels go up to {int(labels.max())} but toy_data.n_modes is "
                             f"{toy_data['n_modes']}")

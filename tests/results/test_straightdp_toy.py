@@ -20,12 +20,12 @@ TINY = {"delta": 1e-5, "dpsgd": {"micro_batch": 64, "proxy_examples": 8, "bucket
                 "distill_steps": 5, "dpsgd_steps": 3, "dpsgd_batch_size": 40, "n_eval": 40}}
 
 
-def run(tmp_path, toy_data=TOY_DATA):
+def run(tmp_path, toy_data=TOY_DATA, tiny=TINY):
     points, labels = gaussian_mixture_2d(300, seed=3, **TOY_DATA)
     save_points(tmp_path / "toy.npz", points, labels, name="toy", source="test", seed=3)
     out = {"table": tmp_path / "t.parquet", "figure": tmp_path / "f.png", "ledger": tmp_path / "toy.jsonl"}
     load_stage("straightdp_figure6_toy")({"toy": tmp_path / "toy.npz"}, out,
-                                         {"straightdp": TINY, "toy_data": toy_data, "config_id": "c"})
+                                         {"straightdp": tiny, "toy_data": toy_data, "config_id": "c"})
     return out
 
 
@@ -45,3 +45,8 @@ def test_one_row_per_point_every_claim_replays_and_the_figure_is_drawn(tmp_path)
 def test_a_missing_toy_data_key_is_one_line(tmp_path):
     with pytest.raises(PipelineError, match=r"param toy_data.std is required"):
         run(tmp_path, {"n_modes": 4, "radius": 1.0})
+
+
+def test_a_dpsgd_batch_as_large_as_the_toy_set_is_one_line_naming_both_keys(tmp_path):
+    with pytest.raises(PipelineError, match=r"straightdp.toy.dpsgd_batch_size is 300 .* \(data.toy.n\) has 300"):
+        run(tmp_path, tiny={**TINY, "toy": {**TINY["toy"], "dpsgd_batch_size": 300}})
