@@ -17,6 +17,7 @@ STAGES = {
     "straightdp_table2_noise_sweep": "pipeline.results.straightdp_table2:straightdp_table2_noise_sweep",
     "straightdp_table2_ablation": "pipeline.results.straightdp_table2:straightdp_table2_ablation",
     "straightdp_figure6_toy": "pipeline.results.straightdp_toy:straightdp_figure6_toy",
+    "straightdp_table4_text": "pipeline.results.straightdp_table4:straightdp_table4_text",
     "train_autoencoder": "pipeline.flow.autoencoder:train_autoencoder",
     "encode_split": "pipeline.flow.autoencoder:encode_split",
 }

@@ -61,6 +61,21 @@ def sdp_toy_enabled():
     return bool(config["data"]["toy"]["enabled"])
 
 
+#: Table 4 (composed-MNIST, the text-conditional release): its own transcript, one line per release
+SDP_TABLE4_LEDGER = EXPDIR / "ledger" / "straightdp_table4_text.jsonl"
+
+
+def sdp_table4_enabled():
+    """Table 4 composes grey digits: on when straightdp.table4.enabled and the images are grey."""
+    return bool(config["straightdp"]["table4"]["enabled"]) and cost._channels(config) == 1
+
+
+def sdp_table4_claims():
+    """One text release per (featurisation, eps, seed)."""
+    t4 = config["straightdp"]["table4"]
+    return len(t4["featurisations"]) * len(t4["epsilons"]) * len(t4["seeds"])
+
+
 def sdp_toy_claims():
     """Ledger lines of the toy: per (eps, seed), one release (moments only), one DP-SGD (uniform), both (StraightDP)."""
     toy = config["straightdp"]["toy"]
@@ -102,7 +117,7 @@ def sdp_sample_shape():
 
 def sdp_params(**extra):
     """Stage params: the straightdp section (less its listing keys and the toy's), the runtime keys, ``extra``."""
-    section = {k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING + ("toy",)}
+    section = {k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING + ("toy", "table4")}
     return stage_params(straightdp=section, device=config["device"], threads=TORCH_THREADS, **extra)
 
 
@@ -152,12 +167,13 @@ def sdp_grid_titles():
 
 
 def sdp_targets():
-    """Tables 1, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on."""
+    """Tables 1, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on; Table 4 when on."""
     toy = ([TABLES / "straightdp_figure6_toy.parquet", FIGURES / "straightdp_figure6_toy.png"]
            if sdp_toy_enabled() else [])
+    table4 = [TABLES / "straightdp_table4_text.parquet"] if sdp_table4_enabled() else []
     return [*(TABLES / f"straightdp_{t}.parquet" for t in SDP_TABLES),
             *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples")),
-            *toy]
+            *toy, *table4]
 
 
 def sdp_transcripts():
@@ -170,6 +186,8 @@ def sdp_transcripts():
             out[sdp_train_ledger(run.name)] = 1
     if sdp_toy_enabled():
         out[SDP_TOY_LEDGER] = sdp_toy_claims()
+    if sdp_table4_enabled():
+        out[SDP_TABLE4_LEDGER] = sdp_table4_claims()
     return out
 
 
