@@ -23,6 +23,13 @@ loose, and a canary moves the release by less than the declared worst case, so i
 below); a release without its noise, or whose noise is far below the declared std, shows an eps_lb
 above it (tests/audit/test_moment_canaries.py).
 
+The text-conditional release (Prop. B.10, a ``text_moment_release`` line) is audited the same way by
+:func:`audit_text_release`: canary j is the image feature ``CANARY_NORM_FACTOR * R * e_j`` (clipped to
+``R e_j``) in a coordinate of its own with the caption ``R_txt * e_0``, so an included canary moves the
+whitened cross moment M_zc / (R R_txt) at [j, 0] by exactly 1/N, and nothing else touches that entry;
+the score is that noisy entry over its noise variance. (M_cc's caption coordinates are shared by every
+record, so they carry no per-canary signal and are not scored.)
+
 The audit reads no private data: no privacy cost, no ledger line.
 """
 
@@ -34,7 +41,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.audit.one_run import CanaryAudit, canary_audit, check_canaries
-from pipeline.privacy import moments
+from pipeline.privacy import moments, text_moments
 
 #: width of a stand-in record's feature block
 RECORD_DIM = 16
@@ -42,6 +49,7 @@ RECORD_DIM = 16
 CANARY_NORM_FACTOR = 10.0
 
 Release = Callable[..., moments.NoisyMoments]
+TextRelease = Callable[..., text_moments.NoisyCrossMoments]
 
 
 def audit_release(plan: moments.MomentReleasePlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
@@ -73,5 +81,37 @@ def audit_release(plan: moments.MomentReleasePlan, *, certified_epsilon: float, 
     # the clean value of both coordinates is 0 without the canary (no stand-in touches them)
     scores = (0.5 * u[j % plan.n_classes, 1 + j] / audited.std_u ** 2
               + audited.R ** 2 / audited.N * noisy.M2[j, j] / audited.std_M2 ** 2)
+    return canary_audit(scores, included, delta=plan.delta, significance=significance,
+                        certified_epsilon=certified_epsilon, steps=1, canary_norm=CANARY_NORM_FACTOR * plan.R)
+
+
+def audit_text_release(plan: text_moments.TextReleasePlan, *, certified_epsilon: float, m: int = 1000,
+                       seed: int = 0, significance: float = 0.05,
+                       release: TextRelease = text_moments.release) -> CanaryAudit:
+    """Run ``release`` (the text release under audit) once over ``plan.N`` stand-ins and the included
+    canaries (module docstring); bound eps. The sensitivity 2 sqrt(2)/N holds for every p: p is widened."""
+    check_canaries(m)
+    rng = np.random.default_rng(seed)
+    included = rng.random(m) < 0.5
+    p = m + RECORD_DIM
+    audited = dataclasses.replace(plan, p=p)
+
+    n_base = int(plan.N)
+    f_standins = np.zeros((n_base, p))
+    f_standins[:, m:] = rng.normal(size=(n_base, RECORD_DIM)) * (plan.R / np.sqrt(RECORD_DIM))
+    e_standins = rng.normal(size=(n_base, plan.q)) * (plan.R_txt / np.sqrt(plan.q))
+    canary_ids = np.flatnonzero(included)
+    f_canaries = np.zeros((len(canary_ids), p))
+    f_canaries[np.arange(len(canary_ids)), canary_ids] = CANARY_NORM_FACTOR * plan.R
+    e_canaries = np.zeros((len(canary_ids), plan.q))
+    e_canaries[:, 0] = plan.R_txt
+    # the same clip the release's callers apply (geometry.features clips f to R; captions to R_txt)
+    f = text_moments.clip_rows(np.concatenate([f_standins, f_canaries]), plan.R)
+    e = text_moments.clip_rows(np.concatenate([e_standins, e_canaries]), plan.R_txt)
+
+    noisy = release(f, e, audited, generator=rng)
+    whitened = noisy.M_zc[np.arange(m), 0] / (plan.R * plan.R_txt)
+    # an included canary moves the entry by 1/N; the clean value is 0 without it
+    scores = whitened / plan.N / audited.noise_std ** 2
     return canary_audit(scores, included, delta=plan.delta, significance=significance,
                         certified_epsilon=certified_epsilon, steps=1, canary_norm=CANARY_NORM_FACTOR * plan.R)

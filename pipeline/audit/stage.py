@@ -32,7 +32,7 @@ import pandas as pd
 from pipeline import seeds
 from pipeline.audit import baseline_canaries, dpsgd_canaries, empden_canaries, moment_canaries, one_run
 from pipeline.audit.one_run import REFERENCE, CanaryAudit
-from pipeline.privacy import dp_merf, dpsgd, ledger, moments, rebuild, tha
+from pipeline.privacy import dp_merf, dpsgd, ledger, moments, rebuild, text_moments, tha
 from pipeline.privacy import private_evolution as pe
 from pipeline.privacy.empden_block import MECHANISM_NAMES as EMPDEN_MECHANISMS
 from pipeline.reporting.tables import write_table
@@ -59,6 +59,11 @@ def audit_line(entry: ledger.LedgerEntry, *, m: int, significance: float, seed: 
         audit = moment_canaries.audit_release(moments.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon,
                                               m=m, significance=significance, seed=seed)
         return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac feature canaries"}
+    if entry.mechanism == text_moments.MECHANISM:
+        audit = moment_canaries.audit_text_release(text_moments.plan_from_entry(entry),
+                                                   certified_epsilon=entry.claimed_epsilon, m=m,
+                                                   significance=significance, seed=seed)
+        return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac cross-moment canaries"}
     if entry.mechanism == dp_merf.MECHANISM:
         plan = dp_merf.plan_from_entry(entry)
         # the canaries are slots among the line's m records (replace-one): at most half of them

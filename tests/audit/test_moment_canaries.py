@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.audit import moment_canaries as mc
 from pipeline.audit.one_run import AuditError
-from pipeline.privacy import moments
+from pipeline.privacy import moments, text_moments
 
 DELTA = 1e-5
 
@@ -78,3 +78,33 @@ def test_the_audit_is_reproducible_and_refuses_too_few_canaries():
     np.testing.assert_array_equal(a.in_scores, b.in_scores)
     with pytest.raises(AuditError, match="canaries m"):
         mc.audit_release(plan, certified_epsilon=1.0, m=1)
+
+
+# --------------------------------------------------------------------------- the text release (Prop. B.10)
+
+@functools.cache
+def text_plan(eps: float) -> text_moments.TextReleasePlan:
+    """Table 4's shape: N 2,500, p 32, the indicator captions' q = 17."""
+    return text_moments.calibrate_release(target_epsilon=eps, delta=DELTA, R=3.0, R_txt=1.5, N=2500, p=32, q=17)
+
+
+def text_noise_off(f, e, plan, *, generator):
+    """The bug "the noise terms were dropped" in the text release."""
+    return text_moments.NoisyCrossMoments(M_zc=f.T @ e / plan.N, M_cc=e.T @ e / plan.N)
+
+
+@pytest.mark.parametrize("eps", [0.3, 3.0])
+def test_a_correct_text_release_is_not_refuted(eps):
+    plan = text_plan(eps)
+    audit = mc.audit_text_release(plan, certified_epsilon=plan.epsilon(), m=1000, seed=0)
+    assert audit.passed and audit.bound.epsilon_lb <= plan.epsilon()
+
+
+def test_a_text_release_without_noise_or_with_noise_far_below_its_std_is_caught():
+    plan = text_plan(0.3)
+    off = mc.audit_text_release(plan, certified_epsilon=plan.epsilon(), m=1000, seed=0, release=text_noise_off)
+    assert not off.passed and off.bound.epsilon_lb > 1.0
+
+    def scaled(f, e, p, *, generator):
+        return text_moments.release(f, e, dataclasses.replace(p, sigma=p.sigma * 1e-3), generator=generator)
+    assert not mc.audit_text_release(plan, certified_epsilon=plan.epsilon(), m=1000, seed=0, release=scaled).passed
