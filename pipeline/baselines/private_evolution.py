@@ -132,6 +132,16 @@ def resample(noisy: np.ndarray, labels: np.ndarray, n_per_class: int, generator:
     return np.concatenate(idx), empty
 
 
+def output_order(labels: np.ndarray) -> np.ndarray:
+    """Indices of ``labels`` with the classes interleaved (first candidate of each class, then the second,
+    ...): any prefix of it is as balanced over classes as its length allows."""
+    rank = np.empty(len(labels), dtype=np.int64)
+    for y in np.unique(labels):
+        cols = np.flatnonzero(labels == y)
+        rank[cols] = np.arange(len(cols))
+    return np.lexsort((labels, rank))
+
+
 @stage("private_evolution", inputs=("data", "denoiser"), optional_inputs=("clip",),
        outputs=("samples", "ledger", "metrics"),
        params={"run": "the run's name, pe_eps<eps>_seed<seed>", "baselines": "the baselines section",
@@ -192,8 +202,9 @@ def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
                             f"{run.epsilon}")
     n = int(section["n_samples"])
     if n != len(labels):
-        # S_T is the output (Alg. 1); more images than candidates are variations of it (post-processing)
-        reps = np.arange(n) % len(labels)
+        # S_T is the output (Alg. 1); another count is drawn from it (post-processing) as varied copies
+        # class by class in turn, so every class keeps its share whether n is above or below |S_T|
+        reps = output_order(labels)[np.arange(n) % len(labels)]
         x = api.variation(x[reps], labels[reps], sigmas[-1])
         labels = labels[reps]
     wall_s = time.perf_counter() - start

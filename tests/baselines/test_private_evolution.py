@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.baselines.private_evolution import private_evolution, resample, variation_sigmas
+from pipeline.baselines.private_evolution import output_order, private_evolution, resample, variation_sigmas
 from pipeline.io import Split, load_split, save_split
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond
@@ -73,3 +73,17 @@ def test_variation_levels_shrink_geometrically_from_first_to_last():
     s = variation_sigmas(2.0, 0.5, 3)
     assert s == pytest.approx([2.0, 1.0, 0.5])
     assert variation_sigmas(2.0, 0.5, 1) == [2.0]
+
+
+def test_fewer_outputs_than_candidates_keep_every_class():
+    """n_samples below |S_T| (e.g. 100 candidates per class, 500 outputs): every class keeps its share."""
+    labels = np.repeat(np.arange(10), 100)
+    order = output_order(labels)
+    assert sorted(order.tolist()) == list(range(1000))
+    assert np.bincount(labels[order[:500]], minlength=10).tolist() == [50] * 10
+    assert np.bincount(labels[order[:7]], minlength=10).max() == 1
+
+
+def test_a_run_with_fewer_samples_than_candidates_is_balanced(files, tmp_path):
+    out = run(files, tmp_path, n_per_class=8)  # 24 candidates, 12 samples
+    assert np.bincount(load_split(out["samples"]).labels).tolist() == [4, 4, 4]
