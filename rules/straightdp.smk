@@ -176,7 +176,7 @@ rule train_straightdp:
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_params(run=wildcards.run),
+        p=sdp_train_params,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_straightdp" / "{run}.log",

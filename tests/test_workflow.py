@@ -128,7 +128,9 @@ TINY = {
                    "sampling": {"n_samples": 20, "batch_size": 20, "steps": 2},
                    # Fig. 6's toy at one point per line
                    "toy": {"epsilons": [1], "seeds": [0], "hidden": 8, "pretrain_steps": 10, "distill_steps": 2,
-                           "dpsgd_steps": 2, "dpsgd_batch_size": 40, "n_eval": 20}},
+                           "dpsgd_steps": 2, "dpsgd_batch_size": 40, "n_eval": 20},
+                   # Table 4 at one point per featurisation
+                   "table4": {"epsilons": [1], "seeds": [0], "n_samples": 80}},
     # both baselines at one eps: a few generator steps, two PE iterations of two candidates per class
     "baselines": {"epsilons": [3], "n_samples": 20,
                   "dp_merf": {"n_features": 64, "steps": 5, "batch_size": 20, "hidden": 16},
@@ -243,10 +245,18 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # the hybrid cell and the DPDM run claimed their epsilon, and the replay recomputed every claim
     replay = json.loads((results / "tiny" / "ledger" / "replay.json").read_text())
     assert replay["all_ok"] and len(replay["claims"]) >= 3
-    # STRAIGHTDP: 4 releasing runs + 4 training runs at eps 1, each line in its own transcript
+    # STRAIGHTDP: 5 releasing runs + 6 training runs at eps 1 (Table 3's two LoRA rows among them), each
+    # line in its own transcript
     sdp_ledgers = sorted(p for p in (results / "tiny" / "ledger").glob("straightdp_*.jsonl")
-                         if p.name != "straightdp_toy.jsonl")
-    assert len(sdp_ledgers) == 8 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
+                         if p.name not in ("straightdp_toy.jsonl", "straightdp_table4_text.jsonl"))
+    assert len(sdp_ledgers) == 11 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
+    frozen = pd.read_parquet(results / "tables" / "straightdp_table3_frozen.parquet")
+    assert set(frozen["row"]) == {"public_guidance", "lora_uniform", "lora_moments"}
+    assert (frozen["eps_certified"] <= 1).all()
+    # Table 4 (Stage 1 only): its two releases (one eps, one seed) replayed with the rest
+    t4_claims = [c for c in replay["claims"] if c["transcript"].endswith("straightdp_table4_text.jsonl")]
+    assert len(t4_claims) == 2 and all(c["ok"] for c in t4_claims)
+    assert len(pd.read_parquet(results / "tables" / "straightdp_table4_text.parquet")) == 2
     # Fig. 6's toy: its four lines (one eps, one seed) are replayed with the rest, within their budget
     toy_claims = [c for c in replay["claims"] if c["transcript"].endswith("straightdp_toy.jsonl")]
     assert len(toy_claims) == 4 and all(c["ok"] for c in toy_claims)

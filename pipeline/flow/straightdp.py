@@ -407,9 +407,18 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         raise PipelineError(f"input init: the flow has {spec.num_classes} label rows, the private labels go up to "
                             f"{int(split.labels.max())}")
     model.train()
+    if run.lora:
+        # Table 3's frozen-model route: the public weights stay frozen, DP-SGD (and the distillation of the
+        # lora_moments row) train the adapters only, at the LoRA learning rate
+        from pipeline.flow.lora import add_lora
+
+        lora = cfg["lora"]
+        add_lora(model, rank=int(lora["rank"]), alpha=float(lora["alpha"]))
+        sgd, dist = {**sgd, "lr": float(lora["lr"])}, {**dist, "lr": float(lora["lr"])}
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
         outputs["model"], "train_straightdp")
-    run_hash = loop.params_hash({"run": run.name, "cfg": {k: cfg[k] for k in ("dpsgd", "distill", "delta", "flow")},
+    hashed = ("dpsgd", "distill", "delta", "flow") + (("lora",) if run.lora else ())
+    run_hash = loop.params_hash({"run": run.name, "cfg": {k: cfg[k] for k in hashed},
                                  "data": sha, "init": str(inputs["init"])})
 
     # Stage 1's use: distillation into the weights (post-processing of the release + public data)
@@ -475,7 +484,13 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     meta = {"stage": "train_straightdp", "private": True, "run": run.name, "epsilon": total_eps,
             "target_epsilon": run.epsilon, "delta": plan.delta, "tau": tau, "beta": plan.beta,
             "weights": "ema", "seed": run.seed, "config_id": config_id}
-    save_denoiser(outputs["model"], res.ema.cpu(), backbone=spec, precond=FLOW_PRECOND, meta=meta)
+    final = res.ema.cpu()
+    if run.lora:  # post-processing: the adapters merged into the weights, an ordinary flow checkpoint
+        from pipeline.flow.lora import merge_lora
+
+        final = merge_lora(final)
+        meta = {**meta, "lora": dict(cfg["lora"])}
+    save_denoiser(outputs["model"], final, backbone=spec, precond=FLOW_PRECOND, meta=meta)
     write_json(outputs["metrics"], {
         "format": "dpgen-train-metrics/1", **meta, "clips": list(plan.clips), "noise_std": plan.noise_std,
         "noise_multipliers": list(plan.noise_multipliers), "edges": list(plan.edges), "steps": plan.steps,

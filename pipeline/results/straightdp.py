@@ -47,7 +47,7 @@ from pipeline.reporting import save_figure
 from pipeline.reporting.figures import readable_log_axis
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
-from pipeline.training.straightdp_runs import LABELS, ROWS, StraightRun
+from pipeline.training.straightdp_runs import FROZEN_ROWS, LABELS, LORA_ROWS, ROWS, StraightRun
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
 
@@ -63,7 +63,11 @@ TABLE_METRICS: dict[str, tuple[str, ...]] = {
     "table5_per_class": ("fid_class_mean", "label_consistency", "domain_rate"),
     "table6_fid_vs_eps": ("fid",),
     "table7_precision_recall": ("precision", "recall"),
+    "table3_frozen": ("acc_cnn", "fid", "label_consistency", "clip_zero_shot_acc"),
 }
+#: the rows each table shows: Table 3 the frozen-model route; the others the paper's Table 1 rows
+TABLE_ROWS: dict[str, tuple[str, ...]] = {"table3_frozen": FROZEN_ROWS}
+TABLE1_ROWS = tuple(r for r in ROWS if r not in LORA_ROWS)
 #: metrics that must agree over the seeds of one row (settings, not results): kept as one column
 SETTING_COLUMNS: dict[str, tuple[str, ...]] = {"table7_precision_recall": ("prc_neighborhood",)}
 
@@ -236,13 +240,17 @@ def aggregate(records: pd.DataFrame, *, metrics: Sequence[str], epsilons: Sequen
 @stage("straightdp_table", outputs=("table",), any_inputs=True,
        params={"table": f"one of {', '.join(TABLE_METRICS)}", **PARAMS_DOC})
 def straightdp_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """A STRAIGHTDP table (1, 5, 6 or 7): metrics mean/std over seeds and the certified eps of each row."""
+    """A STRAIGHTDP table (1, 3, 5, 6 or 7): metrics mean/std over seeds and the certified eps of each row
+    (Table 3: the frozen-model route's rows; the others: Table 1's)."""
     name = params.get("table")
     if name not in TABLE_METRICS:
         raise PipelineError(f"stage straightdp_table: params.table must be one of {', '.join(TABLE_METRICS)}, "
                             f"got {name!r}")
     where = f"stage straightdp_table {name}"
-    runs = _runs(params, where)
+    rows = TABLE_ROWS.get(name, TABLE1_ROWS)
+    runs = [r for r in _runs(params, where) if r.row in rows]
+    if not runs:
+        raise PipelineError(f"{where}: no run of its rows ({', '.join(rows)}) in params.runs")
     epsilons = _epsilons(params, runs, where)
     df = aggregate(run_records(inputs, runs, where), metrics=TABLE_METRICS[name], epsilons=epsilons,
                    settings=SETTING_COLUMNS.get(name, ()), where=where)

@@ -34,11 +34,17 @@ from typing import Any
 from pipeline.training.dpdm_runs import fmt_num, parse_num
 
 #: Table 1's rows in the paper's order; "uniform" after "uniform_moments" in the regex so the longer wins
-ROWS = ("released_only", "public_guidance", "uniform", "tha", "uniform_moments", "tha_moments")
-#: rows whose Stage 2 trains a flow with DP-SGD, and their plan
-PLANS = {"uniform": "uniform", "tha": "tha", "uniform_moments": "uniform", "tha_moments": "tha"}
+ROWS = ("released_only", "public_guidance", "uniform", "tha", "uniform_moments", "tha_moments", "lora_uniform",
+        "lora_moments")
+#: rows whose Stage 2 trains a flow with DP-SGD, and their plan (Table 3's LoRA rows: one uniform (C, sigma))
+PLANS = {"uniform": "uniform", "tha": "tha", "uniform_moments": "uniform", "tha_moments": "tha",
+         "lora_uniform": "uniform", "lora_moments": "uniform"}
 #: rows that release moments
-RELEASING = ("released_only", "public_guidance", "uniform_moments", "tha_moments")
+RELEASING = ("released_only", "public_guidance", "uniform_moments", "tha_moments", "lora_moments")
+#: rows whose DP-SGD trains LoRA adapters of the frozen public flow (Table 3), not every weight
+LORA_ROWS = ("lora_uniform", "lora_moments")
+#: Table 3's rows (the frozen-model route): guidance by the release, DP-LoRA, the release distilled into LoRA
+FROZEN_ROWS = ("public_guidance", "lora_uniform", "lora_moments")
 #: what the paper calls each row in Table 1
 LABELS = {
     "released_only": "Released moments only",
@@ -47,6 +53,8 @@ LABELS = {
     "tha": "THA-planned DP-SGD",
     "uniform_moments": "Uniform + moments",
     "tha_moments": "THA + moments",
+    "lora_uniform": "DP-LoRA (uniform)",
+    "lora_moments": "Moments distilled into LoRA + DP-LoRA",
 }
 
 _NUM = r"[0-9p]+(?:e-?[0-9]+)?"
@@ -100,6 +108,11 @@ class StraightRun:
     def plan(self) -> str | None:
         """``uniform`` or ``tha`` for a training row, else None."""
         return PLANS.get(self.row)
+
+    @property
+    def lora(self) -> bool:
+        """Stage 2 trains LoRA adapters of the frozen public flow (Table 3), not every weight."""
+        return self.row in LORA_ROWS
 
     @property
     def distills(self) -> bool:

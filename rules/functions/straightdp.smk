@@ -9,7 +9,7 @@ SDP_GEOMETRY = SDP / "geometry.npz"
 SDP_HORIZON = SDP / "horizon.json"
 SDP_PUBLIC_FLOW = EXPDIR / "models" / "straightdp" / "public_flow.pt"
 #: the tables, each written to TABLES / "straightdp_<name>.parquet" (pipeline/results/straightdp.py TABLE_METRICS)
-SDP_TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall")
+SDP_TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall", "table3_frozen")
 
 
 def sdp_release_path(run):
@@ -115,10 +115,17 @@ def sdp_sample_shape():
     return [cost._channels(config), side, side]
 
 
-def sdp_params(**extra):
-    """Stage params: the straightdp section (less its listing keys and the toy's), the runtime keys, ``extra``."""
-    section = {k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING + ("toy", "table4")}
+def sdp_params(*, keep=(), **extra):
+    """Stage params: the straightdp section (less its listing keys and the toy's, Table 4's and LoRA's
+    subsections unless kept), the runtime keys, ``extra``."""
+    dropped = set(SDP_LISTING + ("toy", "table4", "lora")) - set(keep)
+    section = {k: v for k, v in config["straightdp"].items() if k not in dropped}
     return stage_params(straightdp=section, device=config["device"], threads=TORCH_THREADS, **extra)
+
+
+def sdp_train_params(wildcards):
+    """train_straightdp's params: a LoRA row (Table 3) also reads straightdp.lora (the others' ids ignore it)."""
+    return sdp_params(keep=("lora",) if sdp_run(wildcards).lora else (), run=wildcards.run)
 
 
 def sdp_train_inputs(wildcards):
@@ -171,7 +178,10 @@ def sdp_targets():
     toy = ([TABLES / "straightdp_figure6_toy.parquet", FIGURES / "straightdp_figure6_toy.png"]
            if sdp_toy_enabled() else [])
     table4 = [TABLES / "straightdp_table4_text.parquet"] if sdp_table4_enabled() else []
-    return [*(TABLES / f"straightdp_{t}.parquet" for t in SDP_TABLES),
+    # Table 3 when a LoRA row is configured (its guidance row alone is Table 1's)
+    lora = any(r in straightdp_runs.LORA_ROWS for r in config["straightdp"]["rows"])
+    tables = [t for t in SDP_TABLES if t != "table3_frozen" or lora]
+    return [*(TABLES / f"straightdp_{t}.parquet" for t in tables),
             *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples")),
             *toy, *table4]
 
