@@ -260,14 +260,14 @@ rule straightdp_table:
     """STRAIGHTDP Table 1 (main), 5 (per class), 6 (FID vs eps), 7 (precision/recall): mean/std over seeds,
     certified eps of Composed([release, THA]) recomputed from the transcripts."""
     input:
-        unpack(lambda wildcards: sdp_table_inputs()),
+        unpack(lambda wildcards: sdp_table_inputs(wildcards.table)),
     output:
         table=TABLES / "straightdp_{table}.parquet",
     wildcard_constraints:
         table="|".join(SDP_TABLES),
     params:
         p=lambda wildcards: sdp_table_params(table=wildcards.table),
-        ins=lambda wildcards: io_args("--in", sdp_table_inputs()),
+        ins=lambda wildcards: io_args("--in", sdp_table_inputs(wildcards.table)),
     benchmark:
         benchmark_path("straightdp_table", "{table}")
     log:

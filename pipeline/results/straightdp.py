@@ -47,7 +47,7 @@ from pipeline.reporting import save_figure
 from pipeline.reporting.figures import readable_log_axis
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
-from pipeline.training.straightdp_runs import FROZEN_ROWS, LABELS, LORA_ROWS, ROWS, StraightRun
+from pipeline.training.straightdp_runs import LABELS, ROWS, StraightRun, table_rows
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
 
@@ -65,9 +65,6 @@ TABLE_METRICS: dict[str, tuple[str, ...]] = {
     "table7_precision_recall": ("precision", "recall"),
     "table3_frozen": ("acc_cnn", "fid", "label_consistency", "clip_zero_shot_acc"),
 }
-#: the rows each table shows: Table 3 the frozen-model route; the others the paper's Table 1 rows
-TABLE_ROWS: dict[str, tuple[str, ...]] = {"table3_frozen": FROZEN_ROWS}
-TABLE1_ROWS = tuple(r for r in ROWS if r not in LORA_ROWS)
 #: metrics that must agree over the seeds of one row (settings, not results): kept as one column
 SETTING_COLUMNS: dict[str, tuple[str, ...]] = {"table7_precision_recall": ("prc_neighborhood",)}
 
@@ -247,7 +244,7 @@ def straightdp_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         raise PipelineError(f"stage straightdp_table: params.table must be one of {', '.join(TABLE_METRICS)}, "
                             f"got {name!r}")
     where = f"stage straightdp_table {name}"
-    rows = TABLE_ROWS.get(name, TABLE1_ROWS)
+    rows = table_rows(name)
     runs = [r for r in _runs(params, where) if r.row in rows]
     if not runs:
         raise PipelineError(f"{where}: no run of its rows ({', '.join(rows)}) in params.runs")

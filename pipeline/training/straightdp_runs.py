@@ -45,6 +45,11 @@ RELEASING = ("released_only", "public_guidance", "uniform_moments", "tha_moments
 LORA_ROWS = ("lora_uniform", "lora_moments")
 #: Table 3's rows (the frozen-model route): guidance by the release, DP-LoRA, the release distilled into LoRA
 FROZEN_ROWS = ("public_guidance", "lora_uniform", "lora_moments")
+
+
+def table_rows(table: str) -> tuple[str, ...]:
+    """The rows a STRAIGHTDP table shows: Table 3 the frozen-model route's, every other table Table 1's."""
+    return FROZEN_ROWS if table == "table3_frozen" else tuple(r for r in ROWS if r not in LORA_ROWS)
 #: what the paper calls each row in Table 1
 LABELS = {
     "released_only": "Released moments only",

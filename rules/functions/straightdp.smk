@@ -145,10 +145,16 @@ def sdp_sample_inputs(wildcards):
     return inputs | ({"autoencoder": SDP_AUTOENCODER} if sdp_latent() else {})
 
 
-def sdp_table_inputs():
-    """metrics_RUN, release_RUN, train_RUN of every run: the inputs of each STRAIGHTDP table and Figure 3."""
+def sdp_table_runs(table=None):
+    """The runs a table reads (its rows: straightdp_runs.table_rows), every run for Figure 3 (table None)."""
+    rows = straightdp_runs.table_rows(table) if table else straightdp_runs.ROWS
+    return [run for run in sdp_runs() if run.row in rows]
+
+
+def sdp_table_inputs(table=None):
+    """metrics_RUN, release_RUN, train_RUN of each run of the table (or of Figure 3)."""
     out = {}
-    for run in sdp_runs():
+    for run in sdp_table_runs(table):
         out[f"metrics_{run.name}"] = sdp_metrics_path(run.name)
         if run.releases:
             out[f"release_{run.name}"] = sdp_release_ledger(run.name)
@@ -157,9 +163,10 @@ def sdp_table_inputs():
     return out
 
 
-def sdp_table_params(**extra):
+def sdp_table_params(table=None, **extra):
     s = config["straightdp"]
-    return stage_params(runs=[r.name for r in sdp_runs()], epsilons=s["epsilons"], seed=SEED, **extra)
+    extra = {**extra, "table": table} if table else extra
+    return stage_params(runs=[r.name for r in sdp_table_runs(table)], epsilons=s["epsilons"], seed=SEED, **extra)
 
 
 def sdp_grid_inputs():
