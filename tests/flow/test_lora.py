@@ -16,8 +16,7 @@ from pipeline.io import read_json
 from pipeline.models.checkpoint import load_denoiser
 from pipeline.privacy import ledger
 from pipeline.privacy.certify import recompute
-from tests.conftest import one_thread
-from tests.flow.test_straightdp_stages import TINY, release, world  # noqa: F401 (world: a fixture)
+from tests.flow.test_straightdp_stages import train, world  # noqa: F401 (world: a fixture)
 
 SPEC = FlowSpec(image_size=8, channels=1, patch_size=2, num_layers=2, attention_head_dim=8, num_attention_heads=2,
                 joint_attention_dim=8, caption_projection_dim=16, pooled_projection_dim=16, caption_tokens=2,
@@ -66,14 +65,7 @@ def test_bad_lora_settings_are_one_line():
 
 @pytest.mark.parametrize("run", ["lora_uniform_eps1_seed0", "lora_moments_eps1_seed0"])
 def test_dp_lora_trains_adapters_of_the_frozen_public_flow_within_its_eps(world, tmp_path, run):  # noqa: F811
-    inputs = {k: world[k] for k in ("data", "public", "init", "geometry", "horizon")}
-    if run.startswith("lora_moments"):
-        rel = release(world, tmp_path, run)
-        inputs |= {"moments": rel["moments"], "release_ledger": rel["ledger"]}
-    out = {"model": tmp_path / "m.pt", "ledger": tmp_path / "train.jsonl", "metrics": tmp_path / "metrics.json"}
-    with one_thread():
-        sdp.train_straightdp(inputs, out, {"straightdp": TINY, "run": run, "device": "cpu",
-                                           "checkpoint_dir": str(tmp_path / "ck")})
+    _, out = train(world, tmp_path, run)
     entry = ledger.only_line(out["ledger"], "tha_dpsgd")
     assert recompute(entry) <= 1.0 and entry.extra["row"] == run.split("_eps")[0]
     metrics = read_json(out["metrics"])

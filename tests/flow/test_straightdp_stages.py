@@ -22,6 +22,7 @@ from pipeline.privacy import dpsgd, ledger, tha
 from pipeline.privacy.certify import recompute
 from pipeline.stage import PipelineError
 from pipeline.training.data import to_model_scale
+from pipeline.training.straightdp_runs import StraightRun
 from tests.conftest import one_thread
 
 TINY = {
@@ -114,16 +115,22 @@ def test_release_seeds_draw_different_noise(world, tmp_path):
     assert not np.allclose(a["mu"], b["mu"])
 
 
-@pytest.mark.parametrize("run", ["tha_moments_eps1_seed0", "uniform_eps1_seed0"])
-def test_stage2_composes_with_the_release_within_the_total_eps(world, tmp_path, run):
+def train(world: dict[str, Path], tmp_path: Path, run: str) -> tuple[dict[str, Path], dict[str, Path]]:
+    """Stage 2 of ``run`` on the tiny world (after its own release when the row distils one): inputs, outputs."""
     inputs = {k: world[k] for k in ("data", "public", "init", "geometry", "horizon")}
-    if run.startswith("tha_moments"):
+    if StraightRun.from_name(run).distills:
         rel = release(world, tmp_path, run)
         inputs |= {"moments": rel["moments"], "release_ledger": rel["ledger"]}
     out = {"model": tmp_path / "m.pt", "ledger": tmp_path / "train.jsonl", "metrics": tmp_path / "metrics.json"}
     with one_thread():
         sdp.train_straightdp(inputs, out, {"straightdp": TINY, "run": run, "device": "cpu",
                                            "checkpoint_dir": str(tmp_path / "ck")})
+    return inputs, out
+
+
+@pytest.mark.parametrize("run", ["tha_moments_eps1_seed0", "uniform_eps1_seed0"])
+def test_stage2_composes_with_the_release_within_the_total_eps(world, tmp_path, run):
+    inputs, out = train(world, tmp_path, run)
     entry = only_line(out["ledger"])
     metrics = read_json(out["metrics"])
     assert entry.mechanism == "tha_dpsgd" and metrics["steps"] == 3
