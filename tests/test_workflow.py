@@ -268,18 +268,20 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     main = pd.read_parquet(results / "tables" / "dpdm_table_main.parquet")
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
-    # the one-run audit: one row per line of every private mechanism (the DPDM run, the four STRAIGHTDP
-    # training runs and four releases plus the toy's two of each, the EMPDEN cells, the two baselines), each passed
+    # the one-run audit: one row per line of every private mechanism (the DPDM run, the six STRAIGHTDP
+    # training runs and five releases plus the toy's two of each, Table 4's two text releases, the EMPDEN
+    # cells, the two baselines), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     counts = audit["mechanism"].value_counts().to_dict()
-    assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "dp_merf_embedding",
-                                       "pe_nn_histogram")} == {"dpsgd": 1, "tha_dpsgd": 4 + 2, "moment_release": 4 + 2,
-                                                               "dp_merf_embedding": 1, "pe_nn_histogram": 1}
+    assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "text_moment_release",
+                                       "dp_merf_embedding", "pe_nn_histogram")} == {
+        "dpsgd": 1, "tha_dpsgd": 6 + 2, "moment_release": 5 + 2, "text_moment_release": 2, "dp_merf_embedding": 1,
+        "pe_nn_histogram": 1}
     assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()
-    # membership inference: the DPDM run, its non-private twin and the four STRAIGHTDP flows, every attack;
+    # membership inference: the DPDM run, its non-private twin and the six STRAIGHTDP flows (two DP-LoRA), every attack;
     # EMPDEN Table 13 has its numerical column
     mia = pd.read_parquet(results / "tables" / "audit_mia.parquet")
-    assert sorted(mia.groupby("method")["run"].nunique().items()) == [("dpdm", 1), ("dpdm_twin", 1), ("straightdp", 4)]
+    assert sorted(mia.groupby("method")["run"].nunique().items()) == [("dpdm", 1), ("dpdm_twin", 1), ("straightdp", 6)]
     assert mia.loc[mia["private"], "under_curve"].all() and mia["auc"].between(0, 1).all()
     table13 = pd.read_parquet(results / "tables" / "empden_table13.parquet")
     assert table13["numerical_asr"].between(0.5, 1).all() and len(table13) == 4
