@@ -293,12 +293,12 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe"}
     assert not all_runs.duplicated(["method", "config", "seed"]).any()
     assert all_runs.groupby("method").size().to_dict() == {
-        "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 6, "dp_merf": 1, "pe": 1}
+        "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8, "dp_merf": 1, "pe": 1}
     private = all_runs[all_runs["private"]]
     assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
     assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()
     # the audits' columns on the runs whose model was attacked / whose DP-SGD line was audited
-    trained = all_runs[all_runs["method"].isin(["dpdm"]) | all_runs["config"].str.startswith(("uniform", "tha"))]
+    trained = all_runs[all_runs["method"].isin(["dpdm"]) | all_runs["config"].str.startswith(("uniform", "tha", "lora"))]
     assert trained["mia_auc_max"].notna().all() and trained["audit_eps_lb"].notna().all()
     assert all_runs.loc[all_runs["method"] == "pe", "mia_auc_max"].isna().all()
     assert (results / "figures" / "privacy_utility.png").stat().st_size > 10_000
