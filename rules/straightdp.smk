@@ -257,8 +257,8 @@ rule evaluate_straightdp:
 
 
 rule straightdp_table:
-    """STRAIGHTDP Table 1 (main), 5 (per class), 6 (FID vs eps), 7 (precision/recall): mean/std over seeds,
-    certified eps of Composed([release, THA]) recomputed from the transcripts."""
+    """STRAIGHTDP Table 1 (main), 3 (frozen-model route), 5 (per class), 6 (FID vs eps), 7 (precision/recall):
+    mean/std over seeds, certified eps of Composed([release, THA]) recomputed from the transcripts."""
     input:
         unpack(lambda wildcards: sdp_table_inputs(wildcards.table)),
     output:

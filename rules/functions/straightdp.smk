@@ -181,13 +181,13 @@ def sdp_grid_titles():
 
 
 def sdp_targets():
-    """Tables 1, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on; Table 4 when on."""
+    """Tables 1, 3, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on; Table 4 when on."""
     toy = ([TABLES / "straightdp_figure6_toy.parquet", FIGURES / "straightdp_figure6_toy.png"]
            if sdp_toy_enabled() else [])
     table4 = [TABLES / "straightdp_table4_text.parquet"] if sdp_table4_enabled() else []
-    # Table 3 when a LoRA row is configured (its guidance row alone is Table 1's)
-    lora = any(r in straightdp_runs.LORA_ROWS for r in config["straightdp"]["rows"])
-    tables = [t for t in SDP_TABLES if t != "table3_frozen" or lora]
+    # a table whose rows are not configured is left out (Table 3 needs a LoRA row: guidance alone is Table 1's)
+    tables = [t for t in SDP_TABLES if t != "table3_frozen" or any(r.lora for r in sdp_table_runs(t))]
+    tables = [t for t in tables if sdp_table_runs(t)]
     return [*(TABLES / f"straightdp_{t}.parquet" for t in tables),
             *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples")),
             *toy, *table4]
