@@ -319,7 +319,7 @@ rule straightdp_figure6_toy:
         ledger=SDP_TOY_LEDGER,
     params:
         p=lambda wildcards: stage_params(
-            straightdp={k: v for k, v in config["straightdp"].items() if k not in SDP_LISTING + ("table4",)},
+            straightdp=sdp_section(keep=("toy",)),
             toy_data={k: config["data"]["toy"][k] for k in ("n_modes", "radius", "std")}, threads=1),
     benchmark:
         benchmark_path("straightdp_figure6_toy")

@@ -52,6 +52,19 @@ Release = Callable[..., moments.NoisyMoments]
 TextRelease = Callable[..., text_moments.NoisyCrossMoments]
 
 
+def feature_records(n_base: int, canary_ids: np.ndarray, *, m: int, R: float, rng: np.random.Generator
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Stand-in and canary feature rows ``[n, m + RECORD_DIM]``: stand-ins in the last RECORD_DIM coordinates
+    (norms spread around R: some inside the ball, some clipped, as in a release), canary j at
+    ``CANARY_NORM_FACTOR * R`` on coordinate j, which nothing else touches."""
+    p = m + RECORD_DIM
+    standins = np.zeros((n_base, p))
+    standins[:, m:] = rng.normal(size=(n_base, RECORD_DIM)) * (R / np.sqrt(RECORD_DIM))
+    canaries = np.zeros((len(canary_ids), p))
+    canaries[np.arange(len(canary_ids)), canary_ids] = CANARY_NORM_FACTOR * R
+    return standins, canaries
+
+
 def audit_release(plan: moments.MomentReleasePlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
                   significance: float = 0.05, release: Release = moments.release) -> CanaryAudit:
     """Run ``release`` once over ``plan.N`` stand-ins and the included canaries; bound eps.
@@ -66,12 +79,8 @@ def audit_release(plan: moments.MomentReleasePlan, *, certified_epsilon: float, 
     geometry = moments.PublicGeometry(mean=np.zeros(p), basis=np.eye(p), R=plan.R)
 
     n_base = int(plan.N)
-    standins = np.zeros((n_base, p))
-    # norms spread around R: some records inside the ball, some clipped, as in a release
-    standins[:, m:] = rng.normal(size=(n_base, RECORD_DIM)) * (plan.R / np.sqrt(RECORD_DIM))
     canary_ids = np.flatnonzero(included)
-    canaries = np.zeros((len(canary_ids), p))
-    canaries[np.arange(len(canary_ids)), canary_ids] = CANARY_NORM_FACTOR * plan.R
+    standins, canaries = feature_records(n_base, canary_ids, m=m, R=plan.R, rng=rng)
     z = np.concatenate([standins, canaries])
     y = np.concatenate([rng.integers(0, plan.n_classes, n_base), canary_ids % plan.n_classes]).astype(np.int64)
 
@@ -97,12 +106,9 @@ def audit_text_release(plan: text_moments.TextReleasePlan, *, certified_epsilon:
     audited = dataclasses.replace(plan, p=p)
 
     n_base = int(plan.N)
-    f_standins = np.zeros((n_base, p))
-    f_standins[:, m:] = rng.normal(size=(n_base, RECORD_DIM)) * (plan.R / np.sqrt(RECORD_DIM))
-    e_standins = rng.normal(size=(n_base, plan.q)) * (plan.R_txt / np.sqrt(plan.q))
     canary_ids = np.flatnonzero(included)
-    f_canaries = np.zeros((len(canary_ids), p))
-    f_canaries[np.arange(len(canary_ids)), canary_ids] = CANARY_NORM_FACTOR * plan.R
+    f_standins, f_canaries = feature_records(n_base, canary_ids, m=m, R=plan.R, rng=rng)
+    e_standins = rng.normal(size=(n_base, plan.q)) * (plan.R_txt / np.sqrt(plan.q))
     e_canaries = np.zeros((len(canary_ids), plan.q))
     e_canaries[:, 0] = plan.R_txt
     # the same clip the release's callers apply (geometry.features clips f to R; captions to R_txt)

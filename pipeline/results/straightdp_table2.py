@@ -96,7 +96,6 @@ def straightdp_table2_noise_sweep(inputs: Mapping[str, Path], outputs: Mapping[s
                 seed=int(params.get("seed", 0)))
 
 
-
 def single_factor_ablation(tables: Mapping[str, pd.DataFrame], *, row: str, eps: float | None,
                            where: str) -> pd.DataFrame:
     """One line per arm (in the given order) at one (row, eps): CNN accuracy and FID (mean, std over

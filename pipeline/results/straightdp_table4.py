@@ -111,6 +111,7 @@ def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
     n = int(t4["n_samples"])
     captions = tc.caption_slots()
     which = np.arange(n) % len(captions)
+    asked = captions[which]  # the caption of each sample
     rows, entries = [], []
     for kind in t4["featurisations"]:
         coding = tc.CaptionCoding.of(kind)
@@ -138,7 +139,7 @@ def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
                 x = model.sample(torch.from_numpy(which),
                                  seeds.torch_generator("straightdp.text_sampling", int(seed)))
                 images = to_uint8(x.reshape(n, *shape).float().clamp(-1, 1))
-                acc = attribute_accuracy(images, captions[which], threshold=threshold, evalnet=evalnet)
+                acc = attribute_accuracy(images, asked, threshold=threshold, evalnet=evalnet)
                 rows.append({"featurisation": kind, "eps_target": float(eps), "seed": int(seed),
                              "eps_certified": entry.claimed_epsilon, "delta": delta, "sigma": plan.sigma,
                              "q": coding.q, "R_txt": coding.R_txt, "ridge": ridge, **acc, "n_samples": n,

@@ -33,7 +33,7 @@ from typing import Any
 
 from pipeline.training.dpdm_runs import fmt_num, parse_num
 
-#: Table 1's rows in the paper's order; "uniform" after "uniform_moments" in the regex so the longer wins
+#: every row: Table 1's in the paper's order, then Table 3's LoRA rows (the regex tries the longer names first)
 ROWS = ("released_only", "public_guidance", "uniform", "tha", "uniform_moments", "tha_moments", "lora_uniform",
         "lora_moments")
 #: rows whose Stage 2 trains a flow with DP-SGD, and their plan (Table 3's LoRA rows: one uniform (C, sigma))
@@ -45,11 +45,6 @@ RELEASING = ("released_only", "public_guidance", "uniform_moments", "tha_moments
 LORA_ROWS = ("lora_uniform", "lora_moments")
 #: Table 3's rows (the frozen-model route): guidance by the release, DP-LoRA, the release distilled into LoRA
 FROZEN_ROWS = ("public_guidance", "lora_uniform", "lora_moments")
-
-
-def table_rows(table: str) -> tuple[str, ...]:
-    """The rows a STRAIGHTDP table shows: Table 3 the frozen-model route's, every other table Table 1's."""
-    return FROZEN_ROWS if table == "table3_frozen" else tuple(r for r in ROWS if r not in LORA_ROWS)
 #: what the paper calls each row in Table 1
 LABELS = {
     "released_only": "Released moments only",
@@ -61,6 +56,12 @@ LABELS = {
     "lora_uniform": "DP-LoRA (uniform)",
     "lora_moments": "Moments distilled into LoRA + DP-LoRA",
 }
+
+
+def table_rows(table: str) -> tuple[str, ...]:
+    """The rows a STRAIGHTDP table shows: Table 3 the frozen-model route's, every other table Table 1's."""
+    return FROZEN_ROWS if table == "table3_frozen" else tuple(r for r in ROWS if r not in LORA_ROWS)
+
 
 _NUM = r"[0-9p]+(?:e-?[0-9]+)?"
 _ROW = "|".join(sorted(ROWS, key=len, reverse=True))

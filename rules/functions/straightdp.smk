@@ -115,12 +115,20 @@ def sdp_sample_shape():
     return [cost._channels(config), side, side]
 
 
+#: subsections only some rules read (the toy's, Table 4's, LoRA's): left out of every other job's params
+SDP_OWN_SECTIONS = ("toy", "table4", "lora")
+
+
+def sdp_section(*, keep=()):
+    """The straightdp section less its listing keys and the subsections of SDP_OWN_SECTIONS not in ``keep``."""
+    dropped = set(SDP_LISTING + SDP_OWN_SECTIONS) - set(keep)
+    return {k: v for k, v in config["straightdp"].items() if k not in dropped}
+
+
 def sdp_params(*, keep=(), **extra):
-    """Stage params: the straightdp section (less its listing keys and the toy's, Table 4's and LoRA's
-    subsections unless kept), the runtime keys, ``extra``."""
-    dropped = set(SDP_LISTING + ("toy", "table4", "lora")) - set(keep)
-    section = {k: v for k, v in config["straightdp"].items() if k not in dropped}
-    return stage_params(straightdp=section, device=config["device"], threads=TORCH_THREADS, **extra)
+    """Stage params: :func:`sdp_section` (``keep`` of its own subsections), the runtime keys, ``extra``."""
+    return stage_params(straightdp=sdp_section(keep=keep), device=config["device"], threads=TORCH_THREADS,
+                        **extra)
 
 
 def sdp_train_params(wildcards):
@@ -186,8 +194,8 @@ def sdp_targets():
            if sdp_toy_enabled() else [])
     table4 = [TABLES / "straightdp_table4_text.parquet"] if sdp_table4_enabled() else []
     # a table whose rows are not configured is left out (Table 3 needs a LoRA row: guidance alone is Table 1's)
-    tables = [t for t in SDP_TABLES if t != "table3_frozen" or any(r.lora for r in sdp_table_runs(t))]
-    tables = [t for t in tables if sdp_table_runs(t)]
+    tables = [t for t in SDP_TABLES
+              if (runs := sdp_table_runs(t)) and (t != "table3_frozen" or any(r.lora for r in runs))]
     return [*(TABLES / f"straightdp_{t}.parquet" for t in tables),
             *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples")),
             *toy, *table4]
