@@ -138,18 +138,81 @@ rule pretrain_straightdp:
         " --params {params.p:q} --log {log:q}"
 
 
+# An arm's own public files (straightdp.arms; its runs are <arm>-<row>_eps<eps>_seed<seed>): the same rules
+# with the arm's section. Its public flow always (the backbone switches act from public pretraining on); its
+# autoencoder, codes and release geometry only in another space than the main one (rules/functions/straightdp.smk).
+use rule train_autoencoder as train_autoencoder_arm with:
+    output:
+        model=sdp_autoencoder("{arm}"),
+        metrics=sdp_latent_dir("{arm}") / "autoencoder.json",
+    wildcard_constraints:
+        arm=straightdp_runs.ARM_PATTERN,
+    params:
+        p=lambda wildcards: stage_params(autoencoder=sdp_arm_section(wildcards.arm).get("autoencoder") or {},
+                                         seed=SEED, threads=TORCH_THREADS),
+    benchmark:
+        benchmark_path("train_autoencoder", "{arm}")
+    log:
+        LOGS / "train_autoencoder" / "{arm}.log",
+
+
+use rule encode_split as encode_split_arm with:
+    input:
+        split=lambda wildcards: SDP_CODE_SOURCES[wildcards.name],
+        autoencoder=sdp_autoencoder("{arm}"),
+    output:
+        codes=sdp_latent_dir("{arm}") / "{name}_codes.npz",
+    wildcard_constraints:
+        arm=straightdp_runs.ARM_PATTERN,
+        name="|".join(SDP_CODE_SOURCES),
+    benchmark:
+        benchmark_path("encode_split", "{arm}_{name}")
+    log:
+        LOGS / "encode_split" / "{arm}_{name}.log",
+
+
+use rule straightdp_geometry as straightdp_geometry_arm with:
+    input:
+        public=lambda wildcards: sdp_public_data(wildcards.arm),
+    output:
+        geometry=SDP_ARMS / "{arm}" / "geometry.npz",
+        horizon=SDP_ARMS / "{arm}" / "horizon.json",
+    wildcard_constraints:
+        arm=straightdp_runs.ARM_PATTERN,
+    params:
+        p=lambda wildcards: sdp_params(arm=wildcards.arm, seed=SEED),
+    benchmark:
+        benchmark_path("straightdp_geometry", "{arm}")
+    log:
+        LOGS / "straightdp_geometry" / "{arm}.log",
+
+
+use rule pretrain_straightdp as pretrain_straightdp_arm with:
+    input:
+        public=lambda wildcards: sdp_public_data(wildcards.arm),
+    output:
+        model=SDP_ARM_FLOW,
+    wildcard_constraints:
+        arm=straightdp_runs.ARM_PATTERN,
+    params:
+        p=lambda wildcards: sdp_params(arm=wildcards.arm, seed=SEED),
+    benchmark:
+        benchmark_path("pretrain_straightdp", "{arm}")
+    log:
+        LOGS / "pretrain_straightdp" / "{arm}.log",
+
+
 rule release_moments:
     """Stage 1 of one run (Prop. B.9): the noisy class moments at the run's Stage-1 share, its ledger line."""
     input:
-        data=sdp_private_data(),
-        geometry=SDP_GEOMETRY,
+        unpack(sdp_release_inputs),
     output:
         moments=sdp_release_path("{run}"),
         ledger=sdp_release_ledger("{run}"),
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_params(run=wildcards.run),
+        p=lambda wildcards: sdp_run_params(wildcards),
     log:
         LOGS / "release_moments" / "{run}.log",
     benchmark:
@@ -172,11 +235,11 @@ rule train_straightdp:
     output:
         model=sdp_model_path("{run}"),
         ledger=sdp_train_ledger("{run}"),
-        metrics=EXPDIR / "train" / "straightdp" / "{run}.json",
+        metrics=sdp_train_metrics("{run}"),
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=sdp_train_params,
+        p=lambda wildcards: sdp_run_params(wildcards, train=True),
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_straightdp" / "{run}.log",
@@ -204,7 +267,7 @@ rule sample_straightdp:
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_params(run=wildcards.run, shape=sdp_sample_shape()),
+        p=lambda wildcards: sdp_run_params(wildcards, shape=sdp_sample_shape(sdp_run(wildcards).arm)),
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "sample_straightdp" / "{run}.log",
@@ -280,6 +343,34 @@ rule straightdp_table:
         CPU_ENV
     shell:
         "python -m pipeline straightdp_table {params.ins} --out table={output.table:q} --params {params.p:q}"
+        " --log {log:q}"
+
+
+rule straightdp_table2:
+    """STRAIGHTDP Table 2: the noise sweep (the constrained arm vs the main runs over eps, signed gain, gradient-norm
+    tail ratio) or the single-factor ablation at the smallest eps (each ablation arm vs the main runs)."""
+    input:
+        unpack(lambda wildcards: sdp_run_inputs(sdp_table2_runs(wildcards.panel), grad=wildcards.panel == "noise_sweep")),
+    output:
+        table=TABLES / "straightdp_table2_{panel}.parquet",
+    wildcard_constraints:
+        panel="noise_sweep|ablation",
+    params:
+        p=lambda wildcards: stage_params(panel=wildcards.panel, runs=[r.name for r in sdp_table2_runs(wildcards.panel)],
+                                         seed=SEED),
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    benchmark:
+        benchmark_path("straightdp_table2", "{panel}")
+    log:
+        LOGS / "straightdp_table2_{panel}.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline straightdp_table2 {params.ins} --out table={output.table:q} --params {params.p:q}"
         " --log {log:q}"
 
 

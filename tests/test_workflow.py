@@ -130,7 +130,15 @@ TINY = {
                    "toy": {"epsilons": [1], "seeds": [0], "hidden": 8, "pretrain_steps": 10, "distill_steps": 2,
                            "dpsgd_steps": 2, "dpsgd_batch_size": 40, "n_eval": 20},
                    # Table 4 at one point per featurisation
-                   "table4": {"epsilons": [1], "seeds": [0], "n_samples": 80}},
+                   "table4": {"epsilons": [1], "seeds": [0], "n_samples": 80},
+                   # Table 1's latent block and Table 2's constrained arm at the main grid's one point
+                   "arms": {"latent": {"space": "latent", "autoencoder": {"steps": 5, "width": 8},
+                                       "flow": {"patch_size": 1},  # 12 x 12 images: 3 x 3 codes
+                                       "rows": ["uniform_moments"], "epsilons": [1], "seeds": [0],
+                                       "tables": ["table1_main"]},
+                            "low_b0": {"flow": {"stream_clamp": 16, "late_injection": 1, "decoupled_attention": True},
+                                       "rows": ["uniform_moments"], "epsilons": [1], "seeds": [0],
+                                       "tables": ["table1_main", "table2_noise_sweep", "table2_ablation"]}}},
     # both baselines at one eps: a few generator steps, two PE iterations of two candidates per class
     "baselines": {"epsilons": [3], "n_samples": 20,
                   "dp_merf": {"n_features": 64, "steps": 5, "batch_size": 20, "hidden": 16},
@@ -245,11 +253,18 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # the hybrid cell and the DPDM run claimed their epsilon, and the replay recomputed every claim
     replay = json.loads((results / "tiny" / "ledger" / "replay.json").read_text())
     assert replay["all_ok"] and len(replay["claims"]) >= 3
-    # STRAIGHTDP: 5 releasing runs + 6 training runs at eps 1 (Table 3's two LoRA rows among them), each
-    # line in its own transcript
+    # STRAIGHTDP: 5 releasing runs + 6 training runs at eps 1 (Table 3's two LoRA rows among them) and the two
+    # arms' uniform + moments runs (a release and a training each), each line in its own transcript
     sdp_ledgers = sorted(p for p in (results / "tiny" / "ledger").glob("straightdp_*.jsonl")
                          if p.name not in ("straightdp_toy.jsonl", "straightdp_table4_text.jsonl"))
-    assert len(sdp_ledgers) == 11 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
+    assert len(sdp_ledgers) == 15 and all(p.name in json.dumps(replay) for p in sdp_ledgers)
+    table1 = pd.read_parquet(results / "tables" / "straightdp_table1_main.parquet")
+    assert table1.loc[table1["arm"] != "main", "label"].tolist() == ["Uniform + moments [latent]",
+                                                                     "Uniform + moments [low_b0]"]
+    sweep = pd.read_parquet(results / "tables" / "straightdp_table2_noise_sweep.parquet")
+    assert len(sweep) == 1 and sweep["grad_p90_over_p50_constrained"].notna().all()
+    assert list(pd.read_parquet(results / "tables" / "straightdp_table2_ablation.parquet")["arm"]) == [
+        "unconstrained", "low_b0"]
     frozen = pd.read_parquet(results / "tables" / "straightdp_table3_frozen.parquet")
     assert set(frozen["row"]) == {"public_guidance", "lora_uniform", "lora_moments"}
     assert (frozen["eps_certified"] <= 1).all()
@@ -269,14 +284,14 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
     # the one-run audit: one row per line of every private mechanism (the DPDM run, the six STRAIGHTDP
-    # training runs and five releases plus the toy's two of each, Table 4's two text releases, the EMPDEN
-    # cells, the two baselines), each passed
+    # training runs and five releases, the two arms' one of each, the toy's two of each, Table 4's two text
+    # releases, the EMPDEN cells, the two baselines), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     counts = audit["mechanism"].value_counts().to_dict()
     assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "text_moment_release",
                                        "dp_merf_embedding", "pe_nn_histogram")} == {
-        "dpsgd": 1, "tha_dpsgd": 6 + 2, "moment_release": 5 + 2, "text_moment_release": 2, "dp_merf_embedding": 1,
-        "pe_nn_histogram": 1}
+        "dpsgd": 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
+        "dp_merf_embedding": 1, "pe_nn_histogram": 1}
     assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()
     # membership inference: the DPDM run, its non-private twin and the six STRAIGHTDP flows (two DP-LoRA), every attack;
     # EMPDEN Table 13 has its numerical column
@@ -293,7 +308,7 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe"}
     assert not all_runs.duplicated(["method", "config", "seed"]).any()
     assert all_runs.groupby("method").size().to_dict() == {
-        "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8, "dp_merf": 1, "pe": 1}
+        "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8 + 2, "dp_merf": 1, "pe": 1}
     private = all_runs[all_runs["private"]]
     assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
     assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()

@@ -9,8 +9,8 @@ split is an ordinary split: :func:`encode_split` writes them as uint8 in the pip
 (x = u / 127.5 - 1), and every STRAIGHTDP stage runs on it unchanged (the 8-bit rounding of a code,
 <= 1/255, is far below the decoder's sensitivity). Stages: ``train_autoencoder`` (public in, model
 out) and ``encode_split`` (a split and the model in, its codes out); decoding is :func:`decode`.
-``straightdp.space: latent`` runs the STRAIGHTDP rules on codes (``configs/diagnostics/straightdp_latent.yaml``);
-the latent rows are not yet part of the embedded ``all`` (issue #16).
+``straightdp.space: latent`` runs the STRAIGHTDP rules on codes: the whole configuration, or one arm of
+``straightdp.arms`` (the embedded default's ``latent`` arm: Table 1's latent block).
 """
 
 from __future__ import annotations

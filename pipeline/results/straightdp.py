@@ -65,6 +65,8 @@ TABLE_METRICS: dict[str, tuple[str, ...]] = {
     "table7_precision_recall": ("precision", "recall"),
     "table3_frozen": ("acc_cnn", "fid", "label_consistency", "clip_zero_shot_acc"),
 }
+#: the ``arm`` column of the main configuration's runs (an arm's runs carry the arm's name)
+MAIN_ARM = "main"
 #: metrics that must agree over the seeds of one row (settings, not results): kept as one column
 SETTING_COLUMNS: dict[str, tuple[str, ...]] = {"table7_precision_recall": ("prc_neighborhood",)}
 
@@ -138,7 +140,7 @@ def run_privacy(release: Path | None, train: Path | None) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- per-run records
 
-def _runs(params: Mapping[str, Any], where: str) -> list[StraightRun]:
+def param_runs(params: Mapping[str, Any], where: str) -> list[StraightRun]:
     names = params.get("runs")
     if not names or not isinstance(names, (list, tuple)):
         raise PipelineError(f"{where}: params.runs must be a non-empty list of run names, got {names!r}")
@@ -177,9 +179,14 @@ def run_records(inputs: Mapping[str, Path], runs: Sequence[StraightRun], where: 
                 raise PipelineError(f"{where}: row {run.row} has no {kind} transcript, got --in {kind}_{run.name}")
         privacy = run_privacy(inputs.get(f"release_{run.name}"), inputs.get(f"train_{run.name}"))
         metrics = read_json(inputs[f"metrics_{run.name}"])
-        out.append({"run": run.name, "row": run.row, "label": LABELS[run.row], "eps_target": run.epsilon,
-                    "seed_run": run.seed, **privacy, "metrics": metrics})
+        out.append({"run": run.name, "arm": run.arm or MAIN_ARM, "row": run.row, "label": run_label(run),
+                    "eps_target": run.epsilon, "seed_run": run.seed, **privacy, "metrics": metrics})
     return pd.DataFrame(out)
+
+
+def run_label(run: StraightRun) -> str:
+    """The paper's name of the run's row, with the arm in brackets for an arm's run."""
+    return LABELS[run.row] + (f" [{run.arm}]" if run.arm else "")
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -191,7 +198,8 @@ def _value(metrics: Mapping[str, Any], key: str) -> float:
 
 def aggregate(records: pd.DataFrame, *, metrics: Sequence[str], epsilons: Sequence[float],
               settings: Sequence[str] = (), where: str = "straightdp") -> pd.DataFrame:
-    """One row per (row, eps_target) in ROWS x ``epsilons`` order: each metric's mean and std over seeds.
+    """One row per (arm, row, eps_target) -- the main configuration first, then the arms in the order
+    the records meet them, each in ROWS x ``epsilons`` order: each metric's mean and std over seeds.
 
     ``<m>_mean`` and ``<m>_std_seeds`` (sample std, ddof = 1: NaN for one seed) of each metric;
     ``eps_certified`` / ``eps_release`` / ``eps_train`` / ``delta`` are the largest over seeds (the
@@ -200,15 +208,16 @@ def aggregate(records: pd.DataFrame, *, metrics: Sequence[str], epsilons: Sequen
     """
     rows = []
     order = {r: i for i, r in enumerate(ROWS)}
-    for (row, eps), group in sorted(records.groupby(["row", "eps_target"]),
-                                    key=lambda kv: (order[kv[0][0]], kv[0][1])):
+    arms = {a: i for i, a in enumerate(dict.fromkeys([MAIN_ARM, *records["arm"]]))}
+    for (arm, row, eps), group in sorted(records.groupby(["arm", "row", "eps_target"]),
+                                         key=lambda kv: (arms[kv[0][0]], order[kv[0][1]], kv[0][2])):
         group = group.sort_values("seed_run")
         eps_cert = float(group["eps_certified"].max())
         if not eps_cert <= eps * (1 + REL_TOL):
             worst = group.loc[group["eps_certified"].idxmax(), "run"]
             raise PipelineError(f"{where}: run {worst} certifies eps {eps_cert:.6g} > its target {eps:g} "
                                 f"(the table would overstate privacy)")
-        out: dict[str, Any] = {"row": row, "label": LABELS[row], "eps_target": float(eps),
+        out: dict[str, Any] = {"arm": arm, "row": row, "label": group["label"].iloc[0], "eps_target": float(eps),
                                "eps_certified": eps_cert, "eps_release": float(group["eps_release"].max()),
                                "eps_train": float(group["eps_train"].max()), "delta": float(group["delta"].max()),
                                "n_seeds": len(group), "seeds": ",".join(str(s) for s in group["seed_run"])}
@@ -220,7 +229,8 @@ def aggregate(records: pd.DataFrame, *, metrics: Sequence[str], epsilons: Sequen
         for s in settings:
             values = {mx.get(s) for mx in group["metrics"]}
             if len(values) != 1:
-                raise PipelineError(f"{where}: row {row} at eps {eps:g}: {s} differs over seeds "
+                raise PipelineError(f"{where}: row {row}{'' if arm == MAIN_ARM else f' [{arm}]'} at eps {eps:g}: "
+                                    f"{s} differs over seeds "
                                     f"({sorted(map(str, values))})")
             out[s] = values.pop()
         rows.append(out)
@@ -245,7 +255,7 @@ def straightdp_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
                             f"got {name!r}")
     where = f"stage straightdp_table {name}"
     rows = table_rows(name)
-    runs = [r for r in _runs(params, where) if r.row in rows]
+    runs = [r for r in param_runs(params, where) if r.row in rows]
     if not runs:
         raise PipelineError(f"{where}: no run of its rows ({', '.join(rows)}) in params.runs")
     epsilons = _epsilons(params, runs, where)
@@ -266,7 +276,7 @@ def straightdp_figure_accuracy(inputs: Mapping[str, Path], outputs: Mapping[str,
     """
     where = "stage straightdp_figure_accuracy"
     metric = str(params.get("metric", "acc_cnn"))
-    runs = _runs(params, where)
+    runs = param_runs(params, where)
     df = aggregate(run_records(inputs, runs, where), metrics=(metric,), epsilons=_epsilons(params, runs, where),
                    where=where)
     fig, ax = plt.subplots(figsize=(5.5, 3.8))

@@ -1,21 +1,25 @@
-"""Stages ``straightdp_table2_noise_sweep`` (Table 2 right, the backbone under noise) and
-``straightdp_table2_ablation`` (Table 2 left, one constraint at a time at the smallest eps).
+"""Stage ``straightdp_table2``: STRAIGHTDP Table 2, the backbone under noise, from the runs of the arms.
 
-Two runs of the same STRAIGHTDP rows that differ only in the Sec. 3.3 backbone constraints (e.g.
-``configs/diagnostics/straightdp_b0_off.yaml`` and ``straightdp_b0_16.yaml``): their Table 1 Parquet
-files and their training metrics. Per (row, eps): CNN accuracy and FID of each backbone (mean, std over
-seeds), the clamp's signed gain acc_cnn(constrained) / acc_cnn(unconstrained) - 1 reported whichever way
-it goes, and App. D.3's upper-tail ratio p90/p50 of the per-sample gradient norms of each (the
-step-weighted mean of the run's per-bucket ratios of medians, then the mean over seeds). The ratios are
-NON-PRIVATE diagnostics (functions of the private batches, logged by ``train_straightdp``); the
-accuracies and FIDs are the shared evaluation's. Both inputs must be the same rows at the same budgets.
-The ablation reads any number of backbones' Table 1 files (one named ``unconstrained``; e.g. the
-``configs/diagnostics/straightdp_b0_*.yaml`` arms) at one (row, eps) and reports each arm's gain over it.
+An *arm* (``straightdp.arms``, :mod:`pipeline.training.straightdp_runs`) reruns a Table 1 row on a
+backbone with some of Sec. 3.3's constraints, pretrained with them from the start; its reference, the
+*unconstrained* arm, is the main configuration's run of the same row, eps and seed (the main flow has no
+constraint switch on). Per arm and eps, each run's privacy is recomputed from its transcripts and its
+metrics are the shared evaluation's (:func:`pipeline.results.straightdp.run_records`, ``aggregate``:
+mean and std over seeds, the certified eps, refused above target). Two panels:
+
+``noise_sweep`` (Table 2, right): the constrained backbone (the one arm of ``table2_noise_sweep``) against
+  the unconstrained one at every eps of the arm: CNN accuracy and FID of each, the clamp's signed gain
+  acc_cnn(constrained) / acc_cnn(unconstrained) - 1 reported whichever way it goes, and App. D.3's
+  upper-tail ratio p90/p50 of the per-sample gradient norms of each (per run the step-weighted mean over
+  buckets, then the mean over seeds). The ratios are NON-PRIVATE diagnostics (functions of the private
+  batches, logged by ``train_straightdp``), read from each training run's metrics JSON (``grad_<run>``).
+``ablation`` (Table 2, left): one line per arm of ``table2_ablation`` and the unconstrained reference at
+  the smallest eps they all ran, each arm's signed gain over the reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +27,12 @@ import numpy as np
 import pandas as pd
 
 from pipeline.io import read_json
-from pipeline.reporting.tables import read_table, write_table
+from pipeline.reporting.tables import write_table
+from pipeline.results.straightdp import MAIN_ARM, PARAMS_DOC, aggregate, param_runs, run_records
 from pipeline.stage import PipelineError, stage
 from pipeline.training.straightdp_runs import StraightRun
 
+PANELS = ("noise_sweep", "ablation")
 ARMS = ("unconstrained", "constrained")
 #: the Table 1 columns each backbone (arm) contributes to either panel
 ARM_COLUMNS = ("acc_cnn_mean", "acc_cnn_std_seeds", "fid_mean", "fid_std_seeds", "eps_certified", "n_seeds")
@@ -43,28 +49,26 @@ def run_tail_ratio(metrics: Mapping[str, Any], where: str) -> float:
     return float((steps * ratios).sum() / steps.sum())
 
 
-def tail_ratios(metrics_dir: Path, where: str) -> pd.DataFrame:
-    """(row, eps_target, seed, p90_over_p50) of every training run's metrics JSON in ``metrics_dir``."""
+def tail_ratios(runs: Sequence[StraightRun], inputs: Mapping[str, Path], where: str) -> pd.DataFrame:
+    """(arm, row, eps_target, seed, p90_over_p50, stream_clamp) of each run's training metrics ``grad_<run>``."""
     rows = []
-    for path in sorted(Path(metrics_dir).glob("*.json")):
-        try:
-            run = StraightRun.from_name(path.stem)
-        except ValueError:
-            continue
-        m = read_json(path)
-        rows.append({"row": run.row, "eps_target": run.epsilon, "seed": run.seed,
-                     "p90_over_p50": run_tail_ratio(m, f"{where}: {path}"),
+    for run in runs:
+        key = f"grad_{run.name}"
+        if key not in inputs:
+            raise PipelineError(f"{where}: run {run.name} needs --in {key}=<its train_straightdp metrics JSON>")
+        m = read_json(inputs[key])
+        rows.append({"arm": run.arm or MAIN_ARM, "row": run.row, "eps_target": run.epsilon, "seed": run.seed,
+                     "p90_over_p50": run_tail_ratio(m, f"{where}: {inputs[key]}"),
                      "stream_clamp": (m.get("backbone_constraints") or {}).get("stream_clamp")})
-    if not rows:
-        raise PipelineError(f"{where}: no training metrics (<row>_eps<eps>_seed<seed>.json) in {metrics_dir}")
     return pd.DataFrame(rows)
 
 
 def noise_sweep(tables: Mapping[str, pd.DataFrame], ratios: Mapping[str, pd.DataFrame], where: str) -> pd.DataFrame:
+    """Both backbones' columns per (row, eps), the signed gain of the constrained one and each tail ratio."""
     keys = ["row", "eps_target"]
     a, b = (tables[arm].set_index(keys).sort_index() for arm in ARMS)
     if list(a.index) != list(b.index):
-        raise PipelineError(f"{where}: the two Table 1 files cover different (row, eps): {list(a.index)} vs "
+        raise PipelineError(f"{where}: the two backbones cover different (row, eps): {list(a.index)} vs "
                             f"{list(b.index)}")
     out = pd.DataFrame(index=a.index)
     for arm, t in zip(ARMS, (a, b)):
@@ -77,32 +81,12 @@ def noise_sweep(tables: Mapping[str, pd.DataFrame], ratios: Mapping[str, pd.Data
     return out.reset_index()
 
 
-@stage("straightdp_table2_noise_sweep", inputs=("unconstrained", "constrained", "unconstrained_metrics",
-                                                 "constrained_metrics"), outputs=("table",),
-       params={"config_id": "id of the settings (the constrained arm's)", "seed": "the table's seed column"})
-def straightdp_table2_noise_sweep(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
-                                  params: Mapping[str, Any]) -> None:
-    """Table 2 (right): the clamp's signed gain and the gradient-norm tail ratio at each eps, two backbones."""
-    where = "stage straightdp_table2_noise_sweep"
-    tables = {arm: read_table(inputs[arm]) for arm in ARMS}
-    ratios = {arm: tail_ratios(inputs[f"{arm}_metrics"], where) for arm in ARMS}
-    if any(v is not None for v in ratios["unconstrained"]["stream_clamp"]):
-        raise PipelineError(f"{where}: --in unconstrained_metrics holds runs with a stream clamp")
-    if not all(v is not None for v in ratios["constrained"]["stream_clamp"]):
-        raise PipelineError(f"{where}: --in constrained_metrics holds runs without the stream clamp")
-    df = noise_sweep(tables, ratios, where)
-    df.insert(0, "table", "table2_noise_sweep")
-    write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")),
-                seed=int(params.get("seed", 0)))
-
-
 def single_factor_ablation(tables: Mapping[str, pd.DataFrame], *, row: str, eps: float | None,
                            where: str) -> pd.DataFrame:
     """One line per arm (in the given order) at one (row, eps): CNN accuracy and FID (mean, std over
     seeds), the certified eps, and the signed gain acc_cnn(arm) / acc_cnn(unconstrained) - 1."""
     if "unconstrained" not in tables:
-        raise PipelineError(f"{where}: one input must be named unconstrained (the reference arm); got "
-                            f"{', '.join(tables)}")
+        raise PipelineError(f"{where}: one arm must be unconstrained (the reference); got {', '.join(tables)}")
     picked = {arm: t[t["row"] == row] for arm, t in tables.items()}
     common = set.intersection(*(set(t["eps_target"]) for t in picked.values()))
     if not common:
@@ -120,19 +104,55 @@ def single_factor_ablation(tables: Mapping[str, pd.DataFrame], *, row: str, eps:
     return df
 
 
-@stage("straightdp_table2_ablation", outputs=("table",), any_inputs=True,
-       params={"row": "the Table 1 row compared (default uniform_moments)",
-               "eps": "the budget (default: the smallest eps every arm ran)",
-               "config_id": "id of the settings", "seed": "the table's seed column"})
-def straightdp_table2_ablation(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
-                               params: Mapping[str, Any]) -> None:
-    """Table 2 (left): the single-factor ablation at the smallest eps. Inputs: arm name -> that backbone's
-    Table 1 Parquet (e.g. unconstrained, clamp_only, late_only, decoupled_only, full)."""
-    where = "stage straightdp_table2_ablation"
-    tables = {arm: read_table(path) for arm, path in inputs.items()}
-    eps = params.get("eps")
-    df = single_factor_ablation(tables, row=str(params.get("row", "uniform_moments")),
-                                eps=None if eps is None else float(eps), where=where)
-    df.insert(0, "table", "table2_ablation")
+def arm_tables(records: pd.DataFrame, where: str) -> dict[str, pd.DataFrame]:
+    """Each arm's (row, eps) aggregate, the main configuration's named ``unconstrained``, first."""
+    out = {}
+    for arm in dict.fromkeys([MAIN_ARM, *records["arm"]]):
+        group = records[records["arm"] == arm]
+        if group.empty:
+            raise PipelineError(f"{where}: no run of the main configuration (the unconstrained reference) in "
+                                f"params.runs")
+        eps = sorted(set(group["eps_target"]))
+        out["unconstrained" if arm == MAIN_ARM else arm] = aggregate(group, metrics=("acc_cnn", "fid"),
+                                                                     epsilons=eps, where=where)
+    return out
+
+
+@stage("straightdp_table2", outputs=("table",), any_inputs=True,
+       params={"panel": f"one of {', '.join(PANELS)}", **PARAMS_DOC,
+               "runs": PARAMS_DOC["runs"] + "; the main configuration's runs are the unconstrained reference, an "
+                                            "arm's (<arm>-<row>...) the constrained backbone(s); noise_sweep also "
+                                            "reads --in grad_RUN= (the run's train_straightdp metrics JSON)",
+               "eps": "ablation only: the budget (default: the smallest eps every arm ran)"})
+def straightdp_table2(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Table 2: the clamp's signed gain and the gradient-norm tail ratio over eps (noise_sweep) or the
+    single-factor ablation at the smallest eps (ablation), from the arms' runs and their references."""
+    panel = params.get("panel")
+    if panel not in PANELS:
+        raise PipelineError(f"stage straightdp_table2: params.panel must be one of {', '.join(PANELS)}, got {panel!r}")
+    where = f"stage straightdp_table2 {panel}"
+    runs = param_runs(params, where)
+    tables = arm_tables(run_records(inputs, runs, where), where)
+    rows = sorted({r.row for r in runs})
+    if len(rows) != 1:
+        raise PipelineError(f"{where}: the runs must be of one Table 1 row, got {', '.join(rows)}")
+    if panel == "noise_sweep":
+        arms = [a for a in tables if a != "unconstrained"]
+        if len(arms) != 1:
+            raise PipelineError(f"{where}: the sweep compares one constrained arm with the main runs, got arms "
+                                f"{arms or 'none'}")
+        ratios = tail_ratios(runs, inputs, where)
+        if ratios.loc[ratios["arm"] == MAIN_ARM, "stream_clamp"].notna().any():
+            raise PipelineError(f"{where}: a main-configuration run (the unconstrained reference) has a stream clamp")
+        if ratios.loc[ratios["arm"] != MAIN_ARM, "stream_clamp"].isna().any():
+            raise PipelineError(f"{where}: an arm {arms[0]} run has no stream clamp (the sweep's constrained backbone)")
+        ratios["arm"] = ratios["arm"].map(lambda a: "unconstrained" if a == MAIN_ARM else "constrained")
+        df = noise_sweep({"unconstrained": tables["unconstrained"], "constrained": tables[arms[0]]},
+                         {arm: ratios[ratios["arm"] == arm] for arm in ARMS}, where)
+        df.insert(1, "constrained_arm", arms[0])
+    else:
+        eps = params.get("eps")
+        df = single_factor_ablation(tables, row=rows[0], eps=None if eps is None else float(eps), where=where)
+    df.insert(0, "table", f"table2_{panel}")
     write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")),
                 seed=int(params.get("seed", 0)))

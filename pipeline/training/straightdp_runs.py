@@ -20,8 +20,11 @@ both compose to eps in one PLD accountant; a row with one stage spends all of ep
 
 A run's name is the path token ``<row>_eps<eps>_seed<seed>`` (e.g. ``tha_moments_eps0p3_seed1``):
 :attr:`StraightRun.name` writes it, :meth:`StraightRun.from_name` reads it back and
-:data:`RUN_PATTERN` is the Snakemake wildcard constraint. Pure Python (no torch): the rule file
-imports it.
+:data:`RUN_PATTERN` is the Snakemake wildcard constraint. A run of an *arm* (``straightdp.arms``: the
+same rows on another backbone or in another space, each with its own public flow; Table 1's latent
+block, Table 2) carries the arm's name in front: ``<arm>-<row>_eps<eps>_seed<seed>`` (e.g.
+``latent-uniform_eps0p3_seed0``); the main configuration's runs have none. Pure Python (no torch): the
+rule file imports it.
 """
 
 from __future__ import annotations
@@ -65,18 +68,21 @@ def table_rows(table: str) -> tuple[str, ...]:
 
 _NUM = r"[0-9p]+(?:e-?[0-9]+)?"
 _ROW = "|".join(sorted(ROWS, key=len, reverse=True))
+#: an arm's name (``straightdp.arms``' keys): lower case, digits, underscores; never a hyphen
+ARM_PATTERN = r"[a-z][a-z0-9_]*"
 #: the run grammar as a Snakemake wildcard constraint (no groups of its own)
-RUN_PATTERN = rf"(?:{_ROW})_eps{_NUM}_seed[0-9]+"
-_RUN_RE = re.compile(rf"(?P<row>{_ROW})_eps(?P<eps>{_NUM})_seed(?P<seed>[0-9]+)")
+RUN_PATTERN = rf"(?:{ARM_PATTERN}-)?(?:{_ROW})_eps{_NUM}_seed[0-9]+"
+_RUN_RE = re.compile(rf"(?:(?P<arm>{ARM_PATTERN})-)?(?P<row>{_ROW})_eps(?P<eps>{_NUM})_seed(?P<seed>[0-9]+)")
 
 
 @dataclass(frozen=True, order=True)
 class StraightRun:
-    """One STRAIGHTDP run: Table 1 row, total budget eps, seed."""
+    """One STRAIGHTDP run: Table 1 row, total budget eps, seed, and its arm ("" = the main configuration)."""
 
     row: str
     epsilon: float
     seed: int
+    arm: str = ""
 
     def __post_init__(self) -> None:
         if self.row not in ROWS:
@@ -85,20 +91,28 @@ class StraightRun:
         object.__setattr__(self, "seed", int(self.seed))
         if not self.epsilon > 0:
             raise ValueError(f"STRAIGHTDP run budget must be > 0, got {self.epsilon}")
+        if self.arm and not re.fullmatch(ARM_PATTERN, self.arm):
+            raise ValueError(f"STRAIGHTDP arm name must match {ARM_PATTERN} (lower case, digits, underscores), "
+                             f"got {self.arm!r}")
 
     @property
     def name(self) -> str:
-        """The run's path token, e.g. ``tha_moments_eps0p3_seed1``."""
-        return f"{self.row}_eps{fmt_num(self.epsilon)}_seed{self.seed}"
+        """The run's path token, e.g. ``tha_moments_eps0p3_seed1`` or ``latent-uniform_eps0p3_seed0``."""
+        return f"{self.arm + '-' if self.arm else ''}{self.row}_eps{fmt_num(self.epsilon)}_seed{self.seed}"
 
     @classmethod
     def from_name(cls, name: str) -> StraightRun:
         """The run a path token names (the inverse of :attr:`name`)."""
         m = _RUN_RE.fullmatch(name)
         if m is None:
-            raise ValueError(f"STRAIGHTDP run name {name!r} is not <row>_eps<eps>_seed<seed> "
+            raise ValueError(f"STRAIGHTDP run name {name!r} is not [<arm>-]<row>_eps<eps>_seed<seed> "
                              f"(rows: {', '.join(ROWS)})")
-        return cls(m["row"], parse_num(m["eps"]), int(m["seed"]))
+        return cls(m["row"], parse_num(m["eps"]), int(m["seed"]), m["arm"] or "")
+
+    @property
+    def main(self) -> StraightRun:
+        """The same run in the main configuration (an arm's reference in Table 2)."""
+        return StraightRun(self.row, self.epsilon, self.seed)
 
     @property
     def releases(self) -> bool:
@@ -139,7 +153,33 @@ class StraightRun:
         return self.epsilon * release["weight"] / (release["weight"] + release["sgd_weight"])
 
 
-def runs(straightdp: Mapping[str, Any]) -> list[StraightRun]:
-    """Every run of Table 1 (rows x epsilons x seeds), in row, eps, seed order."""
-    return [StraightRun(r, e, s) for r in straightdp["rows"] for e in straightdp["epsilons"]
-            for s in straightdp["seeds"]]
+def runs(straightdp: Mapping[str, Any], arm: str = "") -> list[StraightRun]:
+    """Every run of the main configuration (rows x epsilons x seeds), in row, eps, seed order, or of
+    ``straightdp.arms[arm]`` (its own rows, epsilons and seeds)."""
+    section = straightdp["arms"][arm] if arm else straightdp
+    return [StraightRun(r, e, s, arm) for r in section["rows"] for e in section["epsilons"]
+            for s in section["seeds"]]
+
+
+def arm_runs(straightdp: Mapping[str, Any], table: str | None = None) -> list[StraightRun]:
+    """Every arm's runs (config order), or those of the arms that feed ``table`` (an arm's ``tables``)."""
+    return [run for arm, section in (straightdp.get("arms") or {}).items()
+            if table is None or table in section["tables"] for run in runs(straightdp, arm)]
+
+
+def arm_section(straightdp: Mapping[str, Any], arm: str) -> dict[str, Any]:
+    """The straightdp section an arm's jobs read: the main one with the arm's ``space``, ``autoencoder``
+    and ``flow`` switches over it (the flow key by key), less ``arms``; its listing keys are the arm's."""
+    if not arm:
+        return {k: v for k, v in straightdp.items() if k != "arms"}
+    try:
+        own = straightdp["arms"][arm]
+    except KeyError:
+        raise ValueError(f"STRAIGHTDP arm {arm!r} is not in straightdp.arms "
+                         f"({', '.join(straightdp.get('arms') or {}) or 'none configured'})") from None
+    out = {k: v for k, v in straightdp.items() if k != "arms"}
+    out["flow"] = {**straightdp["flow"], **own.get("flow", {})}
+    for key in ("space", "autoencoder", "rows", "epsilons", "seeds"):
+        if key in own:
+            out[key] = own[key]
+    return out

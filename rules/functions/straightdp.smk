@@ -8,6 +8,9 @@ SDP_PUBLIC = DATA / "straightdp_public.npz"
 SDP_GEOMETRY = SDP / "geometry.npz"
 SDP_HORIZON = SDP / "horizon.json"
 SDP_PUBLIC_FLOW = EXPDIR / "models" / "straightdp" / "public_flow.pt"
+#: an arm's own files (straightdp.arms: its public flow, and in another space its autoencoder, codes, geometry)
+SDP_ARMS = SDP / "arms"
+SDP_ARM_FLOW = EXPDIR / "models" / "straightdp" / "arms" / "{arm}" / "public_flow.pt"
 #: the tables, each written to TABLES / "straightdp_<name>.parquet" (pipeline/results/straightdp.py TABLE_METRICS)
 SDP_TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall", "table3_frozen")
 
@@ -37,9 +40,30 @@ def sdp_metrics_path(run):
     return EXPDIR / "eval" / "straightdp" / run / "metrics.json"
 
 
+def sdp_train_metrics(run):
+    """The training run's metrics JSON (its gradient-norm log: Table 2's tail ratio)."""
+    return EXPDIR / "train" / "straightdp" / f"{run}.json"
+
+
 def sdp_runs():
     """Every run of Table 1 in the config: rows x epsilons x seeds."""
     return straightdp_runs.runs(config["straightdp"])
+
+
+def sdp_arm_runs(table=None):
+    """Every arm's runs (straightdp.arms), or those of the arms that feed ``table``."""
+    return straightdp_runs.arm_runs(config["straightdp"], table)
+
+
+def sdp_table2_runs(panel):
+    """Table 2's runs: the arms of table2_<panel>, then each arm run's main-configuration twin (the reference)."""
+    arm = sdp_arm_runs(f"table2_{panel}")
+    return [*arm, *dict.fromkeys(run.main for run in arm)]
+
+
+def sdp_table2_panels():
+    """The Table 2 panels some arm feeds (the noise sweep needs exactly one constrained arm: the stage says so)."""
+    return [p for p in ("noise_sweep", "ablation") if sdp_arm_runs(f"table2_{p}")]
 
 
 def sdp_run(wildcards):
@@ -50,8 +74,8 @@ def sdp_run(wildcards):
 
 
 #: keys that list which runs exist, not how one is made: left out of a job's params so that adding
-#: an eps or a seed reruns nothing already built
-SDP_LISTING = ("epsilons", "seeds", "rows")
+#: an eps, a seed or an arm reruns nothing already built
+SDP_LISTING = ("epsilons", "seeds", "rows", "arms")
 #: the Fig. 6 toy's own subsection: only its rule reads it (the image runs' params and ids ignore it)
 SDP_TOY_LEDGER = EXPDIR / "ledger" / "straightdp_toy.jsonl"
 
@@ -89,28 +113,63 @@ SDP_AUTOENCODER = SDP_LATENT / "autoencoder.pt"
 SDP_CODE_SOURCES = {"private_train": DATA / "private_train.npz", "straightdp_public": SDP_PUBLIC}
 
 
-def sdp_latent():
+def sdp_arm_section(arm=""):
+    """The straightdp section an arm's jobs read (straightdp_runs.arm_section; "" = the main configuration)."""
+    try:
+        return straightdp_runs.arm_section(config["straightdp"], arm)
+    except ValueError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+def sdp_latent(arm=""):
     """STRAIGHTDP's latent variant: the flow, the release and DP-SGD run on the public autoencoder's codes."""
-    return config["straightdp"].get("space", "pixel") == "latent"
+    return sdp_arm_section(arm).get("space", "pixel") == "latent"
 
 
-def sdp_private_data():
+def sdp_own_geometry(arm):
+    """An arm in latent space (its own autoencoder), or a pixel arm of a latent configuration, has its own
+    release geometry and horizon; any other arm shares the main one's (they read the same public split)."""
+    return bool(arm) and (sdp_latent(arm) or sdp_latent())
+
+
+def sdp_latent_dir(arm=""):
+    return SDP_ARMS / arm / "latent" if arm else SDP_LATENT
+
+
+def sdp_autoencoder(arm=""):
+    return sdp_latent_dir(arm) / "autoencoder.pt"
+
+
+def sdp_geometry(arm=""):
+    return SDP_ARMS / arm / "geometry.npz" if sdp_own_geometry(arm) else SDP_GEOMETRY
+
+
+def sdp_horizon(arm=""):
+    return SDP_ARMS / arm / "horizon.json" if sdp_own_geometry(arm) else SDP_HORIZON
+
+
+def sdp_public_flow(arm=""):
+    """The public flow a run starts from (or is guided on): the main one, or the arm's (its backbone, its space)."""
+    return Path(str(SDP_ARM_FLOW).format(arm=arm)) if arm else SDP_PUBLIC_FLOW
+
+
+def sdp_private_data(arm=""):
     """The private split the runs see: the images, or their codes in the latent variant."""
-    return SDP_LATENT / "private_train_codes.npz" if sdp_latent() else DATA / "private_train.npz"
+    return sdp_latent_dir(arm) / "private_train_codes.npz" if sdp_latent(arm) else DATA / "private_train.npz"
 
 
-def sdp_public_data():
+def sdp_public_data(arm=""):
     """The public split the runs see: the images, or their codes in the latent variant."""
-    return SDP_LATENT / "straightdp_public_codes.npz" if sdp_latent() else SDP_PUBLIC
+    return sdp_latent_dir(arm) / "straightdp_public_codes.npz" if sdp_latent(arm) else SDP_PUBLIC
 
 
-def sdp_sample_shape():
+def sdp_sample_shape(arm=""):
     """[C, H, W] of what the release models: the images, or the codes (code_channels x side/4 x side/4)."""
     side = cost._side(config)
-    if sdp_latent():
+    if sdp_latent(arm):
         from pipeline.config import schema_defaults
 
-        ae = {**schema_defaults("straightdp", "autoencoder"), **(config["straightdp"].get("autoencoder") or {})}
+        ae = {**schema_defaults("straightdp", "autoencoder"), **(sdp_arm_section(arm).get("autoencoder") or {})}
         return [ae["code_channels"], side // 4, side // 4]
     return [cost._channels(config), side, side]
 
@@ -119,27 +178,35 @@ def sdp_sample_shape():
 SDP_OWN_SECTIONS = ("toy", "table4", "lora")
 
 
-def sdp_section(*, keep=()):
-    """The straightdp section less its listing keys and the subsections of SDP_OWN_SECTIONS not in ``keep``."""
+def sdp_section(*, keep=(), arm=""):
+    """The straightdp section (an arm's: :func:`sdp_arm_section`) less its listing keys and the subsections
+    of SDP_OWN_SECTIONS not in ``keep``."""
     dropped = set(SDP_LISTING + SDP_OWN_SECTIONS) - set(keep)
-    return {k: v for k, v in config["straightdp"].items() if k not in dropped}
+    return {k: v for k, v in sdp_arm_section(arm).items() if k not in dropped}
 
 
-def sdp_params(*, keep=(), **extra):
+def sdp_params(*, keep=(), arm="", **extra):
     """Stage params: :func:`sdp_section` (``keep`` of its own subsections), the runtime keys, ``extra``."""
-    return stage_params(straightdp=sdp_section(keep=keep), device=config["device"], threads=TORCH_THREADS,
+    return stage_params(straightdp=sdp_section(keep=keep, arm=arm), device=config["device"], threads=TORCH_THREADS,
                         **extra)
 
 
-def sdp_train_params(wildcards):
-    """train_straightdp's params: a LoRA row (Table 3) also reads straightdp.lora (the others' ids ignore it)."""
-    return sdp_params(keep=("lora",) if sdp_run(wildcards).lora else (), run=wildcards.run)
+def sdp_run_params(wildcards, *, train=False, **extra):
+    """A run's job params: its arm's section; a LoRA row's training (Table 3) also reads straightdp.lora (no
+    other job's id moves with it)."""
+    run = sdp_run(wildcards)
+    return sdp_params(keep=("lora",) if train and run.lora else (), arm=run.arm, run=run.name, **extra)
+
+
+def sdp_release_inputs(wildcards):
+    arm = sdp_run(wildcards).arm
+    return {"data": sdp_private_data(arm), "geometry": sdp_geometry(arm)}
 
 
 def sdp_train_inputs(wildcards):
     run = sdp_run(wildcards)
-    inputs = {"data": sdp_private_data(), "public": sdp_public_data(), "init": SDP_PUBLIC_FLOW,
-              "geometry": SDP_GEOMETRY, "horizon": SDP_HORIZON}
+    inputs = {"data": sdp_private_data(run.arm), "public": sdp_public_data(run.arm), "init": sdp_public_flow(run.arm),
+              "geometry": sdp_geometry(run.arm), "horizon": sdp_horizon(run.arm)}
     if run.distills:
         inputs |= {"moments": sdp_release_path(run.name), "release_ledger": sdp_release_ledger(run.name)}
     return inputs
@@ -148,33 +215,44 @@ def sdp_train_inputs(wildcards):
 def sdp_sample_inputs(wildcards):
     run = sdp_run(wildcards)
     inputs = {"release": {"moments": sdp_release_path(run.name)},
-              "guided": {"moments": sdp_release_path(run.name), "model": SDP_PUBLIC_FLOW},
+              "guided": {"moments": sdp_release_path(run.name), "model": sdp_public_flow(run.arm)},
               "model": {"model": sdp_model_path(run.name)}}[run.samples_from]
-    return inputs | ({"autoencoder": SDP_AUTOENCODER} if sdp_latent() else {})
+    return inputs | ({"autoencoder": sdp_autoencoder(run.arm)} if sdp_latent(run.arm) else {})
 
 
 def sdp_table_runs(table=None):
-    """The runs a table reads (its rows: straightdp_runs.table_rows), every run for Figure 3 (table None)."""
+    """The runs a table reads (its rows: straightdp_runs.table_rows), every run for Figure 3 (table None);
+    Table 1 also the runs of the arms that feed it (its latent block, its low-B0 row)."""
     rows = straightdp_runs.table_rows(table) if table else straightdp_runs.ROWS
-    return [run for run in sdp_runs() if run.row in rows]
+    arms = sdp_arm_runs(table) if table == "table1_main" else []
+    return [run for run in sdp_runs() if run.row in rows] + arms
 
 
-def sdp_table_inputs(table=None):
-    """metrics_RUN, release_RUN, train_RUN of each run of the table (or of Figure 3)."""
+def sdp_run_inputs(runs, *, grad=False):
+    """metrics_RUN, release_RUN, train_RUN of each run (and grad_RUN, its training metrics, when ``grad``)."""
     out = {}
-    for run in sdp_table_runs(table):
+    for run in runs:
         out[f"metrics_{run.name}"] = sdp_metrics_path(run.name)
         if run.releases:
             out[f"release_{run.name}"] = sdp_release_ledger(run.name)
         if run.trains:
             out[f"train_{run.name}"] = sdp_train_ledger(run.name)
+            if grad:
+                out[f"grad_{run.name}"] = sdp_train_metrics(run.name)
     return out
 
 
+def sdp_table_inputs(table=None):
+    """The inputs of a table (or of Figure 3): :func:`sdp_run_inputs` of its runs."""
+    return sdp_run_inputs(sdp_table_runs(table))
+
+
 def sdp_table_params(table=None, **extra):
-    s = config["straightdp"]
+    runs = sdp_table_runs(table)
     extra = {**extra, "table": table} if table else extra
-    return stage_params(runs=[r.name for r in sdp_table_runs(table)], epsilons=s["epsilons"], seed=SEED, **extra)
+    # the main grid's budgets in its order, then any only an arm ran
+    epsilons = list(dict.fromkeys([*config["straightdp"]["epsilons"], *(r.epsilon for r in runs)]))
+    return stage_params(runs=[r.name for r in runs], epsilons=epsilons, seed=SEED, **extra)
 
 
 def sdp_grid_inputs():
@@ -188,14 +266,21 @@ def sdp_grid_titles():
     return {row: straightdp_runs.LABELS[row] for row in config["straightdp"]["rows"]}
 
 
+def sdp_all_runs():
+    """Every run ``all`` builds: the main grid, the arms', Table 2's references (main twins) not in the grid."""
+    twins = [run.main for panel in sdp_table2_panels() for run in sdp_arm_runs(f"table2_{panel}")]
+    return list(dict.fromkeys([*sdp_runs(), *sdp_arm_runs(), *twins]))
+
+
 def sdp_targets():
-    """Tables 1, 3, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on; Table 4 when on."""
+    """Tables 1, 2, 3, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on; Table 4 when on."""
     toy = ([TABLES / "straightdp_figure6_toy.parquet", FIGURES / "straightdp_figure6_toy.png"]
            if sdp_toy_enabled() else [])
     table4 = [TABLES / "straightdp_table4_text.parquet"] if sdp_table4_enabled() else []
     # a table whose rows are not configured is left out (Table 3 needs a LoRA row: guidance alone is Table 1's)
     tables = [t for t in SDP_TABLES
               if (runs := sdp_table_runs(t)) and (t != "table3_frozen" or any(r.lora for r in runs))]
+    tables += [f"table2_{panel}" for panel in sdp_table2_panels()]
     return [*(TABLES / f"straightdp_{t}.parquet" for t in tables),
             *(FIGURES / f"straightdp_{f}.png" for f in ("figure2_horizon", "figure3_accuracy", "figure5_samples")),
             *toy, *table4]
@@ -204,7 +289,7 @@ def sdp_targets():
 def sdp_transcripts():
     """One claim per transcript: each releasing run's Stage 1 line, each training run's Stage 2 line."""
     out = {}
-    for run in sdp_runs():
+    for run in sdp_all_runs():
         if run.releases:
             out[sdp_release_ledger(run.name)] = 1
         if run.trains:
@@ -217,17 +302,19 @@ def sdp_transcripts():
 
 
 def sdp_records():
-    """all_runs records: every run of Table 1 (one figure line per row), its release and/or train transcript."""
+    """all_runs records: every run ``all`` builds, its release and/or train transcript; the main grid's runs
+    are the figure's lines (one per row), an arm's stay in the table (ablations)."""
     from pipeline.registry import RunRecord
 
     out = []
-    for run in sdp_runs():
+    for run in sdp_all_runs():
         ledgers = ((sdp_release_ledger(run.name),) if run.releases else ()) + \
                   ((sdp_train_ledger(run.name),) if run.trains else ())
         rules = (("release_moments",) if run.releases else ()) + (("train_straightdp",) if run.trains else ()) + \
                 ("sample_straightdp", "evaluate_straightdp")
+        arm = f" [{run.arm}]" if run.arm else ""
         out.append(RunRecord(method="straightdp", config=run.name, seed=run.seed, epsilon_target=run.epsilon,
                              metrics=sdp_metrics_path(run.name), ledgers=ledgers,
-                             label=f"STRAIGHTDP: {straightdp_runs.LABELS[run.row]}",
+                             label=f"STRAIGHTDP{arm}: {straightdp_runs.LABELS[run.row]}", in_figure=not run.arm,
                              benchmarks=tuple(benchmark_path(rule, run.name) for rule in rules)))
     return out

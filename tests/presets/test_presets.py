@@ -175,7 +175,7 @@ def _tiny_empden(e: dict[str, Any], B: int) -> dict[str, Any]:
 def _tiny_straightdp(s: dict[str, Any]) -> dict[str, Any]:
     """STRAIGHTDP at its smallest eps and first seed, every Table 1 row the preset has: a one-block
     MM-DiT at the preset's patch size, two steps of each training, 20 samples of 2 Euler steps; Fig. 6's
-    toy at one eps and seed."""
+    toy and every arm at one eps and seed."""
     return {
         "epsilons": [min(s["epsilons"])], "seeds": s["seeds"][:1], "public": {"n": N_TRAIN},
         "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "joint_attention_dim": 8,
@@ -188,6 +188,10 @@ def _tiny_straightdp(s: dict[str, Any]) -> dict[str, Any]:
         # Fig. 6's toy at one point per line (data.toy.n is 200 here: its DP-SGD batch must stay below it)
         "toy": {"epsilons": [1], "seeds": [0], "hidden": 8, "pretrain_steps": 10, "distill_steps": 2,
                 "dpsgd_steps": 2, "dpsgd_batch_size": 40, "n_eval": 20},
+        # every arm at the same point (Table 2's references are that point's main runs); a few autoencoder steps
+        "arms": {name: {**arm, "epsilons": [min(s["epsilons"])], "seeds": s["seeds"][:1],
+                        **({"autoencoder": {"steps": 5, "width": 8}} if arm.get("space") == "latent" else {})}
+                 for name, arm in (s.get("arms") or {}).items()},
     }
 
 

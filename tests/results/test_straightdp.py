@@ -180,6 +180,19 @@ def test_table1_aggregates_two_seeds_with_the_composed_certified_eps(tmp_path):
     assert set(df["config_id"]) == {"cfg"} and "domain_rate_mean" not in df.columns
 
 
+def test_table1_lists_an_arms_rows_after_the_main_ones_labelled_with_the_arm(tmp_path):
+    names, inputs = two_seeds(tmp_path, row="uniform")
+    arm = ["latent-uniform_eps3_seed0", "latent-uniform_eps3_seed1"]
+    inputs.update(write_run(tmp_path, arm[0], {**METRICS, "acc_cnn": 0.1}))
+    inputs.update(write_run(tmp_path, arm[1], {**METRICS, "acc_cnn": 0.3}))
+    out = tmp_path / "t1.parquet"
+    sdp.straightdp_table(inputs, {"table": out}, {"table": "table1_main", "runs": [*arm, *names], "config_id": "c"})
+    df = pd.read_parquet(out)
+    assert df["arm"].tolist() == ["main", "latent"] and df["row"].tolist() == ["uniform", "uniform"]
+    assert df["label"].tolist() == ["Uniform DP-SGD", "Uniform DP-SGD [latent]"]
+    assert df["acc_cnn_mean"].tolist() == pytest.approx([0.7, 0.2]) and (df["n_seeds"] == 2).all()
+
+
 @pytest.mark.parametrize("table, columns", [
     ("table5_per_class", ["fid_class_mean_mean", "label_consistency_mean", "domain_rate_mean"]),
     ("table6_fid_vs_eps", ["fid_mean", "fid_std_seeds"]),
@@ -270,7 +283,8 @@ def test_the_horizon_figure_is_written_and_a_bad_horizon_refused(tmp_path):
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=4), st.floats(0.1, 10))
 def test_aggregate_is_the_mean_and_sample_std_over_seeds_and_keeps_the_largest_eps(values, target):
     eps = [target * (0.5 + 0.1 * i) for i in range(len(values))]
-    records = pd.DataFrame([{"run": f"uniform_eps1_seed{i}", "row": "uniform", "eps_target": target, "seed_run": i,
+    records = pd.DataFrame([{"run": f"uniform_eps1_seed{i}", "arm": "main", "row": "uniform",
+                             "label": "Uniform DP-SGD", "eps_target": target, "seed_run": i,
                              "eps_certified": e, "eps_release": math.nan, "eps_train": e, "delta": DELTA,
                              "metrics": {"acc_cnn": v}} for i, (v, e) in enumerate(zip(values, eps))])
     row = sdp.aggregate(records, metrics=("acc_cnn",), epsilons=[target]).iloc[0]
