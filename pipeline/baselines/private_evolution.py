@@ -132,6 +132,12 @@ def resample(noisy: np.ndarray, labels: np.ndarray, n_per_class: int, generator:
     return np.concatenate(idx), empty
 
 
+def histogram_threshold(cfg: Mapping[str, Any], sigma: float) -> float:
+    """H of Alg. 2: ``threshold`` noise stds, floored at ``threshold_votes`` votes (a public constant: as
+    post-processing of the noisy histogram it costs no privacy)."""
+    return max(float(cfg["threshold"]) * sigma, float(cfg.get("threshold_votes") or 0.0))
+
+
 def output_order(labels: np.ndarray) -> np.ndarray:
     """Indices of ``labels`` with the classes interleaved (first candidate of each class, then the second,
     ...): any prefix of it is as balanced over classes as its length allows."""
@@ -157,7 +163,7 @@ def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
         plan = pe.calibrate(target_epsilon=run.epsilon, delta=float(section["delta"]), T=T)
     except pe.PEError as exc:
         raise PipelineError(f"stage private_evolution: {exc}") from None
-    threshold = float(cfg["threshold"]) * plan.sigma
+    threshold = histogram_threshold(cfg, plan.sigma)
     denoiser = load_denoiser(inputs["denoiser"], device=device, convention=VE_SIGMA)
     api = PublicAPI(denoiser, steps=int(cfg["sampler_steps"]), guidance=float(cfg["guidance"]),
                     batch_size=int(cfg["batch_size"]), generator=seeds.torch_generator("pe.api", run.seed),

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.baselines.private_evolution import output_order, private_evolution, resample, variation_sigmas
+from pipeline.baselines.private_evolution import (histogram_threshold, output_order, private_evolution, resample,
+                                                 variation_sigmas)
 from pipeline.io import Split, load_split, save_split
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond
@@ -87,3 +88,9 @@ def test_fewer_outputs_than_candidates_keep_every_class():
 def test_a_run_with_fewer_samples_than_candidates_is_balanced(files, tmp_path):
     out = run(files, tmp_path, n_per_class=8)  # 24 candidates, 12 samples
     assert np.bincount(load_split(out["samples"]).labels).tolist() == [4, 4, 4]
+
+
+def test_the_threshold_is_in_noise_stds_with_an_optional_floor_in_votes():
+    assert histogram_threshold({"threshold": 1.0}, 2.8) == pytest.approx(2.8)
+    assert histogram_threshold({"threshold": 1.0, "threshold_votes": 3}, 1.0) == 3.0
+    assert histogram_threshold({"threshold": 1.0, "threshold_votes": 3}, 28.0) == pytest.approx(28.0)
