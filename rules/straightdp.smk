@@ -350,7 +350,8 @@ rule straightdp_table2:
     """STRAIGHTDP Table 2: the noise sweep (the constrained arm vs the main runs over eps, signed gain, gradient-norm
     tail ratio) or the single-factor ablation at the smallest eps (each ablation arm vs the main runs)."""
     input:
-        unpack(lambda wildcards: sdp_run_inputs(sdp_table2_runs(wildcards.panel), grad=wildcards.panel == "noise_sweep")),
+        unpack(lambda wildcards: sdp_run_inputs(sdp_table2_runs(wildcards.panel),
+                                                grad=wildcards.panel == "noise_sweep")),
     output:
         table=TABLES / "straightdp_table2_{panel}.parquet",
     wildcard_constraints:
