@@ -175,8 +175,8 @@ use rule straightdp_geometry as straightdp_geometry_arm with:
     input:
         public=lambda wildcards: sdp_public_data(wildcards.arm),
     output:
-        geometry=SDP_ARMS / "{arm}" / "geometry.npz",
-        horizon=SDP_ARMS / "{arm}" / "horizon.json",
+        geometry=sdp_arm_geometry("{arm}")[0],
+        horizon=sdp_arm_geometry("{arm}")[1],
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:
@@ -191,7 +191,7 @@ use rule pretrain_straightdp as pretrain_straightdp_arm with:
     input:
         public=lambda wildcards: sdp_public_data(wildcards.arm),
     output:
-        model=SDP_ARM_FLOW,
+        model=sdp_public_flow("{arm}"),
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:

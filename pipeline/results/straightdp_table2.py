@@ -49,15 +49,21 @@ def run_tail_ratio(metrics: Mapping[str, Any], where: str) -> float:
     return float((steps * ratios).sum() / steps.sum())
 
 
+def arm_name(run: StraightRun) -> str:
+    """A run's backbone in Table 2: ``unconstrained`` for the main configuration's, else its arm."""
+    return run.arm or "unconstrained"
+
+
 def tail_ratios(runs: Sequence[StraightRun], inputs: Mapping[str, Path], where: str) -> pd.DataFrame:
-    """(arm, row, eps_target, seed, p90_over_p50, stream_clamp) of each run's training metrics ``grad_<run>``."""
+    """(arm, row, eps_target, seed, p90_over_p50, stream_clamp) of each run's training metrics ``grad_<run>``,
+    arm as :func:`arm_name`."""
     rows = []
     for run in runs:
         key = f"grad_{run.name}"
         if key not in inputs:
             raise PipelineError(f"{where}: run {run.name} needs --in {key}=<its train_straightdp metrics JSON>")
         m = read_json(inputs[key])
-        rows.append({"arm": run.arm or MAIN_ARM, "row": run.row, "eps_target": run.epsilon, "seed": run.seed,
+        rows.append({"arm": arm_name(run), "row": run.row, "eps_target": run.epsilon, "seed": run.seed,
                      "p90_over_p50": run_tail_ratio(m, f"{where}: {inputs[key]}"),
                      "stream_clamp": (m.get("backbone_constraints") or {}).get("stream_clamp")})
     return pd.DataFrame(rows)
@@ -105,16 +111,15 @@ def single_factor_ablation(tables: Mapping[str, pd.DataFrame], *, row: str, eps:
 
 
 def arm_tables(records: pd.DataFrame, where: str) -> dict[str, pd.DataFrame]:
-    """Each arm's (row, eps) aggregate, the main configuration's named ``unconstrained``, first."""
+    """Each arm's (row, eps) aggregate by :func:`arm_name`, the main configuration's (``unconstrained``) first."""
     out = {}
     for arm in dict.fromkeys([MAIN_ARM, *records["arm"]]):
         group = records[records["arm"] == arm]
         if group.empty:
             raise PipelineError(f"{where}: no run of the main configuration (the unconstrained reference) in "
                                 f"params.runs")
-        eps = sorted(set(group["eps_target"]))
-        out["unconstrained" if arm == MAIN_ARM else arm] = aggregate(group, metrics=("acc_cnn", "fid"),
-                                                                     epsilons=eps, where=where)
+        out["unconstrained" if arm == MAIN_ARM else arm] = aggregate(
+            group, metrics=("acc_cnn", "fid"), epsilons=sorted(set(group["eps_target"])), where=where)
     return out
 
 
@@ -142,13 +147,13 @@ def straightdp_table2(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
             raise PipelineError(f"{where}: the sweep compares one constrained arm with the main runs, got arms "
                                 f"{arms or 'none'}")
         ratios = tail_ratios(runs, inputs, where)
-        if ratios.loc[ratios["arm"] == MAIN_ARM, "stream_clamp"].notna().any():
+        ref, con = ratios[ratios["arm"] == "unconstrained"], ratios[ratios["arm"] == arms[0]]
+        if ref["stream_clamp"].notna().any():
             raise PipelineError(f"{where}: a main-configuration run (the unconstrained reference) has a stream clamp")
-        if ratios.loc[ratios["arm"] != MAIN_ARM, "stream_clamp"].isna().any():
+        if con["stream_clamp"].isna().any():
             raise PipelineError(f"{where}: an arm {arms[0]} run has no stream clamp (the sweep's constrained backbone)")
-        ratios["arm"] = ratios["arm"].map(lambda a: "unconstrained" if a == MAIN_ARM else "constrained")
         df = noise_sweep({"unconstrained": tables["unconstrained"], "constrained": tables[arms[0]]},
-                         {arm: ratios[ratios["arm"] == arm] for arm in ARMS}, where)
+                         {"unconstrained": ref, "constrained": con}, where)
         df.insert(1, "constrained_arm", arms[0])
     else:
         eps = params.get("eps")

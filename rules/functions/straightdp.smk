@@ -8,9 +8,9 @@ SDP_PUBLIC = DATA / "straightdp_public.npz"
 SDP_GEOMETRY = SDP / "geometry.npz"
 SDP_HORIZON = SDP / "horizon.json"
 SDP_PUBLIC_FLOW = EXPDIR / "models" / "straightdp" / "public_flow.pt"
-#: an arm's own files (straightdp.arms: its public flow, and in another space its autoencoder, codes, geometry)
+#: an arm's own files (straightdp.arms: in another space its autoencoder, codes, geometry; its public flow is
+#: under models/, :func:`sdp_public_flow`)
 SDP_ARMS = SDP / "arms"
-SDP_ARM_FLOW = EXPDIR / "models" / "straightdp" / "arms" / "{arm}" / "public_flow.pt"
 #: the tables, each written to TABLES / "straightdp_<name>.parquet" (pipeline/results/straightdp.py TABLE_METRICS)
 SDP_TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall", "table3_frozen")
 
@@ -136,21 +136,27 @@ def sdp_latent_dir(arm=""):
     return SDP_ARMS / arm / "latent" if arm else SDP_LATENT
 
 
+def sdp_arm_geometry(arm):
+    """An arm's own release geometry and horizon (``arm`` may be the rule wildcard "{arm}")."""
+    return SDP_ARMS / arm / "geometry.npz", SDP_ARMS / arm / "horizon.json"
+
+
 def sdp_autoencoder(arm=""):
     return sdp_latent_dir(arm) / "autoencoder.pt"
 
 
 def sdp_geometry(arm=""):
-    return SDP_ARMS / arm / "geometry.npz" if sdp_own_geometry(arm) else SDP_GEOMETRY
+    return sdp_arm_geometry(arm)[0] if sdp_own_geometry(arm) else SDP_GEOMETRY
 
 
 def sdp_horizon(arm=""):
-    return SDP_ARMS / arm / "horizon.json" if sdp_own_geometry(arm) else SDP_HORIZON
+    return sdp_arm_geometry(arm)[1] if sdp_own_geometry(arm) else SDP_HORIZON
 
 
 def sdp_public_flow(arm=""):
-    """The public flow a run starts from (or is guided on): the main one, or the arm's (its backbone, its space)."""
-    return Path(str(SDP_ARM_FLOW).format(arm=arm)) if arm else SDP_PUBLIC_FLOW
+    """The public flow a run starts from (or is guided on): the main one, or the arm's (its backbone, its space);
+    ``arm`` may be the rule wildcard "{arm}"."""
+    return EXPDIR / "models" / "straightdp" / "arms" / arm / "public_flow.pt" if arm else SDP_PUBLIC_FLOW
 
 
 def sdp_private_data(arm=""):
