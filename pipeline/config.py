@@ -149,8 +149,18 @@ def _validate(filled: dict[str, Any], *, whole: bool) -> None:
     if errors:
         raise ConfigError(_format_error(errors[0]))
     check_public_disjoint_from_private(filled["data"])
+    drop_switched_off_arms(filled)
     if whole:
         check_sizes(filled)
+
+
+def drop_switched_off_arms(config: dict[str, Any]) -> None:
+    """Remove the STRAIGHTDP arms set to null: a later config file switches an arm of an earlier one off
+    this way, because files merge key by key (an empty ``arms: {}`` cannot remove what config.yaml set)."""
+    arms = (config.get("straightdp") or {}).get("arms")
+    if isinstance(arms, dict):
+        for name in [name for name, arm in arms.items() if arm is None]:
+            del arms[name]
 
 
 def check_no_enabled_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> None:

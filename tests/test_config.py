@@ -163,3 +163,49 @@ def test_a_method_left_out_skips_its_size_checks():
     with pytest.raises(ConfigError, match="dpdm.batch_size"):
         validate_config({"methods": ["dpdm"], "dpdm": {"batch_size": 3000}})
     validate_config({"methods": ["empden"], "dpdm": {"batch_size": 3000}})
+
+
+def _leaves(tree: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
+    out: dict[tuple[str, ...], object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, prefix + (key,)))
+        else:
+            out[prefix + (key,)] = value
+    return out
+
+
+def test_quick_tour_plus_digits_full_is_the_schema_default(repo):
+    """config.yaml's quick tour (what `make run` runs) + configs/digits_full.yaml is exactly config.yaml's
+    other keys over the schema's defaults: the reference run README's numbers come from stays reproducible."""
+    raw = yaml.safe_load((repo / "config.yaml").read_text())
+    full = yaml.safe_load((repo / "configs" / "digits_full.yaml").read_text())
+    assert set(full) <= set(raw), "digits_full.yaml may only restate sections the quick tour changes"
+    without_quick_tour = validate_config({key: value for key, value in raw.items() if key not in full})
+    assert load_config(repo / "config.yaml", repo / "configs" / "digits_full.yaml") == without_quick_tour
+    assert load_config(repo / "config.yaml") != without_quick_tour  # the quick tour does change something
+
+
+@pytest.mark.parametrize("preset", ["celeba32", "celeba64", "cifar10", "fashion", "mnist", "straightdp_fashion",
+                                    "straightdp_kmnist", "diagnostics/straightdp_n2500",
+                                    "diagnostics/straightdp_n60000"])
+def test_no_quick_tour_value_leaks_into_a_preset(repo, preset):
+    """A preset inherits config.yaml; in the sections its methods read, the quick tour's smaller values must
+    not reach it (it sets those keys itself or gets the schema's full value)."""
+    path = repo / "configs" / f"{preset}.yaml"
+    quick = load_config(repo / "config.yaml", path)
+    full = load_config(repo / "config.yaml", repo / "configs" / "digits_full.yaml", path)
+    sections = set(quick["methods"]) | {"evaluation", "data", "pretrain"}
+    leaked = {key: (quick_value, full_value)
+              for key, full_value in _leaves(full).items() if key[0] in sections
+              for quick_value in [_leaves(quick).get(key)] if quick_value != full_value}
+    assert not leaked, f"{preset}: quick-tour values leak in: {leaked}"
+
+
+def test_an_arm_set_to_null_is_switched_off(tmp_path, repo):
+    """Files merge key by key, so `arms: {}` cannot remove config.yaml's arms; null switches one off."""
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump({"straightdp": {"arms": {"latent": None}}}))
+    assert "latent" in load_config(repo / "config.yaml")["straightdp"]["arms"]
+    arms = load_config(repo / "config.yaml", preset)["straightdp"]["arms"]
+    assert "latent" not in arms and arms  # the others stay
