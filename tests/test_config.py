@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -186,19 +188,20 @@ def test_quick_tour_plus_digits_full_is_the_schema_default(repo):
     assert load_config(repo / "config.yaml") != without_quick_tour  # the quick tour does change something
 
 
-@pytest.mark.parametrize("preset", ["celeba32", "celeba64", "cifar10", "fashion", "mnist", "straightdp_fashion",
-                                    "straightdp_kmnist", "diagnostics/straightdp_n2500",
-                                    "diagnostics/straightdp_n60000"])
+PRESETS = sorted(str(p.relative_to(Path(__file__).parents[1] / "configs").with_suffix(""))
+                 for p in (Path(__file__).parents[1] / "configs").rglob("*.yaml") if p.name != "digits_full.yaml")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 def test_no_quick_tour_value_leaks_into_a_preset(repo, preset):
     """A preset inherits config.yaml; in the sections its methods read, the quick tour's smaller values must
     not reach it (it sets those keys itself or gets the schema's full value)."""
     path = repo / "configs" / f"{preset}.yaml"
-    quick = load_config(repo / "config.yaml", path)
+    quick = _leaves(load_config(repo / "config.yaml", path))
     full = load_config(repo / "config.yaml", repo / "configs" / "digits_full.yaml", path)
-    sections = set(quick["methods"]) | {"evaluation", "data", "pretrain"}
-    leaked = {key: (quick_value, full_value)
-              for key, full_value in _leaves(full).items() if key[0] in sections
-              for quick_value in [_leaves(quick).get(key)] if quick_value != full_value}
+    sections = set(full["methods"]) | {"evaluation", "data", "pretrain"}
+    leaked = {key: (quick.get(key), full_value) for key, full_value in _leaves(full).items()
+              if key[0] in sections and quick.get(key) != full_value}
     assert not leaked, f"{preset}: quick-tour values leak in: {leaked}"
 
 
