@@ -16,10 +16,11 @@ TABLES = ["dpdm_table_main", "dpdm_table_noise_multiplicity", "dpdm_table_sample
 
 
 def _config(tmp_path, **dpdm):
-    """The reference run's DPDM (K 2, as configs/digits_full.yaml): the quick tour's K 1 would fold the K table's
-    K = 1 run into the main runs, and these counts are the reference DAG's."""
+    """The reference run's DPDM (K 2 and four samplers, as configs/digits_full.yaml): the quick tour's K 1 folds the
+    K table's K = 1 run into the main runs and its ablation drops a sampler; these counts are the reference DAG's."""
     cfg = tmp_path / "c.yaml"
-    dpdm = {"init": "scratch", "K": 2, **dpdm}
+    ablation = {"epsilons": [0.2, 1, 10], "samplers": ["ddim", "stochastic_ddim", "churn", "guided"]}
+    dpdm = {"init": "scratch", "K": 2, "sampler_ablation": ablation, **dpdm}
     cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "dpdm": dpdm}))
     return str(cfg)
 

@@ -119,6 +119,8 @@ TINY = {
              "sampler_ablation": {"epsilons": [10], "samplers": ["ddim", "guided"]}},
     # every Table 1 row at one eps and seed: a one-block MM-DiT, two steps of each training
     "straightdp": {"epsilons": [1], "seeds": [0], "public": {"n": 100},
+                   "rows": ["released_only", "public_guidance", "uniform", "tha", "uniform_moments", "tha_moments",
+                            "lora_uniform", "lora_moments"],
                    "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8,
                             "joint_attention_dim": 8, "caption_tokens": 2},
                    "pretrain": {"steps": 4, "batch_size": 16}, "release": {"p": 8, "rank": 4},
