@@ -72,6 +72,7 @@ seeds.register_streams(
     seeds.Stream("straightdp.horizon", "probes and flow noise of Fig. 2a's cosine curve (public)"),
     seeds.Stream("straightdp.pretrain_init", "the public flow's initialisation (torch's global RNG)"),
     seeds.Stream("straightdp.pretrain", "batches, times, flow noise and label dropout of public pretraining"),
+    seeds.Stream("straightdp.lora_init", "the DP-LoRA adapters' initialisation (torch's global RNG, as peft draws it)"),
     seeds.Stream("straightdp.release", "the Gaussian noise of the moment release (Stage 1)"),
     seeds.Stream("straightdp.distill", "draws of the distillation onto the released field (post-processing)"),
     seeds.Stream("straightdp.proxy", "public examples, times and noise of the THA planner's proxy"),
@@ -413,6 +414,9 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         from pipeline.flow.lora import add_lora
 
         lora = cfg["lora"]
+        # peft draws the A matrices from torch's global RNG: seeded from the run's stream, the adapters do not
+        # depend on what else ran in the process (two identical runs differed before)
+        seeds.seed_globals("straightdp.lora_init", run.seed)
         add_lora(model, rank=int(lora["rank"]), alpha=float(lora["alpha"]))
         sgd, dist = {**sgd, "lr": float(lora["lr"])}, {**dist, "lr": float(lora["lr"])}
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
