@@ -47,7 +47,10 @@ from tests.datasets import CELEBA_ATTRS, IDX_SOURCES, write_celeba, write_cifar1
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REPO = Path(__file__).resolve().parents[2]
-PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+#: configs/digits_full.yaml is no paper preset but the embedded default's reference run (config.yaml's quick tour
+#: restored to the schema's defaults; tests/test_config.py holds it there), so the tier leaves it out
+REFERENCE_RUN = "digits_full"
+PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml") if p.stem != REFERENCE_RUN)
 SCHEMA = yaml.safe_load((REPO / "pipeline" / "schema" / "config.schema.yaml").read_text())
 
 #: images per official split written for a preset (12 and 9 per class where there are 10
