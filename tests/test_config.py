@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, config_id, load_config, validate_config
+from tests.presets.test_presets import REFERENCE_RUN
 
 
 def test_embedded_default_is_valid_and_complete(repo):
@@ -188,8 +189,9 @@ def test_quick_tour_plus_digits_full_is_the_schema_default(repo):
     assert load_config(repo / "config.yaml") != without_quick_tour  # the quick tour does change something
 
 
-PRESETS = sorted(str(p.relative_to(Path(__file__).parents[1] / "configs").with_suffix(""))
-                 for p in (Path(__file__).parents[1] / "configs").rglob("*.yaml") if p.name != "digits_full.yaml")
+CONFIGS = Path(__file__).parents[1] / "configs"
+PRESETS = sorted(str(p.relative_to(CONFIGS).with_suffix(""))
+                 for p in CONFIGS.rglob("*.yaml") if p.stem != REFERENCE_RUN)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
