@@ -22,7 +22,7 @@ at most 1e-3). At the paper's h = 1e-5 the naive side took 851 CPU seconds for t
 with p <= 67% (2026-11-30, shared 2-core machine), and its p = 70% blocks need more than 7 GiB
 in one process: each naive block runs capped at ``--naive-mem-gib`` and is reported as a
 MemoryError row if it does not fit (ratios are then over the blocks it finished). ``--h 1e-4``
-is a quick look (there both sides compose on h itself: k = 1). Run:
+is a quick look (the CLI's and DP-SGD calibration's grid; ours still splits onto k h, k <= 8). Run:
 
     python benchmarks/bench_accounting.py --h 1e-4               # quick look
     python benchmarks/bench_accounting.py                        # h = 1e-4 then the paper's 1e-5 (slow)
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-out", type=int, default=50000)
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--h", type=float, nargs="+", default=[1e-4, 1e-5],
-                    help="PLD discretisation(s), each run in turn (1e-4: the CLI's and DP-SGD calibration's, k = 1; "
+                    help="PLD discretisation(s), each run in turn (1e-4: the CLI's and DP-SGD calibration's; "
                          "1e-5: the paper's)")
     ap.add_argument("--workers", type=int, default=2, help="processes for ours")
     ap.add_argument("--naive-mem-gib", type=float, default=6.5,

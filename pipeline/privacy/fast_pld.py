@@ -90,16 +90,27 @@ import numbers
 from collections.abc import Iterator
 
 import numpy as np
+import threadpoolctl
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as plm
 from scipy import fft as sp_fft
+from scipy import special
 
 AdjacencyType = plm.AdjacencyType
 
 
 class VectorizedGaussianPrivacyLoss(plm.GaussianPrivacyLoss):
     """``GaussianPrivacyLoss`` whose ``get_delta_for_epsilon`` runs on arrays (ADD/REMOVE)."""
+
+    # The library's noise CDFs go through a frozen ``scipy.stats.norm(scale=sigma)``, whose
+    # argument checks and masking cost as much as the CDF itself on a million-point grid; for
+    # loc = 0 it returns exactly ndtr(x / sigma) (and log_ndtr), including at +-inf and NaN.
+    def noise_cdf(self, x):
+        return special.ndtr(np.asarray(x, dtype=float) / self._standard_deviation)
+
+    def noise_log_cdf(self, x):
+        return special.log_ndtr(np.asarray(x, dtype=float) / self._standard_deviation)
 
     def _inverse_privacy_loss_array(self, eps: np.ndarray) -> np.ndarray:
         """Vectorised ``inverse_privacy_loss`` (dp_accounting's formulas, Gaussian, ADD/REMOVE)."""
@@ -305,14 +316,15 @@ def split_factor(pmf, max_factor: int, tolerance: float = SPLIT_VARIANCE_TOLERAN
     total = probs.sum()
     if max_factor <= 1 or total <= 0:
         return 1
+    # sums of products, not `@`: a BLAS dot spins OpenBLAS's idle threads (CPU burnt for no speed)
     index = np.arange(len(probs), dtype=float)
-    mean = (probs @ index) / total
-    var = (probs @ (index - mean) ** 2) / total  # in units of h^2
+    mean = np.sum(probs * index) / total
+    var = np.sum(probs * (index - mean) ** 2) / total  # in units of h^2
     fine_index = dense._lower_loss + np.arange(len(probs))  # noqa: SLF001
 
     def added(k: int) -> float:  # variance added by the split onto k h, in units of h^2
         r = fine_index % k
-        return (probs @ (r * (k - r))) / total
+        return np.sum(probs * (r * (k - r))) / total
 
     for k in range(max_factor, 1, -1):
         if added(k) <= tolerance * var:
@@ -343,8 +355,11 @@ def coarsen_pmf(pmf, factor: int) -> pld_pmf.DensePLDPmf:
     # weight of the upper node b = a + k h: (1 - e^{-(l - a)}) / (1 - e^{-(b - a)}), l = a + r h
     to_upper = np.expm1(-r * h) / math.expm1(-coarse_h)
     out = np.zeros(cells + 1)
-    out[:-1] = table @ (1.0 - to_upper)
-    out[1:] += table @ to_upper
+    # one BLAS thread: OpenBLAS's gemv threads spin on the other core for no speed on this
+    # memory-bound k-column product (CPU time 2.5x on EMPDEN's grid at h = 1e-4)
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        out[:-1] = table @ (1.0 - to_upper)
+        out[1:] += table @ to_upper
     infinity_mass, pessimistic = dense._infinity_mass, dense._pessimistic_estimate  # noqa: SLF001
     return pld_pmf.DensePLDPmf(coarse_h, int(first), out, infinity_mass, pessimistic)
 
@@ -381,6 +396,29 @@ def self_convolve_bounds(probs: np.ndarray, num_times: int, tail_mass_truncation
     return lower, upper
 
 
+#: Spectral components with |z|^N below this are set to 0 instead of being raised to the power N
+#: (:func:`_spectrum_power`).
+SPECTRUM_DROP = 1e-40
+
+
+def _spectrum_power(spectrum: np.ndarray, num_times: int) -> np.ndarray:
+    """spectrum ** num_times, computed only where the result is above :data:`SPECTRUM_DROP`.
+
+    Why: NumPy's complex ``**`` for a large integer goes through ``cpow`` (a complex log and exp,
+    ~180 ns an element) and was most of a composition's time at h = 1e-4, yet the composed PLD is
+    smooth: on EMPDEN's grid (N = 50,000) fewer than 0.5% of the frequencies have |z|^N above
+    1e-40. The kept ones are bit-identical to ``**`` (repeated squaring would be faster still but
+    loses ~N x machine epsilon near |z| = 1, a uniform offset over the whole composed PMF); a dropped
+    one moves every point of the inverse FFT by at most 2 x 1e-40 / size, i.e. the PMF by < 2e-40 per
+    dropped frequency in L1 -- 25 orders of magnitude below the truncation mass already in delta.
+    """
+    threshold = math.exp(math.log(SPECTRUM_DROP) / num_times)  # |z| > threshold <=> |z|^N > SPECTRUM_DROP
+    keep = np.abs(spectrum) > threshold
+    powered = np.zeros_like(spectrum)
+    powered[keep] = spectrum[keep] ** num_times
+    return powered
+
+
 def _self_compose_pmf(pmf, num_times: int, tail_mass_truncation: float, workers: int, margin: float = 0.0):
     """``DensePLDPmf.self_compose`` with a real FFT (half the work of the library's complex one).
 
@@ -395,7 +433,7 @@ def _self_compose_pmf(pmf, num_times: int, tail_mass_truncation: float, workers:
     _check_grid(max(out_len, len(probs)), f"the {num_times}-fold composed PLD", dense._discretization)  # noqa: SLF001
     size = sp_fft.next_fast_len(max(out_len, len(probs)), real=True)
     spectrum = sp_fft.rfft(probs, size, workers=workers)
-    conv = sp_fft.irfft(spectrum ** num_times, size, workers=workers)
+    conv = sp_fft.irfft(_spectrum_power(spectrum, num_times), size, workers=workers)
     out = np.roll(conv, -lo)[:out_len]
     inf_prob = margin + tail_mass_truncation - math.expm1(num_times * math.log1p(-dense._infinity_mass))  # noqa: SLF001
     return pld_pmf.DensePLDPmf(dense._discretization, dense._lower_loss * num_times + lo, out,  # noqa: SLF001

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.pld import privacy_loss_mechanism as plm
 
 from pipeline.results import empden_accounting as empden
 from pipeline.config import validate_config
@@ -53,6 +54,28 @@ def test_self_composition_matches_dp_accounting(mu, q, n):
         assert a._lower_loss == b._lower_loss
         np.testing.assert_allclose(a._probs, b._probs, rtol=0, atol=1e-12)
         assert a._infinity_mass == pytest.approx(b._infinity_mass, rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 7.0])
+def test_the_noise_cdfs_are_the_librarys_bit_for_bit(sigma):
+    """The ndtr shortcut returns exactly what the library's frozen scipy.stats.norm returns."""
+    ours = fast_pld.VectorizedGaussianPrivacyLoss(sigma, sampling_prob=0.01)
+    ref = plm.GaussianPrivacyLoss(sigma, sampling_prob=0.01)
+    x = np.concatenate([np.linspace(-40 * sigma, 40 * sigma, 10_001), [-np.inf, np.inf, 0.0, -0.0]])
+    for name in ("noise_cdf", "noise_log_cdf", "mu_upper_cdf", "mu_lower_log_cdf"):
+        np.testing.assert_array_equal(getattr(ours, name)(x), getattr(ref, name)(x), err_msg=name)
+        assert getattr(ours, name)(0.3) == getattr(ref, name)(0.3)
+
+
+@pytest.mark.parametrize("mu, q, n", [(2.09, 5e-4, 50000), (3.9, 4e-3, 50000), (1.0, 0.3, 100)])
+def test_the_spectrum_power_drops_only_components_below_1e_40(mu, q, n):
+    single = fast_pld.from_gaussian_mechanism(1 / mu, sampling_prob=q, value_discretization_interval=1e-3)
+    spectrum = np.fft.rfft(single._pmf_remove.to_dense_pmf()._probs, 1 << 16)
+    full, ours = spectrum ** n, fast_pld._spectrum_power(spectrum, n)
+    kept = ours != 0
+    np.testing.assert_array_equal(ours[kept], full[kept])  # the kept ones are numpy's own power
+    assert np.abs(full[~kept]).max(initial=0.0) <= 1e-40 * (1 + 1e-9)  # what the docstring promises
+    assert kept.sum() >= 1 and kept[0]  # the DC term (total mass ~ 1) is always kept
 
 
 @pytest.mark.parametrize("pessimistic", [True, False])
