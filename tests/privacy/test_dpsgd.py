@@ -162,7 +162,6 @@ def test_noise_std_is_sigma_C_over_qN_around_the_clipped_mean():
     assert_is_the_plans_noise(residual, p)
 
 
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_step_is_the_cpu_clipped_mean_plus_noise_of_std_sigma_C_over_qN():
     # device: auto puts the model, the data and the noise generator on the GPU: the released
@@ -183,6 +182,7 @@ def test_on_cuda_the_step_is_the_cpu_clipped_mean_plus_noise_of_std_sigma_C_over
     assert info.grad_norms.min() > p.max_grad_norm  # every example is clipped: the test is about C
     residual = flat({k: v.cpu() for k, v in noisy.items()}) - flat(clean) / p.expected_batch_size
     assert_is_the_plans_noise(residual, p)
+
 
 def test_an_empty_poisson_batch_releases_pure_noise_and_still_steps():
     model = TinyDenoiser()
