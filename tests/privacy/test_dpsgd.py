@@ -61,15 +61,6 @@ def flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([g.reshape(-1) for g in grads.values()])
 
 
-def assert_is_the_plans_noise(residual: torch.Tensor, p: dpsgd.DPSGDPlan) -> None:
-    """``residual`` (released gradient minus the clipped mean) is N(0, (sigma C / (q N))^2) per coordinate."""
-    expected = p.noise_multiplier * p.max_grad_norm / (p.sampling_rate * p.dataset_size)
-    n = residual.numel()
-    # the sample std of n Gaussians is within 5/sqrt(2n) relative of the truth (5 sigma)
-    assert residual.std().item() == pytest.approx(expected, rel=5 / math.sqrt(2 * n))
-    assert residual.mean().abs().item() < 5 * expected / math.sqrt(n)
-
-
 # --------------------------------------------------------------------------- per-example gradients
 
 def test_per_example_gradients_equal_a_loop_of_single_example_backward_passes():
@@ -147,41 +138,31 @@ def test_privatised_sum_is_bounded_by_batch_size_times_C_for_huge_gradients():
 
 # --------------------------------------------------------------------------- noise and normalisation
 
-def test_noise_std_is_sigma_C_over_qN_around_the_clipped_mean():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_noise_std_is_sigma_C_over_qN_around_the_clipped_mean(device):
+    # on CUDA (device: auto puts the model, the data and the noise generator there) the release
+    # must stay on the GPU, its clipped part must be the CPU's, and its noise the plan's
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 16))  # ~2k coordinates
     model_fn_loss = lambda model_fn, x: (model_fn(x) - x).pow(2).sum()  # noqa: E731
     p = plan(noise_multiplier=1.3, max_grad_norm=0.5, sampling_rate=0.1, dataset_size=200)
     x = torch.randn(200, 16)
     idx = torch.arange(23)
-    e = dpsgd.DPSGD(model, model_fn_loss, p, noise_generator=torch.Generator().manual_seed(3))
-    noisy, _ = e.privatised_gradient((x,), idx)
+    e = dpsgd.DPSGD(copy.deepcopy(model).to(device), model_fn_loss, p,
+                    noise_generator=torch.Generator(device=device).manual_seed(3))
+    noisy, info = e.privatised_gradient((x.to(device),), idx)
+    assert all(t.device.type == device for t in noisy.values())
     pe, _ = dpsgd.per_example_gradients(model, model_fn_loss, (x[idx],))
-    clean, _ = dpsgd.clip_and_sum(pe, p.max_grad_norm)
-    residual = flat(noisy) - flat(clean) / p.expected_batch_size
-    assert_is_the_plans_noise(residual, p)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda_the_step_is_the_cpu_clipped_mean_plus_noise_of_std_sigma_C_over_qN():
-    # device: auto puts the model, the data and the noise generator on the GPU: the released
-    # gradient must stay there, its clipped part must be the CPU's, and its noise the plan's
-    torch.manual_seed(0)
-    cpu_model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 16))
-    gpu_model = copy.deepcopy(cpu_model).cuda()
-    model_fn_loss = lambda model_fn, x: (model_fn(x) - x).pow(2).sum()  # noqa: E731
-    p = plan(noise_multiplier=1.3, max_grad_norm=0.5, sampling_rate=0.1, dataset_size=200)
-    x = torch.randn(200, 16)
-    idx = torch.arange(23)
-    e = dpsgd.DPSGD(gpu_model, model_fn_loss, p, noise_generator=torch.Generator(device="cuda").manual_seed(3))
-    noisy, info = e.privatised_gradient((x.cuda(),), idx)
-    assert all(t.is_cuda for t in noisy.values())
-    pe, _ = dpsgd.per_example_gradients(cpu_model, model_fn_loss, (x[idx],))
     clean, norms = dpsgd.clip_and_sum(pe, p.max_grad_norm)
     torch.testing.assert_close(info.grad_norms.cpu(), norms, rtol=1e-4, atol=1e-6)
     assert info.grad_norms.min() > p.max_grad_norm  # every example is clipped: the test is about C
     residual = flat({k: v.cpu() for k, v in noisy.items()}) - flat(clean) / p.expected_batch_size
-    assert_is_the_plans_noise(residual, p)
+    expected = p.noise_multiplier * p.max_grad_norm / (p.sampling_rate * p.dataset_size)
+    n = residual.numel()
+    # the sample std of n Gaussians is within 5/sqrt(2n) relative of the truth (5 sigma)
+    assert residual.std().item() == pytest.approx(expected, rel=5 / math.sqrt(2 * n))
+    assert residual.mean().abs().item() < 5 * expected / math.sqrt(n)
 
 
 def test_an_empty_poisson_batch_releases_pure_noise_and_still_steps():
