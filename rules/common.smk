@@ -13,7 +13,8 @@ sys.path.insert(0, workflow.basedir)
 from snakemake.utils import validate
 
 import pipeline.resources as cost
-from pipeline.config import ConfigError, config_id, deep_merge, schema_path, typed_overrides, validate_config
+from pipeline.config import (ConfigError, config_id, declared_private, deep_merge, schema_path, typed_overrides,
+                             validate_config)
 from pipeline.registry import MethodRegistry
 
 # nested --config values arrive as strings from Snakemake ('dpdm={K: 2}'): type them
@@ -51,6 +52,9 @@ LOGS = EXPDIR / "logs"
 TABLES = RESULTS / "tables"
 FIGURES = RESULTS / "figures"
 SEED = config["seed"]
+#: the private set's declared size N and number of classes (public constants): the ``private`` param of every
+#: stage whose release normalises or shapes by them (pipeline.config.declared_private)
+PRIVATE = declared_private(config)
 #: the public EDM denoiser (rules/pretrain.smk, pretrain_public): EMPDEN's hybrid sampler
 #: finishes with it, its diagnostics compare against it, DPDM may start from it (dpdm.init)
 PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"

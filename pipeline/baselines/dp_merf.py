@@ -36,7 +36,7 @@ from pipeline.privacy import dp_merf as merf
 from pipeline.privacy import ledger
 from pipeline.sampling.dpdm import balanced_labels
 from pipeline.stage import PipelineError, stage
-from pipeline.training.data import load_training_split
+from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, load_training_split
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +116,16 @@ def generate(G: Generator, n: int, *, generator: torch.Generator, device: torch.
 
 @stage("dp_merf", inputs=("data", "public"), outputs=("samples", "ledger", "metrics"),
        params={"run": "the run's name, dp_merf_eps<eps>_seed<seed>", "baselines": "the baselines section",
-               "config_id": "id of the settings", "device": "auto/cpu/cuda", "threads": "CPU threads"})
+               "config_id": "id of the settings", "device": "auto/cpu/cuda", "threads": "CPU threads",
+               "private": PRIVATE_DOC})
 def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """DP-MERF: release the class-conditional RFF mean embedding once (Gaussian, sensitivity 2/m), train a
     generator to match it, sample; write the samples, the ledger line and the run's metrics."""
     section, cfg, run, device = baseline_setup(params, "dp_merf")
     start = time.perf_counter()
+    m, n_classes = declared_private(params, "dp_merf")
     split, sha = load_training_split(inputs["data"], "data")
+    check_declared(split, N=m, n_classes=n_classes, stage="dp_merf")
     try:
         public = load_split(inputs["public"])
     except (FileNotFoundError, ValueError) as exc:
@@ -130,7 +133,6 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
     if public.images.shape[1:] != split.images.shape[1:]:
         raise PipelineError(f"input public: images {list(public.images.shape[1:])} differ from the private "
                             f"{list(split.images.shape[1:])}")
-    n_classes = int(split.labels.max()) + 1
     D = int(cfg["n_features"])
     g_feat = seeds.torch_generator("dp_merf.features", run.seed)
     x_pub = unit_pixels(public)
@@ -139,7 +141,7 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
     W = merf.rff_frequencies(x_pub.shape[1], D, length_scale, g_feat)
 
     try:
-        plan = merf.calibrate_release(target_epsilon=run.epsilon, delta=float(section["delta"]), m=len(split),
+        plan = merf.calibrate_release(target_epsilon=run.epsilon, delta=float(section["delta"]), m=m,
                                       n_features=D, n_classes=n_classes)
         phi = merf.rff_features(unit_pixels(split), W)
         mu_tilde = merf.release(phi, torch.from_numpy(split.labels.astype(np.int64)), plan,
@@ -168,7 +170,7 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
         ledger.append_entry(tmp, entry)
     write_json(outputs["metrics"], {"run": run.name, "method": "dp_merf", "epsilon_target": run.epsilon,
                                     "noise_multiplier": plan.sigma, "sensitivity": plan.sensitivity,
-                                    "length_scale": length_scale, "n_features": D, "m": len(split),
+                                    "length_scale": length_scale, "n_features": D, "m": m,
                                     "loss_first": losses[0], "loss_last": losses[-1],
                                     "embedding_noise_norm_expected": plan.noise_std * math.sqrt(mu_tilde.numel()),
                                     "wall_s": wall_s})

@@ -43,7 +43,7 @@ from pipeline.privacy import private_evolution as pe
 from pipeline.sampling.dpdm import SamplerConfig, sample, to_uint8
 from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes
 from pipeline.stage import PipelineError, stage
-from pipeline.training.data import load_training_split, to_model_scale
+from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, load_training_split, to_model_scale
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,16 @@ def output_order(labels: np.ndarray) -> np.ndarray:
 @stage("private_evolution", inputs=("data", "denoiser"), optional_inputs=("clip",),
        outputs=("samples", "ledger", "metrics"),
        params={"run": "the run's name, pe_eps<eps>_seed<seed>", "baselines": "the baselines section",
-               "config_id": "id of the settings", "device": "auto/cpu/cuda", "threads": "CPU threads"})
+               "config_id": "id of the settings", "device": "auto/cpu/cuda", "threads": "CPU threads",
+               "private": PRIVATE_DOC})
 def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Private Evolution over the public denoiser: T noisy nearest-neighbour vote histograms (Gaussian,
     sensitivity 1) steer random + variation API samples; write S_T, the ledger line and the run's metrics."""
     section, cfg, run, device = baseline_setup(params, "pe")
     start = time.perf_counter()
+    N, n_classes = declared_private(params, "private_evolution")
     split, sha = load_training_split(inputs["data"], "data")
+    check_declared(split, N=N, n_classes=n_classes, stage="private_evolution")
     T, n_per_class = int(cfg["iterations"]), int(cfg["n_per_class"])
     try:
         plan = pe.calibrate(target_epsilon=run.epsilon, delta=float(section["delta"]), T=T)
@@ -168,9 +171,8 @@ def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
     api = PublicAPI(denoiser, steps=int(cfg["sampler_steps"]), guidance=float(cfg["guidance"]),
                     batch_size=int(cfg["batch_size"]), generator=seeds.torch_generator("pe.api", run.seed),
                     device=device)
-    n_classes = int(split.labels.max()) + 1
     if api.num_classes != n_classes:
-        raise PipelineError(f"input denoiser: {api.num_classes} classes, the private split has {n_classes} "
+        raise PipelineError(f"input denoiser: {api.num_classes} classes, the private source declares {n_classes} "
                             f"(PE's class-conditional APIs need the same labels)")
     if tuple(split.images.shape[1:]) != api.shape:
         raise PipelineError(f"input denoiser: images {list(api.shape)}, the private split's are "

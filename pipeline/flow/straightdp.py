@@ -55,7 +55,7 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, moments, tha
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
-from pipeline.training.data import drop_labels, load_training_split, to_model_scale
+from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split, to_model_scale
 from pipeline.training.straightdp_runs import StraightRun
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ COMMON_DOC = {
     "config_id": "id of the configuration (recorded on ledger lines and in model metas)",
     "device": "auto | cpu | cuda[:N] (default auto)",
     "threads": "torch CPU threads (default 1)",
+    "private": PRIVATE_DOC + " (release_moments, train_straightdp)",
 }
 
 
@@ -258,11 +259,12 @@ def release_moments(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
         raise PipelineError(f"stage release_moments: row {run.row} releases no moments")
     rel = cfg["release"]
     eps1 = run.release_epsilon(rel)
+    N, n_classes = declared_private(params, "release_moments")
     split, sha = load_training_split(inputs["data"], "data")
+    check_declared(split, N=N, n_classes=n_classes, stage="release_moments")
     geometry, _ = read_geometry(inputs["geometry"])
-    n_classes = int(split.labels.max()) + 1
     try:
-        plan, model = release_class_moments(flat(split).numpy(), split.labels.astype(np.int64), geometry,
+        plan, model = release_class_moments(flat(split).numpy(), split.labels.astype(np.int64), geometry, N=N,
                                             n_classes=n_classes, epsilon=eps1, delta=float(cfg["delta"]), rel=rel,
                                             seed=run.seed)
     except moments.MomentsError as exc:
@@ -279,13 +281,18 @@ def release_moments(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
              entry.claimed_epsilon, run.epsilon, int(model.fell_back.sum()))
 
 
-def release_class_moments(z: np.ndarray, labels: np.ndarray, geometry: moments.PublicGeometry, *, n_classes: int,
-                          epsilon: float, delta: float, rel: Mapping[str, Any], seed: int
+def release_class_moments(z: np.ndarray, labels: np.ndarray, geometry: moments.PublicGeometry, *, N: int,
+                          n_classes: int, epsilon: float, delta: float, rel: Mapping[str, Any], seed: int
                           ) -> tuple[moments.MomentReleasePlan, moments.ReleasedMoments]:
-    """Stage 1 on private rows ``z`` ``[N, d]`` (model scale) and ``labels`` ``[N]`` (Prop. B.9): the release
+    """Stage 1 on private rows ``z`` ``[n, d]`` (model scale) and ``labels`` ``[n]`` (Prop. B.9): the release
     calibrated to ``epsilon`` in the public ``geometry``, then its post-processing into the class-conditional
-    Gaussian model (rank, floor, min_count of ``rel``). N is the declared public size constant."""
-    plan = moments.calibrate_release(target_epsilon=epsilon, delta=delta, R=geometry.R, N=len(z),
+    Gaussian model (rank, floor, min_count of ``rel``).
+
+    ``N`` and ``n_classes`` are the declared public constants (:func:`pipeline.config.declared_private`), never
+    ``len(z)`` or the labels' range: M2's noise std sigma 2R^2/N must be the same on add/remove neighbours (App.
+    B.3's padded databases), else the two output laws differ in variance and the PLD of the line is no bound.
+    The plan is fixed before ``z`` is read; the stage checks n = N (:func:`check_declared`)."""
+    plan = moments.calibrate_release(target_epsilon=epsilon, delta=delta, R=geometry.R, N=N,
                                      n_classes=n_classes, p=geometry.p)
     noisy = moments.release(geometry.features(z), labels, plan, generator=seeds.numpy_rng("straightdp.release", seed))
     model = moments.moment_model(noisy, geometry, rank=min(int(rel["rank"]), geometry.p),
@@ -400,13 +407,14 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         raise PipelineError(f"stage train_straightdp {run.name}: the *_moments rows need inputs moments and "
                             f"release_ledger, the others neither")
     sgd, dist = cfg["dpsgd"], cfg["distill"]
+    n, n_classes = declared_private(params, "train_straightdp")
     split, sha = load_training_split(inputs["data"], "data")
+    check_declared(split, N=n, n_classes=n_classes, stage="train_straightdp")  # q = E[batch] / N, N declared
     public, _ = load_training_split(inputs["public"], "public")
-    n = len(split)
     model, spec = load_flow(inputs["init"], device)
-    if int(split.labels.max()) >= spec.num_classes:
-        raise PipelineError(f"input init: the flow has {spec.num_classes} label rows, the private labels go up to "
-                            f"{int(split.labels.max())}")
+    if n_classes > spec.num_classes:
+        raise PipelineError(f"input init: the flow has {spec.num_classes} label rows, the private source declares "
+                            f"{n_classes} classes")
     model.train()
     if run.lora:
         # Table 3's frozen-model route: the public weights stay frozen, DP-SGD (and the distillation of the

@@ -92,12 +92,19 @@ class ToyWorld:
     public_field: GaussianMomentModel
     tau: float
     n_classes: int
+    N: int  # the declared size of the private set (data.toy.n): the release's and DP-SGD's N
 
 
 def toy_world(private: np.ndarray, labels: np.ndarray, *, toy_data: Mapping[str, Any], cfg: Mapping[str, Any],
               seed: int) -> ToyWorld:
-    """The public set, the release's public geometry (Sec. 3.1 (iii)) and the horizon tau, for ``seed``."""
+    """The public set, the release's public geometry (Sec. 3.1 (iii)) and the horizon tau, for ``seed``.
+
+    N (``toy_data["n"]``) and the classes (``n_modes``) are config constants; a private set of another size
+    is refused (a release normalised by N needs exactly N records)."""
     n_classes = int(toy_data["n_modes"])
+    if "n" not in toy_data or len(private) != int(toy_data["n"]):
+        raise ValueError(f"toy: the private set holds {len(private)} points but the declared size data.toy.n is "
+                         f"{toy_data.get('n')!r}")
     pub, pub_y = gaussian_mixture_2d(len(private), n_modes=n_classes, radius=float(toy_data["radius"]),
                                      std=float(toy_data["std"]), seed=seeds.seed_of("straightdp.toy_public", seed),
                                      rotation=PUBLIC_ROTATION)
@@ -110,7 +117,7 @@ def toy_world(private: np.ndarray, labels: np.ndarray, *, toy_data: Mapping[str,
     return ToyWorld(private=torch.from_numpy(np.asarray(private, dtype=np.float32)),
                     labels=torch.from_numpy(np.asarray(labels, dtype=np.int64)),
                     public=torch.from_numpy(pub), public_labels=y_pub, geometry=geometry,
-                    public_field=public_field, tau=tau, n_classes=n_classes)
+                    public_field=public_field, tau=tau, n_classes=n_classes, N=int(toy_data["n"]))
 
 
 def pretrain_public(world: ToyWorld, cfg: Mapping[str, Any], seed: int) -> MLPVelocity:
@@ -156,7 +163,7 @@ def run_point(run: StraightRun, world: ToyWorld, public_model: MLPVelocity, cfg:
     prior, field = None, None
     if run.releases:
         plan1, released = release_class_moments(world.private.numpy().astype(np.float64), world.labels.numpy(),
-                                                world.geometry, n_classes=world.n_classes,
+                                                world.geometry, N=world.N, n_classes=world.n_classes,
                                                 epsilon=run.release_epsilon(rel), delta=delta, rel=rel, seed=run.seed)
         entries.append(moments.ledger_entry(plan1, stage="straightdp_figure6_toy", config_id=config_id,
                                             seed=run.seed, extra=extra))
@@ -178,7 +185,7 @@ def run_point(run: StraightRun, world: ToyWorld, public_model: MLPVelocity, cfg:
         model.load_state_dict(res.ema.state_dict())
     spectrum = (field if field is not None else world.public_field).spectrum().numpy()
     proxy_gen = seeds.torch_generator("straightdp.proxy", run.seed)
-    plan, _ = stage2_plan(run, {"dpsgd": sgd, "delta": delta}, n=len(world.private), tau=tau, spectrum=spectrum,
+    plan, _ = stage2_plan(run, {"dpsgd": sgd, "delta": delta}, n=world.N, tau=tau, spectrum=spectrum,
                           prior=prior, stage="straightdp_figure6_toy", proxy_grads=lambda p: public_bucket_gradients(
                               model, world.public, world.public_labels, p, n=int(sgd["proxy_examples"]),
                               K=int(sgd["noise_multiplicity"]), generator=proxy_gen,

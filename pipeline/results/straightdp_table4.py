@@ -41,7 +41,7 @@ from pipeline.io import Split, atomic_path, load_split
 from pipeline.privacy import ledger, moments, text_moments
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
-from pipeline.training.data import to_model_scale
+from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, to_model_scale
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def _grey(split: Split, name: str) -> None:
 
 @stage(STAGE, inputs=("private", "public", "heldout", "evalnet"), outputs=("table", "ledger"),
        params={"straightdp": "the straightdp section (release, delta, table4)", "config_id": "id of the settings",
-               "threads": "CPU threads"})
+               "threads": "CPU threads", "private": PRIVATE_DOC})
 def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Table 4 (Stage 1 only): per featurisation, eps and seed, one text release and the per-attribute
     conditioning accuracy of its model's samples; every release on the ledger."""
@@ -98,6 +98,8 @@ def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
     if len({s.images.shape[1:] for s in splits.values()}) != 1:
         raise PipelineError(f"inputs private, public, heldout: image shapes differ "
                             f"({[list(s.images.shape[1:]) for s in splits.values()]})")
+    N, n_classes = declared_private(params, STAGE)
+    check_declared(splits["private"], N=N, n_classes=n_classes, stage=STAGE, role="private")
     private, public = composed_split(splits["private"], 0), composed_split(splits["public"], 1)
     shape = private.images.shape[1:]
     # the thickness reader's one threshold: fitted on held-out evaluation digits, as the eval net is
@@ -121,7 +123,7 @@ def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
                 start = time.perf_counter()
                 try:
                     plan = text_moments.calibrate_release(target_epsilon=float(eps), delta=delta, R=geometry.R,
-                                                          R_txt=coding.R_txt, N=len(f_private), p=geometry.p,
+                                                          R_txt=coding.R_txt, N=N, p=geometry.p,
                                                           q=coding.q)
                 except text_moments.TextMomentsError as exc:
                     raise PipelineError(f"stage {STAGE} {kind} eps {eps}: {exc}") from None

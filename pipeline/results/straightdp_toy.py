@@ -42,12 +42,12 @@ import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the 
 
 log = logging.getLogger(__name__)
 
-TOY_DATA_KEYS = ("n_modes", "radius", "std")
+TOY_DATA_KEYS = ("n", "n_modes", "radius", "std")
 
 
 @stage("straightdp_figure6_toy", inputs=("toy",), outputs=("table", "figure", "ledger"),
        params={"straightdp": "the config's straightdp section (its toy subsection lists the points)",
-               "toy_data": "the config's data.toy section (n_modes, radius, std of the true mixture)",
+               "toy_data": "the config's data.toy section (n, the declared size; n_modes, radius, std of the true mixture)",
                "config_id": "id of the configuration (table rows and ledger lines)",
                "threads": "torch CPU threads (default 1)"})
 def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
@@ -63,6 +63,9 @@ def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
         raise PipelineError(f"stage straightdp_figure6_toy: param toy_data.{missing[0]} is required "
                             f"(the data.toy section: {', '.join(TOY_DATA_KEYS)})")
     points, labels = load_points(inputs["toy"])
+    if len(points) != int(toy_data["n"]):
+        raise PipelineError(f"stage straightdp_figure6_toy: input toy holds {len(points)} points but the declared "
+                            f"size data.toy.n is {toy_data['n']} (the release is normalised by it)")
     if int(cfg["toy"]["dpsgd_batch_size"]) >= len(points):
         # q = batch / N = 1 leaves subsampling nothing to amplify: the small eps of the figure would not
         # calibrate, and the error would come from deep inside the accountant's bisection

@@ -30,6 +30,42 @@ def load_training_split(path: Path, role: str) -> tuple[Split, str]:
     return split, sha
 
 
+#: the ``private`` param of every stage that reads the private set through a release
+PRIVATE_DOC = "the private set's declared {N, n_classes} (pipeline.config.declared_private; public constants)"
+
+
+def declared_private(params: Mapping[str, Any], stage: str) -> tuple[int, int]:
+    """(N, number of classes) of ``params["private"]``: the private set's declared public constants
+    (:func:`pipeline.config.declared_private`), which a release normalises and shapes by."""
+    declared = params.get("private")
+    if not isinstance(declared, Mapping):
+        raise PipelineError(f"stage {stage}: param private = {{N, n_classes}} (the declared size and classes of the "
+                            f"private set, pipeline.config.declared_private) is required")
+    out = []
+    for key in ("N", "n_classes"):
+        value = declared.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PipelineError(f"stage {stage}: param private.{key} must be an integer >= 1, got {value!r}")
+        out.append(value)
+    return out[0], out[1]
+
+
+def check_declared(split: Split, *, N: int, n_classes: int, stage: str, role: str = "data") -> None:
+    """Refuse a private split whose size is not the declared N or whose labels leave [0, n_classes).
+
+    The mechanism's noise scale is fixed by N (a config value) before any record is read, so a split
+    of another size is a configuration error, not a different release; the message names the two
+    sizes (the declared one is public, the realised one is what the config promised) and no label.
+    """
+    if len(split) != N:
+        raise PipelineError(f"stage {stage}: input {role} holds {len(split)} records but the declared private size "
+                            f"N is {N} (data.private.n_private_train); a release normalised by N needs exactly N")
+    labels = np.asarray(split.labels)
+    if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
+        raise PipelineError(f"stage {stage}: input {role} has labels outside [0, {n_classes}) (the declared "
+                            f"number of classes of the private source)")
+
+
 def to_model_scale(images: np.ndarray | Tensor) -> Tensor:
     """uint8 ``[N, C, H, W]`` in 0..255 -> float32 in [-1, 1] (the scale every denoiser works in)."""
     return to_unit_scale(images, torch.float32)

@@ -30,7 +30,8 @@ BASELINE_LISTING = ("methods", "epsilons", "seeds")
 
 def baseline_params(wildcards):
     section = {k: v for k, v in config["baselines"].items() if k not in BASELINE_LISTING}
-    return stage_params(baselines=section, run=wildcards.run, device=config["device"], threads=TORCH_THREADS)
+    return stage_params(baselines=section, run=wildcards.run, private=PRIVATE, device=config["device"],
+                        threads=TORCH_THREADS)
 
 
 def baseline_records():

@@ -33,7 +33,8 @@ def run(splits, tmp, run="dp_merf_eps2_seed0", **section):
     out = {"samples": tmp / "s.npz", "ledger": tmp / "l.jsonl", "metrics": tmp / "m.json"}
     with one_thread():
         dp_merf({"data": splits / "private.npz", "public": splits / "public.npz"}, out,
-                {"run": run, "baselines": {**SMALL, **section}, "device": "cpu", "config_id": "t"})
+                {"run": run, "baselines": {**SMALL, **section}, "device": "cpu", "config_id": "t",
+                 "private": {"N": 30, "n_classes": 3}})
     return out
 
 

@@ -38,6 +38,8 @@ TINY = {
               "proxy_examples": 8, "noise_multiplicity": 2},
     "sampling": {"n_samples": 12, "steps": 3, "batch_size": 12},
 }
+#: the tiny world's declared private constants (the config's data.private): 150 records of 3 classes
+PRIVATE = {"N": 150, "n_classes": 3}
 
 
 def blobs(n: int, n_classes: int, seed: int) -> Split:
@@ -69,7 +71,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
 def release(world: dict[str, Path], tmp_path: Path, run: str) -> dict[str, Path]:
     out = {"moments": tmp_path / f"{run}.moments.npz", "ledger": tmp_path / f"{run}.release.jsonl"}
     sdp.release_moments({"data": world["data"], "geometry": world["geometry"]}, out,
-                        {"straightdp": TINY, "run": run})
+                        {"straightdp": TINY, "run": run, "private": PRIVATE})
     return out
 
 
@@ -123,7 +125,7 @@ def train(world: dict[str, Path], tmp_path: Path, run: str) -> tuple[dict[str, P
         inputs |= {"moments": rel["moments"], "release_ledger": rel["ledger"]}
     out = {"model": tmp_path / "m.pt", "ledger": tmp_path / "train.jsonl", "metrics": tmp_path / "metrics.json"}
     with one_thread():
-        sdp.train_straightdp(inputs, out, {"straightdp": TINY, "run": run, "device": "cpu",
+        sdp.train_straightdp(inputs, out, {"straightdp": TINY, "run": run, "device": "cpu", "private": PRIVATE,
                                            "checkpoint_dir": str(tmp_path / "ck")})
     return inputs, out
 
@@ -207,7 +209,27 @@ def test_bad_input_is_one_line(world, tmp_path):
                                 {"straightdp": TINY, "n_classes": 2})
     with pytest.raises(PipelineError, match=r"not a STRAIGHTDP geometry file"):
         sdp.release_moments({"data": world["data"], "geometry": world["data"]}, out,
-                            {"straightdp": TINY, "run": "released_only_eps1_seed0"})
+                            {"straightdp": TINY, "run": "released_only_eps1_seed0", "private": PRIVATE})
+
+
+def test_the_release_refuses_a_private_set_of_another_size_than_declared(world, tmp_path):
+    """N normalises M2's noise (Prop. B.9 on padded databases): it is the config's constant, so a split of
+    another size is refused in one line naming both sizes, and a stage without the declaration is refused."""
+    out = {"moments": tmp_path / "m.npz", "ledger": tmp_path / "l.jsonl"}
+    inputs = {"data": world["data"], "geometry": world["geometry"]}
+    run = "released_only_eps1_seed0"
+    with pytest.raises(PipelineError, match=r"^stage release_moments: input data holds 150 records but the declared "
+                                            r"private size N is 151 \(data.private.n_private_train\)"):
+        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run, "private": {"N": 151, "n_classes": 3}})
+    with pytest.raises(PipelineError, match=r"^stage release_moments: input data has labels outside \[0, 2\)"):
+        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run, "private": {"N": 150, "n_classes": 2}})
+    with pytest.raises(PipelineError, match=r"^stage release_moments: param private = \{N, n_classes\}"):
+        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run})
+    assert not out["ledger"].exists()
+    # the line records the declared N, and the shape of the release is the declared class count
+    rel = release(world, tmp_path, run)
+    entry = only_line(rel["ledger"])
+    assert entry.extra["N"] == 150 and entry.extra["n_classes"] == 3
 
 
 def test_the_latent_variant_releases_codes_and_samples_decoded_images(world, tmp_path):
@@ -227,7 +249,8 @@ def test_the_latent_variant_releases_codes_and_samples_decoded_images(world, tmp
     sdp.straightdp_geometry({"public": codes["public"]}, geo, {"straightdp": cfg})
     run = "released_only_eps1_seed0"
     rel = {"moments": tmp_path / "m.npz", "ledger": tmp_path / "l.jsonl"}
-    sdp.release_moments({"data": codes["data"], "geometry": geo["geometry"]}, rel, {"straightdp": cfg, "run": run})
+    sdp.release_moments({"data": codes["data"], "geometry": geo["geometry"]}, rel,
+                        {"straightdp": cfg, "run": run, "private": PRIVATE})
     params = {"straightdp": cfg, "run": run, "shape": [2, 2, 2]}
     sdp.sample_straightdp({"moments": rel["moments"], "autoencoder": tmp_path / "ae.pt"},
                           {"samples": tmp_path / "images.npz"}, params)

@@ -54,7 +54,7 @@ def tiny():
                                           "dpsgd_steps": 4, "dpsgd_batch_size": 40, "n_eval": 40}}})
     points, labels = gaussian_mixture_2d(400, seed=3, **TOY_DATA)
     with torch.random.fork_rng():
-        world = toy.toy_world(points, labels, toy_data=TOY_DATA, cfg=cfg, seed=0)
+        world = toy.toy_world(points, labels, toy_data={**TOY_DATA, "n": 400}, cfg=cfg, seed=0)
         return cfg, world, toy.pretrain_public(world, cfg, 0)
 
 

@@ -108,7 +108,9 @@ def write_datasets(preset: dict[str, Any], root: Path) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     data = preset["data"]
     write_source(data["private"]["source"], root, rng)
-    overrides: dict[str, Any] = {"data_root": str(root), "private": dict(HELD_OUT)}
+    # the presets' null n_private_train declares the whole official train split (60,000 MNIST digits, ...): the
+    # tiny stand-in declares its own size, which the releases normalise by (pipeline.config.declared_private)
+    overrides: dict[str, Any] = {"data_root": str(root), "private": {"n_private_train": N_TRAIN, **HELD_OUT}}
     public = data.get("public", {}).get("source", "printed_digits")
     if public == "image_folder":
         # ImageNet32 / FFHQ-64 stand-ins at the preset's resolution
