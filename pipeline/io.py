@@ -182,6 +182,16 @@ def save_split(path: str | Path, split: Split, *, name: str, source: str, seed: 
     return manifest
 
 
+def rebuild_command(path: str | Path) -> str:
+    """The command that rewrites the file at ``path``, for an error about a file that exists but is broken.
+
+    ``--force``: a corrupt or edited file is newer than its inputs, so a plain ``snakemake <path>``
+    would find it up to date and do nothing. ``--force`` reruns only the job that writes ``path``
+    (for a data split: ``prepare_data``, which writes every split again, deterministically).
+    """
+    return f"snakemake --cores 1 --force {path} (with the run's --configfile, if any)"
+
+
 def read_manifest(npz_path: str | Path) -> dict[str, Any]:
     """The manifest of the split or point file at ``npz_path``, checked for the fields a reader needs.
 
@@ -192,11 +202,11 @@ def read_manifest(npz_path: str | Path) -> dict[str, Any]:
     mpath = manifest_path(npz_path)
     if not mpath.is_file():
         raise CorruptFileError(f"{npz_path}: manifest {mpath} missing, so its contents cannot be verified; "
-                               f"rerun the stage that writes it (snakemake {npz_path})")
+                               f"rebuild it: {rebuild_command(npz_path)}")
     try:
         manifest = read_json(mpath)
     except CorruptFileError as exc:
-        raise CorruptFileError(f"{npz_path}: manifest unreadable: {exc}") from None
+        raise CorruptFileError(f"{npz_path}: manifest unreadable: {exc}; rebuild it: {rebuild_command(npz_path)}") from None
     if not isinstance(manifest, dict):
         raise CorruptFileError(f"{mpath}: expected a JSON object (the manifest of {npz_path}), "
                                f"got {type(manifest).__name__}")
@@ -223,14 +233,15 @@ def load_verified_arrays(path: str | Path, names: tuple[str, ...]) -> tuple[dict
             arrays = {k: z[k] for k in z.files}
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError) as exc:
         raise CorruptFileError(f"{path}: not a readable .npz ({_one_line(exc)}); truncated or edited? "
-                               f"rerun the stage that writes it (snakemake {path})") from None
+                               f"rebuild it: {rebuild_command(path)}") from None
     missing = [n for n in names if n not in arrays]
     if missing:
         found = ", ".join(sorted(arrays)) or "none"
-        raise CorruptFileError(f"{path}: expected arrays {', '.join(names)}, found {found}")
+        raise CorruptFileError(f"{path}: expected arrays {', '.join(names)}, found {found}; "
+                               f"rebuild it: {rebuild_command(path)}")
     if arrays_sha256(arrays) != manifest["sha256"]:
         raise CorruptFileError(f"{path}: contents do not match the sha256 in {manifest_path(path)}; "
-                               f"the file was changed after it was written (rerun: snakemake {path})")
+                               f"the file was changed after it was written; rebuild it: {rebuild_command(path)}")
     return arrays, manifest
 
 

@@ -15,12 +15,16 @@ from snakemake.utils import validate
 import pipeline.resources as cost
 from pipeline.config import (ConfigError, config_id, declared_private, deep_merge, schema_path, typed_overrides,
                              validate_config)
+from pipeline.inputs import check_inputs_exist
 from pipeline.registry import MethodRegistry
 
 # nested --config values arrive as strings from Snakemake ('dpdm={K: 2}'): type them
 config.update(deep_merge(config, typed_overrides(workflow.config_settings.overwrite_config)))
 try:
     _validated = validate_config(config)
+    # every dataset and weights file, before any job is scheduled: Snakemake deletes a job's outputs
+    # before running it, so a source missing inside prepare_data would cost a finished run its splits
+    check_inputs_exist(_validated)
 except ConfigError as _exc:
     # One line naming the key, instead of a schema dump.
     sys.exit(f"{_exc}")

@@ -3,17 +3,22 @@ and the embedded default DAG end to end at a tiny size (the slow tier: ``make te
 
 from __future__ import annotations
 
+import hashlib
 import os
 import json
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+from pipeline.data.layout import idx_names
+from pipeline.io import CorruptFileError, load_split
 from pipeline.training.straightdp_runs import ROWS
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -434,12 +439,64 @@ def test_a_method_registered_only_in_its_own_rule_file_reaches_rule_all_the_inde
 
 
 def test_a_failed_job_shows_its_one_line_cause_on_the_console(repo, tmp_path):
+    # MNIST's four files are there (a missing one stops the run before any job: the next test) but unreadable
+    raw = tmp_path / "bad data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in idx_names():
+        (raw / name).write_bytes(b"not an idx file")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "experiment": "x",
-                                   "data": {"data_root": str(tmp_path / "no data"),
+                                   "data": {"data_root": str(tmp_path / "bad data"),
                                             "private": {"source": "mnist"}}}))
     res = snakemake(repo, "--cores", "1", str(tmp_path / "results" / "x" / "data" / "test.npz"),
                     "--configfile", str(cfg))
     assert res.returncode != 0
     causes = [line for line in res.stderr.splitlines() if line.startswith("error: prepare_data: ")]
-    assert len(causes) == 1 and "no data" in causes[0], res.stderr[-3000:]
+    assert len(causes) == 1 and f"could not read the idx files in {raw}" in causes[0], res.stderr[-3000:]
+
+
+def _sha256s(folder: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under ``folder``."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_missing_data_source_stops_before_any_job_and_a_finished_data_stage_survives(repo, tmp_path):
+    # Issue #35: switching a finished run to a dataset that is not on disk passed the dry run, then
+    # prepare_data failed after Snakemake had deleted every split (a job's outputs go before it runs).
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(tmp_path / "results"), "experiment": "x"}))
+    data = tmp_path / "results" / "x" / "data"
+    built = snakemake(repo, "--cores", "1", str(data / "test.npz"), "--configfile", str(cfg))
+    assert built.returncode == 0, built.stderr[-3000:]
+    before = _sha256s(data)
+    assert "reference.npz" in before and "private_train.json" in before
+
+    empty = tmp_path / "no data"
+    empty.mkdir()
+    change = tmp_path / "mnist.yaml"
+    change.write_text(yaml.safe_dump({"data": {"data_root": str(empty), "private": {"source": "mnist"}}}))
+    for how in (("-n",), ()):  # the dry run says so too, not only the real one
+        res = snakemake(repo, *how, "--cores", "1", "all", "--configfile", str(cfg), str(change))
+        assert res.returncode != 0
+        errors = [line for line in (res.stdout + res.stderr).splitlines() if "error" in line.lower()]
+        assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        assert errors[0].startswith(f"config error at data.private.source: MNIST not found: looked in "
+                                    f"{empty / 'MNIST' / 'raw'} for train-images-idx3-ubyte"), errors
+        assert "set data.data_root" in errors[0]
+    assert _sha256s(data) == before
+
+    # A split changed after it was written names the command that rebuilds it; a plain
+    # `snakemake <split>` would do nothing, the file being newer than its inputs.
+    reference = data / "reference.npz"
+    split = load_split(reference)
+    np.savez(reference, images=255 - split.images, labels=split.labels)
+    with pytest.raises(CorruptFileError) as err:
+        load_split(reference)
+    hint = str(err.value).split("rebuild it: ")[1].removesuffix(" (with the run's --configfile, if any)")
+    assert hint == f"snakemake --cores 1 --force {reference}"
+    plain = snakemake(repo, "-n", "--cores", "1", str(reference), "--configfile", str(cfg))
+    assert "Nothing to be done" in plain.stdout + plain.stderr, plain.stdout[-2000:]
+    rebuilt = snakemake(repo, *shlex.split(hint)[1:], "--configfile", str(cfg))
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    np.testing.assert_array_equal(load_split(reference).images, split.images)

@@ -6,7 +6,10 @@ have written there); :func:`load_image_folder` reads public sets such as ImageNe
 laid out as class sub-folders. Both return a :class:`pipeline.io.Split` (uint8
 ``[N, C, H, W]``, int64 labels). Where a dataset is not on disk they raise
 :class:`~pipeline.stage.DataNotFoundError` with one line saying where they looked, which
-files they expected and how to provide them.
+files they expected and how to provide them. They find the files with
+:mod:`pipeline.data.layout`, whose :func:`check_available` (re-exported here) config
+validation runs before any job starts, so a dataset that passes that check is one these
+loaders find.
 
 Layouts (``<root>`` = ``data_root``):
 
@@ -37,15 +40,14 @@ from torchvision import datasets
 from torchvision import transforms as T
 from tqdm import tqdm
 
+from pipeline.data.layout import (CELEBA_LISTS, DEBIAN_FASHION_MNIST, TORCHVISION_SOURCES, check_available,
+                                  image_folder_how, locate_celeba, locate_cifar10, locate_idx, locate_image_folder)
 from pipeline.io import Split
 from pipeline.stage import DataNotFoundError, PipelineError
 
 #: Sources :func:`load_real` knows, with the torchvision class that reads each.
-SOURCES = ("mnist", "fashion_mnist", "kmnist", "cifar10", "celeba")
+SOURCES = TORCHVISION_SOURCES
 SPLITS = ("train", "test")
-
-#: Where Debian's ``dataset-fashion-mnist`` package installs the gzipped idx files.
-DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 #: CelebA preprocessing: center crop of the 178×218 aligned faces, then an antialiased
 #: resize. The DPDM paper (Dockhorn et al. 2022, App. "Higher Resolution", 64×64 CelebA;
@@ -92,13 +94,7 @@ class _CelebA(datasets.CelebA):
 
     def _check_integrity(self) -> bool:
         folder = Path(self.root) / self.base_folder
-        return (folder / "img_align_celeba").is_dir() and all(
-            (folder / name).is_file() for name in _celeba_lists())
-
-
-def _celeba_lists() -> list[str]:
-    """The ``.txt`` files torchvision's CelebA opens (its ``file_list`` minus the zip)."""
-    return [name for _, _, name in datasets.CelebA.file_list if name.endswith(".txt")]
+        return (folder / "img_align_celeba").is_dir() and all((folder / name).is_file() for name in CELEBA_LISTS)
 
 
 # --------------------------------------------------------------------------------------
@@ -123,6 +119,8 @@ def load_real(source: str, data_root: Path, split: str, *, celeba_label_attr: st
         raise PipelineError(f"unknown real data source {source!r} (known: {', '.join(SOURCES)})")
     if split not in SPLITS:
         raise PipelineError(f"{source}: unknown split {split!r} (known: {', '.join(SPLITS)})")
+    # the check config validation ran before any job started: what passed there is found here
+    check_available(source, data_root, debian_fashion_mnist=debian_fashion_mnist)
     train = split == "train"
     if source == "mnist":
         return _load_idx(datasets.MNIST, data_root, train, ())
@@ -143,16 +141,12 @@ def load_image_folder(path: Path, image_size: int) -> Split:
     an image already at ``image_size``² is returned unchanged. Labels are torchvision's
     class indices: the sub-folder names in sorted order.
     """
-    path = Path(path).expanduser().absolute()
-    how = (f"put the images in class sub-folders {path}/<class>/<image>.png|.jpg "
-           f"(torchvision ImageFolder layout) or point the config at that folder")
-    if not path.is_dir():
-        raise DataNotFoundError(f"image folder not found: looked for the directory {path}; {how}")
+    path = locate_image_folder(path)
     transform = T.Compose([T.Resize(image_size, antialias=True), T.CenterCrop(image_size), T.PILToTensor()])
     try:
         ds = datasets.ImageFolder(str(path), transform=transform)
-    except FileNotFoundError as e:  # no class folder, or no image file inside them
-        raise DataNotFoundError(f"image folder {path}: {_one_line(e)}; {how}") from None
+    except FileNotFoundError as e:  # a class folder without an image file
+        raise DataNotFoundError(f"image folder {path}: {_one_line(e)}; {image_folder_how(path)}") from None
     images = _decode_all(ds, desc=f"loading {path.name}")
     return Split(images, np.asarray(ds.targets, dtype=np.int64))
 
@@ -160,24 +154,6 @@ def load_image_folder(path: Path, image_size: int) -> Split:
 # --------------------------------------------------------------------------------------
 # MNIST family: idx files, plain (torchvision layout) or gzipped (mirrors, Debian)
 # --------------------------------------------------------------------------------------
-
-
-def _idx_names() -> list[str]:
-    """The four idx files torchvision's MNIST-family classes expect in ``raw/``."""
-    return [f"{part}-{kind}-ubyte" for part in ("train", "t10k") for kind in ("images-idx3", "labels-idx1")]
-
-
-def _find_idx(folder: Path) -> dict[str, Path] | None:
-    """Map each expected idx name to its file in ``folder`` (plain first, then ``.gz``)."""
-    found = {}
-    for name in _idx_names():
-        for candidate in (folder / name, folder / f"{name}.gz"):
-            if candidate.is_file():
-                found[name] = candidate
-                break
-        else:
-            return None
-    return found
 
 
 def _load_idx(cls: type[datasets.MNIST], data_root: Path, train: bool, extra_dirs: Sequence[Path]) -> Split:
@@ -188,25 +164,15 @@ def _load_idx(cls: type[datasets.MNIST], data_root: Path, train: bool, extra_dir
     temporary torchvision layout for this one read rather than into ``data_root``, which
     may be read-only or shared by concurrent jobs.
     """
-    raw = data_root / cls.__name__ / "raw"
-    for folder in (raw, *extra_dirs):
-        files = _find_idx(folder)
-        if files is None:
-            continue
-        if folder == raw and all(f.suffix != ".gz" for f in files.values()):
-            return _read_idx(cls, data_root, train, folder)
-        with tempfile.TemporaryDirectory(prefix="dpgen-idx-") as tmp:
-            tmp_raw = Path(tmp) / cls.__name__ / "raw"
-            tmp_raw.mkdir(parents=True)
-            for name, src in files.items():
-                _gunzip_or_link(src, tmp_raw / name)
-            return _read_idx(cls, Path(tmp), train, folder)
-    looked = " and ".join(str(d) for d in (raw, *extra_dirs))
-    how = f"put torchvision's {cls.__name__}/raw/ files under {data_root} or set data.data_root"
-    if extra_dirs:
-        how += " (or apt-get install dataset-fashion-mnist)"
-    raise DataNotFoundError(f"{cls.__name__} not found: looked in {looked} for "
-                            f"{', '.join(_idx_names())} (plain or .gz); {how}")
+    folder, files = locate_idx(cls.__name__, data_root, extra_dirs)
+    if folder == data_root / cls.__name__ / "raw" and all(f.suffix != ".gz" for f in files.values()):
+        return _read_idx(cls, data_root, train, folder)
+    with tempfile.TemporaryDirectory(prefix="dpgen-idx-") as tmp:
+        tmp_raw = Path(tmp) / cls.__name__ / "raw"
+        tmp_raw.mkdir(parents=True)
+        for name, src in files.items():
+            _gunzip_or_link(src, tmp_raw / name)
+        return _read_idx(cls, Path(tmp), train, folder)
 
 
 def _gunzip_or_link(src: Path, dst: Path) -> None:
@@ -232,14 +198,7 @@ def _read_idx(cls: type[datasets.MNIST], root: Path, train: bool, shown: Path) -
 
 
 def _load_cifar10(data_root: Path, train: bool) -> Split:
-    folder = data_root / _CIFAR10.base_folder
-    expected = [name for name, _ in _CIFAR10.train_list + _CIFAR10.test_list] + [_CIFAR10.meta["filename"]]
-    missing = [name for name in expected if not (folder / name).is_file()]
-    if missing:
-        raise DataNotFoundError(
-            f"CIFAR-10 not found: looked in {folder} for {', '.join(expected)} (missing: {', '.join(missing)}); "
-            f"extract cifar-10-python.tar.gz there (tar -xzf cifar-10-python.tar.gz -C {data_root}) "
-            f"or set data.data_root")
+    folder = locate_cifar10(data_root)
     try:
         ds = _CIFAR10(str(data_root), train=train, download=False)
     except (RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, OSError) as e:
@@ -250,13 +209,7 @@ def _load_cifar10(data_root: Path, train: bool) -> Split:
 
 def _load_celeba(data_root: Path, split: str, label_attr: str, resolution: int) -> Split:
     """CelebA's official partition ``split``, cropped to ``CELEBA_CROP`` and resized."""
-    folder = data_root / _CelebA.base_folder
-    expected = ["img_align_celeba/", *_celeba_lists()]
-    missing = [name for name in expected if not (folder / name).exists()]
-    if missing:
-        raise DataNotFoundError(
-            f"CelebA not found: looked in {folder} for {', '.join(expected)} (missing: {', '.join(missing)}); "
-            f"unzip img_align_celeba.zip and put the list files there, or set data.data_root")
+    folder = locate_celeba(data_root)
     transform = T.Compose([T.CenterCrop(CELEBA_CROP), T.Resize(resolution, antialias=True), T.PILToTensor()])
     try:
         ds = _CelebA(str(data_root), split=split, target_type="attr", transform=transform, download=False)

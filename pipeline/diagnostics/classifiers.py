@@ -50,6 +50,22 @@ class EvalNetClassifier:
         return torch.cat(feats).numpy(), torch.cat(probs).numpy()
 
 
+def zero_shot_checkpoint(checkpoint: str | Path, class_names: Sequence[str]) -> Path:
+    """``checkpoint`` as a local file :class:`ZeroShotCLIP` may load, with the class names it needs.
+
+    Raises :class:`PipelineError` (one line naming the key) otherwise. Config validation runs this
+    before any job is scheduled (:func:`pipeline.inputs.check_inputs_exist`), the class again.
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise PipelineError(f"config error at empden_diagnostics.clip.checkpoint: no file at {checkpoint} "
+                            "(CLIP weights are never downloaded; point this at a local checkpoint)")
+    if not class_names:
+        raise PipelineError("config error at empden_diagnostics.clip.class_names: zero-shot CLIP needs the "
+                            "class names of the data's labels, in label order")
+    return checkpoint
+
+
 class ZeroShotCLIP:
     """open_clip model ``model_name`` with weights from the local file ``checkpoint``.
 
@@ -63,13 +79,7 @@ class ZeroShotCLIP:
                  prompt: str = "a photo of a {}.", device: torch.device | str = "cpu", batch_size: int = 256) -> None:
         import open_clip
 
-        checkpoint = Path(checkpoint)
-        if not checkpoint.is_file():
-            raise PipelineError(f"config error at empden_diagnostics.clip.checkpoint: no file at {checkpoint} "
-                                "(CLIP weights are never downloaded; point this at a local checkpoint)")
-        if not class_names:
-            raise PipelineError("config error at empden_diagnostics.clip.class_names: zero-shot CLIP needs the "
-                                "class names of the data's labels, in label order")
+        checkpoint = zero_shot_checkpoint(checkpoint, class_names)
         self.model = open_clip.create_model(model_name, pretrained=str(checkpoint), device=device).eval()
         tokenizer = open_clip.get_tokenizer(model_name)
         visual = self.model.visual

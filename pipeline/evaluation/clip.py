@@ -281,6 +281,28 @@ def train_clip(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
              f", {metrics['zero_shot_accuracy_real_test']:.3f} on real test digits" if inputs.get("test") else "")
 
 
+def pretrained_weights(cfg: Mapping[str, Any]) -> tuple[str, Path]:
+    """The open_clip name and local weights file of ``evaluation.clip`` (``cfg``) for source pretrained.
+
+    Raises :class:`PipelineError` (one line naming the key) when either is unset, the file is not
+    there or the class names are missing. Config validation runs this before any job is scheduled
+    (:func:`pipeline.inputs.check_inputs_exist`), :func:`import_clip` again when it runs.
+    """
+    name, path = cfg.get("pretrained_model"), cfg.get("pretrained_path")
+    if not name or not path:
+        raise PipelineError("config error at evaluation.clip: source pretrained needs pretrained_model (an open_clip "
+                            "name, e.g. ViT-B-32) and pretrained_path (its weights file)")
+    weights = Path(os.path.expanduser(str(path)))
+    if not weights.is_file():
+        raise PipelineError(f"config error at evaluation.clip.pretrained_path: {weights} not found: put the open_clip "
+                            f"weights of {name} there (e.g. open_clip's cache file, copied from a machine with "
+                            "internet), or set evaluation.clip.source: trained")
+    if not cfg.get("class_names"):
+        raise PipelineError("config error at evaluation.clip.class_names: a pretrained CLIP needs the name of each "
+                            "class")
+    return str(name), weights
+
+
 @stage("import_clip", optional_inputs=("test",), outputs=("model", "metrics"),
        params={"clip": "the config's evaluation.clip section (pretrained_model, pretrained_path, class_names, template)"})
 def import_clip(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
@@ -288,17 +310,7 @@ def import_clip(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
     import open_clip
 
     cfg = params["clip"]
-    name, path = cfg.get("pretrained_model"), cfg.get("pretrained_path")
-    if not name or not path:
-        raise PipelineError("evaluation.clip: source pretrained needs pretrained_model (an open_clip name, e.g. "
-                            "ViT-B-32) and pretrained_path (its weights file)")
-    weights = Path(os.path.expanduser(str(path)))
-    if not weights.is_file():
-        raise PipelineError(f"evaluation.clip.pretrained_path: {weights} not found: put the open_clip weights of "
-                            f"{name} there (e.g. open_clip's cache file, copied from a machine with internet), "
-                            "or set evaluation.clip.source: trained")
-    if not cfg.get("class_names"):
-        raise PipelineError("evaluation.clip.class_names: a pretrained CLIP needs the name of each class")
+    name, weights = pretrained_weights(cfg)
     try:
         model = open_clip.create_model(name, pretrained=str(weights))
     except Exception as exc:  # open_clip raises RuntimeError/KeyError for a wrong name or file

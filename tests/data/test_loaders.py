@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.data.loaders import load_image_folder, load_real
+from pipeline.data import layout
+from pipeline.data.loaders import SOURCES, check_available, load_image_folder, load_real
 from pipeline.io import Split
 from pipeline.stage import DataNotFoundError, PipelineError
 from tests.datasets import CELEBA_ATTRS, IDX_SOURCES, make_idx_split, write_celeba, write_cifar10, write_idx
@@ -260,3 +261,64 @@ def test_unknown_source_or_split_is_one_line_error(tmp_path):
         load_real("svhn", tmp_path, "train")
     with pytest.raises(PipelineError, match=r"mnist: unknown split 'valid' \(known: train, test\)"):
         load_real("mnist", tmp_path, "valid")
+
+
+# --------------------------------------------------------------------------------------
+# the presence check config validation runs (pipeline.data.layout)
+# --------------------------------------------------------------------------------------
+
+
+def test_layout_names_are_torchvisions():
+    # pipeline.data.layout spells torchvision's names out so that it imports no torch; held to them here
+    from torchvision import datasets
+
+    assert {s: getattr(datasets, c).__name__ for s, c in layout.IDX_CLASSES.items()} == layout.IDX_CLASSES
+    cifar = datasets.CIFAR10
+    assert layout.CIFAR10_FOLDER == cifar.base_folder
+    assert layout.CIFAR10_FILES == tuple(n for n, _ in cifar.train_list + cifar.test_list) + (cifar.meta["filename"],)
+    assert layout.CELEBA_FOLDER == datasets.CelebA.base_folder
+    assert set(layout.CELEBA_LISTS) == {n for _, _, n in datasets.CelebA.file_list if n.endswith(".txt")}
+    assert layout.TORCHVISION_SOURCES == SOURCES
+
+
+def _write(source: str, root: Path) -> None:
+    rng = np.random.default_rng(5)
+    if source in IDX_SOURCES:
+        write_idx(root / IDX_SOURCES[source] / "raw", make_idx_split(rng, 3), make_idx_split(rng, 2), gz=True)
+    elif source == "cifar10":
+        data = (rng.integers(0, 256, (5, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 5))
+        write_cifar10(root, data, data)
+    else:
+        write_celeba(root, [0, 0, 2], rng.integers(0, 2, (3, len(CELEBA_ATTRS))), rng.integers(0, 256, (3, 2, 3)))
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_check_available_says_what_load_real_says_and_passes_once_the_files_are_there(tmp_path, source):
+    root = tmp_path / "data"
+    with pytest.raises(DataNotFoundError) as checked:
+        check_available(source, root, debian_fashion_mnist=nowhere(tmp_path))
+    with pytest.raises(DataNotFoundError) as loaded:
+        load_real(source, root, "train", debian_fashion_mnist=nowhere(tmp_path))
+    assert str(checked.value) == str(loaded.value) and "\n" not in str(checked.value)
+    assert str(root) in str(checked.value)
+
+    _write(source, root)
+    check_available(source, root, debian_fashion_mnist=nowhere(tmp_path))
+    assert len(load_real(source, root, "train", debian_fashion_mnist=nowhere(tmp_path))) >= 1
+
+
+def test_check_available_passes_generated_and_embedded_sources_without_a_data_root(tmp_path):
+    for source in (*layout.GENERATED_SOURCES, layout.EMBEDDED_SOURCE):
+        check_available(source, tmp_path / "nothing here")
+
+
+def test_locate_image_folder_agrees_with_load_image_folder(tmp_path):
+    (tmp_path / "loose").mkdir()
+    for path in (tmp_path / "ffhq", tmp_path / "loose"):
+        with pytest.raises(DataNotFoundError) as located:
+            layout.locate_image_folder(path)
+        with pytest.raises(DataNotFoundError) as loaded:
+            load_image_folder(path, 4)
+        assert str(located.value) == str(loaded.value)
+    (tmp_path / "loose" / "class_0").mkdir()
+    assert layout.locate_image_folder(tmp_path / "loose") == tmp_path / "loose"

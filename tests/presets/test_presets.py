@@ -19,8 +19,8 @@ samplers and the sections it switches on, with three exceptions:
   size), so it is the same in every preset.
 
 torch-fidelity's Inception weights are a download that tests never make (and no cache holds
-them here), so each Inception preset first asks for its reference row without them and must
-stop with the one-line error naming the file and where to put it. Inception on a CPU costs
+them here), so each Inception preset is first run without them and must stop before any job
+with the one-line config error naming the file and where to put it. Inception on a CPU costs
 ~1 s per image (299x299), so the whole DAG is then scored in the eval net's feature space,
 and finally the reference row is scored in Inception's with a stand-in weights file of the
 same architecture (random weights, ``inception_standin`` in conftest.py): the 299x299 feature
@@ -290,19 +290,18 @@ def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
 
     inception = uses_inception(preset)
     if inception:
-        # No weights anywhere (an empty torch hub) must stop the first evaluation with one
-        # actionable line (its data and eval net are reused by the next run).
+        # No weights anywhere (an empty torch hub) must stop the run before any job is scheduled
+        # with one actionable line (pipeline.inputs), not hours in at the first evaluation.
         cfg.write_text(yaml.safe_dump(overrides))
         hub = tmp_path / "empty_torch_home"
-        res = snakemake(*RUN, str(exp / "eval" / "reference_real" / "metrics.json"),
-                        "--configfile", *configfiles, env={"TORCH_HOME": str(hub)})
-        assert res.returncode != 0
-        log = (exp / "logs" / "evaluate_reference_real.log").read_text()
-        lines = [line for line in log.splitlines() if "inception-v3-compat weights not found" in line]
-        assert len(lines) == 1 and "Traceback" not in log, log[-3000:]
+        res = snakemake(*RUN, "all", "--configfile", *configfiles, env={"TORCH_HOME": str(hub)})
+        assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        lines = [line for line in (res.stdout + res.stderr).splitlines() if "config error" in line]
+        assert len(lines) == 1, res.stderr[-3000:]
         expected = hub / "hub" / "checkpoints" / "weights-inception-2015-12-05-6726825d.pth"
-        assert f"not found at {expected}: copy weights-inception-2015-12-05-6726825d.pth there" in lines[0]
-        assert "evaluation.inception_weights" in lines[0]
+        assert lines[0].startswith(f"config error at evaluation.inception_weights: inception-v3-compat weights "
+                                   f"not found at {expected}: copy weights-inception-2015-12-05-6726825d.pth there")
+        assert not exp.exists(), "no job may run"
         # Inception on a CPU costs ~1 s per image (299x299), so the DAG is scored in the eval
         # net's space and the reference row in Inception's (the last step below)
         overrides["evaluation"]["feature_extractor"] = "evalnet"

@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.data.layout import CIFAR10_FILES, CIFAR10_FOLDER
 from tests.test_workflow import TINY
 
 pytestmark = pytest.mark.slurm
@@ -223,9 +224,14 @@ def test_killed_job_is_retried_once_then_a_rerun_submits_only_what_is_missing(ti
 
 
 def test_failing_job_fails_the_run_and_prints_its_slurm_log(repo, tmp_path, slurm_partition):
-    # a real user error: the config names a dataset that is not on disk
+    # a real user error: the dataset's files are there but unreadable (a missing one stops the run
+    # before any job is submitted: tests/test_workflow.py)
+    batches = tmp_path / "bad" / CIFAR10_FOLDER
+    batches.mkdir(parents=True)
+    for name in CIFAR10_FILES:
+        (batches / name).write_bytes(b"not a pickle")
     config = {**TINY, "experiment": "no_data", "results_dir": str(tmp_path / "results"),
-              "data": {**TINY["data"], "data_root": str(tmp_path / "empty"),
+              "data": {**TINY["data"], "data_root": str(tmp_path / "bad"),
                        "private": {**TINY["data"]["private"], "source": "cifar10"}}}
     sm = Snakemake(repo, tmp_path, config, slurm_partition)
     try:
@@ -241,5 +247,5 @@ def test_failing_job_fails_the_run_and_prints_its_slurm_log(repo, tmp_path, slur
         assert "Error in rule prepare_data" in Path(log).read_text()
     # show-failed-logs: the stage's one-line error (its log's last line) is in Snakemake's output
     error = (tmp_path / "results" / "no_data" / "logs" / "prepare_data.log").read_text().splitlines()[-1]
-    assert error.startswith("error: ") and "not found" in error
+    assert error.startswith("error: ") and f"could not read the batches in {batches}" in error
     assert error in run.output
