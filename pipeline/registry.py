@@ -19,14 +19,44 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-#: what a method registers: a function returning its paths (or path -> claims for transcripts)
+#: what a method registers: a function returning its paths (or path -> TranscriptSpec for transcripts)
 TargetsFn = Callable[[], Iterable[str | PathLike[str]]]
-TranscriptsFn = Callable[[], Mapping[str | PathLike[str], int]]
+TranscriptsFn = Callable[[], Mapping[str | PathLike[str], "TranscriptSpec"]]
 #: what a method registers for all_runs.parquet: one record per (configuration, seed) it ran
 RunsFn = Callable[[], Iterable["RunRecord"]]
 
 #: the suffixes the index page shows: tables and figures (a figure's PDF is written beside its PNG)
 REPORT_SUFFIXES = (".parquet", ".png")
+
+
+@dataclass(frozen=True)
+class TranscriptSpec:
+    """What one ledger transcript must be, as its method registers it: what the replay checks it against.
+
+    ``claims``: the number of lines its stage writes; ``run``: the run (or table job) the stage was run
+    for, the ``ledger_binding`` run its rule passes, on every line; ``stage``: the stage every line names;
+    ``delta``: the method's configured delta, every line's; ``data``: the private split file the stage
+    reads, whose manifest sha256 every line carries (``None`` only for ``configuration`` claims, which
+    read no data and alone may carry a mu_bar_B given directly, ``extra.source = "given"``).
+    """
+
+    claims: int
+    run: str
+    stage: str
+    delta: float
+    data: str | None = None
+    configuration: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", None if self.data is None else str(self.data))
+        if isinstance(self.claims, bool) or not isinstance(self.claims, int) or self.claims < 1:
+            raise ValueError(f"transcript of run {self.run!r}: claims must be an integer >= 1, got {self.claims!r}")
+        if (self.data is None) != self.configuration:
+            raise ValueError(f"transcript of run {self.run!r}: a mechanism's transcript names the private split it "
+                             f"read (data), configuration claims read none")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -78,8 +108,8 @@ class MethodRegistry:
         self._transcripts.setdefault(method, [])
 
     def register_transcripts(self, method: str, transcripts: TranscriptsFn) -> None:
-        """``transcripts()`` maps each ledger transcript the method writes to the number of claims
-        (ledger lines) it must hold; the replay reads them all and checks every count."""
+        """``transcripts()`` maps each ledger transcript the method writes to its :class:`TranscriptSpec`
+        (claims, run, stage, delta, data); the replay reads them all and checks every line against it."""
         self._transcripts.setdefault(method, []).append(transcripts)
         self._targets.setdefault(method, [])
 
@@ -114,13 +144,17 @@ class MethodRegistry:
         """The tables and figures of the chosen ``methods``: what the index page shows."""
         return [p for p in self.targets(methods) if p.suffix in REPORT_SUFFIXES]
 
-    def transcripts(self, methods: Sequence[str]) -> dict[Path, int]:
-        """Ledger transcript -> expected claims, for the chosen ``methods`` in their order."""
+    def transcripts(self, methods: Sequence[str]) -> dict[Path, TranscriptSpec]:
+        """Ledger transcript -> what it must hold (:class:`TranscriptSpec`), for the chosen ``methods`` in order."""
         self._check(methods)
-        out: dict[Path, int] = {}
+        out: dict[Path, TranscriptSpec] = {}
         for method in methods:
             for fn in self._transcripts[method]:
-                out.update((Path(p), int(n)) for p, n in fn().items())
+                for path, spec in fn().items():
+                    if not isinstance(spec, TranscriptSpec):
+                        raise TypeError(f"method {method}: transcript {path} is registered with {spec!r}; register "
+                                        f"a TranscriptSpec (claims, run, stage, delta, data) so the replay can bind it")
+                    out[Path(path)] = spec
         return out
 
     def runs(self, methods: Sequence[str]) -> list[RunRecord]:

@@ -41,8 +41,10 @@ EMPDEN_OUTPUTS = [
 ]
 
 register_targets("accounting", lambda: EMPDEN_OUTPUTS)
-# one claim per accounted block
-register_transcripts("accounting", lambda: {EMPDEN_LEDGER: _N_BLOCKS})
+# one claim per accounted block: configuration claims, which read no private data
+register_transcripts("accounting", lambda: {EMPDEN_LEDGER: TranscriptSpec(
+    claims=_N_BLOCKS, run="empden_blocks", stage="empden_blocks", delta=config["accounting"]["delta"],
+    configuration=True)})
 
 
 rule empden_blocks:
@@ -51,7 +53,8 @@ rule empden_blocks:
         blocks=EMPDEN_BLOCKS,
         ledger=EMPDEN_LEDGER,
     params:
-        p=ACCOUNTING_PARAMS,
+        p=stage_params(accounting=config["accounting"], n=ACCOUNTING_N, seed=SEED,
+                       ledger_binding=ledger_binding("empden_blocks")),
     benchmark:
         benchmark_path("empden_blocks")
     log:
@@ -236,16 +239,18 @@ rule empden_figure7_stopping_traces:
 
 
 rule replay:
-    """Recompute every ledger claim from the transcripts alone; fail on an understated eps, an event its
-    line's parameters do not rebuild, or a transcript that is missing, empty, cut off or short."""
+    """Recompute every ledger claim from the transcripts alone; fail on an uncovered eps, an event its
+    line's parameters do not rebuild, a transcript that is missing, empty, cut off or short, or a line not
+    bound to the run, stage, delta and private split its method registered."""
     input:
         unpack(lambda wildcards: {Path(p).stem: p for p in ledger_transcripts()}),
     output:
         report=REPLAY_REPORT,
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
-        # the claims each private stage writes, as its method registered them
-        p=lambda wildcards: stage_params(expected_claims={Path(t).stem: n for t, n in ledger_claims().items()}),
+        # what each private stage writes, as its method registered it (pipeline/registry.py TranscriptSpec)
+        p=lambda wildcards: stage_params(expected={Path(t).stem: spec.as_dict() for t, spec in ledger_claims().items()},
+                                         experiment=EXP),
     benchmark:
         benchmark_path("replay")
     log:

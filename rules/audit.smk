@@ -32,8 +32,8 @@ rule audit_one_run:
     threads: TORCH_THREADS
     resources:
         mem_mb=2000,
-        runtime=lambda wildcards: cost.audit_runtime_min(config, sum(_audited_claims().values()),
-                                                         sum(_empden_claims().values())),
+        runtime=lambda wildcards: cost.audit_runtime_min(config, sum(s.claims for s in _audited_claims().values()),
+                                                         sum(s.claims for s in _empden_claims().values())),
     conda:
         CPU_ENV
     shell:

@@ -10,7 +10,7 @@
 include: "functions/baselines.smk"
 
 register_targets("baselines", lambda: [BASELINES_TABLE])
-register_transcripts("baselines", lambda: {baseline_ledger_path(r.name): 1 for r in baseline_run_list()})
+register_transcripts("baselines", baseline_transcripts)
 register_runs("baselines", baseline_records)
 
 

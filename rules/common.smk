@@ -16,7 +16,7 @@ import pipeline.resources as cost
 from pipeline.config import (ConfigError, config_id, declared_private, deep_merge, schema_path, typed_overrides,
                              validate_config)
 from pipeline.inputs import check_inputs_exist
-from pipeline.registry import MethodRegistry
+from pipeline.registry import MethodRegistry, TranscriptSpec
 
 # nested --config values arrive as strings from Snakemake ('dpdm={K: 2}'): type them
 config.update(deep_merge(config, typed_overrides(workflow.config_settings.overwrite_config)))
@@ -83,8 +83,9 @@ def params_json(**sections):
     return json.dumps(sections, sort_keys=True)
 
 
-#: params that change how a job runs, never what it computes: left out of a stage's config id
-RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s")
+#: params that change how a job runs, never what it computes: left out of a stage's config id (the ledger
+#: binding names where a line belongs, not what its mechanism is)
+RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s", "ledger_binding")
 
 
 def stage_params(**params):
@@ -128,8 +129,15 @@ def register_targets(method, targets):
 
 
 def register_transcripts(method, transcripts):
-    """``transcripts()``: {ledger transcript path: number of claims it holds}, the replay's inputs."""
+    """``transcripts()``: {ledger transcript path: TranscriptSpec (claims, run, stage, delta, data)}, the replay's
+    inputs and what it checks every line against."""
     REGISTRY.register_transcripts(method, transcripts)
+
+
+def ledger_binding(run):
+    """A private stage's ``ledger_binding`` param: the run its lines are bound to, the name its method registers
+    the transcript under (TranscriptSpec.run), and the experiment (pipeline.privacy.ledger.Binding)."""
+    return {"run": str(run), "experiment": EXP}
 
 
 def register_runs(method, runs):
@@ -192,7 +200,7 @@ def report_inputs():
 
 
 def ledger_claims():
-    """Ledger transcript -> expected claims, of every chosen method: the replay's inputs."""
+    """Ledger transcript -> its TranscriptSpec, of every chosen method: the replay's inputs."""
     return _registered(REGISTRY.transcripts)
 
 

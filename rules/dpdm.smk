@@ -19,7 +19,9 @@ except ConfigError as _exc:
 
 register_targets("dpdm", dpdm_targets)
 # every run writes its own transcript, with one claim
-register_transcripts("dpdm", lambda: {dpdm_ledger_path(r.name): 1 for r in dpdm_runs.runs(config["dpdm"])})
+register_transcripts("dpdm", lambda: {dpdm_ledger_path(r.name): TranscriptSpec(
+    claims=1, run=r.name, stage="train_dpdm", delta=config["dpdm"]["delta"], data=DATA / "private_train.npz")
+    for r in dpdm_runs.runs(config["dpdm"])})
 register_runs("dpdm", dpdm_records)
 
 

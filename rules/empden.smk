@@ -318,7 +318,8 @@ rule empden_figure2_trajectories:
     params:
         p=stage_params(figure2=config["empden"]["figure2"], accounting=ACCOUNTING_MECHANISM,
                       beta=config["accounting"]["beta"], seed=config["empden"]["seeds"][0], device=config["device"],
-                      threads=TORCH_THREADS, **EMPDEN_NORMALISER_PARAMS),
+                      threads=TORCH_THREADS, ledger_binding=ledger_binding("empden_figure2_trajectories"),
+                      **EMPDEN_NORMALISER_PARAMS),
         norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
     benchmark:
         benchmark_path("empden_figure2_trajectories")

@@ -212,7 +212,7 @@ rule release_moments:
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_run_params(wildcards, private=PRIVATE),
+        p=lambda wildcards: sdp_run_params(wildcards, private=PRIVATE, ledger_binding=ledger_binding(wildcards.run)),
     log:
         LOGS / "release_moments" / "{run}.log",
     benchmark:
@@ -239,7 +239,8 @@ rule train_straightdp:
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_run_params(wildcards, train=True, private=PRIVATE),
+        p=lambda wildcards: sdp_run_params(wildcards, train=True, private=PRIVATE,
+                                            ledger_binding=ledger_binding(wildcards.run)),
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_straightdp" / "{run}.log",
@@ -412,7 +413,8 @@ rule straightdp_figure6_toy:
     params:
         p=lambda wildcards: stage_params(
             straightdp=sdp_section(keep=("toy",)),
-            toy_data={k: config["data"]["toy"][k] for k in ("n", "n_modes", "radius", "std")}, threads=1),
+            toy_data={k: config["data"]["toy"][k] for k in ("n", "n_modes", "radius", "std")}, threads=1,
+            ledger_binding=ledger_binding("straightdp_figure6_toy")),
     benchmark:
         benchmark_path("straightdp_figure6_toy")
     log:
@@ -490,7 +492,7 @@ rule straightdp_table4_text:
         # only what the release reads: a flow or DP-SGD setting does not rerun it
         p=lambda wildcards: stage_params(
             straightdp={k: config["straightdp"][k] for k in ("delta", "release", "table4")}, private=PRIVATE,
-            threads=1),
+            threads=1, ledger_binding=ledger_binding("straightdp_table4_text")),
     benchmark:
         benchmark_path("straightdp_table4_text")
     log:

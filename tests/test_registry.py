@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.registry import MethodRegistry, RunRecord
+from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec
+
+SPEC = TranscriptSpec(claims=2, run="alpha_run", stage="train_alpha", delta=1e-5, data="d/private_train.npz")
 
 
 def registry() -> MethodRegistry:
     reg = MethodRegistry()
     reg.register_targets("alpha", lambda: ["t/alpha_table.parquet", "f/alpha_fig.png", "x/alpha_extra.json"])
-    reg.register_transcripts("alpha", lambda: {"l/alpha_run.jsonl": 2})
+    reg.register_transcripts("alpha", lambda: {"l/alpha_run.jsonl": SPEC})
     reg.register_targets("beta", lambda: ["t/beta_table.parquet"])
     return reg
 
@@ -24,7 +26,7 @@ def test_a_registered_method_reaches_rule_all_the_index_and_the_replay():
                                               Path("x/alpha_extra.json"), Path("t/beta_table.parquet")]
     # the index shows tables and figures only
     assert reg.report_targets(["alpha"]) == [Path("t/alpha_table.parquet"), Path("f/alpha_fig.png")]
-    assert reg.transcripts(["alpha", "beta"]) == {Path("l/alpha_run.jsonl"): 2}
+    assert reg.transcripts(["alpha", "beta"]) == {Path("l/alpha_run.jsonl"): SPEC}
 
 
 def test_the_methods_list_chooses_and_orders():
@@ -63,3 +65,22 @@ def test_runs_of_the_chosen_methods_in_order_each_metrics_file_once():
 def test_a_private_run_record_needs_its_transcripts():
     with pytest.raises(ValueError, match="needs its ledger transcripts"):
         RunRecord(method="alpha", config="a1", seed=0, metrics="e/a1.json")
+
+
+def test_a_transcript_is_registered_with_what_the_replay_binds_it_to():
+    """Issue #35: a bare claim count cannot bind a transcript to its run, stage, delta and private split."""
+    reg = MethodRegistry()
+    reg.register_transcripts("alpha", lambda: {"l/a.jsonl": 2})
+    with pytest.raises(TypeError, match=r"method alpha: transcript l/a.jsonl is registered with 2; register a "
+                                        r"TranscriptSpec"):
+        reg.transcripts(["alpha"])
+    assert SPEC.as_dict() == {"claims": 2, "run": "alpha_run", "stage": "train_alpha", "delta": 1e-5,
+                              "data": "d/private_train.npz", "configuration": False}
+
+
+@pytest.mark.parametrize("kwargs, message", [({"claims": 0}, "claims must be an integer >= 1"),
+                                             ({"data": None}, "names the private split it read"),
+                                             ({"configuration": True}, "configuration claims read none")])
+def test_a_bad_transcript_spec_is_a_one_line_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TranscriptSpec(**{**SPEC.as_dict(), **kwargs})

@@ -361,6 +361,16 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
         assert res.returncode == 0, res.stderr[-2000:]
         jobs = planned_jobs(res.stdout + res.stderr)
         assert must in jobs and set(jobs) <= allowed | SHARED_RULES, (key, jobs)
+    # a forged ledger stops the run in one line (issue #35): two runs' transcripts swapped, the replay reruns
+    a, b = sdp_ledgers[0], sdp_ledgers[-1]
+    a_text, b_text = a.read_text(), b.read_text()
+    a.write_text(b_text)
+    b.write_text(a_text)
+    res = snakemake(repo, "--cores", "1", str(results / "tiny" / "ledger" / "replay.json"), "--configfile", str(cfg))
+    assert res.returncode != 0
+    causes = [line for line in res.stderr.splitlines() if line.startswith("error: replay: replay FAILED: ")]
+    assert len(causes) == 1 and any(f"{p}:1: run is " in causes[0] for p in (a, b)), res.stderr[-3000:]
+    assert "the transcript is registered for" in causes[0]
     shutil.rmtree(results)
 
 
@@ -409,7 +419,8 @@ def test_an_old_enabled_key_is_a_one_line_error_naming_the_methods_list(repo, tm
 #: registered from the file itself (registered under `sensgeo`, a name the schema's methods list accepts)
 PLUGIN_SMK = """
 register_targets("sensgeo", lambda: [TABLES / "plugin_table.parquet"])
-register_transcripts("sensgeo", lambda: {EXPDIR / "ledger" / "plugin_run.jsonl": 3})
+register_transcripts("sensgeo", lambda: {EXPDIR / "ledger" / "plugin_run.jsonl": TranscriptSpec(
+    claims=3, run="plugin_run", stage="plugin", delta=1e-5, data=DATA / "private_train.npz")})
 
 
 rule plugin_table:
@@ -435,7 +446,7 @@ def test_a_method_registered_only_in_its_own_rule_file_reaches_rule_all_the_inde
         assert ("plugin_table" in planned_jobs(res.stdout)) is chosen
         assert (f"plugin_table={results / 'tables' / 'plugin_table.parquet'}" in _index_inputs(res.stdout)) is chosen
         replay = next(l for l in res.stdout.splitlines() if l.startswith("Shell command: python -m pipeline replay"))
-        assert ('"plugin_run": 3' in replay) is chosen
+        assert ('"plugin_run": {"claims": 3' in replay) is chosen
 
 
 def test_a_failed_job_shows_its_one_line_cause_on_the_console(repo, tmp_path):

@@ -76,6 +76,10 @@ def audit_line(entry: ledger.LedgerEntry, *, m: int, significance: float, seed: 
         return audit, {"sampling_rate": 1.0, "attack": "white-box vote canaries"}
     if entry.mechanism in EMPDEN_MECHANISMS.values():
         if entry.extra.get("source") == "given":
+            if entry.extra.get("kind") != "configuration_claim":
+                # a sampler's line is audited as the block its parameters declare; "given" would skip exactly that
+                raise PipelineError(f"stage audit_one_run: {entry.stage} line ({entry.mechanism}) carries a mu_bar_B "
+                                    f"given directly, which only the accounting tables' configuration claims may")
             return f"{entry.mechanism} configuration claims (no sampler ran)"
         block = rebuild.empden_block(entry)
         audit = empden_canaries.audit_block(block, certified_epsilon=entry.claimed_epsilon, delta=entry.delta, m=m,

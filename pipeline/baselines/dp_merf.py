@@ -117,7 +117,7 @@ def generate(G: Generator, n: int, *, generator: torch.Generator, device: torch.
 @stage("dp_merf", inputs=("data", "public"), outputs=("samples", "ledger", "metrics"),
        params={"run": "the run's name, dp_merf_eps<eps>_seed<seed>", "baselines": "the baselines section",
                "config_id": "id of the settings", "device": "auto/cpu/cuda", "threads": "CPU threads",
-               "private": PRIVATE_DOC})
+               "private": PRIVATE_DOC, ledger.BINDING_PARAM: ledger.BINDING_DOC})
 def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """DP-MERF: release the class-conditional RFF mean embedding once (Gaussian, sensitivity 2/m), train a
     generator to match it, sample; write the samples, the ledger line and the run's metrics."""
@@ -125,6 +125,7 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
     start = time.perf_counter()
     m, n_classes = declared_private(params, "dp_merf")
     split, sha = load_training_split(inputs["data"], "data")
+    binding = ledger.binding_of(params, data_sha256=sha, stage="dp_merf")
     check_declared(split, N=m, n_classes=n_classes, stage="dp_merf")
     try:
         public = load_split(inputs["public"])
@@ -167,7 +168,7 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
     save_split(outputs["samples"], samples, name=f"baselines/{run.name}", source="dp_merf", seed=run.seed,
                extra={"run": run.name, "wall_s": wall_s})
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
-        ledger.append_entry(tmp, entry)
+        ledger.append_entry(tmp, entry, binding)
     write_json(outputs["metrics"], {"run": run.name, "method": "dp_merf", "epsilon_target": run.epsilon,
                                     "noise_multiplier": plan.sigma, "sensitivity": plan.sensitivity,
                                     "length_scale": length_scale, "n_features": D, "m": m,

@@ -152,7 +152,7 @@ def output_order(labels: np.ndarray) -> np.ndarray:
        outputs=("samples", "ledger", "metrics"),
        params={"run": "the run's name, pe_eps<eps>_seed<seed>", "baselines": "the baselines section",
                "config_id": "id of the settings", "device": "auto/cpu/cuda", "threads": "CPU threads",
-               "private": PRIVATE_DOC})
+               "private": PRIVATE_DOC, ledger.BINDING_PARAM: ledger.BINDING_DOC})
 def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Private Evolution over the public denoiser: T noisy nearest-neighbour vote histograms (Gaussian,
     sensitivity 1) steer random + variation API samples; write S_T, the ledger line and the run's metrics."""
@@ -160,6 +160,7 @@ def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
     start = time.perf_counter()
     N, n_classes = declared_private(params, "private_evolution")
     split, sha = load_training_split(inputs["data"], "data")
+    binding = ledger.binding_of(params, data_sha256=sha, stage="private_evolution")
     check_declared(split, N=N, n_classes=n_classes, stage="private_evolution")
     T, n_per_class = int(cfg["iterations"]), int(cfg["n_per_class"])
     try:
@@ -219,7 +220,7 @@ def private_evolution(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
     save_split(outputs["samples"], Split(to_uint8(x), labels.astype(np.int64)), name=f"baselines/{run.name}",
                source="private_evolution", seed=run.seed, extra={"run": run.name, "wall_s": wall_s})
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
-        ledger.append_entry(tmp, entry)
+        ledger.append_entry(tmp, entry, binding)
     write_json(outputs["metrics"], {"run": run.name, "method": "pe", "epsilon_target": run.epsilon,
                                     "noise_multiplier": plan.sigma, "threshold": threshold, "iterations": T,
                                     "gdp_mu": math.sqrt(T) / plan.sigma, "trace": trace, "wall_s": wall_s})

@@ -89,6 +89,7 @@ COMMON_DOC = {
     "device": "auto | cpu | cuda[:N] (default auto)",
     "threads": "torch CPU threads (default 1)",
     "private": PRIVATE_DOC + " (release_moments, train_straightdp)",
+    ledger.BINDING_PARAM: ledger.BINDING_DOC + " (release_moments, train_straightdp)",
 }
 
 
@@ -262,6 +263,7 @@ def release_moments(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     N, n_classes = declared_private(params, "release_moments")
     split, sha = load_training_split(inputs["data"], "data")
     check_declared(split, N=N, n_classes=n_classes, stage="release_moments")
+    binding = ledger.binding_of(params, data_sha256=sha, stage="release_moments")
     geometry, _ = read_geometry(inputs["geometry"])
     try:
         plan, model = release_class_moments(flat(split).numpy(), split.labels.astype(np.int64), geometry, N=N,
@@ -276,7 +278,7 @@ def release_moments(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
         raise PipelineError(f"stage release_moments: certified eps {entry.claimed_epsilon:.6g} > target {eps1}")
     model.save(outputs["moments"])
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
-        ledger.append_entry(tmp, entry)
+        ledger.append_entry(tmp, entry, binding)
     log.info("release_moments %s: sigma %.4g for eps %.4g (of %.4g), %d classes fell back", run.name, plan.sigma,
              entry.claimed_epsilon, run.epsilon, int(model.fell_back.sum()))
 
@@ -410,6 +412,7 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     n, n_classes = declared_private(params, "train_straightdp")
     split, sha = load_training_split(inputs["data"], "data")
     check_declared(split, N=n, n_classes=n_classes, stage="train_straightdp")  # q = E[batch] / N, N declared
+    binding = ledger.binding_of(params, data_sha256=sha, stage="train_straightdp")
     public, _ = load_training_split(inputs["public"], "public")
     model, spec = load_flow(inputs["init"], device)
     if n_classes > spec.num_classes:
@@ -492,7 +495,7 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
                                     "total_certified_epsilon": total_eps, "composed_with_release": prior is not None,
                                     "proxy_scores": {str(k): v for k, v in scores.items()}, "data_sha256": sha})
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
-        ledger.append_entry(tmp, entry)
+        ledger.append_entry(tmp, entry, binding)
     meta = {"stage": "train_straightdp", "private": True, "run": run.name, "epsilon": total_eps,
             "target_epsilon": run.epsilon, "delta": plan.delta, "tau": tau, "beta": plan.beta,
             "weights": "ema", "seed": run.seed, "config_id": config_id}

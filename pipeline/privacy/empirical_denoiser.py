@@ -358,6 +358,8 @@ class LedgerSink:
     delta: float
     accountant: Literal["pld_pessimistic", "rdp"] = "pld_pessimistic"
     pld: acc.PLDSettings = field(default_factory=acc.PLDSettings)
+    #: the run, experiment and private split the lines are bound to (the stages always give it)
+    binding: ledger.Binding | None = None
 
 
 def _claim(sink: LedgerSink, block: EmpdenBlock, *, extra: dict, gdp: bool = False) -> ledger.LedgerEntry:
@@ -377,8 +379,7 @@ def _claim(sink: LedgerSink, block: EmpdenBlock, *, extra: dict, gdp: bool = Fal
         sensitivity=m.sensitivity, noise_std=m.sensitivity / m.mu_core, sampling=block.sampling(),
         adjacency="add_or_remove_one", count=block.N_out, delta=sink.delta, claimed_epsilon=eps,
         accountant=accountant, config_id=sink.config_id, seed=sink.seed, extra=extra)
-    ledger.append_entry(sink.path, entry)
-    return entry
+    return ledger.append_entry(sink.path, entry, sink.binding)
 
 
 #: how v is normalised: ``constant`` is eq. 38 literally (Z = 1), ``public_marginal`` divides by

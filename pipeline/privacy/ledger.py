@@ -11,7 +11,15 @@ built from and the claim made about it::
      "sampling": {"scheme": "fixed_size_per_output", "probability": 0.0005},
      "adjacency": "add_or_remove_one", "count": 50000, "delta": 1e-05,
      "claimed_epsilon": 6.29, "accountant": {"name": "pld_pessimistic", ...},
-     "versions": {...}, "config_id": "...", "seed": 0, "time_utc": "..."}
+     "versions": {...}, "config_id": "...", "seed": 0, "time_utc": "...",
+     "run": "p50_B200_T3_seed0", "experiment": "digits", "data_sha256": "...", "seq": 0}
+
+The last four fields bind the line to where it was written (:class:`Binding`): the run the
+stage was run for, the experiment, the sha256 of the private split the mechanism read (from
+the split's manifest) and the line's position in its transcript. The replay checks them
+against the run each transcript is registered for, so a transcript swapped between runs, a
+line copied into another transcript or handed in twice, or a line of another experiment is
+refused (:mod:`pipeline.privacy.replay`).
 
 The replay (:mod:`pipeline.privacy.replay`) feeds each event to a fresh accountant and
 compares; a mechanism never computes its own eps. Only certified accountants may appear
@@ -20,6 +28,7 @@ in a claim (``pld_pessimistic``, ``rdp``, ``gdp``): estimates are refused at wri
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -34,7 +43,10 @@ from typing import Any
 import attr
 from dp_accounting import dp_event
 
-LEDGER_FORMAT = "dpgen-ledger/1"
+from pipeline.stage import PipelineError
+
+#: /2: every line carries its binding (run, experiment, data_sha256, seq); /1 lines are refused (rerun the stage)
+LEDGER_FORMAT = "dpgen-ledger/2"
 
 #: accountants whose eps is an upper bound and may therefore be claimed.
 CERTIFIED_ACCOUNTANTS = ("pld_pessimistic", "rdp", "gdp")
@@ -44,6 +56,10 @@ ADJACENCIES = ("add_or_remove_one", "replace_one")
 
 class LedgerError(ValueError):
     """A malformed or inconsistent ledger line; the message names file and line."""
+
+
+class BindingError(LedgerError, PipelineError):
+    """A stage asked to write a ledger line without saying which run and data it belongs to (one line)."""
 
 
 # --------------------------------------------------------------------------- events <-> JSON
@@ -132,6 +148,11 @@ class LedgerEntry:
     time_utc: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     extra: dict[str, Any] = field(default_factory=dict)
     format: str = LEDGER_FORMAT
+    #: the binding (:class:`Binding`), stamped by :func:`append_entry`; empty / -1 on a line not yet written
+    run: str = ""
+    experiment: str = ""
+    data_sha256: str = ""
+    seq: int = -1
 
     def __post_init__(self) -> None:
         if math.isnan(self.noise_multiplier) and self.sensitivity > 0:
@@ -154,6 +175,11 @@ class LedgerEntry:
             raise LedgerError(f"{where}: delta must be in (0, 1), got {self.delta}")
         if not (self.claimed_epsilon >= 0):
             raise LedgerError(f"{where}: claimed_epsilon must be >= 0, got {self.claimed_epsilon}")
+        for name in ("run", "experiment", "data_sha256"):
+            if not isinstance(getattr(self, name), str):
+                raise LedgerError(f"{where}: {name} must be a string, got {getattr(self, name)!r}")
+        if isinstance(self.seq, bool) or not isinstance(self.seq, int) or self.seq < -1:
+            raise LedgerError(f"{where}: seq must be an integer >= 0 (its position in the transcript), got {self.seq!r}")
         if self.sensitivity <= 0 or self.noise_std < 0:
             raise LedgerError(f"{where}: need sensitivity > 0 and noise_std >= 0")
         if not math.isclose(self.noise_multiplier, self.noise_std / self.sensitivity, rel_tol=1e-9):
@@ -216,14 +242,55 @@ def _sampling_probabilities(event: dp_event.DpEvent) -> list[float]:
     return out
 
 
-def append_entry(path: str | Path, entry: LedgerEntry) -> None:
-    """Append one line to the JSONL transcript and fsync it.
+@dataclass(frozen=True)
+class Binding:
+    """Where a transcript's lines belong: the ``run`` the stage was run for (the name its method registers
+    the transcript under), the ``experiment``, and the sha256 of the private split the mechanism read
+    (its manifest's; ``""`` only for configuration claims, which read no data)."""
 
-    One ``write`` of a line shorter than the pipe buffer under ``O_APPEND`` lands whole even
-    with concurrent writers; fsync makes it survive a crash of the stage that follows.
+    run: str
+    experiment: str
+    data_sha256: str
+
+
+#: the stage param that carries the binding: ``{"run": ..., "experiment": ...}`` (rules/common.smk ledger_binding)
+BINDING_PARAM = "ledger_binding"
+BINDING_DOC = "{run, experiment} the stage's ledger lines are bound to (the replay checks them against the registry)"
+
+
+def binding_of(params: Mapping[str, Any], *, data_sha256: str, stage: str) -> Binding:
+    """The :class:`Binding` of a stage's lines from its ``ledger_binding`` param and the split it read."""
+    given = params.get(BINDING_PARAM)
+    if not isinstance(given, Mapping):
+        raise BindingError(f"stage {stage}: param {BINDING_PARAM} = {{run, experiment}} is required (a ledger line "
+                           f"must name the run and experiment it belongs to)")
+    for key in ("run", "experiment"):
+        if not isinstance(given.get(key), str) or not given[key]:
+            raise BindingError(f"stage {stage}: param {BINDING_PARAM}.{key} must be a non-empty string, "
+                               f"got {given.get(key)!r}")
+    return Binding(run=given["run"], experiment=given["experiment"], data_sha256=str(data_sha256))
+
+
+def _n_lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open("rb") as fh:
+        return sum(1 for _ in fh)
+
+
+def append_entry(path: str | Path, entry: LedgerEntry, binding: Binding | None = None) -> LedgerEntry:
+    """Append one line to the JSONL transcript and fsync it; returns the line as written.
+
+    With ``binding`` the line is stamped with it and with its position ``seq`` in the transcript (the
+    number of lines already there): every line a stage writes is bound. One ``write`` of a line shorter
+    than the pipe buffer under ``O_APPEND`` lands whole even with concurrent writers; fsync makes it
+    survive a crash of the stage that follows.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if binding is not None:
+        entry = dataclasses.replace(entry, run=binding.run, experiment=binding.experiment,
+                                    data_sha256=binding.data_sha256, seq=_n_lines(path))
     line = (entry.to_json() + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask applies, as for every output
     try:
@@ -231,6 +298,7 @@ def append_entry(path: str | Path, entry: LedgerEntry) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return entry
 
 
 def read_ledger(path: str | Path) -> Iterator[tuple[int, LedgerEntry]]:

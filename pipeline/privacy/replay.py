@@ -12,8 +12,18 @@ Before its eps is recomputed, every line's event is rebuilt from the mechanism p
 the same line (:mod:`pipeline.privacy.rebuild`): an event edited to claim less (mu_bar_B and
 q halved while the line still says B and n) or a mechanism nobody can rebuild fails. And the
 transcripts themselves must be whole: each private stage that ran must hand in its transcript
-(``expected_claims``), and an empty, truncated or short transcript fails, since a missing
+(``expected``), and an empty, truncated or short transcript fails, since a missing
 claim is not an audit pass.
+
+Every line is also bound to where it belongs (:class:`Registered`, from the method's registration):
+its run, experiment, stage, the configured delta of its method, the sha256 of the private split
+the mechanism read and its position in the transcript must be the registered ones, and no line may
+be handed in twice. A mu_bar_B "given directly" (``extra.source = "given"``) is allowed only on
+the accounting tables' configuration claims. A line's PLD settings may be no looser than the
+project's own (:data:`MAX_DISCRETISATION`, :data:`MAX_LOG_MASS_TRUNCATION`), and any line whose
+recomputed eps does not cover its claim fails, an infinite one included. The stage certifies
+nothing without the registry's expectations (``params.expected``): called from the command line
+without them it refuses, so a deleted line cannot pass as a shorter transcript.
 """
 
 from __future__ import annotations
@@ -21,10 +31,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.io import write_json
+from pipeline.io import manifest_path, read_json, write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger, rebuild
 # moments and tha register their rebuilders on import: the replay must know every mechanism
@@ -37,29 +48,131 @@ log = logging.getLogger(__name__)
 #: relative slack for floating-point differences between library versions; any real
 #: understatement of eps is many orders of magnitude larger.
 REL_TOL = 1e-6
+#: the coarsest PLD grid any stage of the project certifies with (EMPDEN's accounting.discretisation at
+#: its schema maximum; the mechanisms use 1e-4 or 1e-5). The pessimistic PLD stays an upper bound on a
+#: coarser grid, but a line is held to the project's own settings, so a claim is never replayed under
+#: settings nobody chose for it.
+MAX_DISCRETISATION = 1e-3
+#: the largest tail mass (ln) the PLD may truncate: the project's (EMPDEN App. G's e^-50). A line with
+#: -10 recomputes to +inf and must not pass as "not covered, but finite-less".
+MAX_LOG_MASS_TRUNCATION = acc.PAPER_LOG_MASS_TRUNCATION
 
 
 class ReplayError(PipelineError):
-    """A claim the transcripts cannot back: understated, rebuilt differently, missing or cut off."""
+    """A claim the transcripts cannot back: understated, rebuilt differently, missing, cut off or unbound."""
 
 
-def _expected_claims(value: Any) -> dict[str, int] | None:
-    """``params.expected_claims`` checked: transcript name -> number of claims it must hold (>= 1)."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise PipelineError(f"replay: params.expected_claims must be a mapping of transcript name to claim "
-                            f"count, got {value!r}")
-    for name, count in value.items():
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            # a private stage that ran made at least one claim: zero expected is a config error
-            raise PipelineError(f"replay: params.expected_claims.{name} must be an integer >= 1, got {count!r}")
-    return dict(value)
+@dataclass(frozen=True)
+class Registered:
+    """What a transcript must be (the method's registration, :class:`pipeline.registry.TranscriptSpec`).
+
+    ``claims`` alone checks the count (a programmatic audit of lines written without a binding); the rest,
+    when given, is checked on every line: ``run``, ``experiment``, ``stage``, ``delta`` (the method's
+    configured one), ``data_sha256`` (the manifest sha256 of the split its stage read; ``""`` for
+    configuration claims) and ``seq`` = the line's position. Only ``configuration`` transcripts may hold
+    a mu_bar_B given directly.
+    """
+
+    claims: int
+    run: str | None = None
+    experiment: str | None = None
+    stage: str | None = None
+    delta: float | None = None
+    data_sha256: str | None = None
+    configuration: bool = False
+
+    @property
+    def bound(self) -> bool:
+        return self.run is not None
 
 
-def replay_line(path: Path, lineno: int, entry: ledger.LedgerEntry, failures: list[str]) -> dict[str, Any]:
-    """Rebuild the line's event from its parameters and recompute its eps; append each problem to ``failures``."""
+def _count(name: str, count: Any) -> int:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        # a private stage that ran made at least one claim: zero expected is a config error
+        raise PipelineError(f"replay: params.expected.{name}.claims must be an integer >= 1, got {count!r}")
+    return count
+
+
+def _data_sha256(name: str, data: Any) -> str:
+    """The sha256 the manifest of the split file ``data`` records ('' for none); one-line error otherwise."""
+    if data is None:
+        return ""
+    try:
+        return str(read_json(manifest_path(str(data)))["sha256"])
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise ReplayError(f"replay: params.expected.{name}.data: {data} has no readable manifest sha256 ({exc})") from None
+
+
+def registered_from_params(expected: Any, experiment: Any) -> dict[str, Registered]:
+    """``params.expected`` (name -> {claims, run, stage, delta, data, configuration}) and ``params.experiment``
+    checked and read into :class:`Registered`; without them the stage certifies nothing."""
+    if expected is None:
+        raise PipelineError("replay: params.expected is required: every transcript's registered claims, run, stage, "
+                            "delta and data (the workflow's rule replay passes the method registry's); without it "
+                            "a transcript short of a line could not be told from a whole one, so nothing is certified")
+    if not isinstance(expected, Mapping):
+        raise PipelineError(f"replay: params.expected must be a mapping of transcript name to its registration, "
+                            f"got {expected!r}")
+    if not isinstance(experiment, str) or not experiment:
+        raise PipelineError(f"replay: params.experiment must be the experiment's name, got {experiment!r}")
+    out = {}
+    for name, spec in expected.items():
+        keys = ("claims", "run", "stage", "delta", "data", "configuration")
+        if not isinstance(spec, Mapping) or set(spec) != set(keys):
+            raise PipelineError(f"replay: params.expected.{name} must hold exactly {', '.join(keys)}, got {spec!r}")
+        delta = spec["delta"]
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise PipelineError(f"replay: params.expected.{name}.delta must be in (0, 1), got {delta!r}")
+        out[str(name)] = Registered(claims=_count(name, spec["claims"]), run=str(spec["run"]), experiment=experiment,
+                                    stage=str(spec["stage"]), delta=float(delta),
+                                    data_sha256=_data_sha256(name, spec["data"]),
+                                    configuration=bool(spec["configuration"]))
+    return out
+
+
+def settings_failures(entry: ledger.LedgerEntry) -> list[str]:
+    """The ways the line's accountant settings are looser than the project's own (empty if none)."""
+    if entry.accountant.get("name") != "pld_pessimistic":
+        return []
+    out = []
+    h = entry.accountant.get("value_discretization_interval", acc.PAPER_DISCRETISATION)
+    t = entry.accountant.get("log_mass_truncation_bound", acc.PAPER_LOG_MASS_TRUNCATION)
+    if not (isinstance(h, (int, float)) and 0 < h <= MAX_DISCRETISATION):
+        out.append(f"PLD discretisation {h!r} is looser than the project's (at most {MAX_DISCRETISATION:g})")
+    if not (isinstance(t, (int, float)) and math.isfinite(t) and t <= MAX_LOG_MASS_TRUNCATION):
+        out.append(f"PLD log mass truncation bound {t!r} is looser than the project's (at most "
+                   f"{MAX_LOG_MASS_TRUNCATION:g})")
+    return out
+
+
+def binding_failures(entry: ledger.LedgerEntry, index: int, reg: Registered) -> list[str]:
+    """The ways the line is not where its registration says it belongs (empty if none)."""
+    out = []
+    if entry.extra.get("source") == "given" and not reg.configuration:
+        out.append("carries a mu_bar_B given directly (extra.source = 'given'), which only the accounting tables' "
+                   "configuration claims may; a mechanism's line is rebuilt from the parameters it ran with")
+    if not reg.bound:
+        return out
+    for name, want in (("run", reg.run), ("experiment", reg.experiment), ("stage", reg.stage),
+                       ("data_sha256", reg.data_sha256)):
+        got = getattr(entry, name)
+        if got != want:
+            out.append(f"{name} is {got!r}, the transcript is registered for {want!r}")
+    if entry.delta != reg.delta:
+        out.append(f"delta is {entry.delta:g}, the method's configured delta is {reg.delta:g}")
+    if entry.seq != index:
+        out.append(f"seq is {entry.seq}, it is line {index + 1} of its transcript (seq {index}): a line was moved, "
+                   f"deleted or repeated")
+    return out
+
+
+def replay_line(path: Path, lineno: int, entry: ledger.LedgerEntry, failures: list[str],
+                reg: Registered | None = None) -> dict[str, Any]:
+    """Rebuild the line's event from its parameters, check its settings and binding, recompute its eps; append
+    each problem to ``failures``."""
     where = f"{path}:{lineno}"
+    problems = settings_failures(entry) + binding_failures(entry, lineno - 1, reg or Registered(claims=1))
+    failures.extend(f"{where}: {p}" for p in problems)
     try:
         rebuild.check(entry)
         rebuilt = True
@@ -67,24 +180,26 @@ def replay_line(path: Path, lineno: int, entry: ledger.LedgerEntry, failures: li
         failures.append(f"{where}: {exc}")
         rebuilt = False
     try:
-        eps = recompute(entry)
+        # a line held to settings the project does not use is not recomputed under them: nothing certifies it
+        eps = math.inf if problems and settings_failures(entry) else recompute(entry)
     except acc.AccountingError as exc:
         # e.g. noise switched off: nothing certifies such a line
         failures.append(f"{where}: cannot certify ({exc})")
         eps = math.inf
     covered = entry.claimed_epsilon >= eps * (1 - REL_TOL)
-    if not covered and math.isfinite(eps):
+    if not covered:
+        # an infinite recomputed eps is the worst case, not an exemption
         failures.append(f"{where}: claimed eps {entry.claimed_epsilon:.6g} < recomputed certified "
                         f"eps {eps:.6g} ({entry.accountant['name']}, delta={entry.delta:g})")
     return {"transcript": str(path), "line": lineno, "stage": entry.stage, "mechanism": entry.mechanism,
             "accountant": entry.accountant["name"], "delta": entry.delta, "claimed_epsilon": entry.claimed_epsilon,
             "recomputed_epsilon": eps if math.isfinite(eps) else None, "event_rebuilt": rebuilt,
-            "ok": covered and rebuilt}
+            "run": entry.run, "seq": entry.seq, "ok": covered and rebuilt and not problems}
 
 
-def _replay_transcript(name: str, path: Path, expected: int | None,
-                       failures: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The claims of one transcript and its summary; a missing, cut, empty or short one is a failure."""
+def _replay_transcript(name: str, path: Path, reg: Registered | None, failures: list[str],
+                       seen: dict[str, str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The claims of one transcript and its summary; a missing, cut, empty, short or repeated one is a failure."""
     try:
         lines = list(ledger.read_ledger(path))
     except FileNotFoundError:
@@ -93,8 +208,15 @@ def _replay_transcript(name: str, path: Path, expected: int | None,
     except ledger.LedgerError as exc:
         failures.append(str(exc))
         lines = None
-    claims = [replay_line(path, n, e, failures) for n, e in lines or []]
+    claims = []
+    for n, e in lines or []:
+        text = e.to_json()
+        if text in seen:
+            failures.append(f"{path}:{n}: the same line as {seen[text]} (a line handed in twice certifies nothing new)")
+        seen.setdefault(text, f"{path}:{n}")
+        claims.append(replay_line(path, n, e, failures, reg))
     whole = lines is not None
+    expected = None if reg is None else reg.claims
     if whole and not claims:
         failures.append(f"{path}: empty transcript (0 claims): a private stage without its claims is not an audit pass")
         whole = False
@@ -102,34 +224,36 @@ def _replay_transcript(name: str, path: Path, expected: int | None,
         failures.append(f"{path}: {len(claims)} claim(s), expected {expected} (a claim is missing or extra)")
         whole = False
     summary = {"name": name, "transcript": str(path), "n_claims": len(claims), "expected_claims": expected,
-               "ok": whole and all(c["ok"] for c in claims)}
+               "run": None if reg is None else reg.run, "ok": whole and all(c["ok"] for c in claims)}
     return claims, summary
 
 
-def audit(transcripts: Mapping[str, Path], expected_claims: Mapping[str, int] | None = None
+def audit(transcripts: Mapping[str, Path], expected: Mapping[str, int | Registered] | None = None
           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Replay every line of every named transcript; raise :class:`ReplayError` on any failure.
 
-    ``expected_claims`` (name -> count) names the private stages that ran and how many claims
-    each wrote: a listed transcript not handed in, or one handed in but not listed, fails.
-    Whatever is given, a transcript that is missing, truncated, empty or short of its count
-    fails, as does a line whose event differs from its parameters' rebuild or whose claim is
-    below the recomputed eps. Returns (one result per claim, one summary per transcript).
+    ``expected`` (name -> :class:`Registered`, or a bare claim count) names the private stages that ran
+    and what each wrote: a listed transcript not handed in, or one handed in but not listed, fails.
+    Whatever is given, a transcript that is missing, truncated, empty or short of its count fails, as
+    does a line whose event differs from its parameters' rebuild, whose claim is not covered by the
+    recomputed eps, whose settings are looser than the project's, that repeats another line, or that is
+    not bound to its registration. Returns (one result per claim, one summary per transcript).
     """
     failures: list[str] = []
-    if expected_claims is not None:
-        for name in sorted(set(expected_claims) - set(transcripts)):
+    regs = {k: v if isinstance(v, Registered) else Registered(claims=v) for k, v in (expected or {}).items()}
+    if expected is not None:
+        for name in sorted(set(regs) - set(transcripts)):
             failures.append(f"transcript {name!r} of a private stage that ran was not handed in "
-                            f"(expected {expected_claims[name]} claim(s))")
-        for name in sorted(set(transcripts) - set(expected_claims)):
-            failures.append(f"transcript {name!r} ({transcripts[name]}) is not in expected_claims")
+                            f"(expected {regs[name].claims} claim(s))")
+        for name in sorted(set(transcripts) - set(regs)):
+            failures.append(f"transcript {name!r} ({transcripts[name]}) is not in the expected transcripts")
     elif not transcripts:
         failures.append("no ledger transcripts given: pass --in NAME=PATH for every private stage that ran, or "
-                        "params.expected_claims = {} to state that none did")
+                        "params.expected = {} to state that none did")
     results, summaries = [], []
+    seen: dict[str, str] = {}
     for name, path in transcripts.items():
-        expected = None if expected_claims is None else expected_claims.get(name)
-        claims, summary = _replay_transcript(name, Path(path), expected, failures)
+        claims, summary = _replay_transcript(name, Path(path), regs.get(name), failures, seen)
         results += claims
         summaries.append(summary)
     if failures:
@@ -147,14 +271,19 @@ def replay_transcripts(paths: Sequence[Path]) -> list[dict[str, Any]]:
 
 @stage("replay", outputs=("report",), any_inputs=True,
        params={"config_id": "id of the configuration (recorded in the report)",
-               "expected_claims": "transcript name -> number of claims its private stage writes; every "
-                                  "--in must be listed and every listed name given (omit: each needs >= 1)"})
+               "experiment": "the experiment every line must name",
+               "expected": "transcript name -> {claims, run, stage, delta, data, configuration}: the method "
+                           "registry's (pipeline.registry.TranscriptSpec); every --in must be listed and every listed "
+                           "name given. Required: without it the stage certifies nothing"})
 def replay(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """Recompute every ledger claim (--in NAME=transcript.jsonl ...); fail on any understated, rebuilt-differently,
-    missing, empty or truncated claim."""
-    expected = _expected_claims(params.get("expected_claims"))
-    results, transcripts = audit({k: Path(p) for k, p in inputs.items()}, expected)
-    write_json(outputs["report"], {"format": "dpgen-replay/2", "config_id": params.get("config_id"),
+    """Recompute every ledger claim (--in NAME=transcript.jsonl ...); fail on any uncovered, rebuilt-differently,
+    missing, empty, truncated, repeated or unbound claim."""
+    regs = registered_from_params(params.get("expected"), params.get("experiment"))
+    results, transcripts = audit({k: Path(p) for k, p in inputs.items()}, regs)
+    if not all(t["ok"] for t in transcripts):  # audit raised on every failure; a report never says FAILED with rc 0
+        raise ReplayError("replay FAILED: a transcript is not ok")
+    write_json(outputs["report"], {"format": "dpgen-replay/3", "config_id": params.get("config_id"),
+                                   "experiment": params.get("experiment"),
                                    "transcripts": transcripts, "n_transcripts": len(transcripts),
-                                   "n_claims": len(results), "all_ok": all(t["ok"] for t in transcripts),
+                                   "n_claims": len(results), "all_ok": True,
                                    "versions": ledger.package_versions(), "claims": results})

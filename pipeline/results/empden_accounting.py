@@ -46,6 +46,7 @@ PARAMS_DOC = {
     "n": "private set size n (the config's accounting.n or data.private.n_private_train)",
     "config_id": "id of the configuration",
     "seed": "seed of the run",
+    "ledger_binding": "{run, experiment} the claims are bound to (empden_blocks; configuration claims read no data)",
 }
 
 
@@ -200,9 +201,11 @@ def empden_blocks(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     for row in tqdm(block_plan(cfg), desc="empden blocks", unit="block"):
         rows.append({**row, **account_block(cfg, row["mu_bar_B"], row["q_B"])})
     config_id, seed = str(params.get("config_id", "unknown")), int(params.get("seed", 0))
+    binding = ledger.binding_of(params, data_sha256="", stage="empden_blocks")  # configuration claims: no data read
     with atomic_path(outputs["ledger"]) as tmp:
         for row in rows:
-            ledger.append_entry(tmp, claim_entry(cfg, row, stage_name="empden_blocks", config_id=config_id, seed=seed))
+            ledger.append_entry(tmp, claim_entry(cfg, row, stage_name="empden_blocks", config_id=config_id, seed=seed),
+                                binding)
     write_json(outputs["blocks"], {
         "format": BLOCKS_FORMAT, "n": cfg.n, "N": cfg.N, "N_out": cfg.N_out, "delta": cfg.delta,
         "delta_strict": cfg.delta_strict, "pld": acc.describe(cfg.pld), "rdp_orders": cfg.rdp_orders,

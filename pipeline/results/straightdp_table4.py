@@ -41,7 +41,7 @@ from pipeline.io import Split, atomic_path, load_split
 from pipeline.privacy import ledger, moments, text_moments
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
-from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, to_model_scale
+from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, manifest_sha256, to_model_scale
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ def _grey(split: Split, name: str) -> None:
 
 @stage(STAGE, inputs=("private", "public", "heldout", "evalnet"), outputs=("table", "ledger"),
        params={"straightdp": "the straightdp section (release, delta, table4)", "config_id": "id of the settings",
-               "threads": "CPU threads", "private": PRIVATE_DOC})
+               "threads": "CPU threads", "private": PRIVATE_DOC,
+               ledger.BINDING_PARAM: ledger.BINDING_DOC})
 def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Table 4 (Stage 1 only): per featurisation, eps and seed, one text release and the per-attribute
     conditioning accuracy of its model's samples; every release on the ledger."""
@@ -100,6 +101,7 @@ def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
                             f"({[list(s.images.shape[1:]) for s in splits.values()]})")
     N, n_classes = declared_private(params, STAGE)
     check_declared(splits["private"], N=N, n_classes=n_classes, stage=STAGE, role="private")
+    binding = ledger.binding_of(params, data_sha256=manifest_sha256(inputs["private"], "private"), stage=STAGE)
     private, public = composed_split(splits["private"], 0), composed_split(splits["public"], 1)
     shape = private.images.shape[1:]
     # the thickness reader's one threshold: fitted on held-out evaluation digits, as the eval net is
@@ -153,5 +155,5 @@ def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
     df["thickness_threshold"] = threshold
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
         for entry in entries:
-            ledger.append_entry(tmp, entry)
+            ledger.append_entry(tmp, entry, binding)
     write_table(df, outputs["table"], config_id=config_id)

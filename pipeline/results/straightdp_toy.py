@@ -36,6 +36,7 @@ from pipeline.reporting import save_figure
 from pipeline.reporting.figures import readable_log_axis
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
+from pipeline.training.data import manifest_sha256
 from pipeline.training.straightdp_runs import StraightRun
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
@@ -49,7 +50,7 @@ TOY_DATA_KEYS = ("n", "n_modes", "radius", "std")
        params={"straightdp": "the config's straightdp section (its toy subsection lists the points)",
                "toy_data": "the config's data.toy section (n, the declared size; n_modes, radius, std of the true mixture)",
                "config_id": "id of the configuration (table rows and ledger lines)",
-               "threads": "torch CPU threads (default 1)"})
+               "threads": "torch CPU threads (default 1)", ledger.BINDING_PARAM: ledger.BINDING_DOC})
 def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """STRAIGHTDP Figure 6: W2 to the true 2-D mixture vs eps for moments only, uniform DP-SGD and
     StraightDP, every mechanism on the ledger (module doc)."""
@@ -63,6 +64,7 @@ def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
         raise PipelineError(f"stage straightdp_figure6_toy: param toy_data.{missing[0]} is required "
                             f"(the data.toy section: {', '.join(TOY_DATA_KEYS)})")
     points, labels = load_points(inputs["toy"])
+    binding = ledger.binding_of(params, data_sha256=manifest_sha256(inputs["toy"], "toy"), stage="straightdp_figure6_toy")
     if len(points) != int(toy_data["n"]):
         raise PipelineError(f"stage straightdp_figure6_toy: input toy holds {len(points)} points but the declared "
                             f"size data.toy.n is {toy_data['n']} (the release is normalised by it)")
@@ -109,7 +111,7 @@ def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
     df["n_eval"] = int(t_cfg["n_eval"])
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
         for entry in entries:
-            ledger.append_entry(tmp, entry)
+            ledger.append_entry(tmp, entry, binding)
     write_table(df, outputs["table"], config_id=config_id)
     plot_w2(df, outputs["figure"])
 

@@ -48,6 +48,7 @@ from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
 from pipeline.stage import PipelineError, stage
+from pipeline.training.data import manifest_sha256
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ PARAMS_DOC = {
     "device": "auto | cpu | cuda[:N]",
     "threads": "torch CPU threads (default 1)",
     "config_id": "id of the configuration (ledger and manifest provenance)",
+    "ledger_binding": "{run, experiment} the cell's ledger line is bound to (the replay checks them against the registry)",
 }
 
 
@@ -252,7 +254,9 @@ def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
         sink = emp.LedgerSink(path=Path(outputs["ledger"]), stage="empden_sample", config_id=config_id,
                               seed=cell.seed, delta=float(accounting["delta"]),
                               pld=acc.PLDSettings(float(accounting["discretisation"]),
-                                                  float(accounting["log_mass_truncation"])))
+                                                  float(accounting["log_mass_truncation"])),
+                              binding=ledger.binding_of(params, data_sha256=manifest_sha256(inputs["private"], "private"),
+                                                        stage="empden_sample"))
     log.info("empden_sample %s: n_out=%d on %s", cell.name, n_out, device)
     # A paper-scale cell samples for hours: the bar (stderr, i.e. the job's log) shows outputs
     # done, elapsed time and the ETA after every batch, at most every PROGRESS_INTERVAL_S seconds.
@@ -332,7 +336,7 @@ def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: fl
        params={"figure2": "the config's empden.figure2 ({p, B, T, n_rows, n_columns})",
                "beta": "public normaliser (accounting.beta)", "seed": "generation seed (identical initial noise)",
                **{k: PARAMS_DOC[k] for k in ("normaliser", "normaliser_n")},
-               **{k: PARAMS_DOC[k] for k in ("accounting", "device", "threads", "config_id")}})
+               **{k: PARAMS_DOC[k] for k in ("accounting", "device", "threads", "config_id", ledger.BINDING_PARAM)}})
 def empden_figure2_trajectories(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
                                 params: Mapping[str, Any]) -> None:
     """EMPDEN Figure 2: output-wise vs per-step subsampling from identical initial noise (rows = samples,
@@ -355,7 +359,9 @@ def empden_figure2_trajectories(inputs: Mapping[str, Path], outputs: Mapping[str
                           config_id=str(params.get("config_id", "unknown")), seed=seed,
                           delta=float(accounting["delta"]),
                           pld=acc.PLDSettings(float(accounting["discretisation"]),
-                                              float(accounting["log_mass_truncation"])))
+                                              float(accounting["log_mass_truncation"])),
+                          binding=ledger.binding_of(params, data_sha256=manifest_sha256(inputs["private"], "private"),
+                                                    stage="empden_figure2_trajectories"))
     traj = trajectories(private, public, p_percent=float(f2["p"]), B=int(f2["B"]), T=int(f2["T"]),
                         beta=float(params.get("beta", accounting["beta"])), accounting=accounting, n_rows=n_rows,
                         seed=seed, sink=sink, device=device,

@@ -66,6 +66,15 @@ def check_declared(split: Split, *, N: int, n_classes: int, stage: str, role: st
                             f"number of classes of the private source)")
 
 
+def manifest_sha256(path: Path, role: str) -> str:
+    """The sha256 the manifest beside the split (or points) file ``path`` records: the hash a ledger line
+    binds to (read after the file was loaded, hence verified against it)."""
+    try:
+        return str(read_json(manifest_path(path))["sha256"])
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise PipelineError(f"input {role}: {path}: no manifest sha256 ({exc})") from None
+
+
 def to_model_scale(images: np.ndarray | Tensor) -> Tensor:
     """uint8 ``[N, C, H, W]`` in 0..255 -> float32 in [-1, 1] (the scale every denoiser works in)."""
     return to_unit_scale(images, torch.float32)

@@ -89,6 +89,7 @@ PARAMS_DOC = {
     "config_id": "id of the configuration (recorded on the ledger line and in the model's meta)",
     "device": "auto | cpu | cuda[:N] (default auto)",
     "threads": "torch CPU threads (default 1)",
+    "ledger_binding": "{run, experiment} the ledger line is bound to (the replay checks them against the registry)",
     "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/train_dpdm/<model name>)",
 }
 _KNOWN = set(PARAMS_DOC)
@@ -256,6 +257,7 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     if device.type == "cpu":
         torch.set_num_threads(int(params.get("threads", 1)))
     split, data_sha = load_training_split(inputs["data"], "data")
+    binding = ledger.binding_of(params, data_sha256=data_sha, stage=STAGE)
     n = len(split)
     if cfg.batch_size > n:
         raise PipelineError(f"stage {STAGE}: batch_size {cfg.batch_size} exceeds the {n} private records")
@@ -309,7 +311,7 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     entry = dpsgd.ledger_entry(plan, stage=STAGE, config_id=config_id, seed=cfg.seed,
                                extra={"parameterisation": cfg.parameterisation, "data_sha256": data_sha})
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
-        ledger.append_entry(tmp, entry)
+        ledger.append_entry(tmp, entry, binding)
     meta = {"stage": STAGE, "private": True, "parameterisation": cfg.parameterisation, "epsilon": certified,
             "target_epsilon": cfg.epsilon, "delta": cfg.delta, "noise_multiplier": plan.noise_multiplier,
             "clip": cfg.clip, "sampling_rate": plan.sampling_rate, "expected_batch_size": plan.expected_batch_size,

@@ -31,7 +31,16 @@ BASELINE_LISTING = ("methods", "epsilons", "seeds")
 def baseline_params(wildcards):
     section = {k: v for k, v in config["baselines"].items() if k not in BASELINE_LISTING}
     return stage_params(baselines=section, run=wildcards.run, private=PRIVATE, device=config["device"],
-                        threads=TORCH_THREADS)
+                        threads=TORCH_THREADS, ledger_binding=ledger_binding(wildcards.run))
+
+
+def baseline_transcripts():
+    """Each run's one line, bound to the run, its stage, the baselines' delta and the private split."""
+    stages = {"dp_merf": "dp_merf", "pe": "private_evolution"}
+    return {baseline_ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage=stages[r.method],
+                                                         delta=config["baselines"]["delta"],
+                                                         data=DATA / "private_train.npz")
+            for r in baseline_run_list()}
 
 
 def baseline_records():

@@ -18,10 +18,15 @@ def empden_metrics_path(cell):
 
 def empden_ledger_claims():
     """Each cell that reads private data writes its own transcript (parallel jobs never append to the
-    same file) with one claim; Figure 2 writes two (output-wise and per-step)."""
-    claims = {EXPDIR / "ledger" / f"{c.ledger_stem}.jsonl": 1 for c in empden_cells() if c.private}
+    same file) with one claim, bound to the cell (its ledger stem); Figure 2 writes two (output-wise and
+    per-step). Every line at the accounting delta, on the private split."""
+    common = dict(delta=config["accounting"]["delta"], data=DATA / "private_train.npz")
+    claims = {EXPDIR / "ledger" / f"{c.ledger_stem}.jsonl": TranscriptSpec(claims=1, run=c.ledger_stem,
+                                                                           stage="empden_sample", **common)
+              for c in empden_cells() if c.private}
     if config["empden"]["figure2"]:
-        claims[EMPDEN_FIGURE2_LEDGER] = 2
+        claims[EMPDEN_FIGURE2_LEDGER] = TranscriptSpec(claims=2, run="empden_figure2_trajectories",
+                                                       stage="empden_figure2_trajectories", **common)
     return claims
 
 
@@ -45,7 +50,8 @@ def empden_sample_params(method, wildcards):
     cell = cell_from_wildcards(method, wildcards)
     return stage_params(cell=cell.as_dict(), accounting=ACCOUNTING_MECHANISM, n_out=cost.empden_n_out(config),
                         batch_size=config["empden"]["batch_size"], device=config["device"],
-                        threads=TORCH_THREADS, **EMPDEN_NORMALISER_PARAMS)
+                        threads=TORCH_THREADS, ledger_binding=ledger_binding(cell.ledger_stem),
+                        **EMPDEN_NORMALISER_PARAMS)
 
 
 def empden_table8_inputs():

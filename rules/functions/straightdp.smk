@@ -293,17 +293,23 @@ def sdp_targets():
 
 
 def sdp_transcripts():
-    """One claim per transcript: each releasing run's Stage 1 line, each training run's Stage 2 line."""
+    """One claim per transcript: each releasing run's Stage 1 line, each training run's Stage 2 line (bound to the
+    run, its arm's delta and the private split it reads); the toy's and Table 4's lines bound to their table job."""
+    delta = config["straightdp"]["delta"]
     out = {}
     for run in sdp_all_runs():
+        common = dict(claims=1, run=run.name, delta=sdp_arm_section(run.arm)["delta"], data=sdp_private_data(run.arm))
         if run.releases:
-            out[sdp_release_ledger(run.name)] = 1
+            out[sdp_release_ledger(run.name)] = TranscriptSpec(stage="release_moments", **common)
         if run.trains:
-            out[sdp_train_ledger(run.name)] = 1
+            out[sdp_train_ledger(run.name)] = TranscriptSpec(stage="train_straightdp", **common)
     if sdp_toy_enabled():
-        out[SDP_TOY_LEDGER] = sdp_toy_claims()
+        out[SDP_TOY_LEDGER] = TranscriptSpec(claims=sdp_toy_claims(), run="straightdp_figure6_toy",
+                                             stage="straightdp_figure6_toy", delta=delta, data=DATA / "toy.npz")
     if sdp_table4_enabled():
-        out[SDP_TABLE4_LEDGER] = sdp_table4_claims()
+        out[SDP_TABLE4_LEDGER] = TranscriptSpec(claims=sdp_table4_claims(), run="straightdp_table4_text",
+                                                stage="straightdp_table4_text", delta=delta,
+                                                data=DATA / "private_train.npz")
     return out
 
 

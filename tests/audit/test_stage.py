@@ -117,3 +117,16 @@ def test_an_empden_line_that_claims_less_than_its_noise_gives_fails_the_stage(tm
     ins = {"empden_sample_bad": write(tmp_path / "a.jsonl", dataclasses.replace(entry_line, claimed_epsilon=0.05))}
     with pytest.raises(PipelineError, match="refutes a certified eps.*empden_sample_bad"):
         audit_one_run(ins, {"table": tmp_path / "audit.parquet"}, PARAMS)
+
+
+def test_a_sampler_line_relabelled_given_is_refused_not_skipped(tmp_path):
+    """Issue #35: extra.source = 'given' skipped the audit of a sampler's block; only configuration claims may carry
+    it (they are skipped: no sampler ran)."""
+    (entry,) = [e for _, e in ledger.read_ledger(empden_line(tmp_path / "honest.jsonl"))]
+    forged = dataclasses.replace(entry, extra={**entry.extra, "source": "given"})
+    with pytest.raises(PipelineError, match=r"^stage audit_one_run: empden_sample line \(empden_outputwise_block\) "
+                                            r"carries a mu_bar_B given directly"):
+        audit_one_run({"a": write(tmp_path / "a.jsonl", forged)}, {"table": tmp_path / "audit.parquet"}, PARAMS)
+    claim = dataclasses.replace(forged, extra={**forged.extra, "kind": "configuration_claim"})
+    audit_one_run({"a": write(tmp_path / "b.jsonl", claim)}, {"table": tmp_path / "audit.parquet"}, PARAMS)
+    assert len(read_table(tmp_path / "audit.parquet")) == 0

@@ -34,7 +34,7 @@ def run(splits, tmp, run="dp_merf_eps2_seed0", **section):
     with one_thread():
         dp_merf({"data": splits / "private.npz", "public": splits / "public.npz"}, out,
                 {"run": run, "baselines": {**SMALL, **section}, "device": "cpu", "config_id": "t",
-                 "private": {"N": 30, "n_classes": 3}})
+                 "private": {"N": 30, "n_classes": 3}, "ledger_binding": {"run": "r", "experiment": "exp"}})
     return out
 
 

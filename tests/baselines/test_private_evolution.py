@@ -41,7 +41,8 @@ def run(files, tmp, run="pe_eps1_seed0", **pe):
     with one_thread():
         private_evolution({"data": files / "private.npz", "denoiser": files / "public.pt"}, out,
                           {"run": run, "baselines": {**SMALL, "pe": {**SMALL["pe"], **pe}}, "device": "cpu",
-                           "config_id": "t", "private": {"N": 30, "n_classes": 3}})
+                           "config_id": "t", "private": {"N": 30, "n_classes": 3},
+                           "ledger_binding": {"run": "r", "experiment": "exp"}})
     return out
 
 

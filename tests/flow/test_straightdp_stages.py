@@ -40,6 +40,8 @@ TINY = {
 }
 #: the tiny world's declared private constants (the config's data.private): 150 records of 3 classes
 PRIVATE = {"N": 150, "n_classes": 3}
+#: the stages' ledger binding (the rules pass the run's name and the experiment)
+BINDING = {"run": "r", "experiment": "exp"}
 
 
 def blobs(n: int, n_classes: int, seed: int) -> Split:
@@ -71,7 +73,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
 def release(world: dict[str, Path], tmp_path: Path, run: str) -> dict[str, Path]:
     out = {"moments": tmp_path / f"{run}.moments.npz", "ledger": tmp_path / f"{run}.release.jsonl"}
     sdp.release_moments({"data": world["data"], "geometry": world["geometry"]}, out,
-                        {"straightdp": TINY, "run": run, "private": PRIVATE})
+                        {"straightdp": TINY, "run": run, "private": PRIVATE, "ledger_binding": BINDING})
     return out
 
 
@@ -126,6 +128,7 @@ def train(world: dict[str, Path], tmp_path: Path, run: str) -> tuple[dict[str, P
     out = {"model": tmp_path / "m.pt", "ledger": tmp_path / "train.jsonl", "metrics": tmp_path / "metrics.json"}
     with one_thread():
         sdp.train_straightdp(inputs, out, {"straightdp": TINY, "run": run, "device": "cpu", "private": PRIVATE,
+                                           "ledger_binding": BINDING,
                                            "checkpoint_dir": str(tmp_path / "ck")})
     return inputs, out
 
@@ -209,7 +212,8 @@ def test_bad_input_is_one_line(world, tmp_path):
                                 {"straightdp": TINY, "n_classes": 2})
     with pytest.raises(PipelineError, match=r"not a STRAIGHTDP geometry file"):
         sdp.release_moments({"data": world["data"], "geometry": world["data"]}, out,
-                            {"straightdp": TINY, "run": "released_only_eps1_seed0", "private": PRIVATE})
+                            {"straightdp": TINY, "run": "released_only_eps1_seed0", "private": PRIVATE,
+                             "ledger_binding": BINDING})
 
 
 def test_the_release_refuses_a_private_set_of_another_size_than_declared(world, tmp_path):
@@ -220,9 +224,11 @@ def test_the_release_refuses_a_private_set_of_another_size_than_declared(world, 
     run = "released_only_eps1_seed0"
     with pytest.raises(PipelineError, match=r"^stage release_moments: input data holds 150 records but the declared "
                                             r"private size N is 151 \(data.private.n_private_train\)"):
-        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run, "private": {"N": 151, "n_classes": 3}})
+        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run, "private": {"N": 151, "n_classes": 3},
+                                          "ledger_binding": BINDING})
     with pytest.raises(PipelineError, match=r"^stage release_moments: input data has labels outside \[0, 2\)"):
-        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run, "private": {"N": 150, "n_classes": 2}})
+        sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run, "private": {"N": 150, "n_classes": 2},
+                                          "ledger_binding": BINDING})
     with pytest.raises(PipelineError, match=r"^stage release_moments: param private = \{N, n_classes\}"):
         sdp.release_moments(inputs, out, {"straightdp": TINY, "run": run})
     assert not out["ledger"].exists()
@@ -250,7 +256,7 @@ def test_the_latent_variant_releases_codes_and_samples_decoded_images(world, tmp
     run = "released_only_eps1_seed0"
     rel = {"moments": tmp_path / "m.npz", "ledger": tmp_path / "l.jsonl"}
     sdp.release_moments({"data": codes["data"], "geometry": geo["geometry"]}, rel,
-                        {"straightdp": cfg, "run": run, "private": PRIVATE})
+                        {"straightdp": cfg, "run": run, "private": PRIVATE, "ledger_binding": BINDING})
     params = {"straightdp": cfg, "run": run, "shape": [2, 2, 2]}
     sdp.sample_straightdp({"moments": rel["moments"], "autoencoder": tmp_path / "ae.pt"},
                           {"samples": tmp_path / "images.npz"}, params)

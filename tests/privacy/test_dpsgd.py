@@ -13,7 +13,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from torch import nn
 
-from pipeline.privacy.replay import replay
+from tests.ledgers import bind, replay_stage
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger
 
@@ -235,8 +235,8 @@ def test_the_ledger_line_replays(tmp_path):
     assert entry.noise_std == p.noise_multiplier * p.max_grad_norm and entry.sensitivity == p.max_grad_norm
     path = tmp_path / "ledger" / "train_dpdm.jsonl"
     ledger.append_entry(path, entry)
-    replay({"a": path}, {"report": tmp_path / "replay.json"}, {"config_id": "c"})
-    report = json.loads((tmp_path / "replay.json").read_text())
+    bind(path, run="r")
+    report = replay_stage(tmp_path, a=path)
     assert report["all_ok"] and report["claims"][0]["mechanism"] == "dpsgd"
 
 
@@ -258,8 +258,8 @@ def test_fixed_size_ledger_line_replays_with_replace_one(tmp_path):
     entry = dpsgd.ledger_entry(p, stage="t", config_id="c", seed=0)
     path = tmp_path / "ledger" / "t.jsonl"
     ledger.append_entry(path, entry)
-    replay({"a": path}, {"report": tmp_path / "replay.json"}, {"config_id": "c"})
-    report = json.loads((tmp_path / "replay.json").read_text())
+    bind(path, run="r")
+    report = replay_stage(tmp_path, a=path)
     assert report["all_ok"]
     assert report["claims"][0]["recomputed_epsilon"] == pytest.approx(entry.claimed_epsilon)
 

@@ -8,6 +8,7 @@ cut off, or when a mechanism has no rebuilder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from pipeline.results import empden_accounting as accounting
-from pipeline.privacy.replay import ReplayError, audit, recompute, replay
+from pipeline.privacy.replay import Registered, ReplayError, audit, recompute, replay
 from pipeline.config import validate_config
 from pipeline.io import Split
 from pipeline.privacy import accountants as acc
@@ -28,12 +29,15 @@ from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
 from pipeline.sampling.empden_stage import trajectories
 from pipeline.stage import PipelineError
+from tests.ledgers import EXPERIMENT, SPLIT_SHA, bind, registration, split_file
+from tests.ledgers import replay_stage as run_replay
 
-COARSE = acc.PLDSettings(1e-2, -20.0)  # test speed only
+#: the coarsest settings the replay accepts (its MAX_DISCRETISATION, MAX_LOG_MASS_TRUNCATION): test speed
+COARSE = acc.PLDSettings(1e-3, -50.0)
 DELTA = 1e-5
 SCHEDULE = EDMSchedule(N=12)
 #: the config's accounting section on a short grid and a coarse PLD (speed only)
-ACCOUNTING = {**validate_config({})["accounting"], "discretisation": 1e-2, "log_mass_truncation": -20.0,
+ACCOUNTING = {**validate_config({})["accounting"], "discretisation": 1e-3, "log_mass_truncation": -50.0,
               "N": 12, "N_full_batch": 12}
 PIPELINE_SOURCE = Path(__file__).resolve().parents[2] / "pipeline"
 
@@ -87,7 +91,8 @@ def accounting_section(**overrides) -> dict:
 def write_configuration_claims(path: Path, **overrides) -> None:
     """The ``empden_blocks`` stage's claims: the (p, B) grid and a mu_bar_B given directly (App. G)."""
     accounting.empden_blocks({}, {"blocks": path.with_suffix(".blocks.json"), "ledger": path},
-                             {"accounting": accounting_section(**overrides), "config_id": "c", "seed": 0})
+                             {"accounting": accounting_section(**overrides), "config_id": "c", "seed": 0,
+                              "ledger_binding": {"run": "empden_blocks", "experiment": EXPERIMENT}})
 
 
 def write_dpsgd_poisson(path: Path) -> None:
@@ -149,10 +154,12 @@ WRITERS: dict[str, Callable[[Path], None]] = {
 
 @pytest.fixture(scope="module")
 def genuine(tmp_path_factory) -> dict[str, Path]:
-    """One transcript per writer, written once (tests copy before editing)."""
+    """One transcript per writer, bound to the run named after it, written once (tests copy before editing)."""
     root = tmp_path_factory.mktemp("genuine")
     for name, write in WRITERS.items():
         write(root / f"{name}.jsonl")
+        if name != "configuration_claims":  # the accounting stage binds its own (no data read)
+            bind(root / f"{name}.jsonl", run=name)
     return {name: root / f"{name}.jsonl" for name in WRITERS}
 
 
@@ -174,12 +181,6 @@ def n_lines(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-def run_replay(tmp_path: Path, **transcripts: Path) -> dict:
-    out = tmp_path / "replay.json"
-    replay(transcripts, {"report": out}, {"config_id": "c"})
-    return json.loads(out.read_text())
-
-
 # --------------------------------------------------------------------------- honest transcripts pass
 
 def test_every_mechanism_the_pipeline_writes_has_a_rebuilder_and_a_writer_here(genuine):
@@ -197,8 +198,10 @@ def test_a_genuine_line_is_rebuilt_from_its_parameters_and_replays(genuine, tmp_
     report = run_replay(tmp_path, a=genuine[name])
     assert report["all_ok"] and report["n_claims"] == n_lines(genuine[name]) >= 1
     assert all(c["ok"] and c["event_rebuilt"] for c in report["claims"])
+    run = "empden_blocks" if name == "configuration_claims" else name
     assert report["transcripts"] == [{"name": "a", "transcript": str(genuine[name]), "n_claims": report["n_claims"],
-                                      "expected_claims": None, "ok": True}]
+                                      "expected_claims": report["n_claims"], "run": run, "ok": True}]
+    assert [c["seq"] for c in report["claims"]] == list(range(report["n_claims"]))
     for _, entry in ledger.read_ledger(genuine[name]):
         assert rebuild.mismatches(entry, rebuild.rebuild(entry)) == []
 
@@ -213,10 +216,7 @@ def test_configuration_claims_rebuild_the_accounting_tables_mu_bar(genuine):
 
 
 def test_expected_claims_are_checked_per_transcript_and_reported(genuine, tmp_path):
-    out = tmp_path / "r.json"
-    replay({"blocks": genuine["configuration_claims"], "fig2": genuine["figure2"]}, {"report": out},
-           {"expected_claims": {"blocks": 2, "fig2": 2}})
-    report = json.loads(out.read_text())
+    report = run_replay(tmp_path, blocks=genuine["configuration_claims"], fig2=genuine["figure2"])
     assert report["all_ok"] and report["n_claims"] == 4
     assert [(t["name"], t["n_claims"], t["expected_claims"], t["ok"]) for t in report["transcripts"]] == [
         ("blocks", 2, 2, True), ("fig2", 2, 2, True)]
@@ -365,8 +365,9 @@ def test_noise_switched_off_fails(genuine, tmp_path):
         r["noise_std"] = r["noise_multiplier"] = 0.0
 
     edit(path, 0, no_noise)
+    # three failures: the rebuild, "cannot certify", and the claim not covered by the infinite eps
     with pytest.raises(ReplayError, match=r"noise_multiplier is 0\.0, .*does not match the line's mechanism "
-                                          r"parameters \(\+1 more"):
+                                          r"parameters \(\+2 more"):
         run_replay(tmp_path, a=path)
 
 
@@ -405,14 +406,16 @@ def test_a_transcript_cut_at_a_line_boundary_fails_its_expected_count(genuine, t
     path.write_text(path.read_text().splitlines(keepends=True)[0])
     assert run_replay(tmp_path, a=path)["all_ok"]  # one whole line is a valid transcript on its own ...
     with pytest.raises(ReplayError, match=r"a\.jsonl: 1 claim\(s\), expected 2"):  # ... but not Figure 2's
-        replay({"fig2": path}, {"report": tmp_path / "r.json"}, {"expected_claims": {"fig2": 2}})
+        run_replay(tmp_path, expected={"fig2": registration(path, split_file(tmp_path), claims=2)}, fig2=path)
 
 
 def test_a_transcript_of_a_private_stage_that_ran_but_was_not_handed_in_fails(genuine, tmp_path):
     with pytest.raises(ReplayError, match=r"transcript 'train_dpdm_run' of a private stage that ran was not handed "
                                           r"in"):
-        replay({"blocks": genuine["configuration_claims"]}, {"report": tmp_path / "r.json"},
-               {"expected_claims": {"blocks": 2, "train_dpdm_run": 1}})
+        blocks = genuine["configuration_claims"]
+        run_replay(tmp_path, blocks=blocks, expected={"blocks": registration(blocks, split_file(tmp_path)),
+                                                      "train_dpdm_run": registration(genuine["dpsgd_poisson"],
+                                                                                     split_file(tmp_path))})
 
 
 def test_a_transcript_whose_file_is_missing_fails(tmp_path):
@@ -420,33 +423,211 @@ def test_a_transcript_whose_file_is_missing_fails(tmp_path):
         run_replay(tmp_path, a=tmp_path / "nope.jsonl")
 
 
-def test_a_transcript_not_declared_in_expected_claims_fails(genuine, tmp_path):
-    with pytest.raises(ReplayError, match=r"transcript 'extra' .* is not in expected_claims"):
-        replay({"extra": genuine["hybrid"]}, {"report": tmp_path / "r.json"}, {"expected_claims": {}})
+def test_a_transcript_not_declared_in_the_expected_transcripts_fails(genuine, tmp_path):
+    with pytest.raises(ReplayError, match=r"transcript 'extra' .* is not in the expected transcripts"):
+        run_replay(tmp_path, expected={}, extra=genuine["hybrid"])
 
 
 def test_every_failure_is_counted_in_the_one_line_message(genuine, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ReplayError, match=r"empty transcript.*\(\+1 more, see the log\)$") as err:
-        replay({"e": empty, "m": tmp_path / "missing.jsonl"}, {"report": tmp_path / "r.json"}, {})
+        run_replay(tmp_path, e=empty, m=tmp_path / "missing.jsonl")
     assert "\n" not in str(err.value)
 
 
 def test_no_transcripts_fail_unless_the_config_states_no_private_stage_ran(tmp_path):
     with pytest.raises(ReplayError, match="no ledger transcripts given"):
-        replay({}, {"report": tmp_path / "r.json"}, {})
-    replay({}, {"report": tmp_path / "r.json"}, {"expected_claims": {}})
-    report = json.loads((tmp_path / "r.json").read_text())
+        audit({})
+    run_replay(tmp_path, expected={})
+    report = json.loads((tmp_path / "replay.json").read_text())
     assert report["all_ok"] and report["n_claims"] == 0 and report["transcripts"] == []
 
 
-@pytest.mark.parametrize("expected", [{"a": 0}, {"a": -1}, {"a": 1.5}, {"a": True}, [1]])
-def test_bad_expected_claims_are_a_one_line_error(genuine, tmp_path, expected):
-    with pytest.raises(PipelineError, match="params.expected_claims"):
-        replay({"a": genuine["hybrid"]}, {"report": tmp_path / "r.json"}, {"expected_claims": expected})
+def test_the_stage_certifies_nothing_without_the_registrys_expectations(genuine, tmp_path):
+    """Issue #35: called from the command line without the registry's counts, a transcript one line short would
+    pass; the stage refuses to certify instead (the workflow's rule replay passes them)."""
+    short = copy(genuine["figure2"], tmp_path)
+    short.write_text(short.read_text().splitlines(keepends=True)[0])
+    for params in ({"config_id": "c"}, {"config_id": "c", "experiment": EXPERIMENT}):
+        with pytest.raises(PipelineError, match=r"^replay: params.expected is required.*nothing is certified"):
+            replay({"fig2": short}, {"report": tmp_path / "r.json"}, params)
+    with pytest.raises(PipelineError, match=r"^replay: params.experiment must be"):
+        replay({"fig2": short}, {"report": tmp_path / "r.json"}, {"expected": {}})
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("claims", [0, -1, 1.5, True])
+def test_bad_expected_claims_are_a_one_line_error(genuine, tmp_path, claims):
+    with pytest.raises(PipelineError, match=r"params.expected.a.claims must be an integer >= 1"):
+        run_replay(tmp_path, expected={"a": registration(genuine["hybrid"], split_file(tmp_path), claims=claims)},
+                   a=genuine["hybrid"])
+
+
+@pytest.mark.parametrize("spec, message", [([1], r"params.expected.a must hold exactly claims, run"),
+                                           ({"claims": 1}, r"params.expected.a must hold exactly"),
+                                           ("delta", r"params.expected.a.delta must be in \(0, 1\)")])
+def test_a_malformed_registration_is_a_one_line_error(genuine, tmp_path, spec, message):
+    if spec == "delta":
+        spec = registration(genuine["hybrid"], split_file(tmp_path), delta=2.0)
+    with pytest.raises(PipelineError, match=message):
+        run_replay(tmp_path, expected={"a": spec}, a=genuine["hybrid"])
 
 
 def test_audit_returns_the_claims_and_one_summary_per_transcript(genuine):
-    claims, summaries = audit({"blocks": genuine["configuration_claims"]}, {"blocks": 2})
+    claims, summaries = audit({"blocks": genuine["configuration_claims"]}, {"blocks": Registered(2, configuration=True)})
     assert [c["line"] for c in claims] == [1, 2] and summaries[0]["ok"]
+
+
+# --------------------------------------------------------------------------- issue #35: lines that cannot be bounded
+
+def weakened_dpsgd_line(path: Path, truncation: float) -> ledger.LedgerEntry:
+    """A DP-SGD line whose sigma was halved consistently (event, fields, parameters), its claim left at the
+    honest run's eps, recorded with PLD truncation bound ``truncation``."""
+    honest = dpsgd.DPSGDPlan(noise_multiplier=1.0, max_grad_norm=1.0, sampling_rate=0.05, dataset_size=1000,
+                             steps=200, delta=DELTA)
+    claim = dpsgd.ledger_entry(honest, stage="train_dpdm", config_id="c", seed=0, settings=COARSE).claimed_epsilon
+    halved = dataclasses.replace(honest, noise_multiplier=0.5)
+    entry = dpsgd.ledger_entry(halved, stage="train_dpdm", config_id="c", seed=0,
+                               settings=acc.PLDSettings(1e-3, truncation))
+    entry = dataclasses.replace(entry, claimed_epsilon=claim)
+    ledger.append_entry(path, entry, ledger.Binding(run="r", experiment=EXPERIMENT, data_sha256=SPLIT_SHA))
+    return entry
+
+
+def test_a_line_whose_recomputed_eps_is_infinite_fails_the_stage(tmp_path, caplog):
+    """The audit's forgery: sigma halved, claim kept (4.77, true eps 24.7), truncation bound -10: the recomputed
+    eps is +inf, which the replay recorded as not ok while the rule exited 0. Now the stage fails, naming both the
+    uncovered claim and the loose setting."""
+    path = tmp_path / "a.jsonl"
+    entry = weakened_dpsgd_line(path, truncation=-10.0)
+    assert recompute(entry) == float("inf")
+    with pytest.raises(ReplayError, match=r"a\.jsonl:1: PLD log mass truncation bound -10\.0 is looser than the "
+                                          r"project's \(at most -50\) \(\+1 more"):
+        run_replay(tmp_path, a=path)
+    assert any("claimed eps 4.76619 < recomputed certified eps inf" in r.message for r in caplog.records)
+    assert not (tmp_path / "replay.json").exists()
+
+
+def test_the_same_forgery_at_the_projects_settings_fails_on_its_claim(tmp_path):
+    path = tmp_path / "a.jsonl"
+    weakened_dpsgd_line(path, truncation=-50.0)
+    with pytest.raises(ReplayError, match=r"a\.jsonl:1: claimed eps 4\.766\d* < recomputed certified eps 24\.7"):
+        run_replay(tmp_path, a=path)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("value_discretization_interval", 1e-2, r"PLD discretisation 0\.01 is looser than the project's \(at most 0\.001\)"),
+    ("log_mass_truncation_bound", -20.0, r"PLD log mass truncation bound -20\.0 is looser"),
+    ("log_mass_truncation_bound", None, r"PLD log mass truncation bound None is looser")])
+def test_accountant_settings_looser_than_the_projects_are_refused(genuine, tmp_path, field, value, message):
+    path = copy(genuine["dpsgd_poisson"], tmp_path)
+    edit(path, 0, lambda r: r["accountant"].update({field: value}))
+    with pytest.raises(ReplayError, match=rf"a\.jsonl:1: {message}"):
+        run_replay(tmp_path, a=path)
+
+
+# --------------------------------------------------------------------------- issue #35: forgeries
+
+def test_a_sampler_line_relabelled_given_with_mu_bar_halved_fails(genuine, tmp_path):
+    """extra.source = 'given' used to skip the schedule rebuild: mu_bar_B halved and the claim recomputed from it
+    (0.389 -> 0.181 in the audit) passed the replay and the one-run audit. Only configuration claims may be given."""
+    path = copy(genuine["hybrid"], tmp_path)
+
+    def relabel(r):
+        mu, q, count = r["extra"]["mu_bar_B"] / 2, r["sampling"]["probability"], r["count"]
+        r["extra"].update(source="given", mu_bar_B=mu)
+        r["event"] = ledger.event_to_dict(acc.outputwise_event(mu, q, count))
+        r["noise_multiplier"], r["noise_std"] = 1 / mu, r["sensitivity"] / mu
+        r["claimed_epsilon"] = recompute(ledger.LedgerEntry.from_dict(r))
+
+    honest = json.loads(path.read_text())["claimed_epsilon"]
+    edit(path, 0, relabel)
+    (_, forged), = ledger.read_ledger(path)
+    rebuild.check(forged)  # arithmetic alone cannot tell: the given branch rebuilds what it is told
+    assert forged.claimed_epsilon < honest / 1.5
+    with pytest.raises(ReplayError, match=r"a\.jsonl:1: carries a mu_bar_B given directly \(extra\.source = 'given'\), "
+                                          r"which only the accounting tables' configuration claims may"):
+        run_replay(tmp_path, a=path)
+
+
+def test_the_accounting_tables_configuration_claims_may_carry_given(genuine, tmp_path):
+    assert run_replay(tmp_path, a=genuine["configuration_claims"])["all_ok"]
+    with pytest.raises(ReplayError, match=r"carries a mu_bar_B given directly"):
+        audit({"a": genuine["configuration_claims"]}, {"a": 2})  # not registered as configuration claims
+
+
+def test_a_delta_changed_on_a_line_fails(genuine, tmp_path):
+    """delta 1e-5 -> 1e-2 with the claim recomputed at it (0.999 -> 0.314 in the audit): self-consistent, but not the
+    method's configured delta."""
+    path = copy(genuine["dpsgd_poisson"], tmp_path)
+    registered = registration(path, split_file(tmp_path))
+
+    def loosen(r):
+        r["delta"] = 1e-2
+        r["claimed_epsilon"] = recompute(ledger.LedgerEntry.from_dict(r))
+
+    edit(path, 0, loosen)
+    with pytest.raises(ReplayError, match=r"a\.jsonl:1: delta is 0\.01, the method's configured delta is 1e-05"):
+        run_replay(tmp_path, expected={"a": registered}, a=path)
+
+
+def test_a_transcript_swapped_between_two_runs_fails(genuine, tmp_path):
+    """Each run's transcript is registered for its run: handing run A's transcript in for run B fails."""
+    data = split_file(tmp_path)
+    a, b = genuine["dpsgd_poisson"], genuine["tha_dpsgd"]
+    expected = {"a": registration(a, data), "b": registration(b, data)}
+    assert run_replay(tmp_path, expected=expected, a=a, b=b)["all_ok"]
+    with pytest.raises(ReplayError, match=r"tha_dpsgd\.jsonl:1: run is 'tha_dpsgd', the transcript is registered for "
+                                          r"'dpsgd_poisson'"):
+        run_replay(tmp_path, expected=expected, a=b, b=a)
+
+
+def test_a_line_handed_in_twice_fails(genuine, tmp_path):
+    """Twice in one transcript (its seq repeats), or one transcript under two names (the same line twice)."""
+    path = copy(genuine["dpsgd_poisson"], tmp_path)
+    path.write_text(path.read_text() * 2)
+    with pytest.raises(ReplayError, match=r"a\.jsonl:2: the same line as .*a\.jsonl:1 .*\(\+1 more"):
+        run_replay(tmp_path, expected={"a": registration(path, split_file(tmp_path), claims=2)}, a=path)
+    with pytest.raises(ReplayError, match=r"a\.jsonl:2: seq is 0, it is line 2 of its transcript"):
+        # the seq alone catches it too (e.g. a copy whose volatile fields differ)
+        edit(path, 1, lambda r: r.update(time_utc="2026-01-01T00:00:00+00:00"))
+        audit({"a": path}, {"a": Registered(2, run="dpsgd_poisson", experiment=EXPERIMENT, stage="train_dpdm",
+                                            delta=DELTA, data_sha256=SPLIT_SHA)})
+    one = genuine["dpsgd_poisson"]
+    with pytest.raises(ReplayError, match=r"the same line as"):
+        spec = registration(one, split_file(tmp_path))
+        run_replay(tmp_path, expected={"x": spec, "y": spec}, x=one, y=one)
+
+
+def test_a_line_deleted_from_the_middle_of_a_transcript_fails_even_at_the_right_count(genuine, tmp_path):
+    """Figure 2's two lines: the first deleted and the second written twice keeps the count; the seq does not."""
+    path = copy(genuine["figure2"], tmp_path)
+    second = path.read_text().splitlines(keepends=True)[1]
+    path.write_text(second)
+    with pytest.raises(ReplayError, match=r"a\.jsonl:1: seq is 1, it is line 1 of its transcript"):
+        run_replay(tmp_path, a=path)
+
+
+@pytest.mark.parametrize("what, message", [
+    ("experiment", r"experiment is 'exp', the transcript is registered for 'other'"),
+    ("data", r"data_sha256 is '5555.*', the transcript is registered for 'eeee"),
+    ("stage", r"stage is 'train_dpdm', the transcript is registered for 'release_moments'")])
+def test_a_line_bound_elsewhere_fails(genuine, tmp_path, what, message):
+    """Another experiment's transcript, one written on another private split, one of another stage of the run."""
+    path = genuine["dpsgd_poisson"]
+    spec = registration(path, split_file(tmp_path, "e" * 64) if what == "data" else split_file(tmp_path))
+    if what == "stage":
+        spec["stage"] = "release_moments"
+    out = tmp_path / "replay.json"
+    experiment = "other" if what == "experiment" else EXPERIMENT
+    with pytest.raises(ReplayError, match=rf"dpsgd_poisson\.jsonl:1: {message}"):
+        replay({"a": path}, {"report": out}, {"config_id": "c", "experiment": experiment, "expected": {"a": spec}})
+
+
+def test_an_unbound_line_fails_a_bound_registration(tmp_path):
+    """A line written without its stage's ledger_binding (run '', seq -1) is not where any run's transcript is."""
+    path = tmp_path / "a.jsonl"
+    write_dpsgd_poisson(path)
+    with pytest.raises(ReplayError, match=r"a\.jsonl:1: run is '', the transcript is registered for 'r'"):
+        run_replay(tmp_path, expected={"a": registration(path, split_file(tmp_path), run="r")}, a=path)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.privacy.replay import replay
+from tests.ledgers import bind, replay_stage
 from pipeline.io import write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger
@@ -42,15 +42,15 @@ def genuine_report(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("replay")
     plan = dpsgd.DPSGDPlan(noise_multiplier=1.3, max_grad_norm=0.5, sampling_rate=8 / 40, dataset_size=40, steps=6,
                            delta=1e-5)
-    coarse = acc.PLDSettings(1e-2, -20.0)  # test speed only
+    coarse = acc.PLDSettings(1e-3, -50.0)  # test speed only: the coarsest the replay accepts
     for name, seeds in (("train_dpdm_eps1", (0, 1)), ("train_dpdm_eps10", (0,))):
         for seed in seeds:
             ledger.append_entry(root / f"{name}.jsonl", dpsgd.ledger_entry(plan, stage="train_dpdm", config_id="c",
                                                                            seed=seed, settings=coarse))
-    report = root / "ledger" / "replay.json"
-    replay({n: root / f"{n}.jsonl" for n in ("train_dpdm_eps1", "train_dpdm_eps10")}, {"report": report},
-           {"config_id": "c"})
-    return report
+        bind(root / f"{name}.jsonl", run=name)
+    (root / "ledger").mkdir()
+    replay_stage(root / "ledger", **{n: root / f"{n}.jsonl" for n in ("train_dpdm_eps1", "train_dpdm_eps10")})
+    return root / "ledger" / "replay.json"
 
 
 def test_index_shows_a_passed_replay_with_claims_per_transcript(tmp_path, genuine_report):

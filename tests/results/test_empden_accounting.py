@@ -17,7 +17,8 @@ from pipeline.stage import PipelineError
 def params(**accounting) -> dict:
     section = validate_config({"accounting": {"N_out": 200, "discretisation": 1e-3, "B": [25, 50], "p": [55, 62],
                                               **accounting}}, source="params")["accounting"]
-    return {"accounting": section, "n": 3000, "config_id": "cfg123", "seed": 7}
+    return {"accounting": section, "n": 3000, "config_id": "cfg123", "seed": 7,
+            "ledger_binding": {"run": "empden_blocks", "experiment": "exp"}}
 
 
 @pytest.fixture(scope="module")

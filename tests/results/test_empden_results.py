@@ -28,7 +28,7 @@ from pipeline.sampling.empden_stage import empden_sample
 from pipeline.stage import PipelineError
 
 SIDE, N_PRIVATE, N_OUT = 8, 40, 2
-ACCOUNTING = {**validate_config({})["accounting"], "discretisation": 1e-2, "log_mass_truncation": -20.0,
+ACCOUNTING = {**validate_config({})["accounting"], "discretisation": 1e-3, "log_mass_truncation": -50.0,
               "N": 12, "N_full_batch": 10}
 HYBRID = [Cell("hybrid", 0, 1.0, p, B, 2) for p in (45, 65) for B in (5, 10)]
 SEEDS = [Cell("hybrid", s, 1.0, 65, 5, 2) for s in (1, 2)]
@@ -66,7 +66,8 @@ def grid(tmp_path_factory):
         if cell.private:
             outputs["ledger"] = d / "ledger.jsonl"
         empden_sample({"private": root / "private.npz", "public": root / "public.pt"}, outputs,
-                      {"cell": cell.as_dict(), "accounting": ACCOUNTING, "n_out": N_OUT, "device": "cpu"})
+                      {"cell": cell.as_dict(), "accounting": ACCOUNTING, "n_out": N_OUT, "device": "cpu",
+                       "ledger_binding": {"run": "r", "experiment": "exp"}})
         (d / "metrics.json").write_text(json.dumps({"fid": fid_of(cell), "kid_mean": 0.1, "kid_std": 0.01,
                                                     "precision": 0.5, "recall": 0.5, "fid_val": val_fid_of(cell)}))
         inputs[f"samples_{i}"], inputs[f"metrics_{i}"] = outputs["samples"], d / "metrics.json"

@@ -37,7 +37,8 @@ def run(files, out, straightdp=TINY, **inputs):
     ins = {k: files / f"{k}.npz" for k in ("private", "public", "heldout")} | {"evalnet": files / "evalnet.pt"}
     outs = {"table": out / "t.parquet", "ledger": out / "l.jsonl"}
     load_stage("straightdp_table4_text")({**ins, **inputs}, outs, {"straightdp": straightdp, "config_id": "c",
-                                                                    "private": {"N": 1200, "n_classes": 10}})
+                                                                    "private": {"N": 1200, "n_classes": 10},
+                                                                    "ledger_binding": {"run": "r", "experiment": "exp"}})
     return outs
 
 

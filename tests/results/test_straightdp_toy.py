@@ -25,7 +25,8 @@ def run(tmp_path, toy_data=TOY_DATA, tiny=TINY):
     save_points(tmp_path / "toy.npz", points, labels, name="toy", source="test", seed=3)
     out = {"table": tmp_path / "t.parquet", "figure": tmp_path / "f.png", "ledger": tmp_path / "toy.jsonl"}
     load_stage("straightdp_figure6_toy")({"toy": tmp_path / "toy.npz"}, out,
-                                         {"straightdp": tiny, "toy_data": {"n": 300, **toy_data}, "config_id": "c"})
+                                         {"straightdp": tiny, "toy_data": {"n": 300, **toy_data}, "config_id": "c",
+                                          "ledger_binding": {"run": "r", "experiment": "exp"}})
     return out
 
 

@@ -25,7 +25,7 @@ from pipeline.stage import PipelineError
 SIDE = 8
 N_PRIVATE = 40
 #: accounting section of the tests: a coarse PLD grid (speed only) and a short N_full_batch
-ACCOUNTING = {**validate_config({})["accounting"], "discretisation": 1e-2, "log_mass_truncation": -20.0,
+ACCOUNTING = {**validate_config({})["accounting"], "discretisation": 1e-3, "log_mass_truncation": -50.0,
               "N": 12, "N_full_batch": 12}
 
 
@@ -56,7 +56,7 @@ def run(files, tmp_path, cell: Cell, *, n_out: int = 6, with_public: bool = True
     if with_ledger:
         outputs["ledger"] = tmp_path / "ledger.jsonl"
     params = {"cell": cell.as_dict(), "accounting": ACCOUNTING, "n_out": n_out, "device": "cpu",
-              "config_id": "test", "batch_size": 4, **(normaliser or {})}
+              "config_id": "test", "batch_size": 4, "ledger_binding": {"run": "r", "experiment": "exp"}, **(normaliser or {})}
     empden_sample(inputs, outputs, params)
     return load_split(outputs["samples"]), read_json(tmp_path / "samples.json")["empden"], outputs.get("ledger")
 
@@ -74,7 +74,7 @@ def test_hybrid_cell_claims_the_eps_the_accounting_tables_compute_for_the_same_b
     (_, entry), = list(ledger.read_ledger(ledger_path))
     assert entry.mechanism == "empden_outputwise_block" and entry.count == 6
     want = acc.pld_epsilon(acc.outputwise_event(facts["mu_bar_B"], facts["q_B"], 6), ACCOUNTING["delta"],
-                           settings=acc.PLDSettings(1e-2, -20.0))
+                           settings=acc.PLDSettings(ACCOUNTING["discretisation"], ACCOUNTING["log_mass_truncation"]))
     assert entry.claimed_epsilon == pytest.approx(want) == pytest.approx(facts["claimed_epsilon"])
 
 
@@ -142,7 +142,7 @@ def test_figure2_shows_both_schemes_and_accounts_its_own_release(files, tmp_path
     empden_figure2_trajectories(
         {"private": files / "private_train.npz", "public": files / "public_edm.pt"}, out,
         {"figure2": {"p": 55, "B": 10, "T": 2, "n_rows": 2, "n_columns": 4}, "accounting": ACCOUNTING,
-         "beta": 1.0, "seed": 0, "device": "cpu"})
+         "beta": 1.0, "seed": 0, "device": "cpu", "ledger_binding": {"run": "r", "experiment": "exp"}})
     assert out["figure"].stat().st_size > 0 and (tmp_path / "f2.pdf").is_file()
     entries = [e for _, e in ledger.read_ledger(out["ledger"])]
     assert [e.mechanism for e in entries] == ["empden_outputwise_block", "empden_per_step_subsampled"]
@@ -222,7 +222,7 @@ def test_figure2_records_the_public_normaliser_in_both_ledger_lines(files, tmp_p
     empden_figure2_trajectories(
         {"private": files / "private_train.npz", "public": files / "public_edm.pt",
          "public_data": files / "public.npz"}, out, {"figure2": {"p": 55, "B": 10, "T": 2, "n_rows": 2, "n_columns": 4}, "accounting": ACCOUNTING,
-              "beta": 1.0, "seed": 0, "device": "cpu", "normaliser": "public_marginal"})
+              "beta": 1.0, "seed": 0, "device": "cpu", "normaliser": "public_marginal", "ledger_binding": {"run": "r", "experiment": "exp"}})
     assert [e.extra["normaliser"] for _, e in ledger.read_ledger(out["ledger"])] == ["public_marginal"] * 2
 
 

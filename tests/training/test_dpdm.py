@@ -19,7 +19,8 @@ TINY_UNET = {"block_out_channels": [8, 16], "attention": [False, False], "norm_n
 # eps = 1 keeps the PLD calibration fast (large sigma, narrow privacy-loss support); lr 3e-4 and K 1 are
 # what these runs always used (DPDM App. C's lr; the schema's defaults are lr 1e-3, K 4)
 BASE = {"epsilon": 1.0, "delta": 1e-5, "batch_size": 8, "steps": 2, "lr": 3e-4, "K": 1, "unet": TINY_UNET,
-        "micro_batch": 4, "device": "cpu", "seed": 3, "config_id": "test"}
+        "micro_batch": 4, "device": "cpu", "seed": 3, "config_id": "test",
+        "ledger_binding": {"run": "r", "experiment": "exp"}}
 
 
 @pytest.fixture(scope="module")
