@@ -93,12 +93,16 @@ def drop_labels(labels: Tensor, p: float, num_classes: int, generator: torch.Gen
     return torch.where(drop.to(labels.device), torch.full_like(labels, num_classes), labels)
 
 
-def unet_spec_for(section: Mapping[str, Any], split: Split, *, class_conditional: bool) -> UNetSpec:
-    """A :class:`UNetSpec` from an architecture section, with image size, channels and classes from ``split``."""
+def unet_spec_for(section: Mapping[str, Any], split: Split, *, class_conditional: bool,
+                  num_classes: int | None = None) -> UNetSpec:
+    """A :class:`UNetSpec` from an architecture section, with image size and channels from ``split`` and the
+    classes ``num_classes`` (a private model's: the declared count) or, for public data, ``split``'s labels."""
     _, c, h, w = split.images.shape
     if h != w:
         raise PipelineError(f"images must be square, got {h}x{w}")
-    num_classes = int(split.labels.max()) + 1 if class_conditional else 0
+    if num_classes is None:
+        num_classes = int(split.labels.max()) + 1
+    num_classes = num_classes if class_conditional else 0
     keys = ("block_out_channels", "attention", "layers_per_block", "norm_num_groups", "dropout")
     unknown = sorted(set(section) - set(keys))
     if unknown:

@@ -59,7 +59,8 @@ from pipeline.models.unet import build_unet
 from pipeline.privacy import dpsgd, ledger
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
-from pipeline.training.data import drop_labels, load_training_split, to_model_scale, unet_spec_for
+from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split,
+                                    to_model_scale, unet_spec_for)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ PARAMS_DOC = {
     "config_id": "id of the configuration (recorded on the ledger line and in the model's meta)",
     "device": "auto | cpu | cuda[:N] (default auto)",
     "threads": "torch CPU threads (default 1)",
+    "private": PRIVATE_DOC,
     "ledger_binding": "{run, experiment} the ledger line is bound to (the replay checks them against the registry)",
     "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/train_dpdm/<model name>)",
 }
@@ -256,12 +258,15 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     device = resolve_device(str(params.get("device", "auto")))
     if device.type == "cpu":
         torch.set_num_threads(int(params.get("threads", 1)))
+    n, n_classes = declared_private(params, STAGE)
     split, data_sha = load_training_split(inputs["data"], "data")
+    # q = batch_size / N with N the declared size: a sampling rate read off the data would differ between
+    # add/remove neighbours (every record's inclusion probability would move with one record)
+    check_declared(split, N=n, n_classes=n_classes, stage=STAGE)
     binding = ledger.binding_of(params, data_sha256=data_sha, stage=STAGE)
-    n = len(split)
     if cfg.batch_size > n:
         raise PipelineError(f"stage {STAGE}: batch_size {cfg.batch_size} exceeds the {n} private records")
-    spec = unet_spec_for(cfg.unet, split, class_conditional=cfg.class_conditional)
+    spec = unet_spec_for(cfg.unet, split, class_conditional=cfg.class_conditional, num_classes=n_classes)
     config = get_parameterisation(cfg.parameterisation)
 
     run_params = {**asdict(cfg), "data_sha256": data_sha, "unet_spec": spec.to_json(),

@@ -100,7 +100,7 @@ def dpdm_train_params(wildcards):
     trainable = d["trainable"] if dpdm_runs.init_of(d, run.parameterisation) == "public" else None
     return stage_params(parameterisation=run.parameterisation, epsilon=run.epsilon, K=run.K, seed=run.seed,
                         device=config["device"], threads=TORCH_THREADS, trainable=trainable,
-                        ledger_binding=ledger_binding(run.name), **{k: d[k] for k in keys})
+                        ledger_binding=ledger_binding(run.name), private=PRIVATE, **{k: d[k] for k in keys})
 
 
 def dpdm_sample_params(wildcards):

@@ -41,7 +41,8 @@ def attacked(tmp_path_factory):
     members, nonmembers = split(tmp / "private_train.npz", 40, 0), split(tmp / "reference.npz", 16, 1)
     train_dpdm_twin({"data": members}, {"model": tmp / "twin.pt", "metrics": tmp / "twin.json"}, TRAIN)
     train_dpdm({"data": members}, {"model": tmp / "dp.pt", "ledger": tmp / "dp.jsonl", "metrics": tmp / "dp_m.json"},
-               {**TRAIN, "epsilon": 1.0, "micro_batch": 4, "ledger_binding": {"run": "r", "experiment": "exp"}})
+               {**TRAIN, "epsilon": 1.0, "micro_batch": 4, "ledger_binding": {"run": "r", "experiment": "exp"},
+                "private": {"N": 40, "n_classes": 3}})
     out = {}
     for name, model in (("twin", tmp / "twin.pt"), ("dp", tmp / "dp.pt")):
         out[name] = tmp / f"{name}_mia.json"

@@ -20,7 +20,7 @@ TINY_UNET = {"block_out_channels": [8, 16], "attention": [False, False], "norm_n
 # what these runs always used (DPDM App. C's lr; the schema's defaults are lr 1e-3, K 4)
 BASE = {"epsilon": 1.0, "delta": 1e-5, "batch_size": 8, "steps": 2, "lr": 3e-4, "K": 1, "unet": TINY_UNET,
         "micro_batch": 4, "device": "cpu", "seed": 3, "config_id": "test",
-        "ledger_binding": {"run": "r", "experiment": "exp"}}
+        "ledger_binding": {"run": "r", "experiment": "exp"}, "private": {"N": 40, "n_classes": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,11 @@ def test_init_from_a_public_denoiser_copies_matching_weights(private_split, tmp_
 @pytest.mark.parametrize("params,match", [({"epsilon": None}, "epsilon"), ({"K": 0}, "K must be"),
                                           ({"parameterisation": "ddpm"}, "parameterisation"),
                                           ({"bacth_size": 3}, "unknown param 'bacth_size'"),
-                                          ({"batch_size": 41}, "exceeds the 40 private records")])
+                                          ({"batch_size": 41}, "exceeds the 40 private records"),
+                                          # q = batch / N: N is the declared size, and a split of another is refused
+                                          ({"private": {"N": 41, "n_classes": 3}},
+                                           r"input data holds 40 records but the declared private size N is 41"),
+                                          ({"ledger_binding": None}, r"param ledger_binding = \{run, experiment\}")])
 def test_bad_params_are_one_line_errors(private_split, tmp_path, params, match):
     p = {**BASE, **params}
     if p.get("epsilon") is None:

@@ -78,7 +78,8 @@ def test_twin_seeds_match_the_dp_run(private_split, tmp_path):  # noqa: F811
     train_dpdm_twin({"data": private_split}, {"model": tmp_path / "t.pt", "metrics": tmp_path / "t.json"}, params)
     train_dpdm({"data": private_split}, {"model": tmp_path / "d.pt", "ledger": tmp_path / "d.jsonl",
                                          "metrics": tmp_path / "d.json"},
-               {**params, "epsilon": 1.0, "micro_batch": 4, "ledger_binding": {"run": "r", "experiment": "exp"}})
+               {**params, "epsilon": 1.0, "micro_batch": 4, "ledger_binding": {"run": "r", "experiment": "exp"},
+                "private": {"N": 40, "n_classes": 3}})
     a, b = load_denoiser(tmp_path / "t.pt").state_dict(), load_denoiser(tmp_path / "d.pt").state_dict()
     for k in a:
         np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), atol=1e-6)
