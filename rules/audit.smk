@@ -82,7 +82,8 @@ rule audit_mia:
     params:
         p=lambda wildcards: stage_params(mia=mia_attack_settings(), grid=mia_grid(), method=wildcards.method,
                                          run=wildcards.run, nonmember_split=MIA_NONMEMBERS, seed=SEED,
-                                         device=config["device"], threads=TORCH_THREADS),
+                                         delta=mia_refute_delta(), device=config["device"],
+                                         threads=TORCH_THREADS),
     benchmark:
         benchmark_path("audit_mia", "{method}/{run}")
     log:
@@ -100,7 +101,8 @@ rule audit_mia:
 
 
 rule audit_mia_table:
-    """Table audit_mia: AUC, TPR at 1% / 0.1% FPR, ASR per model and attack; fails if an attack refutes a claim."""
+    """Table audit_mia: AUC, TPR at 1% / 0.1% FPR, ASR, eps_refutable per model and attack; fails if an attack
+    refutes a claim."""
     input:
         unpack(lambda wildcards: mia_table_inputs()),
     output:

@@ -21,7 +21,8 @@ The statistics (AUROC and TPR at fixed FPR with bootstrap intervals) come from
 :mod:`pipeline.audit.one_run`; :func:`curve_excess` checks an attack's whole ROC against the
 trade-off an (eps, delta)-DP release allows (TPR <= e^eps FPR + delta and its mirror,
 Kairouz et al. 2015) with Clopper-Pearson intervals, so sampling noise on a few hundred records
-does not read as a refuted claim.
+does not read as a refuted claim; :func:`refutable_epsilon` inverts that check for eps: the attack's
+power as the largest claim it refutes (0 for an attack that refutes nothing).
 """
 
 from __future__ import annotations
@@ -178,15 +179,61 @@ def _excess(tpr: np.ndarray, fpr: np.ndarray, eps: float, delta: float) -> np.nd
     return np.maximum(tpr - (e * fpr + delta), (1 - fpr) - (e * (1 - tpr) + delta))
 
 
-def curve_excess(in_scores: np.ndarray, out_scores: np.ndarray, *, epsilon: float, delta: float,
-                 confidence: float = 0.95) -> CurveCheck:
-    """How far the attack's ROC points lie above the curve an (eps, delta)-DP release allows."""
-    ins, outs = np.asarray(in_scores, float), np.asarray(out_scores, float)
+def _cautious_points(ins: np.ndarray, outs: np.ndarray, confidence: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(FPR, TPR, TPR's lower and FPR's upper Clopper-Pearson end) at every ROC point, Bonferroni over them.
+
+    TPR at its low end and FPR at its high end favour the claim in both inequalities, so a point
+    that still lies above the curve refutes it at ``confidence``.
+    """
     fpr, tpr, thresholds = roc_points(ins, outs)
     conf = 1 - (1 - confidence) / max(1, len(thresholds))  # Bonferroni over the thresholds
     t_lo, _ = clopper_pearson(np.round(tpr * len(ins)), len(ins), conf)
     _, f_hi = clopper_pearson(np.round(fpr * len(outs)), len(outs), conf)
-    # TPR at its low end and FPR at its high end favour the claim in both inequalities
+    return fpr, tpr, t_lo, f_hi
+
+
+def curve_excess(in_scores: np.ndarray, out_scores: np.ndarray, *, epsilon: float, delta: float,
+                 confidence: float = 0.95) -> CurveCheck:
+    """How far the attack's ROC points lie above the curve an (eps, delta)-DP release allows."""
+    ins, outs = np.asarray(in_scores, float), np.asarray(out_scores, float)
+    fpr, tpr, t_lo, f_hi = _cautious_points(ins, outs, confidence)
     return CurveCheck(max_excess=float(np.max(_excess(tpr, fpr, epsilon, delta))),
                       significant_excess=float(np.max(_excess(t_lo, f_hi, epsilon, delta))),
-                      points=len(thresholds))
+                      points=len(tpr))
+
+
+def crossing_epsilon(tpr: np.ndarray, fpr: np.ndarray, delta: float) -> float:
+    """The largest eps whose (eps, delta)-DP region some point (FPR, TPR) lies outside of; 0 if none does.
+
+    The region is TPR <= e^eps FPR + delta and 1 - FPR <= e^eps (1 - TPR) + delta (Kairouz et al.
+    2015); both excesses fall strictly in eps, so a point is outside exactly for eps below
+    ln((TPR - delta) / FPR) or ln((1 - FPR - delta) / (1 - TPR)), and on the boundary there.
+    """
+    tpr, fpr = np.asarray(tpr, float), np.asarray(fpr, float)
+    if not (np.all((tpr >= 0) & (tpr <= 1)) and np.all((fpr >= 0) & (fpr <= 1))):
+        raise ValueError("crossing_epsilon: TPR and FPR must lie in [0, 1]")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # num <= 0: outside of no region; den = 0 < num: outside of every region (eps = inf)
+        crossings = np.r_[np.where(tpr - delta > 0, np.log(tpr - delta) - np.log(fpr), -np.inf),
+                          np.where(1 - fpr - delta > 0, np.log(1 - fpr - delta) - np.log(1 - tpr), -np.inf)]
+    return float(max(0.0, np.max(crossings, initial=-np.inf)))
+
+
+def refutable_epsilon(in_scores: np.ndarray, out_scores: np.ndarray, *, delta: float,
+                      confidence: float = 0.95) -> float:
+    """The attack's power in eps: it refutes every (eps, delta) claim with eps below this value, none at or above.
+
+    :func:`curve_excess`'s verdict inverted for eps, in closed form (:func:`crossing_epsilon`) at the
+    same cautious points: TPR at its lower and FPR at its upper Clopper-Pearson end, Bonferroni over
+    the ROC's points, so ``curve_excess(..., epsilon=e).under_curve`` is False exactly when
+    e < refutable_epsilon(...). 0: no cautious point lies outside even the eps = 0 region, the
+    attack refutes no claim (at this sample size it cannot tell members from non-members with
+    ``confidence``). This is the eps lower bound of a DP audit (Jagielski et al. 2020, Sec. 4: the
+    Clopper-Pearson ends of FPR and FNR put into the DP inequality); they choose the threshold on
+    held-out trials, here the Bonferroni correction over the points pays for choosing it on the
+    same records.
+    """
+    ins, outs = np.asarray(in_scores, float), np.asarray(out_scores, float)
+    _, _, t_lo, f_hi = _cautious_points(ins, outs, confidence)
+    return crossing_epsilon(t_lo, f_hi, delta)

@@ -2,13 +2,19 @@
 
 ``audit_mia`` scores a trained denoiser's members (a fixed subset of the private training split,
 the same subset for every model) against non-members (a held-out real split the models never
-trained on, of the same size) with the attacks of :mod:`pipeline.audit.mia`: the loss attack at
+trained on, of the same size; DPDM's non-private twin, trained on the first ``n_train`` of those
+members only, is scored on exactly those against all the non-members) with the attacks of
+:mod:`pipeline.audit.mia`: the loss attack at
 each sigma of ``loss_sigmas`` and SecMI's t-error attack at EMPDEN Table 13's stopping points
 (t = T, 3T/4, T/2, T/4 of the ``accounting`` grid with asr_N steps, so its numerical column and the
 theoretical one are read at the same t). Per attack: AUROC, TPR at 1% and 0.1% FPR (bootstrap
 intervals), the best balanced accuracy (ASR), and, for a private model, its certified eps's
 bounds: TPR <= e^eps FPR + delta at 1% FPR, ASR <= (e^eps + delta)/(1 + e^eps), and the whole ROC
-against the (eps, delta) trade-off curve (:func:`pipeline.audit.mia.curve_excess`).
+against the (eps, delta) trade-off curve (:func:`pipeline.audit.mia.curve_excess`). Every row, the
+twin's too, gets ``eps_refutable`` (:func:`pipeline.audit.mia.refutable_epsilon`): the attack
+refutes every claim eps < eps_refutable at delta = ``eps_refutable_delta`` and the interval's
+confidence, and none at or above it; 0 = it refutes nothing. It is the attack's power: a DP
+model's claim is refuted iff its certified eps < eps_refutable.
 
 ``audit_mia_table`` joins every model's rows and fails the DAG when a private model's ROC lies
 above its claim's curve beyond sampling error (the attack would refute the certified eps).
@@ -42,7 +48,7 @@ from pipeline.training.data import to_model_scale
 log = logging.getLogger(__name__)
 
 FPRS = (0.01, 0.001)
-FORMAT = "dpgen-mia/1"
+FORMAT = "dpgen-mia/2"  # /2: eps_refutable, and a twin's members may be fewer than the non-members
 
 PARAMS_DOC = {
     "mia": "the config's audit.mia section (loss_sigmas, loss_draws, secmi_k, secmi_inversion_steps, bootstrap, "
@@ -52,6 +58,8 @@ PARAMS_DOC = {
     "run": "the run's name (a table column)",
     "nonmember_split": "the name of the non-member split (a table column)",
     "seed": "the audit's seed (member subset, noise draws, bootstrap)",
+    "delta": "the delta at which a non-private model's eps_refutable is read (DPDM's; a private model's is its "
+             "own)",
     "device": "auto | cpu | cuda[:N]",
     "threads": "torch CPU threads (default 1)",
 }
@@ -78,8 +86,12 @@ def secmi_stops(grid: Mapping[str, Any], k: int) -> dict[str, tuple[float, float
 
 
 def attack_row(in_scores: np.ndarray, out_scores: np.ndarray, *, epsilon: float | None, delta: float | None,
-               confidence: float, bootstrap: int, seed: int) -> dict[str, Any]:
-    """The statistics of one attack, and its certified eps's bounds when the model is private."""
+               confidence: float, bootstrap: int, seed: int, refute_delta: float = 1e-5) -> dict[str, Any]:
+    """The statistics of one attack, and its certified eps's bounds when the model is private.
+
+    ``eps_refutable`` (:func:`pipeline.audit.mia.refutable_epsilon`) is read at the model's own delta,
+    or at ``refute_delta`` for a non-private model (whose power it measures).
+    """
     curve = attack_curve(in_scores, out_scores, fprs=FPRS, n_bootstrap=bootstrap, confidence=confidence, seed=seed)
     rng = np.random.default_rng(seed)
     boot = [mia.attack_accuracy(rng.choice(in_scores, len(in_scores)), rng.choice(out_scores, len(out_scores)))
@@ -90,6 +102,9 @@ def attack_row(in_scores: np.ndarray, out_scores: np.ndarray, *, epsilon: float 
         "asr": mia.attack_accuracy(in_scores, out_scores),
         "asr_low": float(np.quantile(boot, alpha)), "asr_high": float(np.quantile(boot, 1 - alpha)),
         "mean_score_members": float(np.mean(in_scores)), "mean_score_nonmembers": float(np.mean(out_scores))}
+    row["eps_refutable_delta"] = float(delta) if epsilon is not None else float(refute_delta)
+    row["eps_refutable"] = mia.refutable_epsilon(in_scores, out_scores, delta=row["eps_refutable_delta"],
+                                                 confidence=confidence)
     for f, name in zip(FPRS, ("1pct", "0p1pct")):
         row[f"tpr_at_{name}_fpr"] = curve.tpr_at_fpr[f]
         row[f"tpr_at_{name}_fpr_low"], row[f"tpr_at_{name}_fpr_high"] = curve.tpr_interval[f]
@@ -121,9 +136,13 @@ def audit_mia(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: M
     all_x, all_y = _split_tensors(members, device)
     if len(all_x) < len(out_x):
         raise PipelineError(f"input members: {len(all_x)} records, fewer than the {len(out_x)} non-members")
-    pick = member_indices(len(all_x), len(out_x), seed).to(device)
+    # a twin trained on (a prefix of) the member subset is attacked on exactly its n_train members, against
+    # all the non-members: more non-members only sharpen the FPR side; every other model on len(out_x) members
+    twin_members = meta.get("members_sha256") is not None
+    n_in = int(meta["n_train"]) if twin_members else len(out_x)
+    pick = member_indices(len(all_x), n_in, seed).to(device)
     in_x, in_y = all_x[pick], all_y[pick]
-    if meta.get("members_sha256") is not None:  # a twin trained on the member subset: the same subset is attacked
+    if twin_members:  # the subset attacked must be the one the twin trained on
         ours = arrays_sha256({"images": members.images[pick.cpu().numpy()]})
         if ours != meta["members_sha256"]:
             raise PipelineError(f"input model {inputs['model']}: it trained on another member subset than the one "
@@ -147,11 +166,12 @@ def audit_mia(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: M
     rows = []
     for j, (what, ins, outs) in enumerate(attacks):
         stats = attack_row(ins, outs, epsilon=epsilon, delta=delta, confidence=float(cfg["confidence"]),
-                           bootstrap=int(cfg["bootstrap"]), seed=seed + j)
+                           bootstrap=int(cfg["bootstrap"]), seed=seed + j,
+                           refute_delta=float(params.get("delta", 1e-5)))
         rows.append({**what, **stats, "reference": mia.REFERENCES[what["attack"]]})
-        log.info("%s %s sigma %.4g: AUC %.3f [%.3f, %.3f], TPR@1%%FPR %.3f, ASR %.3f%s", params.get("run"),
-                 what["attack"], what["sigma"], stats["auc"], stats["auc_low"], stats["auc_high"],
-                 stats["tpr_at_1pct_fpr"], stats["asr"],
+        log.info("%s %s sigma %.4g: AUC %.3f [%.3f, %.3f], TPR@1%%FPR %.3f, ASR %.3f, refutes eps < %.3g%s",
+                 params.get("run"), what["attack"], what["sigma"], stats["auc"], stats["auc_low"], stats["auc_high"],
+                 stats["tpr_at_1pct_fpr"], stats["asr"], stats["eps_refutable"],
                  "" if epsilon is None else f" (eps {epsilon:.3g}: under curve {stats['under_curve']})")
     write_json(outputs["metrics"], {
         "format": FORMAT, "method": params.get("method"), "run": params.get("run"), "private": private,
@@ -165,8 +185,8 @@ TABLE_COLUMNS = [
     "method", "run", "private", "model_seed", "certified_epsilon", "delta", "attack", "sigma", "stopping_point",
     "auc", "auc_low", "auc_high", "tpr_at_1pct_fpr", "tpr_at_1pct_fpr_low", "tpr_at_1pct_fpr_high",
     "tpr_at_0p1pct_fpr", "tpr_at_0p1pct_fpr_low", "tpr_at_0p1pct_fpr_high", "tpr_bound_at_1pct_fpr", "asr",
-    "asr_low", "asr_high", "asr_bound", "roc_max_excess", "roc_significant_excess", "under_curve", "n_members",
-    "n_nonmembers", "nonmember_split", "reference"]
+    "asr_low", "asr_high", "asr_bound", "roc_max_excess", "roc_significant_excess", "under_curve", "eps_refutable",
+    "eps_refutable_delta", "n_members", "n_nonmembers", "nonmember_split", "reference"]
 
 
 def mia_frame(metrics: list[Mapping[str, Any]]) -> pd.DataFrame:

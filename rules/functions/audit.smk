@@ -79,13 +79,15 @@ def mia_targets():
 
 
 def twin_params(wildcards):
-    """train_dpdm_twin params: DPDM's main recipe (dpdm section) without the mechanism, at audit.mia's twin_* keys."""
+    """train_dpdm_twin params: DPDM's main recipe (dpdm section) without the mechanism, at audit.mia's twin_* keys
+    (twin_members: how many of the attacked members it trains on, when it trains on members)."""
     d, m = config["dpdm"], config["audit"]["mia"]
     keys = ("batch_size", "lr", "ema_decay", "label_dropout", "class_conditional", "unet", "checkpoint_every_s",
             "parameterisation")
     trainable = d["trainable"] if dpdm_runs.init_of(d, d["parameterisation"]) == "public" else None
+    members = {"members": m["twin_members"]} if m["twin_train_on"] == "members" else {}
     return stage_params(epochs=m["twin_epochs"], K=m["twin_K"], seed=int(wildcards.seed), member_seed=SEED,
-                        device=config["device"], threads=TORCH_THREADS, trainable=trainable,
+                        device=config["device"], threads=TORCH_THREADS, trainable=trainable, **members,
                         **{k: d[k] for k in keys})
 
 
@@ -102,6 +104,11 @@ def twin_inputs(wildcards):
 def mia_attack_settings():
     """audit.mia less the twin's keys: editing how the twin trains reruns the twin's attacks only."""
     return {k: v for k, v in config["audit"]["mia"].items() if not k.startswith("twin_")}
+
+
+def mia_refute_delta():
+    """The delta at which a non-private model's eps_refutable is read: DPDM's (the twin's DP runs' claims)."""
+    return config["dpdm"]["delta"]
 
 
 def mia_grid():

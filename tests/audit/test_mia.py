@@ -147,3 +147,52 @@ def test_the_roc_check_does_not_refute_on_sampling_noise_alone():
                 for _ in range(20)]
     assert all(v.under_curve for v in verdicts)
     assert max(v.max_excess for v in verdicts) > 0  # the raw points do poke above the curve: the intervals matter
+
+
+@pytest.mark.parametrize("eps_true,n", [(1.0, 4000), (0.3, 250), (2.0, 800)])
+def test_refutable_epsilon_is_where_the_roc_check_changes_its_verdict(eps_true, n):
+    """Brute force: on a grid of claims the ROC check refutes exactly those below eps_refutable."""
+    rng = np.random.default_rng(int(eps_true * 10) + n)
+    ins, outs = randomised_response(eps_true, n, rng)
+    e_star = mia.refutable_epsilon(ins, outs, delta=1e-5)
+    grid = np.linspace(0, 3, 601)
+    refuted = np.array([not mia.curve_excess(ins, outs, epsilon=e, delta=1e-5).under_curve for e in grid])
+    away = np.abs(grid - e_star) > 1e-9
+    assert np.array_equal(refuted[away], (grid < e_star)[away])
+    if e_star > 0:  # just below it is refuted, at it not: the sign of the significant excess changes there
+        assert mia.curve_excess(ins, outs, epsilon=e_star * (1 - 1e-6), delta=1e-5).significant_excess > 0
+        assert mia.curve_excess(ins, outs, epsilon=e_star, delta=1e-5).significant_excess == pytest.approx(0,
+                                                                                                           abs=1e-12)
+
+
+def test_refutable_epsilon_is_below_the_truth_and_reaches_it_with_many_records():
+    """Randomised response at eps sits on the eps-DP region's boundary: an honest audit never refutes eps itself,
+    and with 200,000 records per side its power reaches within 0.03 of eps."""
+    rng = np.random.default_rng(3)
+    small = mia.refutable_epsilon(*randomised_response(1.0, 4000, rng), delta=0.0)
+    large = mia.refutable_epsilon(*randomised_response(1.0, 200_000, rng), delta=0.0)
+    assert 0.5 < small < large <= 1.0 and large > 0.97
+
+
+@pytest.mark.parametrize("eps,delta", [(0.3, 1e-5), (1.0, 0.0), (2.5, 1e-3)])
+def test_a_point_on_the_regions_boundary_gives_its_eps(eps, delta):
+    """Points on the boundary of the (eps, delta)-DP region, on TPR = e^eps FPR + delta (low FPR) or on its mirror
+    1 - FPR = e^eps (1 - TPR) + delta (high TPR), cross at exactly that eps."""
+    fpr = np.array([0.001, 0.01, 0.05])
+    on_line = np.exp(eps) * fpr + delta
+    assert mia.crossing_epsilon(on_line, fpr, delta) == pytest.approx(eps, rel=1e-12)
+    tpr = np.array([0.95, 0.99])
+    mirrored_fpr = 1 - (np.exp(eps) * (1 - tpr) + delta)
+    assert mia.crossing_epsilon(tpr, mirrored_fpr, delta) == pytest.approx(eps, rel=1e-12)
+    # inside the region (below the line) crosses below eps; a point below the diagonal refutes nothing
+    assert mia.crossing_epsilon(on_line * 0.9, fpr, delta) < eps
+    assert mia.crossing_epsilon(np.array([0.1]), np.array([0.3]), delta) == 0.0
+    with pytest.raises(ValueError, match="must lie in"):
+        mia.crossing_epsilon(np.array([1.2]), np.array([0.1]), delta)
+
+
+def test_an_attack_on_independent_scores_refutes_nothing():
+    """Members and non-members from one distribution, 250 each (the audit's size): eps_refutable is 0."""
+    rng = np.random.default_rng(1)
+    assert all(mia.refutable_epsilon(rng.normal(size=250), rng.normal(size=250), delta=1e-5) == 0.0
+               for _ in range(20))

@@ -144,3 +144,30 @@ def test_a_flow_model_file_is_attacked_from_a_fresh_process(attacked, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads((tmp_path / "flow.json").read_text())["rows"]
     assert len(rows) == 6 and all(r["under_curve"] for r in rows)
+
+
+def test_every_row_gets_eps_refutable_and_a_private_verdict_agrees_with_it(attacked):
+    """eps_refutable is the ROC check inverted: a private row is under its curve iff its certified eps is not below
+    the attack's eps_refutable; the twin's is read at the params' delta (no delta of its own)."""
+    tmp, out = attacked
+    audit_mia_table(out, {"table": tmp / "audit_mia.parquet"}, {"seed": 0})
+    df = read_table(tmp / "audit_mia.parquet")
+    assert df["eps_refutable"].dtype == "float64" and (df["eps_refutable"] >= 0).all()
+    dp = df[df["private"]]
+    assert (dp["under_curve"] == (dp["certified_epsilon"] >= dp["eps_refutable"])).all()
+    assert (dp["eps_refutable_delta"] == dp["delta"]).all()
+    assert (df.loc[~df["private"], "eps_refutable_delta"] == 1e-5).all()  # the stage's default: DPDM's delta
+
+
+def test_a_twin_on_fewer_members_is_attacked_on_exactly_them_against_every_non_member(attacked, tmp_path):
+    tmp, _ = attacked
+    members, nonmembers = tmp / "private_train.npz", tmp / "reference.npz"
+    train_dpdm_twin({"data": members, "nonmembers": nonmembers},
+                    {"model": tmp_path / "t.pt", "metrics": tmp_path / "t.json"}, {**TRAIN, "member_seed": 0,
+                                                                                   "members": 6})
+    audit_mia({"model": tmp_path / "t.pt", "members": members, "nonmembers": nonmembers},
+              {"metrics": tmp_path / "t_mia.json"},
+              {"mia": MIA, "grid": GRID, "method": "dpdm_twin", "run": "t", "device": "cpu", "seed": 0, "delta": 1e-3})
+    m = json.loads((tmp_path / "t_mia.json").read_text())
+    assert (m["n_members"], m["n_nonmembers"]) == (6, 16)
+    assert all(r["eps_refutable_delta"] == 1e-3 and r["eps_refutable"] >= 0 for r in m["rows"])

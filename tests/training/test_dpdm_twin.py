@@ -98,3 +98,62 @@ def test_given_the_nonmembers_the_twin_trains_on_exactly_the_attacked_member_sub
     members = load_split(private_split).images[member_indices(40, 12, 5).numpy()]
     assert meta["n_train"] == 12 and meta["trained_on"] == "the 12 attacked members" and meta["steps"] == 3
     assert meta["members_sha256"] == arrays_sha256({"images": members})
+
+
+def _reference(tmp_path, n):
+    from pipeline.io import Split, save_split
+
+    path = tmp_path / "reference.npz"
+    save_split(path, Split(np.zeros((n, 1, 8, 8), np.uint8), np.arange(n) % 3), name="reference", source="test",
+               seed=0)
+    return path
+
+
+def test_the_twin_trains_on_the_first_members_of_the_attacked_subset_for_epochs_passes(private_split, tmp_path):  # noqa: F811
+    """members = 5 of 12: the prefix of the DP models' attacked subset; 7 passes of the 5, full-batch (batch 8 > 5),
+    are 7 steps (DPDMConfig.n_steps would give ceil(7 * 5 / 8) = 5)."""
+    from pipeline.io import arrays_sha256, load_split
+
+    out = {"model": tmp_path / "twin.pt", "metrics": tmp_path / "twin.json"}
+    train_dpdm_twin({"data": private_split, "nonmembers": _reference(tmp_path, 12)}, out,
+                    {"batch_size": 8, "epochs": 7, "K": 1, "unet": TINY_UNET, "device": "cpu", "member_seed": 5,
+                     "members": 5})
+    meta = read_denoiser_meta(out["model"])
+    attacked = member_indices(40, 12, 5).numpy()
+    assert member_indices(40, 5, 5).numpy().tolist() == attacked[:5].tolist()  # a prefix: DP-attacked members too
+    assert meta["n_train"] == 5 and meta["trained_on"] == "the 5 attacked members"
+    assert meta["steps"] == 7 and meta["sampling_rate"] == 1.0
+    assert meta["members_sha256"] == arrays_sha256({"images": load_split(private_split).images[attacked[:5]]})
+
+
+def test_more_twin_members_than_non_members_is_refused_in_one_line(private_split, tmp_path):  # noqa: F811
+    with pytest.raises(PipelineError, match=r"members = 13, but a twin trains on 1 to 12 "):
+        train_dpdm_twin({"data": private_split, "nonmembers": _reference(tmp_path, 12)},
+                        {"model": tmp_path / "m.pt", "metrics": tmp_path / "m.json"},
+                        {"epochs": 1, "unet": TINY_UNET, "device": "cpu", "members": 13})
+
+
+@pytest.mark.slow  # a Snakemake dry run
+def test_the_twin_job_gets_config_yamls_twin_settings(repo, tmp_path):
+    """What `make run` trains: the train_dpdm_twin job's params carry config.yaml's audit.mia twin_* keys."""
+    import json
+    import shlex
+
+    import yaml
+
+    from tests.test_workflow import snakemake
+
+    mia = yaml.safe_load((repo / "config.yaml").read_text())["audit"]["mia"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**yaml.safe_load((repo / "config.yaml").read_text()),
+                                   "results_dir": str(tmp_path / "results")}))
+    res = snakemake(repo, "-n", "-p", "--cores", "1", str(tmp_path / "results" / "digits" / "models" / "dpdm" /
+                                                         "twin_seed0.pt"), "--configfile", str(cfg))
+    assert res.returncode == 0, res.stderr[-3000:]
+    line = next(ln for ln in res.stdout.splitlines() if "pipeline train_dpdm_twin" in ln)
+    args = shlex.split(line)
+    params = json.loads(args[args.index("--params") + 1])
+    assert "nonmembers=" in line  # twin_train_on: members
+    assert (params["members"], params["epochs"], params["K"]) == (mia["twin_members"], mia["twin_epochs"],
+                                                                  mia.get("twin_K", 1))
+    assert (mia["twin_members"], mia["twin_epochs"]) == (100, 500)  # the embedded default's control (README)
