@@ -55,7 +55,8 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, moments, tha
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
-from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split, to_model_scale
+from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split,
+                                    to_model_scale)
 from pipeline.training.straightdp_runs import StraightRun
 
 log = logging.getLogger(__name__)

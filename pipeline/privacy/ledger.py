@@ -12,7 +12,7 @@ built from and the claim made about it::
      "adjacency": "add_or_remove_one", "count": 50000, "delta": 1e-05,
      "claimed_epsilon": 6.29, "accountant": {"name": "pld_pessimistic", ...},
      "versions": {...}, "config_id": "...", "seed": 0, "time_utc": "...",
-     "run": "p50_B200_T3_seed0", "experiment": "digits", "data_sha256": "...", "seq": 0}
+     "run": "empden_sample_hybrid_p50_B200_T3_beta1_s0", "experiment": "digits", "data_sha256": "...", "seq": 0}
 
 The last four fields bind the line to where it was written (:class:`Binding`): the run the
 stage was run for, the experiment, the sha256 of the private split the mechanism read (from
@@ -179,7 +179,8 @@ class LedgerEntry:
             if not isinstance(getattr(self, name), str):
                 raise LedgerError(f"{where}: {name} must be a string, got {getattr(self, name)!r}")
         if isinstance(self.seq, bool) or not isinstance(self.seq, int) or self.seq < -1:
-            raise LedgerError(f"{where}: seq must be an integer >= 0 (its position in the transcript), got {self.seq!r}")
+            raise LedgerError(f"{where}: seq must be the line's position in its transcript (an integer >= 0; -1 before "
+                              f"it is written), got {self.seq!r}")
         if self.sensitivity <= 0 or self.noise_std < 0:
             raise LedgerError(f"{where}: need sensitivity > 0 and noise_std >= 0")
         if not math.isclose(self.noise_multiplier, self.noise_std / self.sensitivity, rel_tol=1e-9):

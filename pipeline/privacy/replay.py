@@ -100,7 +100,8 @@ def _data_sha256(name: str, data: Any) -> str:
     try:
         return str(read_json(manifest_path(str(data)))["sha256"])
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise ReplayError(f"replay: params.expected.{name}.data: {data} has no readable manifest sha256 ({exc})") from None
+        raise ReplayError(f"replay: params.expected.{name}.data: {data} has no readable manifest sha256 "
+                          f"({exc})") from None
 
 
 def registered_from_params(expected: Any, experiment: Any) -> dict[str, Registered]:

@@ -48,7 +48,8 @@ TOY_DATA_KEYS = ("n", "n_modes", "radius", "std")
 
 @stage("straightdp_figure6_toy", inputs=("toy",), outputs=("table", "figure", "ledger"),
        params={"straightdp": "the config's straightdp section (its toy subsection lists the points)",
-               "toy_data": "the config's data.toy section (n, the declared size; n_modes, radius, std of the true mixture)",
+               "toy_data": "the config's data.toy section (n, the declared size; n_modes, radius, std of the "
+                            "true mixture)",
                "config_id": "id of the configuration (table rows and ledger lines)",
                "threads": "torch CPU threads (default 1)", ledger.BINDING_PARAM: ledger.BINDING_DOC})
 def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
@@ -64,7 +65,8 @@ def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
         raise PipelineError(f"stage straightdp_figure6_toy: param toy_data.{missing[0]} is required "
                             f"(the data.toy section: {', '.join(TOY_DATA_KEYS)})")
     points, labels = load_points(inputs["toy"])
-    binding = ledger.binding_of(params, data_sha256=manifest_sha256(inputs["toy"], "toy"), stage="straightdp_figure6_toy")
+    binding = ledger.binding_of(params, data_sha256=manifest_sha256(inputs["toy"], "toy"),
+                                stage="straightdp_figure6_toy")
     if len(points) != int(toy_data["n"]):
         raise PipelineError(f"stage straightdp_figure6_toy: input toy holds {len(points)} points but the declared "
                             f"size data.toy.n is {toy_data['n']} (the release is normalised by it)")

@@ -69,7 +69,8 @@ PARAMS_DOC = {
     "device": "auto | cpu | cuda[:N]",
     "threads": "torch CPU threads (default 1)",
     "config_id": "id of the configuration (ledger and manifest provenance)",
-    "ledger_binding": "{run, experiment} the cell's ledger line is bound to (the replay checks them against the registry)",
+    "ledger_binding": "{run, experiment} the cell's ledger line is bound to (the replay checks them against the "
+                      "registry)",
 }
 
 
@@ -255,8 +256,8 @@ def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
                               seed=cell.seed, delta=float(accounting["delta"]),
                               pld=acc.PLDSettings(float(accounting["discretisation"]),
                                                   float(accounting["log_mass_truncation"])),
-                              binding=ledger.binding_of(params, data_sha256=manifest_sha256(inputs["private"], "private"),
-                                                        stage="empden_sample"))
+                              binding=ledger.binding_of(params, stage="empden_sample",
+                                                        data_sha256=manifest_sha256(inputs["private"], "private")))
     log.info("empden_sample %s: n_out=%d on %s", cell.name, n_out, device)
     # A paper-scale cell samples for hours: the bar (stderr, i.e. the job's log) shows outputs
     # done, elapsed time and the ETA after every batch, at most every PROGRESS_INTERVAL_S seconds.
@@ -360,8 +361,8 @@ def empden_figure2_trajectories(inputs: Mapping[str, Path], outputs: Mapping[str
                           delta=float(accounting["delta"]),
                           pld=acc.PLDSettings(float(accounting["discretisation"]),
                                               float(accounting["log_mass_truncation"])),
-                          binding=ledger.binding_of(params, data_sha256=manifest_sha256(inputs["private"], "private"),
-                                                    stage="empden_figure2_trajectories"))
+                          binding=ledger.binding_of(params, stage="empden_figure2_trajectories",
+                                                    data_sha256=manifest_sha256(inputs["private"], "private")))
     traj = trajectories(private, public, p_percent=float(f2["p"]), B=int(f2["B"]), T=int(f2["T"]),
                         beta=float(params.get("beta", accounting["beta"])), accounting=accounting, n_rows=n_rows,
                         seed=seed, sink=sink, device=device,
