@@ -15,6 +15,7 @@ from snakemake.utils import validate
 import pipeline.resources as cost
 from pipeline.config import ConfigError, deep_merge, schema_path, typed_overrides, validate_config
 from pipeline.inputs import check_inputs_exist
+from pipeline.methods import report_categories
 from pipeline.registry import MethodRegistry, TranscriptSpec
 from pipeline.wiring import RUNTIME_PARAMS, House, io_args, params_json, stage_params
 
@@ -175,12 +176,12 @@ def all_targets():
 CAPTIONS = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parent / "report" / "captions"
 #: the caption of a table or figure nobody has written one for (a test keeps the default config free of it)
 MISSING_CAPTION = CAPTIONS / "_missing.rst"
-#: the report's categories, in menu order: a table or figure goes to the first whose prefix its name has
-REPORT_CATEGORIES = (("privacy_utility", "1 Comparison"), ("all_runs", "1 Comparison"),
-                     ("reference_real", "2 Data and evaluation"), ("data_samples", "2 Data and evaluation"),
-                     ("empden", "3 EMPDEN"), ("dpdm", "4 DPDM"), ("straightdp", "5 STRAIGHTDP"),
-                     ("sensgeo", "6 SENSGEO"), ("baselines", "7 Baselines"), ("audit", "8 Audits"),
-                     ("runtime", "9 Cost"))
+#: the core's report categories (the number orders the menu); each method declares its own
+#: (pipeline/methods/<method>: METHOD.report_category), and a table or figure goes to the first whose prefix its name has
+CORE_REPORT_CATEGORIES = (("privacy_utility", "1 Comparison"), ("all_runs", "1 Comparison"),
+                          ("reference_real", "2 Data and evaluation"), ("data_samples", "2 Data and evaluation"),
+                          ("runtime", "9 Cost"))
+REPORT_CATEGORIES = (*CORE_REPORT_CATEGORIES, *report_categories())
 #: each method's headline row on the summary page: its configuration whose certified eps is nearest this
 HEADLINE_EPSILON = 1.0
 #: where the report's readable table views go (rule report_tables)
