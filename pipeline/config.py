@@ -32,8 +32,14 @@ class ConfigError(ValueError):
 
 @lru_cache(maxsize=1)
 def load_schema() -> dict[str, Any]:
+    """The config schema, with the ``methods`` values those found under ``pipeline/methods/`` (a new method adds
+    its package and edits no list)."""
+    from pipeline.methods import method_names  # strings only: no stage is imported
+
     text = resources.files("pipeline").joinpath(SCHEMA_RESOURCE).read_text()
-    return yaml.safe_load(text)
+    schema = yaml.safe_load(text)
+    schema["properties"]["methods"]["items"] = {"enum": method_names()}
+    return schema
 
 
 def schema_path() -> Path:

@@ -13,10 +13,11 @@ sys.path.insert(0, workflow.basedir)
 from snakemake.utils import validate
 
 import pipeline.resources as cost
-from pipeline.config import (ConfigError, config_id, declared_private, deep_merge, schema_path, typed_overrides,
-                             validate_config)
+from pipeline.config import ConfigError, deep_merge, schema_path, typed_overrides, validate_config
 from pipeline.inputs import check_inputs_exist
+from pipeline.methods import report_categories
 from pipeline.registry import MethodRegistry, TranscriptSpec
+from pipeline.wiring import RUNTIME_PARAMS, House, io_args, params_json, stage_params
 
 # nested --config values arrive as strings from Snakemake ('dpdm={K: 2}'): type them
 config.update(deep_merge(config, typed_overrides(workflow.config_settings.overwrite_config)))
@@ -48,71 +49,28 @@ os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=33554432:gl
 # conda envs for `--use-conda` (paths relative to rules/); GPU rules take the CUDA one
 CPU_ENV = "../envs/cpu.yaml"
 GPU_ENV = "../envs/cuda.yaml"
+#: the validated config and its results tree, what every method's wiring reads (pipeline/wiring.py)
+HOUSE = House.from_config(config)
 EXP = config["experiment"]
-RESULTS = Path(config["results_dir"])
-EXPDIR = RESULTS / EXP
-DATA = EXPDIR / "data"
-LOGS = EXPDIR / "logs"
-TABLES = RESULTS / "tables"
-FIGURES = RESULTS / "figures"
+RESULTS = HOUSE.layout.results
+EXPDIR = HOUSE.layout.expdir
+DATA = HOUSE.layout.data
+LOGS = HOUSE.layout.logs
+TABLES = HOUSE.layout.tables
+FIGURES = HOUSE.layout.figures
 SEED = config["seed"]
 #: the private set's declared size N and number of classes (public constants): the ``private`` param of every
 #: stage whose release normalises or shapes by them (pipeline.config.declared_private)
-PRIVATE = declared_private(config)
-#: the public EDM denoiser (rules/pretrain.smk, pretrain_public): EMPDEN's hybrid sampler
-#: finishes with it, its diagnostics compare against it, DPDM may start from it (dpdm.init)
-PUBLIC_DENOISER = EXPDIR / "models" / "public_edm.pt"
-#: the ledger replay's verdict (rule replay), the first thing results/index.html shows
-REPLAY_REPORT = EXPDIR / "ledger" / "replay.json"
-#: Snakemake benchmark files (wall, CPU, max RSS per job): runtime.parquet, all_runs.parquet's cost columns
-BENCHMARKS = EXPDIR / "benchmarks"
-
-
-def benchmark_path(rule, name="job"):
-    """The benchmark file of ``rule``'s job ``name`` (its wildcards, or ``job`` where there is one job),
-    BENCHMARKS/<rule>/<name>.tsv: one row of runtime.parquet (pipeline/results/runtime.py)."""
-    return BENCHMARKS / rule / f"{name}.tsv"
-
-
+PRIVATE = HOUSE.private
+PUBLIC_DENOISER = HOUSE.layout.public_denoiser
+REPLAY_REPORT = HOUSE.layout.replay_report
+BENCHMARKS = HOUSE.layout.benchmarks
 #: threads of a job that runs a small torch model (pipeline/resources.py)
-TORCH_THREADS = cost.torch_threads(config)
-
-
-def params_json(**sections):
-    """Stage params as one JSON string (quote in shell with {params.p:q})."""
-    return json.dumps(sections, sort_keys=True)
-
-
-#: params that change how a job runs, never what it computes: left out of a stage's config id (the ledger
-#: binding names where a line belongs, not what its mechanism is)
-RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s", "ledger_binding")
-
-
-def stage_params(**params):
-    """Stage params as JSON, with ``config_id`` the id of exactly these settings (runtime keys aside).
-
-    A rule's params hold what its output depends on and nothing more: Snakemake reruns a job
-    whose params changed, so an id of the whole config would rerun every job on any edit.
-    The id a table row carries therefore names the settings of the stage that made it.
-    """
-    settings = {k: v for k, v in params.items() if k not in RUNTIME_PARAMS}
-    return params_json(config_id=config_id(settings), **params)
-
-
-def io_args(flag, mapping):
-    """'--in key=path ...' for a stage call from a dict of named paths (each path shell-quoted)."""
-    pairs = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in mapping.items())
-    return f"{flag} {pairs}"
-
-
-def data_splits():
-    """Split name -> .npz path of every split the data stage writes for this config."""
-    splits = {s: DATA / f"{s}.npz" for s in ("private_train", "eval_train", "reference", "val", "test")}
-    if config["data"]["public"]["source"] != "none":
-        splits["public"] = DATA / "public.npz"
-    if config["data"]["toy"]["enabled"]:
-        splits["toy"] = DATA / "toy.npz"
-    return splits
+TORCH_THREADS = HOUSE.torch_threads
+benchmark_path = HOUSE.layout.benchmark
+ledger_binding = HOUSE.ledger_binding
+data_splits = HOUSE.data_splits
+method_on = HOUSE.method_on
 
 
 # ----------------------------------------------------------------------------- method registry
@@ -133,11 +91,6 @@ def register_transcripts(method, transcripts):
     inputs and what it checks every line against."""
     REGISTRY.register_transcripts(method, transcripts)
 
-
-def ledger_binding(run):
-    """A private stage's ``ledger_binding`` param: the run its lines are bound to, the name its method registers
-    the transcript under (TranscriptSpec.run), and the experiment (pipeline.privacy.ledger.Binding)."""
-    return {"run": str(run), "experiment": EXP}
 
 
 def register_runs(method, runs):
@@ -173,10 +126,6 @@ def run_table_params(records):
     runs = [{k: v for k, v in r.as_dict().items() if k not in ("metrics", "ledgers")} for r in records]
     return stage_params(runs=runs)
 
-
-def method_on(method):
-    """Whether config `methods` chooses ``method`` (its rules exist either way: any output can be asked for by path)."""
-    return method in config["methods"]
 
 
 def _registered(query):
@@ -227,12 +176,12 @@ def all_targets():
 CAPTIONS = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parent / "report" / "captions"
 #: the caption of a table or figure nobody has written one for (a test keeps the default config free of it)
 MISSING_CAPTION = CAPTIONS / "_missing.rst"
-#: the report's categories, in menu order: a table or figure goes to the first whose prefix its name has
-REPORT_CATEGORIES = (("privacy_utility", "1 Comparison"), ("all_runs", "1 Comparison"),
-                     ("reference_real", "2 Data and evaluation"), ("data_samples", "2 Data and evaluation"),
-                     ("empden", "3 EMPDEN"), ("dpdm", "4 DPDM"), ("straightdp", "5 STRAIGHTDP"),
-                     ("sensgeo", "6 SENSGEO"), ("baselines", "7 Baselines"), ("audit", "8 Audits"),
-                     ("runtime", "9 Cost"))
+#: the core's report categories (the number orders the menu); each method declares its own
+#: (pipeline/methods/<method>: METHOD.report_category), and a table or figure goes to the first whose prefix its name has
+CORE_REPORT_CATEGORIES = (("privacy_utility", "1 Comparison"), ("all_runs", "1 Comparison"),
+                          ("reference_real", "2 Data and evaluation"), ("data_samples", "2 Data and evaluation"),
+                          ("runtime", "9 Cost"))
+REPORT_CATEGORIES = (*CORE_REPORT_CATEGORIES, *report_categories())
 #: each method's headline row on the summary page: its configuration whose certified eps is nearest this
 HEADLINE_EPSILON = 1.0
 #: where the report's readable table views go (rule report_tables)

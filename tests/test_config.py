@@ -137,6 +137,20 @@ def test_methods_default_to_every_method_in_the_index_order():
                                               "straightdp", "baselines", "audit"]
 
 
+def test_a_method_package_is_a_methods_value_without_editing_the_schema(monkeypatch):
+    import pipeline.methods as methods
+    from pipeline.config import load_schema
+
+    monkeypatch.setattr(methods, "method_names", lambda: ["dpdm", "toy"])
+    load_schema.cache_clear()
+    try:
+        assert validate_config({"methods": ["toy"]})["methods"] == ["toy"]
+        with pytest.raises(ConfigError, match="expected one of dpdm, toy, got 'empden'"):
+            validate_config({"methods": ["empden"]})
+    finally:
+        load_schema.cache_clear()
+
+
 @pytest.mark.parametrize("method", ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm"])
 def test_an_old_enabled_key_says_to_use_the_methods_list(method):
     with pytest.raises(ConfigError) as err:
@@ -148,8 +162,9 @@ def test_an_old_enabled_key_says_to_use_the_methods_list(method):
 @pytest.mark.parametrize(
     ("methods", "message"),
     [
-        (["dpdm", "straigthdp"], "config error at methods[1]: expected one of accounting, sensgeo, empden, "
-                                 "empden_diagnostics, dpdm, straightdp, baselines, audit, got 'straigthdp'"),
+        # the values: the methods found under pipeline/methods/, sorted
+        (["dpdm", "straigthdp"], "config error at methods[1]: expected one of accounting, audit, baselines, dpdm, "
+                                 "empden, empden_diagnostics, sensgeo, straightdp, got 'straigthdp'"),
         (["dpdm", "dpdm"], "config error at methods: expected a list without repeats, got ['dpdm', 'dpdm']"),
     ],
 )

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 
 from pipeline.audit.one_run import AuditError, CanaryAudit, canary_audit, check_canaries
+from pipeline.audit.hooks import AuditResult, register_audit
+from pipeline.privacy.ledger import LedgerEntry
 from pipeline.privacy import dp_merf
 from pipeline.privacy import private_evolution as pe
 
@@ -100,3 +102,21 @@ def audit_pe(plan: pe.PEHistogramPlan, *, certified_epsilon: float, m: int = 100
         scores += histogram(counts, plan, threshold=0.0, generator=rng)[:m]
     return canary_audit(scores, included.numpy(), delta=plan.delta, significance=significance,
                         certified_epsilon=certified_epsilon, steps=plan.T, canary_norm=1.0)
+
+
+@register_audit(dp_merf.MECHANISM)
+def audit_merf_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """A DP-MERF line: the mean-embedding release over the line's m records."""
+    plan = dp_merf.plan_from_entry(entry)
+    # the canaries are slots among the line's m records (replace-one): at most half of them
+    audit = audit_merf(plan, certified_epsilon=entry.claimed_epsilon, m=min(m, plan.m // 2),
+                       significance=significance, seed=seed)
+    return audit, {"sampling_rate": 1.0, "attack": "white-box paired feature canaries (replace-one)"}
+
+
+@register_audit(pe.MECHANISM)
+def audit_pe_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """A Private Evolution line: its T vote histograms."""
+    audit = audit_pe(pe.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon, m=m,
+                     significance=significance, seed=seed)
+    return audit, {"sampling_rate": 1.0, "attack": "white-box vote canaries"}

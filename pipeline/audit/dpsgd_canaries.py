@@ -36,6 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.audit.one_run import AuditError, CanaryAudit, canary_audit, check_canaries
+from pipeline.audit.hooks import AuditResult, register_audit
+from pipeline.privacy import ledger, rebuild, tha
 from pipeline.privacy import dpsgd
 
 #: width of a stand-in record
@@ -115,3 +117,21 @@ def audit_plan(plan: dpsgd.StepPlan, *, certified_epsilon: float, m: int = 1000,
         scores += weight * divisor * grads["theta_c"].detach().to(torch.float64)
     return canary_audit(scores.numpy(), included.numpy(), delta=audited.delta, significance=significance,
                         certified_epsilon=certified_epsilon, steps=audited.steps, canary_norm=canary_norm)
+
+
+#: mechanism name -> the plan its ledger line declares (the code the replay rebuilds it with)
+STEP_PLANS: dict[str, Callable[[ledger.LedgerEntry], dpsgd.StepPlan]] = {
+    "dpsgd": rebuild.dpsgd_plan,
+    tha.MECHANISM: tha.plan_from_entry,
+}
+
+
+@register_audit(*STEP_PLANS)
+def audit_dpsgd_line(entry: ledger.LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """A DP-SGD line (``dpsgd``: DPDM; ``tha_dpsgd``: STRAIGHTDP's Stage 2): the training engine for the plan's T
+    steps. Fixed-size (replace-one) batches are not audited: the canary audit needs Poisson sampling."""
+    plan = STEP_PLANS[entry.mechanism](entry)
+    if not auditable(plan):
+        return f"{entry.mechanism} with fixed-size batches"
+    audit = audit_plan(plan, certified_epsilon=entry.claimed_epsilon, m=m, significance=significance, seed=seed)
+    return audit, {"sampling_rate": plan.sampling_rate, "attack": "white-box Dirac gradient canaries"}

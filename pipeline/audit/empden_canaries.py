@@ -37,6 +37,11 @@ from collections.abc import Callable
 import torch
 
 from pipeline.audit.one_run import AuditError, CanaryAudit, canary_audit, check_canaries
+from pipeline.audit.hooks import AuditResult, register_audit
+from pipeline.privacy import rebuild
+from pipeline.privacy.empden_block import MECHANISM_NAMES
+from pipeline.privacy.ledger import LedgerEntry
+from pipeline.stage import PipelineError
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.empden_block import EmpdenBlock
 
@@ -91,3 +96,19 @@ def audit_block(block: EmpdenBlock, *, certified_epsilon: float, delta: float, m
             x = x_next
     return canary_audit(scores.numpy(), included.numpy(), delta=delta, significance=significance,
                         certified_epsilon=certified_epsilon, steps=block.k, canary_norm=CANARY_NORM_FACTOR * C)
+
+
+@register_audit(*MECHANISM_NAMES.values())
+def audit_empden_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """An EMPDEN sampler line: the private sampler step for the block's k steps and N_out outputs. The accounting
+    tables' configuration claims (App. G: no sampler ran) are not audited."""
+    if entry.extra.get("source") == "given":
+        if entry.extra.get("kind") != "configuration_claim":
+            # a sampler's line is audited as the block its parameters declare; "given" would skip exactly that
+            raise PipelineError(f"stage audit_one_run: {entry.stage} line ({entry.mechanism}) carries a mu_bar_B "
+                                f"given directly, which only the accounting tables' configuration claims may")
+        return f"{entry.mechanism} configuration claims (no sampler ran)"
+    block = rebuild.empden_block(entry)
+    audit = audit_block(block, certified_epsilon=entry.claimed_epsilon, delta=entry.delta, m=m,
+                        significance=significance, seed=seed)
+    return audit, {"sampling_rate": block.mechanism().q, "attack": "white-box Dirac canaries in the denoiser"}

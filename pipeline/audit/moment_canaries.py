@@ -41,6 +41,8 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.audit.one_run import CanaryAudit, canary_audit, check_canaries
+from pipeline.audit.hooks import AuditResult, register_audit
+from pipeline.privacy.ledger import LedgerEntry
 from pipeline.privacy import moments, text_moments
 
 #: width of a stand-in record's feature block
@@ -121,3 +123,19 @@ def audit_text_release(plan: text_moments.TextReleasePlan, *, certified_epsilon:
     scores = whitened / plan.N / audited.noise_std ** 2
     return canary_audit(scores, included, delta=plan.delta, significance=significance,
                         certified_epsilon=certified_epsilon, steps=1, canary_norm=CANARY_NORM_FACTOR * plan.R)
+
+
+@register_audit(moments.MECHANISM)
+def audit_moment_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """A ``moment_release`` line (STRAIGHTDP's Stage 1): the feature clip and the release, once."""
+    audit = audit_release(moments.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon, m=m,
+                          significance=significance, seed=seed)
+    return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac feature canaries"}
+
+
+@register_audit(text_moments.MECHANISM)
+def audit_text_moment_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """A ``text_moment_release`` line (STRAIGHTDP's Table 4): the cross-moment release, once."""
+    audit = audit_text_release(text_moments.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon, m=m,
+                               significance=significance, seed=seed)
+    return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac cross-moment canaries"}

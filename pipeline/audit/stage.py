@@ -17,24 +17,24 @@ that ran it runs that mechanism again over stand-ins and Dirac canaries (Steinke
 The one-run bound gives eps_lb at 95% confidence. A line whose eps_lb exceeds the eps it claims fails
 the stage: its run's code is not the mechanism its ledger line declares. Fixed-size (replace-one)
 DP-SGD lines and EMPDEN's configuration claims (App. G: no sampler ran) are counted in the log and
-not audited.
+not audited. Each canary module registers the mechanisms it audits (:mod:`pipeline.audit.hooks`): a new
+mechanism's audit is a new module and no edit here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from pipeline import seeds
-from pipeline.audit import baseline_canaries, dpsgd_canaries, empden_canaries, moment_canaries, one_run
+from pipeline.audit import one_run
+from pipeline.audit.hooks import audit_hook
 from pipeline.audit.one_run import REFERENCE, CanaryAudit
-from pipeline.privacy import dp_merf, dpsgd, ledger, moments, rebuild, text_moments, tha
-from pipeline.privacy import private_evolution as pe
-from pipeline.privacy.empden_block import MECHANISM_NAMES as EMPDEN_MECHANISMS
+from pipeline.privacy import ledger
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 
@@ -44,56 +44,15 @@ seeds.register_streams(
     seeds.Stream("audit.canaries", "a line's canary coins, stand-ins, batches and noise (keys: transcript, line)"),
 )
 
-#: mechanism name -> the plan its ledger line declares (the code the replay rebuilds it with)
-STEP_PLANS: dict[str, Callable[[ledger.LedgerEntry], dpsgd.StepPlan]] = {
-    "dpsgd": rebuild.dpsgd_plan,
-    tha.MECHANISM: tha.plan_from_entry,
-}
-
-
 def audit_line(entry: ledger.LedgerEntry, *, m: int, significance: float, seed: int
                ) -> tuple[CanaryAudit, dict[str, Any]] | str:
     """Audit one line at the plan it declares: (the audit, its sampling_rate and attack columns),
-    or, for a line no canary audit applies to, the reason (its mechanism, or its fixed-size batches)."""
-    if entry.mechanism == moments.MECHANISM:
-        audit = moment_canaries.audit_release(moments.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon,
-                                              m=m, significance=significance, seed=seed)
-        return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac feature canaries"}
-    if entry.mechanism == text_moments.MECHANISM:
-        audit = moment_canaries.audit_text_release(text_moments.plan_from_entry(entry),
-                                                   certified_epsilon=entry.claimed_epsilon, m=m,
-                                                   significance=significance, seed=seed)
-        return audit, {"sampling_rate": 1.0, "attack": "white-box Dirac cross-moment canaries"}
-    if entry.mechanism == dp_merf.MECHANISM:
-        plan = dp_merf.plan_from_entry(entry)
-        # the canaries are slots among the line's m records (replace-one): at most half of them
-        audit = baseline_canaries.audit_merf(plan, certified_epsilon=entry.claimed_epsilon, m=min(m, plan.m // 2),
-                                             significance=significance, seed=seed)
-        return audit, {"sampling_rate": 1.0, "attack": "white-box paired feature canaries (replace-one)"}
-    if entry.mechanism == pe.MECHANISM:
-        audit = baseline_canaries.audit_pe(pe.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon, m=m,
-                                           significance=significance, seed=seed)
-        return audit, {"sampling_rate": 1.0, "attack": "white-box vote canaries"}
-    if entry.mechanism in EMPDEN_MECHANISMS.values():
-        if entry.extra.get("source") == "given":
-            if entry.extra.get("kind") != "configuration_claim":
-                # a sampler's line is audited as the block its parameters declare; "given" would skip exactly that
-                raise PipelineError(f"stage audit_one_run: {entry.stage} line ({entry.mechanism}) carries a mu_bar_B "
-                                    f"given directly, which only the accounting tables' configuration claims may")
-            return f"{entry.mechanism} configuration claims (no sampler ran)"
-        block = rebuild.empden_block(entry)
-        audit = empden_canaries.audit_block(block, certified_epsilon=entry.claimed_epsilon, delta=entry.delta, m=m,
-                                            significance=significance, seed=seed)
-        return audit, {"sampling_rate": block.mechanism().q, "attack": "white-box Dirac canaries in the denoiser"}
-    plan_of = STEP_PLANS.get(entry.mechanism)
-    if plan_of is None:
+    or, for a line no canary audit applies to, the reason (its mechanism, or its fixed-size batches).
+    The code that audits a mechanism registered itself (:mod:`pipeline.audit.hooks`)."""
+    hook = audit_hook(entry.mechanism)
+    if hook is None:
         return entry.mechanism
-    plan = plan_of(entry)
-    if not dpsgd_canaries.auditable(plan):
-        return f"{entry.mechanism} with fixed-size batches"
-    audit = dpsgd_canaries.audit_plan(plan, certified_epsilon=entry.claimed_epsilon, m=m, significance=significance,
-                                      seed=seed)
-    return audit, {"sampling_rate": plan.sampling_rate, "attack": "white-box Dirac gradient canaries"}
+    return hook(entry, m=m, significance=significance, seed=seed)
 
 
 def run_name(entry: ledger.LedgerEntry, transcript: str) -> str:

@@ -1,19 +1,43 @@
-"""The methods, each a plug-in: ``pipeline/methods/<method>.py`` lists the stages the method owns.
+"""The methods, each a plug-in: ``pipeline/methods/<method>`` declares what the house needs to know of it.
 
-A method module holds one dict, ``STAGES``: stage name -> ``"module:attribute"`` of the stage
+A method module (or package) holds ``STAGES``: stage name -> ``"module:attribute"`` of the stage
 object (:func:`pipeline.stage.stage`), the command ``python -m pipeline <stage>`` that its rules
-in ``rules/<method>.smk`` run. :mod:`pipeline.cli` finds every module here by itself, so a new
-method adds a module and edits no list. The modules hold strings only: stages are imported when
-run, and ``python -m pipeline --help`` stays fast.
+in ``rules/<method>.smk`` run, and ``METHOD``, its :class:`Method` declaration (where its tables go
+in the report, whether the one-run audit reads its transcripts). Its wiring (runs, paths, params,
+targets, transcripts, all_runs records) is its ``wiring`` module. Every list of the house is derived
+from the modules found here: the config's ``methods`` values (:func:`pipeline.config.load_schema`),
+the report's categories, the audited methods, the CLI's stages; so a new method adds its own files
+and edits no list. The ``__init__`` modules hold strings only: stages are imported when run, and
+``python -m pipeline --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import dataclass
 
 #: stage name -> "module:attribute"
 Stages = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Method:
+    """What the house needs to know of one method.
+
+    ``report_category``: its menu entry in Snakemake's report (the number orders the menu), given to
+    every table and figure whose name starts with one of ``report_prefixes``; ``audited``: the one-run
+    canary audit (method ``audit``) reads its ledger transcripts.
+    """
+
+    name: str
+    report_category: str | None = None
+    report_prefixes: tuple[str, ...] = ()
+    audited: bool = False
+
+    def __post_init__(self) -> None:
+        if self.report_prefixes and self.report_category is None:
+            raise ValueError(f"method {self.name!r}: report_prefixes need a report_category")
 
 
 def method_names() -> list[str]:
@@ -24,6 +48,29 @@ def method_names() -> list[str]:
 def method_stages() -> dict[str, Stages]:
     """Method -> the stages it registers, from each module's ``STAGES``."""
     return {name: dict(importlib.import_module(f"{__name__}.{name}").STAGES) for name in method_names()}
+
+
+def methods() -> dict[str, Method]:
+    """Method -> its declaration (``METHOD``; a module without one is a method with the defaults)."""
+    out = {}
+    for name in method_names():
+        declared = getattr(importlib.import_module(f"{__name__}.{name}"), "METHOD", None) or Method(name)
+        if declared.name != name:
+            raise RuntimeError(f"pipeline/methods/{name} declares METHOD.name {declared.name!r}")
+        out[name] = declared
+    return out
+
+
+def audited_methods() -> list[str]:
+    """The methods whose transcripts the one-run audit reads, sorted."""
+    return [name for name, m in methods().items() if m.audited]
+
+
+def report_categories() -> list[tuple[str, str]]:
+    """(name prefix, report category) of every method declaring one, longest prefix first (a table goes to the
+    first whose prefix its name has: ``empden_diagnostics...`` before ``empden...``)."""
+    pairs = [(prefix, m.report_category) for m in methods().values() for prefix in m.report_prefixes]
+    return sorted(pairs, key=lambda pair: (-len(pair[0]), pair[0]))
 
 
 def merge_stages(core: Stages, methods: dict[str, Stages]) -> Stages:

@@ -3,6 +3,10 @@
 Rules: ``rules/account.smk``. The accountants themselves live in ``pipeline/privacy/``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("accounting")  # its tables are EMPDEN's: empden_*, in EMPDEN's report category
+
 STAGES = {
     "empden_blocks": "pipeline.results.empden_accounting:empden_blocks",
     "empden_table7_accountants": "pipeline.results.empden_accounting:empden_table7_accountants",

@@ -4,6 +4,10 @@ membership inference (loss and SecMI attacks) on every trained model and DPDM's 
 Rules: ``rules/audit.smk``; code: ``pipeline/audit/`` and ``pipeline/training/dpdm_twin.py``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("audit", report_category="8 Audits", report_prefixes=("audit",))
+
 STAGES = {
     "audit_one_run": "pipeline.audit.stage:audit_one_run",
     "train_dpdm_twin": "pipeline.training.dpdm_twin:train_dpdm_twin",

@@ -5,6 +5,10 @@ Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and the
 ``pipeline/baselines/runs.py``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("baselines", report_category="7 Baselines", report_prefixes=("baselines",), audited=True)
+
 STAGES = {
     "dp_merf": "pipeline.baselines.dp_merf:dp_merf",
     "private_evolution": "pipeline.baselines.private_evolution:private_evolution",

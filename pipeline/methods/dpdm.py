@@ -3,6 +3,10 @@
 Rules: ``rules/dpdm.smk``; runs and their names: ``pipeline/training/dpdm_runs.py``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("dpdm", report_category="4 DPDM", report_prefixes=("dpdm",), audited=True)
+
 STAGES = {
     "train_dpdm": "pipeline.training.dpdm:train_dpdm",
     "sample_dpdm": "pipeline.sampling.dpdm_stage:sample_dpdm",

@@ -3,6 +3,10 @@
 Rules: ``rules/empden.smk``; cells and their names: ``pipeline/sampling/empden_grid.py``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("empden", report_category="3 EMPDEN", report_prefixes=("empden",), audited=True)
+
 STAGES = {
     "empden_sample": "pipeline.sampling.empden_stage:empden_sample",
     "empden_table8_grid": "pipeline.results.empden_results:empden_table8_grid",

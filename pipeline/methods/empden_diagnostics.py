@@ -3,6 +3,10 @@
 Rules: ``rules/empden_diagnostics.smk``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("empden_diagnostics")  # EMPDEN's: its tables are empden_*
+
 STAGES = {
     "empden_table4_proxy": "pipeline.diagnostics.empden_proxy:empden_table4_proxy",
     "empden_table1_window_swap": "pipeline.diagnostics.empden_proxy:empden_table1_window_swap",

@@ -3,6 +3,10 @@
 Rules: ``rules/sensgeo.smk``. The mathematics: ``pipeline/privacy/sensgeo/``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("sensgeo", report_category="6 SENSGEO", report_prefixes=("sensgeo",))
+
 STAGES = {
     "sensgeo_fig1_naive_vs_exact": "pipeline.results.sensgeo:sensgeo_fig1_naive_vs_exact",
     "sensgeo_table_guarantees": "pipeline.results.sensgeo:sensgeo_table_guarantees",

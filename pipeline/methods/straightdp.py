@@ -3,6 +3,10 @@
 Rules: ``rules/straightdp.smk``; runs and their names: ``pipeline/training/straightdp_runs.py``.
 """
 
+from pipeline.methods import Method
+
+METHOD = Method("straightdp", report_category="5 STRAIGHTDP", report_prefixes=("straightdp",), audited=True)
+
 STAGES = {
     # the data stage, reached through the module that registers its random stream (straightdp.public)
     "prepare_public": "pipeline.flow.straightdp:prepare_public",

@@ -15,7 +15,9 @@ mechanism without a rebuilder cannot be checked and is refused, never passed.
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +63,21 @@ def register(mechanism: str) -> Callable[[Rebuilder], Rebuilder]:
         REBUILDERS[mechanism] = fn
         return fn
     return wrap
+
+
+_LOADED = False
+
+
+def load_rebuilders() -> None:
+    """Import every module of :mod:`pipeline.privacy` once, so each mechanism registers its rebuilder: a new
+    mechanism is one new file there, and the replay finds it without a list to edit."""
+    global _LOADED
+    if _LOADED:
+        return
+    package = importlib.import_module("pipeline.privacy")
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"pipeline.privacy.{info.name}")
+    _LOADED = True
 
 
 # --------------------------------------------------------------------------- reading parameters
@@ -189,6 +206,7 @@ def _dpsgd(entry: ledger.LedgerEntry) -> Expected:
 
 def rebuild(entry: ledger.LedgerEntry) -> Expected:
     """The event and derived fields ``entry``'s own parameters imply."""
+    load_rebuilders()
     fn = REBUILDERS.get(entry.mechanism)
     if fn is None:
         raise RebuildError(f"mechanism {entry.mechanism!r} has no registered rebuilder (known: "

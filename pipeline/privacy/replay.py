@@ -38,8 +38,6 @@ from typing import Any
 from pipeline.io import manifest_path, read_json, write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger, rebuild
-# moments and tha register their rebuilders on import: the replay must know every mechanism
-from pipeline.privacy import dp_merf, moments, private_evolution, text_moments, tha  # noqa: F401
 from pipeline.privacy.certify import recompute  # one certified eps per line, shared with the result tables
 from pipeline.stage import PipelineError, stage
 

@@ -130,3 +130,24 @@ def test_a_sampler_line_relabelled_given_is_refused_not_skipped(tmp_path):
     claim = dataclasses.replace(forged, extra={**forged.extra, "kind": "configuration_claim"})
     audit_one_run({"a": write(tmp_path / "b.jsonl", claim)}, {"table": tmp_path / "audit.parquet"}, PARAMS)
     assert len(read_table(tmp_path / "audit.parquet")) == 0
+
+
+def test_every_mechanism_with_a_rebuilder_has_an_audit_hook_found_without_a_list():
+    # the replay's rebuilders and the audit's hooks are both discovered from their packages' modules: a new
+    # mechanism adds its files and edits no list (issue #36)
+    from pipeline.audit.hooks import audit_hook, audited_mechanisms
+    from pipeline.privacy import rebuild
+
+    rebuild.load_rebuilders()
+    assert set(rebuild.REBUILDERS) == set(audited_mechanisms())
+    assert {"dpsgd", "tha_dpsgd", "moment_release", "text_moment_release", "dp_merf_embedding", "pe_nn_histogram",
+            "empden_outputwise_block"} <= set(audited_mechanisms())
+    assert audit_hook("no_such_mechanism") is None
+
+
+def test_a_mechanism_is_audited_by_one_hook_only():
+    from pipeline.audit import hooks
+
+    hooks.load_audits()
+    with pytest.raises(RuntimeError, match="already has an audit hook"):
+        hooks.register_audit("dpsgd")(lambda entry, *, m, significance, seed: "x")

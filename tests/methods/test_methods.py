@@ -1,0 +1,42 @@
+"""The method declarations (pipeline/methods/__init__.py): every house list is derived from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.methods import Method, audited_methods, method_names, methods, report_categories
+
+
+def category(name: str) -> str | None:
+    return next((cat for prefix, cat in report_categories() if name.startswith(prefix)), None)
+
+
+def test_every_method_module_declares_itself_under_its_own_name():
+    declared = methods()
+    assert list(declared) == method_names() and all(m.name == name for name, m in declared.items())
+
+
+def test_a_table_goes_to_its_papers_report_category():
+    assert category("empden_table8_grid") == category("empden_diagnostics_proxy") == "3 EMPDEN"
+    assert category("dpdm_table_main") == "4 DPDM" and category("straightdp_table1_main") == "5 STRAIGHTDP"
+    assert category("sensgeo_table_sdp") == "6 SENSGEO" and category("baselines") == "7 Baselines"
+    assert category("audit_one_run") == category("audit_mia") == "8 Audits"
+    assert category("all_runs") is None  # the core's own categories live in rules/common.smk
+
+
+def test_the_one_run_audit_reads_the_methods_that_run_a_mechanism():
+    # accounting's lines are configuration claims (no sampler ran), SENSGEO releases nothing, the audit is the audit
+    assert audited_methods() == ["baselines", "dpdm", "empden", "straightdp"]
+
+
+def test_prefixes_without_a_category_are_refused():
+    with pytest.raises(ValueError, match="report_prefixes need a report_category"):
+        Method("toy", report_prefixes=("toy",))
+
+
+def test_a_longer_prefix_wins_over_a_shorter_one(monkeypatch):
+    import pipeline.methods as package
+
+    monkeypatch.setattr(package, "methods", lambda: {"a": Method("a", "1 A", ("toy",)),
+                                                     "b": Method("b", "2 B", ("toy_extra",))})
+    assert report_categories() == [("toy_extra", "2 B"), ("toy", "1 A")]
