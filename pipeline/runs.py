@@ -52,8 +52,11 @@ def fmt_num(x: float) -> str:
     """A number as a path token: 0.2 -> '0p2', 10 -> '10', 1e-05 -> '1e-05', -1.5 -> '-1p5'.
 
     The shortest text that reads back to exactly ``x`` (integers without a point), the point written
-    ``p``. For every number with at most six significant digits this is ``%g``'s text, so the names
-    written before this module (``%g`` with ``p``) are unchanged, and no two floats share a token.
+    ``p``, so no two floats share a token. Why this one: for every number below 1e6 with at most six
+    significant digits it is ``%g``'s text, which DPDM's, STRAIGHTDP's and the baselines' names used (above
+    1e6 ``%g`` wrote ``1e+06``, which their parsers refused; past six digits it rounded, so a name read
+    back as another number); and it is EMPDEN's cell encoding (repr, integers plain) except that a sign
+    or exponent is written ``-`` and not ``m``, which the EMPDEN rules' wildcards never matched.
     """
     x = float(x)
     if not math.isfinite(x):
