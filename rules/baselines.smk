@@ -25,7 +25,7 @@ rule dp_merf:
         ledger=baseline_ledger_path("{run}"),
         metrics=EXPDIR / "train" / "baselines" / "{run}.json",
     wildcard_constraints:
-        run=r"dp_merf_eps[0-9p]+(?:e-?[0-9]+)?_seed[0-9]+",
+        run=baseline_runs.method_pattern("dp_merf"),
     params:
         p=baseline_params,
     log:
@@ -56,7 +56,7 @@ rule private_evolution:
         ledger=baseline_ledger_path("{run}"),
         metrics=EXPDIR / "train" / "baselines" / "{run}.json",
     wildcard_constraints:
-        run=r"pe_eps[0-9p]+(?:e-?[0-9]+)?_seed[0-9]+",
+        run=baseline_runs.method_pattern("pe"),
     params:
         p=baseline_params,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),

@@ -42,10 +42,10 @@ rule empden_sample_subsampled:
         ledger=EXPDIR / "ledger" / "empden_sample_{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.jsonl",
     wildcard_constraints:
         method="hybrid|per_step",
-        p="[0-9p]+",
+        p=NUMBER_PATTERN,
         B="[0-9]+",
         T="[0-9]+",
-        beta="[0-9p]+",
+        beta=NUMBER_PATTERN,
         seed="[0-9]+",
     params:
         p=lambda wildcards: empden_sample_params(wildcards.method, wildcards),
@@ -76,8 +76,8 @@ rule empden_sample_full_batch:
         manifest=EMPDEN_SAMPLES / "full_batch" / "smin{smin}_beta{beta}_s{seed}.json",
         ledger=EXPDIR / "ledger" / "empden_sample_full_batch_smin{smin}_beta{beta}_s{seed}.jsonl",
     wildcard_constraints:
-        smin="[0-9p]+",
-        beta="[0-9p]+",
+        smin=NUMBER_PATTERN,
+        beta=NUMBER_PATTERN,
         seed="[0-9]+",
     params:
         p=lambda wildcards: empden_sample_params("full_batch", wildcards),
@@ -138,7 +138,7 @@ rule empden_evaluate:
     output:
         metrics=EXPDIR / "eval" / "empden" / "{cell}" / "metrics.json",
     wildcard_constraints:
-        cell="(hybrid|per_step|full_batch|public_only)/[A-Za-z0-9_]+",
+        cell=CELL_PATTERN,
     params:
         p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
                                         threads=TORCH_THREADS, name=f"empden/{wildcards.cell}"),

@@ -2,33 +2,41 @@
 
 A run's name is the path token ``<method>_eps<eps>_seed<seed>`` (e.g. ``pe_eps0p3_seed0``):
 :attr:`BaselineRun.name` writes it, :meth:`BaselineRun.from_name` reads it back and
-:data:`RUN_PATTERN` is the Snakemake wildcard constraint. Pure Python (no torch): the rule file
+:data:`RUN_PATTERN` is the Snakemake wildcard constraint (the grammar :data:`RUN_NAME` is declared in
+the shared run-name grammar of :mod:`pipeline.runs`). Pure Python (no torch): the rule file
 imports it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.training.dpdm_runs import fmt_num, parse_num
+from pipeline.runs import NamedRun, RunGrammar, choice, integer, number
 
 #: the baselines, as written in run names and the config's baselines.methods
 METHODS = ("dp_merf", "pe")
 #: what the tables and the figure call each
 LABELS = {"dp_merf": "DP-MERF", "pe": "Private Evolution"}
 
-_NUM = r"[0-9p]+(?:e-?[0-9]+)?"
-_METHOD = "|".join(METHODS)
-RUN_PATTERN = rf"(?:{_METHOD})_eps{_NUM}_seed[0-9]+"
-_RUN_RE = re.compile(rf"(?P<method>{_METHOD})_eps(?P<eps>{_NUM})_seed(?P<seed>[0-9]+)")
+#: the run grammar: ``<method>_eps<eps>_seed<seed>``
+RUN_NAME = RunGrammar("baseline run", (choice("method", METHODS), number("epsilon", "eps"), integer("seed", "seed")),
+                      example="pe_eps0p3_seed0")
+#: the run grammar as a Snakemake wildcard constraint (no groups of its own)
+RUN_PATTERN = RUN_NAME.pattern
+
+
+def method_pattern(method: str) -> str:
+    """The wildcard constraint of one method's runs (the rule that trains them makes no other's)."""
+    return RUN_NAME.narrowed("method", (method,)).pattern
 
 
 @dataclass(frozen=True, order=True)
-class BaselineRun:
-    """One baseline run: method, target eps, seed."""
+class BaselineRun(NamedRun):
+    """One baseline run: method, target eps, seed; named ``pe_eps0p3_seed0`` (:attr:`name`, :meth:`from_name`)."""
+
+    GRAMMAR = RUN_NAME
 
     method: str
     epsilon: float
@@ -41,18 +49,6 @@ class BaselineRun:
         object.__setattr__(self, "seed", int(self.seed))
         if not self.epsilon > 0:
             raise ValueError(f"baseline run budget must be > 0, got {self.epsilon}")
-
-    @property
-    def name(self) -> str:
-        return f"{self.method}_eps{fmt_num(self.epsilon)}_seed{self.seed}"
-
-    @classmethod
-    def from_name(cls, name: str) -> BaselineRun:
-        m = _RUN_RE.fullmatch(name)
-        if m is None:
-            raise ValueError(f"{name!r} is not a baseline run name (<method>_eps<eps>_seed<seed>, method one of "
-                             f"{', '.join(METHODS)}, e.g. pe_eps0p3_seed0)")
-        return cls(m["method"], parse_num(m["eps"]), int(m["seed"]))
 
 
 def runs(section: Mapping[str, Any]) -> list[BaselineRun]:

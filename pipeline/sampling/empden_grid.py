@@ -14,7 +14,8 @@ Symbols are the paper's: p = share of the N steps that are private (the handoff 
 k = ceil(p N / 100)), B = subsample size (q_B = B/n), T = number of public re-noising steps
 (t1 = t_{k-T}), beta = public normaliser (App. E). Each cell is one target path, so one cell can
 be rerun alone; numbers in paths never contain a dot (``0.5`` is written ``0p5``), so a path's
-stem is also a valid Snakemake input name (the ledger replay keys its inputs by stem).
+stem is also a valid Snakemake input name (the ledger replay keys its inputs by stem). A cell's name is
+declared per method in the shared run-name grammar (:mod:`pipeline.runs`, :data:`CELL_NAMES`).
 
 Pure Python (no torch): ``rules/functions/empden.smk`` imports it to expand the target lists.
 """
@@ -26,23 +27,31 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.runs import RunGrammar, RunNameError, choice, integer, number
+# numbers in cell paths: the one run-name encoding (3 -> '3', 0.5 -> '0p5', 0.002 -> '0p002'), re-exported
+from pipeline.runs import fmt_num as fmt_num
+from pipeline.runs import parse_num as parse_num
+
 METHODS = ("hybrid", "per_step", "full_batch", "public_only")
 
-
-def fmt_num(x: float) -> str:
-    """A number as it appears in a path: 3 -> '3', 0.5 -> '0p5', 0.002 -> '0p002' (no dots)."""
-    x = float(x)
-    if x.is_integer():
-        return str(int(x))
-    return repr(x).replace(".", "p").replace("-", "m")
-
-
-def parse_num(s: str) -> float:
-    """Inverse of :func:`fmt_num`."""
-    try:
-        return float(s.replace("p", ".").replace("m", "-"))
-    except ValueError:
-        raise ValueError(f"{s!r} is not a number as written in an EMPDEN cell path (e.g. 55, 0p5)") from None
+_SEED = integer("seed", "s", label="seed")
+#: the subsampled samplers' cells: hybrid/p65_B50_T3_beta1_s0, per_step/...
+_SUBSAMPLED = RunGrammar("EMPDEN cell", (number("p_percent", "p"), integer("B", "B"), integer("T", "T"),
+                                         number("beta", "beta"), _SEED),
+                         example="hybrid/p65_B50_T3_beta1_s0", head=choice("method", ("hybrid", "per_step")),
+                         head_sep="/")
+#: a cell's name (its path below samples/empden/) by method: ``<method>/`` and the symbols that method uses
+CELL_NAMES = {
+    "hybrid": _SUBSAMPLED,
+    "per_step": _SUBSAMPLED,
+    "full_batch": RunGrammar("EMPDEN cell", (number("sigma_min", "smin"), number("beta", "beta"), _SEED),
+                             example="full_batch/smin0p002_beta1_s0", head=choice("method", ("full_batch",)),
+                             head_sep="/"),
+    "public_only": RunGrammar("EMPDEN cell", (_SEED,), example="public_only/s0",
+                              head=choice("method", ("public_only",)), head_sep="/"),
+}
+#: any cell's name as a Snakemake wildcard constraint (no groups of its own)
+CELL_PATTERN = "|".join(f"(?:{g.pattern})" for g in dict.fromkeys(CELL_NAMES.values()))
 
 
 @dataclass(frozen=True, order=True)
@@ -69,13 +78,16 @@ class Cell:
     @property
     def name(self) -> str:
         """Path of the cell below samples/empden/ without suffix, e.g. ``hybrid/p65_B50_T3_beta1_s0``."""
-        if self.method in ("hybrid", "per_step"):
-            rest = f"p{fmt_num(self.p_percent)}_B{self.B}_T{self.T}_beta{fmt_num(self.beta)}_s{self.seed}"
-        elif self.method == "full_batch":
-            rest = f"smin{fmt_num(self.sigma_min)}_beta{fmt_num(self.beta)}_s{self.seed}"
-        else:
-            rest = f"s{self.seed}"
-        return f"{self.method}/{rest}"
+        return CELL_NAMES[self.method].name_of(self)
+
+    @classmethod
+    def from_name(cls, name: str) -> Cell:
+        """The cell a name (its path below samples/empden/, no suffix) is: the inverse of :attr:`name`."""
+        method = name.split("/", 1)[0]
+        if method not in CELL_NAMES:
+            raise RunNameError(f"EMPDEN cell name {name!r} is not <method>/<symbols> (<method> one of "
+                               f"{', '.join(METHODS)}; e.g. hybrid/p65_B50_T3_beta1_s0)")
+        return cls(**CELL_NAMES[method].read(name))
 
     @property
     def ledger_stem(self) -> str:

@@ -6,8 +6,9 @@ target epsilon, its noise multiplicity K (DPDM Sec. 4, eq. 6: K noise levels per
 and gradient) and its training seed. A run is one target path; its name is the path token
 ``<param>_eps<eps>_K<K>_seed<seed>``, e.g. ``edm_eps0p2_K4_seed0`` (numbers without dots: 0.2
 is ``0p2``), so any run, not only those the tables use, can be asked for by path.
-:class:`DpdmRun` holds the grammar once: :attr:`DpdmRun.name` writes it, :meth:`DpdmRun.from_name`
-reads it back and :data:`RUN_PATTERN` is the Snakemake wildcard constraint.
+:class:`DpdmRun` declares the grammar (:data:`RUN_NAME`, in the shared run-name grammar of
+:mod:`pipeline.runs`): :attr:`DpdmRun.name` writes it, :meth:`DpdmRun.from_name` reads it back and
+:data:`RUN_PATTERN` is the Snakemake wildcard constraint.
 
 The table row builders (:func:`main_rows` and the three ablations) turn the ``dpdm`` config
 section into the rows each table rule reports. Pure Python (no torch): ``rules/dpdm.smk``
@@ -17,40 +18,36 @@ imports it.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import ConfigError
+from pipeline.runs import NamedRun, RunGrammar, choice, integer, number
+# numbers as path tokens, re-exported from the shared grammar for the rule files that import them from here
+from pipeline.runs import fmt_num as fmt_num
+from pipeline.runs import parse_num as parse_num
 
-#: DPDM App. C's diffusion configurations; "vpred" before "vp" so the longer name wins a match
+#: DPDM App. C's diffusion configurations
 PARAMETERISATIONS = ("edm", "vpred", "vp", "ve")
 
-_PARAM = "|".join(PARAMETERISATIONS)
-#: a number as a path token (:func:`fmt_num`): digits with p for the point, an optional exponent
-_NUM = r"[0-9p]+(?:e-?[0-9]+)?"
+#: the run grammar: ``<param>_eps<eps>_K<K>_seed<seed>``
+RUN_NAME = RunGrammar("DPDM run", (choice("parameterisation", PARAMETERISATIONS, label="param"),
+                                   number("epsilon", "eps"), integer("K", "K"), integer("seed", "seed")),
+                      example="edm_eps0p2_K4_seed0")
 #: the run grammar as a Snakemake wildcard constraint (no groups of its own)
-RUN_PATTERN = rf"(?:{_PARAM})_eps{_NUM}_K[0-9]+_seed[0-9]+"
-_RUN_RE = re.compile(rf"(?P<param>{_PARAM})_eps(?P<eps>{_NUM})_K(?P<K>[0-9]+)_seed(?P<seed>[0-9]+)")
+RUN_PATTERN = RUN_NAME.pattern
 
 #: one table row: the run it reports, the sampler and the columns the table stage copies
 Row = dict[str, Any]
 
-
-def fmt_num(x: float) -> str:
-    """A number as a path token: 0.2 -> '0p2', 10 -> '10', 1e-05 -> '1e-05' (``%g``, point as p)."""
-    return f"{float(x):g}".replace(".", "p")
-
-
-def parse_num(token: str) -> float:
-    """Inverse of :func:`fmt_num`."""
-    return float(token.replace("p", "."))
-
-
 @dataclass(frozen=True, order=True)
-class DpdmRun:
-    """One DPDM training run: diffusion configuration, target epsilon, noise multiplicity K, seed."""
+class DpdmRun(NamedRun):
+    """One DPDM training run: diffusion configuration, target epsilon, noise multiplicity K, seed.
+
+    Its name is the path token ``edm_eps0p2_K4_seed0`` (:attr:`name`; :meth:`from_name` reads it back)."""
+
+    GRAMMAR = RUN_NAME
 
     parameterisation: str
     epsilon: float
@@ -65,19 +62,6 @@ class DpdmRun:
         object.__setattr__(self, "epsilon", float(self.epsilon))
         object.__setattr__(self, "K", int(self.K))
         object.__setattr__(self, "seed", int(self.seed))
-
-    @property
-    def name(self) -> str:
-        """The run's path token, e.g. ``edm_eps0p2_K4_seed0``."""
-        return f"{self.parameterisation}_eps{fmt_num(self.epsilon)}_K{self.K}_seed{self.seed}"
-
-    @classmethod
-    def from_name(cls, name: str) -> DpdmRun:
-        """The run a path token names (the inverse of :attr:`name`)."""
-        m = _RUN_RE.fullmatch(name)
-        if m is None:
-            raise ValueError(f"DPDM run name {name!r} is not <param>_eps<eps>_K<K>_seed<seed>")
-        return cls(m["param"], parse_num(m["eps"]), int(m["K"]), int(m["seed"]))
 
 
 def parameterisation_at(dpdm: Mapping[str, Any], eps: float) -> str:

@@ -20,7 +20,8 @@ both compose to eps in one PLD accountant; a row with one stage spends all of ep
 
 A run's name is the path token ``<row>_eps<eps>_seed<seed>`` (e.g. ``tha_moments_eps0p3_seed1``):
 :attr:`StraightRun.name` writes it, :meth:`StraightRun.from_name` reads it back and
-:data:`RUN_PATTERN` is the Snakemake wildcard constraint. A run of an *arm* (``straightdp.arms``: the
+:data:`RUN_PATTERN` is the Snakemake wildcard constraint (the grammar :data:`RUN_NAME` is declared in the
+shared run-name grammar of :mod:`pipeline.runs`). A run of an *arm* (``straightdp.arms``: the
 same rows on another backbone or in another space, each with its own public flow; Table 1's latent
 block, Table 2) carries the arm's name in front: ``<arm>-<row>_eps<eps>_seed<seed>`` (e.g.
 ``latent-uniform_eps0p3_seed0``); the main configuration's runs have none. Pure Python (no torch): the
@@ -34,9 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.training.dpdm_runs import fmt_num, parse_num
+from pipeline.runs import NamedRun, RunGrammar, choice, integer, number, word
 
-#: every row: Table 1's in the paper's order, then Table 3's LoRA rows (the regex tries the longer names first)
+#: every row: Table 1's in the paper's order, then Table 3's LoRA rows
 ROWS = ("released_only", "public_guidance", "uniform", "tha", "uniform_moments", "tha_moments", "lora_uniform",
         "lora_moments")
 #: rows whose Stage 2 trains a flow with DP-SGD, and their plan (Table 3's LoRA rows: one uniform (C, sigma))
@@ -66,18 +67,23 @@ def table_rows(table: str) -> tuple[str, ...]:
     return FROZEN_ROWS if table == "table3_frozen" else tuple(r for r in ROWS if r not in LORA_ROWS)
 
 
-_NUM = r"[0-9p]+(?:e-?[0-9]+)?"
-_ROW = "|".join(sorted(ROWS, key=len, reverse=True))
 #: an arm's name (``straightdp.arms``' keys): lower case, digits, underscores; never a hyphen
 ARM_PATTERN = r"[a-z][a-z0-9_]*"
+#: the run grammar: ``[<arm>-]<row>_eps<eps>_seed<seed>`` (the arm, with its hyphen, only for an arm's runs)
+RUN_NAME = RunGrammar("STRAIGHTDP run", (choice("row", ROWS), number("epsilon", "eps"), integer("seed", "seed")),
+                      example="tha_moments_eps0p3_seed1", head=word("arm", ARM_PATTERN), head_sep="-",
+                      head_optional=True)
 #: the run grammar as a Snakemake wildcard constraint (no groups of its own)
-RUN_PATTERN = rf"(?:{ARM_PATTERN}-)?(?:{_ROW})_eps{_NUM}_seed[0-9]+"
-_RUN_RE = re.compile(rf"(?:(?P<arm>{ARM_PATTERN})-)?(?P<row>{_ROW})_eps(?P<eps>{_NUM})_seed(?P<seed>[0-9]+)")
+RUN_PATTERN = RUN_NAME.pattern
 
 
 @dataclass(frozen=True, order=True)
-class StraightRun:
-    """One STRAIGHTDP run: Table 1 row, total budget eps, seed, and its arm ("" = the main configuration)."""
+class StraightRun(NamedRun):
+    """One STRAIGHTDP run: Table 1 row, total budget eps, seed, and its arm ("" = the main configuration).
+
+    Named ``tha_moments_eps0p3_seed1`` or ``latent-uniform_eps0p3_seed0`` (:attr:`name`, :meth:`from_name`)."""
+
+    GRAMMAR = RUN_NAME
 
     row: str
     epsilon: float
@@ -94,20 +100,6 @@ class StraightRun:
         if self.arm and not re.fullmatch(ARM_PATTERN, self.arm):
             raise ValueError(f"STRAIGHTDP arm name must match {ARM_PATTERN} (lower case, digits, underscores), "
                              f"got {self.arm!r}")
-
-    @property
-    def name(self) -> str:
-        """The run's path token, e.g. ``tha_moments_eps0p3_seed1`` or ``latent-uniform_eps0p3_seed0``."""
-        return f"{self.arm + '-' if self.arm else ''}{self.row}_eps{fmt_num(self.epsilon)}_seed{self.seed}"
-
-    @classmethod
-    def from_name(cls, name: str) -> StraightRun:
-        """The run a path token names (the inverse of :attr:`name`)."""
-        m = _RUN_RE.fullmatch(name)
-        if m is None:
-            raise ValueError(f"STRAIGHTDP run name {name!r} is not [<arm>-]<row>_eps<eps>_seed<seed> "
-                             f"(rows: {', '.join(ROWS)})")
-        return cls(m["row"], parse_num(m["eps"]), int(m["seed"]), m["arm"] or "")
 
     @property
     def main(self) -> StraightRun:

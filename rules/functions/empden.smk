@@ -1,6 +1,7 @@
 # EMPDEN's wiring functions (rules/empden.smk includes this file): its cells, their paths and
 # params, the tables' inputs, its targets and transcripts. Cells and their names: pipeline/sampling/empden_grid.py.
-from pipeline.sampling.empden_grid import cell_from_wildcards, grid_cells
+from pipeline.runs import NUMBER_PATTERN
+from pipeline.sampling.empden_grid import CELL_PATTERN, cell_from_wildcards, grid_cells
 
 
 def empden_cells():
