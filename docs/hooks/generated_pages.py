@@ -6,6 +6,9 @@ constraints, its default and its description). Nothing is copied by hand, so the
 from the schema that validates every run. ``render(schema)`` is also what the tests call.
 ``docs/api/privacy.md`` holds ``<!-- privacy-api -->``, replaced by one mkdocstrings block per module
 of ``pipeline/privacy/`` found on disk, so a new mechanism module appears without editing the page.
+A method page's ``<!-- config-reference: SECTION -->`` renders that section's keys, and its
+``<!-- captions: PREFIX -->`` the report's caption of each of its tables and figures
+(``report/captions/PREFIX*.rst``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import yaml
 MARKER = "<!-- config-reference -->"
 API_MARKER = "<!-- privacy-api -->"
 PRIVACY = Path("pipeline") / "privacy"
+CAPTIONS = Path("report") / "captions"
 SCHEMA = Path("pipeline") / "schema" / "config.schema.yaml"
 
 _BOUNDS = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"))
@@ -135,10 +139,39 @@ def render_api(root: Path) -> str:
     return "\n".join(blocks)
 
 
+def render_section(schema: dict, name: str) -> str:
+    """One top-level section's table (a method page's config keys), from the same schema."""
+    node = (schema.get("properties") or {}).get(name)
+    if node is None or not node.get("properties"):
+        raise ValueError(f"config-reference: no section {name!r} in {SCHEMA}")
+    return _table(rows(node, name))
+
+
+def _rst_inline(s: str) -> str:
+    """A caption's reStructuredText inline markup as Markdown (``code`` -> `code`; **bold** is the same)."""
+    return " ".join(s.replace("``", "`").split())
+
+
+def render_captions(root: Path, prefix: str) -> str:
+    """The report's caption (report/captions/<name>.rst) of every table and figure whose name starts with prefix."""
+    paths = sorted(p for p in (root / CAPTIONS).glob(f"{prefix}*.rst") if not p.name.startswith("_"))
+    if not paths:
+        raise ValueError(f"captions: no report/captions/{prefix}*.rst")
+    return "\n".join(f"- `{p.stem}`: {_rst_inline(p.read_text())}" for p in paths) + "\n"
+
+
+_SECTION = re.compile(r"<!-- config-reference: ([a-z_]+) -->")
+_CAPTIONS = re.compile(r"<!-- captions: ([a-z_0-9]+) -->")
+
+
 def on_page_markdown(markdown, page, config, files):  # noqa: ARG001 (MkDocs hook signature)
     root = Path(config["config_file_path"]).parent
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, render(load_schema(root)))
+    if _SECTION.search(markdown):
+        schema = load_schema(root)
+        markdown = _SECTION.sub(lambda m: render_section(schema, m.group(1)), markdown)
+    markdown = _CAPTIONS.sub(lambda m: render_captions(root, m.group(1)), markdown)
     if API_MARKER in markdown:
         markdown = markdown.replace(API_MARKER, render_api(root))
     return markdown
