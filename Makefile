@@ -10,14 +10,15 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install run run-full report test test-slow lint slurm-profile slurm-test bench clean help
+.PHONY: install run run-full report test test-slow docs lint slurm-profile slurm-test bench clean help
 
 help:
 	@echo "make run            the quick tour: every method and table of the embedded default (snakemake --cores $(CORES) all)"
-	@echo "make run-full       the reference embedded run README's numbers come from (+ configs/digits_full.yaml, ~2.5 h)"
+	@echo "make run-full       the reference embedded run the docs' numbers come from (+ configs/digits_full.yaml, ~2.5 h)"
 	@echo "make report         after make run: Snakemake's report of every table and figure -> $(REPORT)"
 	@echo "make test           unit tests on $(CORES) cores (CI runs this, then the slow tier)"
 	@echo "make test-slow      the slow tier: Snakemake dry runs and the tiny end-to-end DAG (~15 min)"
+	@echo "make docs           the documentation site: mkdocs build --strict -> site/ (open site/index.html)"
 	@echo "make lint           snakemake --lint and dry runs of the local and slurm profiles"
 	@echo "make slurm-profile  link profiles/slurm to ~/.config/snakemake/slurm (then: snakemake --profile slurm all)"
 	@echo "make slurm-test     (root, Debian 12) start a single-node SLURM cluster, run tests/slurm, stop it"
@@ -53,6 +54,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow --durations=0
+
+# the documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page in the nav or a
+# docstring mkdocstrings cannot render fails the build; offline (no Google fonts, no plugin on the network)
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(BIN)/snakemake --lint

@@ -6,7 +6,7 @@
 #
 # Rules only wire paths to stages in pipeline/ (python -m pipeline STAGE --help).
 # Config `methods` chooses what `all` builds; each method's rules/<method>.smk registers its
-# outputs (rules/common.smk: register_targets, register_transcripts). README: "Adding a method".
+# outputs (rules/common.smk: register_targets, register_transcripts). README: "Adding a method" (docs/development.md).
 
 configfile: "config.yaml"
 
