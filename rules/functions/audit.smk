@@ -1,12 +1,13 @@
 # The audit's wiring functions (rules/audit.smk includes this file): which transcripts it reads.
 import re
 
+from pipeline.methods import audited_methods
+
 
 AUDIT_TABLE = TABLES / "audit_one_run.parquet"
 
-#: the methods whose ledger lines the one-run audit reruns: DP-SGD (DPDM, STRAIGHTDP's Stage 2), the moment
-#: release (STRAIGHTDP's Stage 1), EMPDEN's sampler blocks and the baselines' releases (pipeline/audit/stage.py)
-AUDITED_METHODS = ("dpdm", "straightdp", "empden", "baselines")
+#: the methods whose ledger lines the one-run audit reruns: those declaring METHOD.audited (pipeline/methods)
+AUDITED_METHODS = tuple(audited_methods())
 
 
 def _audited_claims():
