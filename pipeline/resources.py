@@ -18,12 +18,19 @@ from pipeline.config import RGB_SOURCES
 Config = Mapping[str, Any]
 
 
-def _side(config: Config) -> int:
+def image_side(config: Config) -> int:
+    """The side (pixels) of every split's square images: data.image_size."""
     return int(config["data"]["image_size"])
 
 
-def _channels(config: Config) -> int:
+def image_channels(config: Config) -> int:
+    """Colour channels of the private images: 3 for an RGB source (pipeline.config.RGB_SOURCES), else 1."""
     return 3 if config["data"]["private"]["source"] in RGB_SOURCES else 1
+
+
+# the cost models below read them by their short private names
+_side = image_side
+_channels = image_channels
 
 
 def torch_threads(config: Config) -> int:

@@ -2,29 +2,36 @@
 # rectified flow trained by uniform or THA DP-SGD (Stage 2), the shared evaluation, Tables 1, 5,
 # 6, 7 and Figures 2a, 3, 5, 6 (the 2-D toy: pipeline/results/straightdp_toy.py). Code:
 # pipeline/flow/straightdp.py (stages), pipeline/results/straightdp.py (tables, figures). Runs and
-# their names: pipeline/training/straightdp_runs.py; a run's files and params:
-# rules/functions/straightdp.smk.
+# their names: pipeline/training/straightdp_runs.py; a run's files and params, the targets, transcripts
+# and all_runs records: pipeline/methods/straightdp/wiring.py (STRAIGHTDP, unit-tested in
+# tests/methods/test_straightdp_wiring.py).
 #
 #   snakemake results/tables/straightdp_table1_main.parquet                  Table 1 alone
 #   snakemake results/digits/models/straightdp/tha_moments_eps1_seed0.pt     one training run
 #   snakemake results/digits/eval/straightdp/released_only_eps3_seed2/metrics.json
 # Any run name works as a target (e.g. eps10 or seed5), not only those the tables use.
 
-include: "functions/straightdp.smk"
+from pipeline.methods.straightdp.wiring import TABLE2_PANELS as _STRAIGHTDP_TABLE2_PANELS
+from pipeline.methods.straightdp.wiring import TABLES as _STRAIGHTDP_TABLES
+from pipeline.methods.straightdp.wiring import Wiring as _StraightdpWiring
+from pipeline.training import straightdp_runs  # also used by rules/functions/audit.smk
 
-register_targets("straightdp", sdp_targets)
-register_transcripts("straightdp", sdp_transcripts)
-register_runs("straightdp", sdp_records)
+STRAIGHTDP = _StraightdpWiring(HOUSE)
+# used by rules/functions/audit.smk (audit_mia's model input)
+sdp_model_path = STRAIGHTDP.model_path
+
+register_targets("straightdp", STRAIGHTDP.targets)
+register_transcripts("straightdp", STRAIGHTDP.transcripts)
+register_runs("straightdp", STRAIGHTDP.records)
 
 
 rule straightdp_public:
     """The wrong-domain public set (straightdp.public; printed letters by default), disjoint from every real split."""
     output:
-        public=SDP_PUBLIC,
-        manifest=SDP_PUBLIC.with_suffix(".json"),
+        public=STRAIGHTDP.public_split,
+        manifest=STRAIGHTDP.public_split.with_suffix(".json"),
     params:
-        p=params_json(data=config["data"], public=config["straightdp"]["public"], seed=SEED,
-                      stream="straightdp.public"),
+        p=STRAIGHTDP.public_params(),
     benchmark:
         benchmark_path("straightdp_public")
     log:
@@ -42,13 +49,12 @@ rule straightdp_public:
 rule train_autoencoder:
     """The latent variant's convolutional autoencoder, on the public set only, frozen (straightdp.space: latent)."""
     input:
-        public=SDP_PUBLIC,
+        public=STRAIGHTDP.public_split,
     output:
-        model=SDP_AUTOENCODER,
-        metrics=SDP_LATENT / "autoencoder.json",
+        model=STRAIGHTDP.autoencoder(),
+        metrics=STRAIGHTDP.autoencoder_metrics(),
     params:
-        p=lambda wildcards: stage_params(autoencoder=config["straightdp"].get("autoencoder") or {}, seed=SEED,
-                                         threads=TORCH_THREADS),
+        p=lambda wildcards: STRAIGHTDP.autoencoder_params(),
     benchmark:
         benchmark_path("train_autoencoder")
     log:
@@ -67,14 +73,14 @@ rule train_autoencoder:
 rule encode_split:
     """A split's codes under the frozen public autoencoder (the latent variant's private and public data)."""
     input:
-        split=lambda wildcards: SDP_CODE_SOURCES[wildcards.name],
-        autoencoder=SDP_AUTOENCODER,
+        split=lambda wildcards: STRAIGHTDP.code_sources[wildcards.name],
+        autoencoder=STRAIGHTDP.autoencoder(),
     output:
-        codes=SDP_LATENT / "{name}_codes.npz",
+        codes=STRAIGHTDP.codes_path("{name}"),
     wildcard_constraints:
-        name="|".join(SDP_CODE_SOURCES),
+        name="|".join(STRAIGHTDP.code_sources),
     params:
-        p=lambda wildcards: params_json(name=f"{wildcards.name}_codes"),
+        p=lambda wildcards: STRAIGHTDP.codes_params(wildcards.name),
     benchmark:
         benchmark_path("encode_split", "{name}")
     log:
@@ -93,12 +99,12 @@ rule encode_split:
 rule straightdp_geometry:
     """Public PCA basis + clip R of the release, Fig. 2a's cosine curve and the horizon tau (public only)."""
     input:
-        public=sdp_public_data(),
+        public=STRAIGHTDP.public_data(),
     output:
-        geometry=SDP_GEOMETRY,
-        horizon=SDP_HORIZON,
+        geometry=STRAIGHTDP.geometry(),
+        horizon=STRAIGHTDP.horizon(),
     params:
-        p=lambda wildcards: sdp_params(seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.params(seed=SEED),
     benchmark:
         benchmark_path("straightdp_geometry")
     log:
@@ -117,11 +123,11 @@ rule straightdp_geometry:
 rule pretrain_straightdp:
     """The class-conditional MM-DiT flow pretrained on the public set by eq. 1 (no private data)."""
     input:
-        public=sdp_public_data(),
+        public=STRAIGHTDP.public_data(),
     output:
-        model=SDP_PUBLIC_FLOW,
+        model=STRAIGHTDP.public_flow(),
     params:
-        p=lambda wildcards: sdp_params(seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.params(seed=SEED),
     benchmark:
         benchmark_path("pretrain_straightdp")
     log:
@@ -140,16 +146,15 @@ rule pretrain_straightdp:
 
 # An arm's own public files (straightdp.arms; its runs are <arm>-<row>_eps<eps>_seed<seed>): the same rules
 # with the arm's section. Its public flow always (the backbone switches act from public pretraining on); its
-# autoencoder, codes and release geometry only in another space than the main one (rules/functions/straightdp.smk).
+# autoencoder, codes and release geometry only in another space than the main one (Wiring.own_geometry).
 use rule train_autoencoder as train_autoencoder_arm with:
     output:
-        model=sdp_autoencoder("{arm}"),
-        metrics=sdp_latent_dir("{arm}") / "autoencoder.json",
+        model=STRAIGHTDP.autoencoder("{arm}"),
+        metrics=STRAIGHTDP.autoencoder_metrics("{arm}"),
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:
-        p=lambda wildcards: stage_params(autoencoder=sdp_arm_section(wildcards.arm).get("autoencoder") or {},
-                                         seed=SEED, threads=TORCH_THREADS),
+        p=lambda wildcards: STRAIGHTDP.autoencoder_params(wildcards.arm),
     benchmark:
         benchmark_path("train_autoencoder", "{arm}")
     log:
@@ -158,13 +163,13 @@ use rule train_autoencoder as train_autoencoder_arm with:
 
 use rule encode_split as encode_split_arm with:
     input:
-        split=lambda wildcards: SDP_CODE_SOURCES[wildcards.name],
-        autoencoder=sdp_autoencoder("{arm}"),
+        split=lambda wildcards: STRAIGHTDP.code_sources[wildcards.name],
+        autoencoder=STRAIGHTDP.autoencoder("{arm}"),
     output:
-        codes=sdp_latent_dir("{arm}") / "{name}_codes.npz",
+        codes=STRAIGHTDP.codes_path("{name}", "{arm}"),
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
-        name="|".join(SDP_CODE_SOURCES),
+        name="|".join(STRAIGHTDP.code_sources),
     benchmark:
         benchmark_path("encode_split", "{arm}_{name}")
     log:
@@ -173,14 +178,14 @@ use rule encode_split as encode_split_arm with:
 
 use rule straightdp_geometry as straightdp_geometry_arm with:
     input:
-        public=lambda wildcards: sdp_public_data(wildcards.arm),
+        public=lambda wildcards: STRAIGHTDP.public_data(wildcards.arm),
     output:
-        geometry=sdp_arm_geometry("{arm}")[0],
-        horizon=sdp_arm_geometry("{arm}")[1],
+        geometry=STRAIGHTDP.arm_geometry("{arm}")[0],
+        horizon=STRAIGHTDP.arm_geometry("{arm}")[1],
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:
-        p=lambda wildcards: sdp_params(arm=wildcards.arm, seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.params(arm=wildcards.arm, seed=SEED),
     benchmark:
         benchmark_path("straightdp_geometry", "{arm}")
     log:
@@ -189,13 +194,13 @@ use rule straightdp_geometry as straightdp_geometry_arm with:
 
 use rule pretrain_straightdp as pretrain_straightdp_arm with:
     input:
-        public=lambda wildcards: sdp_public_data(wildcards.arm),
+        public=lambda wildcards: STRAIGHTDP.public_data(wildcards.arm),
     output:
-        model=sdp_public_flow("{arm}"),
+        model=STRAIGHTDP.public_flow("{arm}"),
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:
-        p=lambda wildcards: sdp_params(arm=wildcards.arm, seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.params(arm=wildcards.arm, seed=SEED),
     benchmark:
         benchmark_path("pretrain_straightdp", "{arm}")
     log:
@@ -205,14 +210,14 @@ use rule pretrain_straightdp as pretrain_straightdp_arm with:
 rule release_moments:
     """Stage 1 of one run (Prop. B.9): the noisy class moments at the run's Stage-1 share, its ledger line."""
     input:
-        unpack(sdp_release_inputs),
+        unpack(STRAIGHTDP.release_inputs),
     output:
-        moments=sdp_release_path("{run}"),
-        ledger=sdp_release_ledger("{run}"),
+        moments=STRAIGHTDP.release_path("{run}"),
+        ledger=STRAIGHTDP.release_ledger("{run}"),
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_run_params(wildcards, private=PRIVATE, ledger_binding=ledger_binding(wildcards.run)),
+        p=lambda wildcards: STRAIGHTDP.private_run_params(wildcards),
     log:
         LOGS / "release_moments" / "{run}.log",
     benchmark:
@@ -231,16 +236,15 @@ rule release_moments:
 rule train_straightdp:
     """Stage 2 of one run: [distil the release for t < tau], then uniform / THA DP-SGD composed to the run's eps."""
     input:
-        unpack(sdp_train_inputs),
+        unpack(STRAIGHTDP.train_inputs),
     output:
-        model=sdp_model_path("{run}"),
-        ledger=sdp_train_ledger("{run}"),
-        metrics=sdp_train_metrics("{run}"),
+        model=STRAIGHTDP.model_path("{run}"),
+        ledger=STRAIGHTDP.train_ledger("{run}"),
+        metrics=STRAIGHTDP.train_metrics("{run}"),
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_run_params(wildcards, train=True, private=PRIVATE,
-                                            ledger_binding=ledger_binding(wildcards.run)),
+        p=lambda wildcards: STRAIGHTDP.private_run_params(wildcards, train=True),
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_straightdp" / "{run}.log",
@@ -261,14 +265,14 @@ rule train_straightdp:
 rule sample_straightdp:
     """Labelled samples of one run: from the release, the guided public flow, or the trained flow (post-processing)."""
     input:
-        unpack(sdp_sample_inputs),
+        unpack(STRAIGHTDP.sample_inputs),
     output:
-        samples=sdp_samples_path("{run}"),
-        manifest=EXPDIR / "samples" / "straightdp" / "{run}.json",
+        samples=STRAIGHTDP.samples_path("{run}"),
+        manifest=STRAIGHTDP.samples_manifest("{run}"),
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: sdp_run_params(wildcards, shape=sdp_sample_shape(sdp_run(wildcards).arm)),
+        p=lambda wildcards: STRAIGHTDP.sample_params(wildcards),
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "sample_straightdp" / "{run}.log",
@@ -290,17 +294,16 @@ rule evaluate_straightdp:
     """Score one run's samples with the evaluation core, plus Table 5's domain rate against the public set."""
     input:
         unpack(clip_inputs),
-        samples=sdp_samples_path("{run}"),
+        samples=STRAIGHTDP.samples_path("{run}"),
         test=DATA / "test.npz",
         evalnet=EVALNET / "evalnet.pt",
-        public=SDP_PUBLIC,
+        public=STRAIGHTDP.public_split,
     output:
-        metrics=sdp_metrics_path("{run}"),
+        metrics=STRAIGHTDP.metrics_path("{run}"),
     wildcard_constraints:
         run=straightdp_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
-                                        threads=TORCH_THREADS, name=f"straightdp/{wildcards.run}"),
+        p=lambda wildcards: STRAIGHTDP.evaluate_params(wildcards.run, evaluation_params()),
         clip=clip_arg,
     log:
         LOGS / "evaluate_straightdp" / "{run}.log",
@@ -324,14 +327,14 @@ rule straightdp_table:
     """STRAIGHTDP Table 1 (main), 3 (frozen-model route), 5 (per class), 6 (FID vs eps), 7 (precision/recall):
     mean/std over seeds, certified eps of Composed([release, THA]) recomputed from the transcripts."""
     input:
-        unpack(lambda wildcards: sdp_table_inputs(wildcards.table)),
+        unpack(lambda wildcards: STRAIGHTDP.table_inputs(wildcards.table)),
     output:
-        table=TABLES / "straightdp_{table}.parquet",
+        table=STRAIGHTDP.table_path("{table}"),
     wildcard_constraints:
-        table="|".join(SDP_TABLES),
+        table="|".join(_STRAIGHTDP_TABLES),
     params:
-        p=lambda wildcards: sdp_table_params(table=wildcards.table),
-        ins=lambda wildcards: io_args("--in", sdp_table_inputs(wildcards.table)),
+        p=lambda wildcards: STRAIGHTDP.table_params(table=wildcards.table),
+        ins=lambda wildcards: io_args("--in", STRAIGHTDP.table_inputs(wildcards.table)),
     benchmark:
         benchmark_path("straightdp_table", "{table}")
     log:
@@ -351,15 +354,13 @@ rule straightdp_table2:
     """STRAIGHTDP Table 2: the noise sweep (the constrained arm vs the main runs over eps, signed gain, gradient-norm
     tail ratio) or the single-factor ablation at the smallest eps (each ablation arm vs the main runs)."""
     input:
-        unpack(lambda wildcards: sdp_run_inputs(sdp_table2_runs(wildcards.panel),
-                                                grad=wildcards.panel == "noise_sweep")),
+        unpack(lambda wildcards: STRAIGHTDP.table2_inputs(wildcards.panel)),
     output:
-        table=TABLES / "straightdp_table2_{panel}.parquet",
+        table=STRAIGHTDP.table_path("table2_{panel}"),
     wildcard_constraints:
-        panel="noise_sweep|ablation",
+        panel="|".join(_STRAIGHTDP_TABLE2_PANELS),
     params:
-        p=lambda wildcards: stage_params(panel=wildcards.panel, runs=[r.name for r in sdp_table2_runs(wildcards.panel)],
-                                         seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.table2_params(wildcards.panel),
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     benchmark:
         benchmark_path("straightdp_table2", "{panel}")
@@ -379,13 +380,13 @@ rule straightdp_table2:
 rule straightdp_figure_accuracy:
     """STRAIGHTDP Figure 3: downstream CNN accuracy vs eps per row, +-1 std over seeds."""
     input:
-        unpack(lambda wildcards: sdp_table_inputs()),
+        unpack(lambda wildcards: STRAIGHTDP.table_inputs()),
     output:
         png=report_figure("straightdp_figure3_accuracy"),
-        pdf=FIGURES / "straightdp_figure3_accuracy.pdf",
+        pdf=STRAIGHTDP.figure_path("figure3_accuracy", ".pdf"),
     params:
-        p=lambda wildcards: sdp_table_params(),
-        ins=lambda wildcards: io_args("--in", sdp_table_inputs()),
+        p=lambda wildcards: STRAIGHTDP.table_params(),
+        ins=lambda wildcards: io_args("--in", STRAIGHTDP.table_inputs()),
     benchmark:
         benchmark_path("straightdp_figure_accuracy")
     log:
@@ -406,15 +407,12 @@ rule straightdp_figure6_toy:
     input:
         toy=DATA / "toy.npz",
     output:
-        table=TABLES / "straightdp_figure6_toy.parquet",
+        table=STRAIGHTDP.table_path("figure6_toy"),
         png=report_figure("straightdp_figure6_toy"),
-        pdf=FIGURES / "straightdp_figure6_toy.pdf",
-        ledger=SDP_TOY_LEDGER,
+        pdf=STRAIGHTDP.figure_path("figure6_toy", ".pdf"),
+        ledger=STRAIGHTDP.toy_ledger,
     params:
-        p=lambda wildcards: stage_params(
-            straightdp=sdp_section(keep=("toy",)),
-            toy_data={k: config["data"]["toy"][k] for k in ("n", "n_modes", "radius", "std")}, threads=1,
-            ledger_binding=ledger_binding("straightdp_figure6_toy")),
+        p=lambda wildcards: STRAIGHTDP.toy_params(),
     benchmark:
         benchmark_path("straightdp_figure6_toy")
     log:
@@ -433,10 +431,10 @@ rule straightdp_figure6_toy:
 rule straightdp_figure_horizon:
     """STRAIGHTDP Figure 2a: cosine of the released vs the empirical field over t on public data, tau marked."""
     input:
-        horizon=SDP_HORIZON,
+        horizon=STRAIGHTDP.horizon(),
     output:
         png=report_figure("straightdp_figure2_horizon"),
-        pdf=FIGURES / "straightdp_figure2_horizon.pdf",
+        pdf=STRAIGHTDP.figure_path("figure2_horizon", ".pdf"),
     benchmark:
         benchmark_path("straightdp_figure_horizon")
     log:
@@ -455,14 +453,13 @@ rule straightdp_figure_horizon:
 rule straightdp_figure_samples:
     """STRAIGHTDP Figure 5: samples of every Table 1 row at the largest eps (first seed), one row per class."""
     input:
-        unpack(lambda wildcards: sdp_grid_inputs()),
+        unpack(lambda wildcards: STRAIGHTDP.grid_inputs()),
     output:
         png=report_figure("straightdp_figure5_samples"),
-        pdf=FIGURES / "straightdp_figure5_samples.pdf",
+        pdf=STRAIGHTDP.figure_path("figure5_samples", ".pdf"),
     params:
-        ins=lambda wildcards: io_args("--in", sdp_grid_inputs()),
-        p=lambda wildcards: params_json(per_class=8, titles=sdp_grid_titles(),
-                                        title=f"STRAIGHTDP samples at eps = {max(config['straightdp']['epsilons']):g}"),
+        ins=lambda wildcards: io_args("--in", STRAIGHTDP.grid_inputs()),
+        p=lambda wildcards: STRAIGHTDP.grid_params(),
     benchmark:
         benchmark_path("straightdp_figure_samples")
     log:
@@ -482,17 +479,15 @@ rule straightdp_table4_text:
     """STRAIGHTDP Table 4, Stage 1 only: the text-conditional release on composed-MNIST per caption featurisation."""
     input:
         private=DATA / "private_train.npz",
-        public=SDP_PUBLIC,
+        public=STRAIGHTDP.public_split,
         heldout=DATA / "eval_train.npz",
         evalnet=EVALNET / "evalnet.pt",
     output:
-        table=TABLES / "straightdp_table4_text.parquet",
-        ledger=SDP_TABLE4_LEDGER,
+        table=STRAIGHTDP.table_path("table4_text"),
+        ledger=STRAIGHTDP.table4_ledger,
     params:
         # only what the release reads: a flow or DP-SGD setting does not rerun it
-        p=lambda wildcards: stage_params(
-            straightdp={k: config["straightdp"][k] for k in ("delta", "release", "table4")}, private=PRIVATE,
-            threads=1, ledger_binding=ledger_binding("straightdp_table4_text")),
+        p=lambda wildcards: STRAIGHTDP.table4_params(),
     benchmark:
         benchmark_path("straightdp_table4_text")
     log:

@@ -1,0 +1,457 @@
+"""STRAIGHTDP's wiring: a run's files and params, the tables' inputs, its targets, transcripts and all_runs records.
+
+``rules/straightdp.smk`` builds one :class:`Wiring` over the Snakemake run's :class:`~pipeline.wiring.House`
+(``STRAIGHTDP``) and only wires its paths and params into rules. Runs and their names:
+:mod:`pipeline.training.straightdp_runs`; costs: :mod:`pipeline.resources`. Nothing here imports Snakemake.
+
+The paper's outputs (Che, Xu & Wu 2026): Tables 1 (main), 2 (noise sweep, ablation), 3 (frozen-model route),
+4 (text-conditional release), 5 (per class), 6 (FID vs eps), 7 (precision/recall); Figures 2a (horizon),
+3 (accuracy vs eps), 5 (samples), 6 (the 2-D toy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import pipeline.resources as cost
+from pipeline.config import ConfigError
+from pipeline.registry import RunRecord, TranscriptSpec
+from pipeline.training import straightdp_runs
+from pipeline.training.straightdp_runs import StraightRun
+from pipeline.wiring import House, params_json, stage_params
+
+#: the tables of rule straightdp_table, each written to TABLES / "straightdp_<name>.parquet"
+#: (pipeline/results/straightdp.py TABLE_METRICS): Tables 1, 5, 6, 7 and 3
+TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall", "table3_frozen")
+#: Table 2's panels (rule straightdp_table2): the noise sweep and the single-factor ablation
+TABLE2_PANELS = ("noise_sweep", "ablation")
+#: the figures every configuration draws: 2a (horizon), 3 (accuracy vs eps), 5 (samples)
+FIGURES = ("figure2_horizon", "figure3_accuracy", "figure5_samples")
+#: keys that list which runs exist, not how one is made: left out of a job's params so that adding
+#: an eps, a seed or an arm reruns nothing already built
+LISTING = ("epsilons", "seeds", "rows", "arms")
+#: subsections only some rules read (the toy's, Table 4's, LoRA's): left out of every other job's params
+OWN_SECTIONS = ("toy", "table4", "lora")
+#: data.toy keys the Fig. 6 toy reads (the mixture it was drawn from)
+TOY_DATA_KEYS = ("n", "n_modes", "radius", "std")
+#: straightdp keys Table 4's release reads: a flow or DP-SGD setting does not rerun it
+TABLE4_KEYS = ("delta", "release", "table4")
+#: images per class in Figure 5's sample grid
+GRID_PER_CLASS = 8
+
+
+class Wildcards(Protocol):
+    """A run rule's wildcards (Snakemake's, or any object with the run name)."""
+
+    run: str
+
+
+class Wiring:
+    """STRAIGHTDP's files, params, targets, transcripts and run records for one configuration.
+
+    ``arm`` arguments name a ``straightdp.arms`` entry ("" = the main configuration); path methods also take
+    the rule wildcard ``"{arm}"`` (they only format it into a path).
+    """
+
+    def __init__(self, house: House) -> None:
+        self.house = house
+        self.config = house.config
+        self.layout = house.layout
+
+    # ------------------------------------------------------------------ the method's directories and public files
+
+    @property
+    def root(self) -> Path:
+        """results/<experiment>/straightdp: the release, geometry, latent and arm files."""
+        return self.layout.expdir / "straightdp"
+
+    @property
+    def public_split(self) -> Path:
+        """The wrong-domain public set (rule straightdp_public; straightdp.public), disjoint from every real split."""
+        return self.layout.data / "straightdp_public.npz"
+
+    @property
+    def arms_dir(self) -> Path:
+        """An arm's own files (straightdp.arms: in another space its autoencoder, codes, geometry; its public flow
+        is under models/, :meth:`public_flow`)."""
+        return self.root / "arms"
+
+    @property
+    def code_sources(self) -> dict[str, Path]:
+        """Code split name -> the image split it encodes (rule encode_split; straightdp.space: latent)."""
+        return {"private_train": self.layout.split("private_train"), "straightdp_public": self.public_split}
+
+    @property
+    def toy_ledger(self) -> Path:
+        """The Fig. 6 toy's own transcript (rule straightdp_figure6_toy)."""
+        return self.layout.ledger("straightdp_toy")
+
+    @property
+    def table4_ledger(self) -> Path:
+        """Table 4's own transcript (composed-MNIST, the text-conditional release): one line per release."""
+        return self.layout.ledger("straightdp_table4_text")
+
+    def table_path(self, table: str) -> Path:
+        """results/tables/straightdp_<table>.parquet (``table`` may be a rule wildcard)."""
+        return self.layout.tables / f"straightdp_{table}.parquet"
+
+    def figure_path(self, figure: str, suffix: str = ".png") -> Path:
+        """results/figures/straightdp_<figure>.png (or its PDF beside it)."""
+        return self.layout.figures / f"straightdp_{figure}{suffix}"
+
+    # ------------------------------------------------------------------ one run's files
+
+    def release_path(self, run: str) -> Path:
+        """Stage 1's noisy class moments of a run."""
+        return self.root / "release" / f"{run}.npz"
+
+    def release_ledger(self, run: str) -> Path:
+        """Stage 1's own transcript per run: parallel jobs never append to the same file."""
+        return self.layout.ledger(f"straightdp_release_{run}")
+
+    def model_path(self, run: str) -> Path:
+        """Stage 2's trained flow of a run."""
+        return self.layout.expdir / "models" / "straightdp" / f"{run}.pt"
+
+    def train_ledger(self, run: str) -> Path:
+        """Stage 2's own transcript per run."""
+        return self.layout.ledger(f"straightdp_train_{run}")
+
+    def samples_path(self, run: str) -> Path:
+        """A run's labelled samples (rule sample_straightdp)."""
+        return self.layout.expdir / "samples" / "straightdp" / f"{run}.npz"
+
+    def samples_manifest(self, run: str) -> Path:
+        """The manifest written beside a run's samples."""
+        return self.samples_path(run).with_suffix(".json")
+
+    def metrics_path(self, run: str) -> Path:
+        """A run's evaluation (rule evaluate_straightdp): a row of the tables and of all_runs."""
+        return self.layout.expdir / "eval" / "straightdp" / run / "metrics.json"
+
+    def train_metrics(self, run: str) -> Path:
+        """The training run's metrics JSON (its gradient-norm log: Table 2's tail ratio)."""
+        return self.layout.expdir / "train" / "straightdp" / f"{run}.json"
+
+    # ------------------------------------------------------------------ runs
+
+    def runs(self) -> list[StraightRun]:
+        """Every run of Table 1 in the config: rows x epsilons x seeds."""
+        return straightdp_runs.runs(self.config["straightdp"])
+
+    def arm_runs(self, table: str | None = None) -> list[StraightRun]:
+        """Every arm's runs (straightdp.arms), or those of the arms that feed ``table``."""
+        return straightdp_runs.arm_runs(self.config["straightdp"], table)
+
+    def table2_runs(self, panel: str) -> list[StraightRun]:
+        """Table 2's runs: the arms of table2_<panel>, then each arm run's main-configuration twin (the reference)."""
+        arm = self.arm_runs(f"table2_{panel}")
+        return [*arm, *dict.fromkeys(run.main for run in arm)]
+
+    def table2_panels(self) -> list[str]:
+        """The Table 2 panels some arm feeds (the noise sweep needs exactly one constrained arm: the stage says so)."""
+        return [p for p in TABLE2_PANELS if self.arm_runs(f"table2_{p}")]
+
+    def run(self, wildcards: Wildcards) -> StraightRun:
+        """The run a rule's ``{run}`` wildcard names; a name outside the grammar is one line, not a traceback."""
+        try:
+            return StraightRun.from_name(wildcards.run)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def all_runs(self) -> list[StraightRun]:
+        """Every run ``all`` builds: the main grid, the arms', Table 2's references (main twins) not in the grid."""
+        twins = [run.main for panel in self.table2_panels() for run in self.arm_runs(f"table2_{panel}")]
+        return list(dict.fromkeys([*self.runs(), *self.arm_runs(), *twins]))
+
+    # ------------------------------------------------------------------ switches and claim counts
+
+    def toy_enabled(self) -> bool:
+        """Fig. 6 runs on data.toy: it exists only when the data stage writes the toy."""
+        return bool(self.config["data"]["toy"]["enabled"])
+
+    def table4_enabled(self) -> bool:
+        """Table 4 composes grey digits: on when straightdp.table4.enabled and the images are grey."""
+        return bool(self.config["straightdp"]["table4"]["enabled"]) and cost.image_channels(self.config) == 1
+
+    def table4_claims(self) -> int:
+        """One text release per (featurisation, eps, seed)."""
+        t4 = self.config["straightdp"]["table4"]
+        return len(t4["featurisations"]) * len(t4["epsilons"]) * len(t4["seeds"])
+
+    def toy_claims(self) -> int:
+        """Ledger lines of the toy: per (eps, seed), one release (moments only), one DP-SGD (uniform), both
+        (StraightDP)."""
+        toy = self.config["straightdp"]["toy"]
+        return 4 * len(toy["epsilons"]) * len(toy["seeds"])
+
+    # ------------------------------------------------------------------ an arm's section, space and public files
+
+    def arm_section(self, arm: str = "") -> dict[str, Any]:
+        """The straightdp section an arm's jobs read (straightdp_runs.arm_section; "" = the main configuration)."""
+        try:
+            return straightdp_runs.arm_section(self.config["straightdp"], arm)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def latent(self, arm: str = "") -> bool:
+        """STRAIGHTDP's latent variant: the flow, the release and DP-SGD run on the public autoencoder's codes."""
+        return self.arm_section(arm).get("space", "pixel") == "latent"
+
+    def own_geometry(self, arm: str) -> bool:
+        """An arm in latent space (its own autoencoder), or a pixel arm of a latent configuration, has its own
+        release geometry and horizon; any other arm shares the main one's (they read the same public split)."""
+        return bool(arm) and (self.latent(arm) or self.latent())
+
+    def latent_dir(self, arm: str = "") -> Path:
+        """The latent variant's public autoencoder and code splits: the main one's, or the arm's."""
+        return self.arms_dir / arm / "latent" if arm else self.root / "latent"
+
+    def arm_geometry(self, arm: str) -> tuple[Path, Path]:
+        """An arm's own release geometry and horizon (``arm`` may be the rule wildcard "{arm}")."""
+        return self.arms_dir / arm / "geometry.npz", self.arms_dir / arm / "horizon.json"
+
+    def autoencoder(self, arm: str = "") -> Path:
+        """The frozen public autoencoder (straightdp.space: latent) of the main configuration or an arm."""
+        return self.latent_dir(arm) / "autoencoder.pt"
+
+    def autoencoder_metrics(self, arm: str = "") -> Path:
+        """The autoencoder's training metrics, beside it."""
+        return self.latent_dir(arm) / "autoencoder.json"
+
+    def codes_path(self, name: str, arm: str = "") -> Path:
+        """A split's codes under the frozen autoencoder (``name`` may be the rule wildcard "{name}")."""
+        return self.latent_dir(arm) / f"{name}_codes.npz"
+
+    def geometry(self, arm: str = "") -> Path:
+        """The release's public PCA basis + clip R that an arm's runs read (Fig. 2a's geometry)."""
+        return self.arm_geometry(arm)[0] if self.own_geometry(arm) else self.root / "geometry.npz"
+
+    def horizon(self, arm: str = "") -> Path:
+        """The horizon tau (and Fig. 2a's cosine curve) an arm's runs read."""
+        return self.arm_geometry(arm)[1] if self.own_geometry(arm) else self.root / "horizon.json"
+
+    def public_flow(self, arm: str = "") -> Path:
+        """The public flow a run starts from (or is guided on): the main one, or the arm's (its backbone, its
+        space); ``arm`` may be the rule wildcard "{arm}"."""
+        models = self.layout.expdir / "models" / "straightdp"
+        return models / "arms" / arm / "public_flow.pt" if arm else models / "public_flow.pt"
+
+    def private_data(self, arm: str = "") -> Path:
+        """The private split the runs see: the images, or their codes in the latent variant."""
+        return self.codes_path("private_train", arm) if self.latent(arm) else self.layout.split("private_train")
+
+    def public_data(self, arm: str = "") -> Path:
+        """The public split the runs see: the images, or their codes in the latent variant."""
+        return self.codes_path("straightdp_public", arm) if self.latent(arm) else self.public_split
+
+    def sample_shape(self, arm: str = "") -> list[int]:
+        """[C, H, W] of what the release models: the images, or the codes (code_channels x side/4 x side/4)."""
+        side = cost.image_side(self.config)
+        if self.latent(arm):
+            from pipeline.config import schema_defaults
+
+            ae = {**schema_defaults("straightdp", "autoencoder"), **(self.arm_section(arm).get("autoencoder") or {})}
+            return [ae["code_channels"], side // 4, side // 4]
+        return [cost.image_channels(self.config), side, side]
+
+    # ------------------------------------------------------------------ params
+
+    def section(self, *, keep: tuple[str, ...] = (), arm: str = "") -> dict[str, Any]:
+        """The straightdp section (an arm's: :meth:`arm_section`) less its listing keys and the subsections
+        of OWN_SECTIONS not in ``keep``."""
+        dropped = set(LISTING + OWN_SECTIONS) - set(keep)
+        return {k: v for k, v in self.arm_section(arm).items() if k not in dropped}
+
+    def params(self, *, keep: tuple[str, ...] = (), arm: str = "", **extra: Any) -> str:
+        """Stage params: :meth:`section` (``keep`` of its own subsections), the runtime keys, ``extra``."""
+        return stage_params(straightdp=self.section(keep=keep, arm=arm), device=self.config["device"],
+                            threads=self.house.torch_threads, **extra)
+
+    def run_params(self, wildcards: Wildcards, *, train: bool = False, **extra: Any) -> str:
+        """A run's job params: its arm's section; a LoRA row's training (Table 3) also reads straightdp.lora (no
+        other job's id moves with it)."""
+        run = self.run(wildcards)
+        return self.params(keep=("lora",) if train and run.lora else (), arm=run.arm, run=run.name, **extra)
+
+    def private_run_params(self, wildcards: Wildcards, *, train: bool = False) -> str:
+        """A private stage's params (release_moments, train_straightdp): :meth:`run_params` with the declared
+        private set and the ledger binding of the run."""
+        return self.run_params(wildcards, train=train, private=self.house.private,
+                               ledger_binding=self.house.ledger_binding(wildcards.run))
+
+    def sample_params(self, wildcards: Wildcards) -> str:
+        """rule sample_straightdp's params: the run's, with the shape of what its release models."""
+        return self.run_params(wildcards, shape=self.sample_shape(self.run(wildcards).arm))
+
+    def public_params(self) -> str:
+        """rule straightdp_public's params: the data section, straightdp.public, its seed and random stream."""
+        return params_json(data=self.config["data"], public=self.config["straightdp"]["public"],
+                           seed=self.config["seed"], stream="straightdp.public")
+
+    def autoencoder_params(self, arm: str = "") -> str:
+        """rule train_autoencoder's params: the (arm's) straightdp.autoencoder section only, as configured (an
+        unset section is {}, the stage fills its defaults), the seed."""
+        return stage_params(autoencoder=self.arm_section(arm).get("autoencoder") or {}, seed=self.config["seed"],
+                            threads=self.house.torch_threads)
+
+    @staticmethod
+    def codes_params(name: str) -> str:
+        """rule encode_split's params: the code split's name."""
+        return params_json(name=f"{name}_codes")
+
+    def evaluate_params(self, run: str, evaluation: Mapping[str, Any]) -> str:
+        """rule evaluate_straightdp's params: the evaluation core's (``evaluation``: rules/functions/evaluate.smk)
+        and the run's name."""
+        return params_json(evaluation=evaluation, seed=self.config["seed"], device=self.config["device"],
+                           threads=self.house.torch_threads, name=f"straightdp/{run}")
+
+    def toy_params(self) -> str:
+        """Fig. 6's params: the section with its own toy subsection, the toy mixture, the ledger binding."""
+        return stage_params(straightdp=self.section(keep=("toy",)),
+                            toy_data={k: self.config["data"]["toy"][k] for k in TOY_DATA_KEYS}, threads=1,
+                            ledger_binding=self.house.ledger_binding("straightdp_figure6_toy"))
+
+    def table4_params(self) -> str:
+        """Table 4's params: only what the release reads (TABLE4_KEYS), the declared private set, the binding."""
+        return stage_params(straightdp={k: self.config["straightdp"][k] for k in TABLE4_KEYS},
+                            private=self.house.private, threads=1,
+                            ledger_binding=self.house.ledger_binding("straightdp_table4_text"))
+
+    # ------------------------------------------------------------------ one run's job inputs
+
+    def release_inputs(self, wildcards: Wildcards) -> dict[str, Path]:
+        """rule release_moments' inputs: the private split (or codes) and the release geometry of the run's arm."""
+        arm = self.run(wildcards).arm
+        return {"data": self.private_data(arm), "geometry": self.geometry(arm)}
+
+    def train_inputs(self, wildcards: Wildcards) -> dict[str, Path]:
+        """rule train_straightdp's inputs: data, public data, the public flow it starts from, geometry, horizon;
+        a distilling row also its release and that release's transcript."""
+        run = self.run(wildcards)
+        inputs = {"data": self.private_data(run.arm), "public": self.public_data(run.arm),
+                  "init": self.public_flow(run.arm), "geometry": self.geometry(run.arm),
+                  "horizon": self.horizon(run.arm)}
+        if run.distills:
+            inputs |= {"moments": self.release_path(run.name), "release_ledger": self.release_ledger(run.name)}
+        return inputs
+
+    def sample_inputs(self, wildcards: Wildcards) -> dict[str, Path]:
+        """rule sample_straightdp's inputs: the release, the release and the public flow (guidance), or the trained
+        flow; in latent space also the autoencoder that decodes the codes."""
+        run = self.run(wildcards)
+        inputs = {"release": {"moments": self.release_path(run.name)},
+                  "guided": {"moments": self.release_path(run.name), "model": self.public_flow(run.arm)},
+                  "model": {"model": self.model_path(run.name)}}[run.samples_from]
+        return inputs | ({"autoencoder": self.autoencoder(run.arm)} if self.latent(run.arm) else {})
+
+    # ------------------------------------------------------------------ tables and figures
+
+    def table_runs(self, table: str | None = None) -> list[StraightRun]:
+        """The runs a table reads (its rows: straightdp_runs.table_rows), every run for Figure 3 (table None);
+        Table 1 also the runs of the arms that feed it (its latent block, its low-B0 row)."""
+        rows = straightdp_runs.table_rows(table) if table else straightdp_runs.ROWS
+        arms = self.arm_runs(table) if table == "table1_main" else []
+        return [run for run in self.runs() if run.row in rows] + arms
+
+    def run_inputs(self, runs: list[StraightRun], *, grad: bool = False) -> dict[str, Path]:
+        """metrics_RUN, release_RUN, train_RUN of each run (and grad_RUN, its training metrics, when ``grad``)."""
+        out = {}
+        for run in runs:
+            out[f"metrics_{run.name}"] = self.metrics_path(run.name)
+            if run.releases:
+                out[f"release_{run.name}"] = self.release_ledger(run.name)
+            if run.trains:
+                out[f"train_{run.name}"] = self.train_ledger(run.name)
+                if grad:
+                    out[f"grad_{run.name}"] = self.train_metrics(run.name)
+        return out
+
+    def table_inputs(self, table: str | None = None) -> dict[str, Path]:
+        """The inputs of a table (or of Figure 3): :meth:`run_inputs` of its runs."""
+        return self.run_inputs(self.table_runs(table))
+
+    def table_params(self, table: str | None = None, **extra: Any) -> str:
+        """A table's (or Figure 3's) params: its runs' names, the budgets, the seed."""
+        runs = self.table_runs(table)
+        extra = {**extra, "table": table} if table else extra
+        # the main grid's budgets in its order, then any only an arm ran
+        epsilons = list(dict.fromkeys([*self.config["straightdp"]["epsilons"], *(r.epsilon for r in runs)]))
+        return stage_params(runs=[r.name for r in runs], epsilons=epsilons, seed=self.config["seed"], **extra)
+
+    def table2_inputs(self, panel: str) -> dict[str, Path]:
+        """Table 2's inputs: :meth:`run_inputs` of its runs, the noise sweep with their gradient-norm logs."""
+        return self.run_inputs(self.table2_runs(panel), grad=panel == "noise_sweep")
+
+    def table2_params(self, panel: str) -> str:
+        """Table 2's params: the panel and its runs' names."""
+        return stage_params(panel=panel, runs=[r.name for r in self.table2_runs(panel)], seed=self.config["seed"])
+
+    def grid_inputs(self) -> dict[str, Path]:
+        """Figure 5: one panel per Table 1 row at the largest eps, first seed."""
+        s = self.config["straightdp"]
+        eps, seed = max(s["epsilons"]), s["seeds"][0]
+        return {row: self.samples_path(StraightRun(row, eps, seed).name) for row in s["rows"]}
+
+    def grid_titles(self) -> dict[str, str]:
+        """Figure 5's panel titles: each row's label."""
+        return {row: straightdp_runs.LABELS[row] for row in self.config["straightdp"]["rows"]}
+
+    def grid_params(self) -> str:
+        """Figure 5's params (the dpdm_sample_grid stage): images per class, the panels' titles, the figure's."""
+        return params_json(per_class=GRID_PER_CLASS, titles=self.grid_titles(),
+                           title=f"STRAIGHTDP samples at eps = {max(self.config['straightdp']['epsilons']):g}")
+
+    # ------------------------------------------------------------------ what the method registers
+
+    def targets(self) -> list[Path]:
+        """Tables 1, 2, 3, 5, 6, 7 and Figures 2a, 3, 5; Figure 6 (the 2-D toy) when data.toy is on; Table 4 when
+        on."""
+        toy = ([self.table_path("figure6_toy"), self.figure_path("figure6_toy")] if self.toy_enabled() else [])
+        table4 = [self.table_path("table4_text")] if self.table4_enabled() else []
+        # a table whose rows are not configured is left out (Table 3 needs a LoRA row: guidance alone is Table 1's)
+        tables = [t for t in TABLES
+                  if (runs := self.table_runs(t)) and (t != "table3_frozen" or any(r.lora for r in runs))]
+        tables += [f"table2_{panel}" for panel in self.table2_panels()]
+        return [*(self.table_path(t) for t in tables), *(self.figure_path(f) for f in FIGURES), *toy, *table4]
+
+    def transcripts(self) -> dict[Path, TranscriptSpec]:
+        """One claim per transcript: each releasing run's Stage 1 line, each training run's Stage 2 line (bound to
+        the run, its arm's delta and the private split it reads); the toy's and Table 4's lines bound to their
+        table job."""
+        delta = self.config["straightdp"]["delta"]
+        out = {}
+        for run in self.all_runs():
+            common = dict(claims=1, run=run.name, delta=self.arm_section(run.arm)["delta"],
+                          data=self.private_data(run.arm))
+            if run.releases:
+                out[self.release_ledger(run.name)] = TranscriptSpec(stage="release_moments", **common)
+            if run.trains:
+                out[self.train_ledger(run.name)] = TranscriptSpec(stage="train_straightdp", **common)
+        if self.toy_enabled():
+            out[self.toy_ledger] = TranscriptSpec(claims=self.toy_claims(), run="straightdp_figure6_toy",
+                                                  stage="straightdp_figure6_toy", delta=delta,
+                                                  data=self.layout.split("toy"))
+        if self.table4_enabled():
+            out[self.table4_ledger] = TranscriptSpec(claims=self.table4_claims(), run="straightdp_table4_text",
+                                                     stage="straightdp_table4_text", delta=delta,
+                                                     data=self.layout.split("private_train"))
+        return out
+
+    def records(self) -> list[RunRecord]:
+        """all_runs records: every run ``all`` builds, its release and/or train transcript; the main grid's runs
+        are the figure's lines (one per row), an arm's stay in the table (ablations)."""
+        out = []
+        for run in self.all_runs():
+            ledgers = ((self.release_ledger(run.name),) if run.releases else ()) + \
+                      ((self.train_ledger(run.name),) if run.trains else ())
+            rules = (("release_moments",) if run.releases else ()) + (("train_straightdp",) if run.trains else ()) + \
+                    ("sample_straightdp", "evaluate_straightdp")
+            arm = f" [{run.arm}]" if run.arm else ""
+            out.append(RunRecord(method="straightdp", config=run.name, seed=run.seed, epsilon_target=run.epsilon,
+                                 metrics=self.metrics_path(run.name), ledgers=ledgers,
+                                 label=f"STRAIGHTDP{arm}: {straightdp_runs.LABELS[run.row]}", in_figure=not run.arm,
+                                 benchmarks=tuple(self.layout.benchmark(rule, run.name) for rule in rules)))
+        return out

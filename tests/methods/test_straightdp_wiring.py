@@ -1,0 +1,417 @@
+"""STRAIGHTDP's wiring (pipeline/methods/straightdp/wiring.py): a run's files and params, the tables' inputs, the
+targets, ledger transcripts and all_runs records, for config.yaml and variants of its straightdp section."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, config_id, deep_merge, validate_config
+from pipeline.methods.straightdp import wiring as straightdp_wiring
+from pipeline.methods.straightdp.wiring import LISTING, OWN_SECTIONS, TABLES, Wiring
+from pipeline.registry import TranscriptSpec
+from pipeline.training.straightdp_runs import LABELS, StraightRun
+from pipeline.wiring import House
+
+ROOT = Path(__file__).parents[2]
+
+
+def wiring(tmp_path: Path, **sections) -> Wiring:
+    """config.yaml (results under tmp_path) with ``sections`` merged over it key by key."""
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    cfg = deep_merge(cfg, {"results_dir": str(tmp_path / "r"), **sections})
+    return Wiring(House.from_config(validate_config(cfg)))
+
+
+def replaced(tmp_path: Path, **straightdp) -> Wiring:
+    """config.yaml with these straightdp keys replaced whole (``arms={}`` drops every arm)."""
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    cfg["results_dir"] = str(tmp_path / "r")
+    cfg["straightdp"] = {**cfg["straightdp"], **straightdp}
+    return Wiring(House.from_config(validate_config(cfg)))
+
+
+def wc(run: str) -> SimpleNamespace:
+    return SimpleNamespace(run=run)
+
+
+@pytest.fixture
+def w(tmp_path) -> Wiring:
+    return wiring(tmp_path)
+
+
+@pytest.fixture
+def exp(w) -> Path:
+    return w.layout.expdir
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def test_a_runs_files_sit_under_the_experiment_by_kind(w, exp):
+    run = "tha_moments_eps0p3_seed1"
+    assert w.root == exp / "straightdp"
+    assert w.release_path(run) == exp / "straightdp" / "release" / f"{run}.npz"
+    assert w.release_ledger(run) == exp / "ledger" / f"straightdp_release_{run}.jsonl"
+    assert w.model_path(run) == exp / "models" / "straightdp" / f"{run}.pt"
+    assert w.train_ledger(run) == exp / "ledger" / f"straightdp_train_{run}.jsonl"
+    assert w.samples_path(run) == exp / "samples" / "straightdp" / f"{run}.npz"
+    assert w.samples_manifest(run) == exp / "samples" / "straightdp" / f"{run}.json"
+    assert w.metrics_path(run) == exp / "eval" / "straightdp" / run / "metrics.json"
+    assert w.train_metrics(run) == exp / "train" / "straightdp" / f"{run}.json"
+    # rule wildcards format into the same paths
+    assert w.release_path("{run}") == exp / "straightdp" / "release" / "{run}.npz"
+
+
+def test_the_public_files_and_the_one_off_transcripts(w, exp, tmp_path):
+    assert w.public_split == exp / "data" / "straightdp_public.npz"
+    assert w.code_sources == {"private_train": exp / "data" / "private_train.npz",
+                              "straightdp_public": exp / "data" / "straightdp_public.npz"}
+    assert w.toy_ledger == exp / "ledger" / "straightdp_toy.jsonl"
+    assert w.table4_ledger == exp / "ledger" / "straightdp_table4_text.jsonl"
+    assert w.table_path("table1_main") == tmp_path / "r" / "tables" / "straightdp_table1_main.parquet"
+    assert w.figure_path("figure3_accuracy") == tmp_path / "r" / "figures" / "straightdp_figure3_accuracy.png"
+    assert w.figure_path("figure3_accuracy", ".pdf").name == "straightdp_figure3_accuracy.pdf"
+
+
+def test_the_main_configuration_shares_one_geometry_horizon_flow_and_autoencoder(w, exp):
+    sdp = exp / "straightdp"
+    assert w.arms_dir == sdp / "arms"
+    assert w.geometry() == sdp / "geometry.npz" and w.horizon() == sdp / "horizon.json"
+    assert w.public_flow() == exp / "models" / "straightdp" / "public_flow.pt"
+    assert w.latent_dir() == sdp / "latent"
+    assert w.autoencoder() == sdp / "latent" / "autoencoder.pt"
+    assert w.autoencoder_metrics() == sdp / "latent" / "autoencoder.json"
+    assert w.codes_path("{name}") == sdp / "latent" / "{name}_codes.npz"
+
+
+def test_an_arm_has_its_own_public_flow_and_in_another_space_its_own_geometry(w, exp):
+    """config.yaml's arms: latent (space latent) and low_b0 (pixel, like the main configuration)."""
+    arms = exp / "straightdp" / "arms"
+    assert w.public_flow("low_b0") == exp / "models" / "straightdp" / "arms" / "low_b0" / "public_flow.pt"
+    assert w.public_flow("{arm}") == exp / "models" / "straightdp" / "arms" / "{arm}" / "public_flow.pt"
+    assert w.arm_geometry("latent") == (arms / "latent" / "geometry.npz", arms / "latent" / "horizon.json")
+    assert w.own_geometry("latent") and not w.own_geometry("low_b0") and not w.own_geometry("")
+    assert w.geometry("latent") == arms / "latent" / "geometry.npz"
+    assert w.horizon("latent") == arms / "latent" / "horizon.json"
+    # a pixel arm reads the same public split as the main one, so its geometry too
+    assert w.geometry("low_b0") == exp / "straightdp" / "geometry.npz"
+    assert w.horizon("low_b0") == exp / "straightdp" / "horizon.json"
+    assert w.latent_dir("latent") == arms / "latent" / "latent"
+    assert w.autoencoder("latent") == arms / "latent" / "latent" / "autoencoder.pt"
+    assert w.codes_path("private_train", "latent") == arms / "latent" / "latent" / "private_train_codes.npz"
+
+
+def test_a_pixel_arm_of_a_latent_configuration_has_its_own_geometry(tmp_path):
+    # an arm inherits the main space unless it names its own
+    inherits = wiring(tmp_path, straightdp={"space": "latent"})
+    assert inherits.latent() and inherits.latent("low_b0")
+    w = wiring(tmp_path, straightdp={"space": "latent", "arms": {"low_b0": {"space": "pixel"}}})
+    assert w.latent() and not w.latent("low_b0")
+    assert w.own_geometry("low_b0")
+    assert w.geometry("low_b0") == w.arms_dir / "low_b0" / "geometry.npz"
+    assert w.public_data("low_b0") == w.public_split
+
+
+def test_the_latent_variant_reads_codes_the_pixel_one_images(w, exp):
+    assert not w.latent() and w.latent("latent") and not w.latent("low_b0")
+    assert w.private_data() == exp / "data" / "private_train.npz"
+    assert w.public_data() == exp / "data" / "straightdp_public.npz"
+    lat = exp / "straightdp" / "arms" / "latent" / "latent"
+    assert w.private_data("latent") == lat / "private_train_codes.npz"
+    assert w.public_data("latent") == lat / "straightdp_public_codes.npz"
+
+
+def test_the_sample_shape_is_the_images_or_the_codes(tmp_path, w):
+    side = w.config["data"]["image_size"]
+    assert w.sample_shape() == [1, side, side]
+    assert w.sample_shape("latent") == [2, side // 4, side // 4]  # the schema's code_channels default
+    own = wiring(tmp_path, straightdp={"arms": {"latent": {"autoencoder": {"code_channels": 3}}}})
+    assert own.sample_shape("latent") == [3, side // 4, side // 4]
+    rgb = wiring(tmp_path, data={"image_size": 32, "private": {"source": "cifar10"}})
+    assert rgb.sample_shape() == [3, 32, 32]
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+def test_the_runs_are_the_grid_the_arms_and_table2s_references(w):
+    s = w.config["straightdp"]
+    assert len(w.runs()) == len(s["rows"]) * len(s["epsilons"]) * len(s["seeds"])
+    assert w.runs()[0] == StraightRun("released_only", 0.3, 0)
+    assert [r.name for r in w.arm_runs()] == ["latent-uniform_eps0p3_seed0", "latent-uniform_moments_eps0p3_seed0",
+                                               "low_b0-uniform_moments_eps0p3_seed0",
+                                               "low_b0-uniform_moments_eps1_seed0"]
+    assert [r.arm for r in w.arm_runs("table2_ablation")] == ["low_b0", "low_b0"]
+    # Table 2: the arm's runs, then their main twins (uniform_moments is in config.yaml's grid)
+    assert [r.name for r in w.table2_runs("noise_sweep")] == [
+        "low_b0-uniform_moments_eps0p3_seed0", "low_b0-uniform_moments_eps1_seed0",
+        "uniform_moments_eps0p3_seed0", "uniform_moments_eps1_seed0"]
+    assert w.table2_panels() == ["noise_sweep", "ablation"]
+    assert w.all_runs() == [*w.runs(), *w.arm_runs()]
+
+
+def test_table2s_references_outside_the_grid_are_built_too(tmp_path):
+    w = replaced(tmp_path, rows=["tha_moments"])
+    twins = [StraightRun("uniform_moments", e, 0) for e in (0.3, 1)]
+    assert w.all_runs() == [*w.runs(), *w.arm_runs(), *twins]
+
+
+def test_without_arms_there_is_no_table2(tmp_path):
+    w = replaced(tmp_path, arms={})
+    assert w.arm_runs() == [] and w.table2_panels() == [] and w.all_runs() == w.runs()
+
+
+def test_a_run_wildcard_parses_and_a_bad_name_is_a_one_line_error(w):
+    assert w.run(wc("low_b0-uniform_moments_eps1_seed0")) == StraightRun("uniform_moments", 1, 0, "low_b0")
+    with pytest.raises(ConfigError, match=r"STRAIGHTDP run name 'nope' is not"):
+        w.run(wc("nope"))
+
+
+def test_an_unknown_arm_is_a_one_line_error(w):
+    with pytest.raises(ConfigError, match=r"STRAIGHTDP arm 'ghost' is not in straightdp.arms \(latent, low_b0\)"):
+        w.arm_section("ghost")
+
+
+def test_an_arms_section_is_the_main_one_with_its_switches(w):
+    main = w.arm_section()
+    assert "arms" not in main and main["epsilons"] == [0.3, 1]
+    low = w.arm_section("low_b0")
+    assert low["flow"] == {**main["flow"], "stream_clamp": 16, "late_injection": 1, "decoupled_attention": True}
+    assert low["rows"] == ["uniform_moments"] and low["delta"] == main["delta"]
+
+
+# ---------------------------------------------------------------------------------------------- params
+
+
+def test_a_jobs_section_leaves_out_the_listing_keys_and_other_rules_subsections(w):
+    sec = w.section()
+    assert not set(LISTING) & set(sec) and not set(OWN_SECTIONS) & set(sec)
+    assert {"flow", "release", "dpsgd", "delta"} <= set(sec)
+    assert "toy" in w.section(keep=("toy",)) and "lora" not in w.section(keep=("toy",))
+
+
+def test_adding_an_eps_seed_or_arm_moves_no_jobs_params(tmp_path, w):
+    more = replaced(tmp_path, epsilons=[0.3, 1, 3], seeds=[0, 1], arms={})
+    assert more.params(seed=0) == w.params(seed=0)
+    assert more.run_params(wc("tha_moments_eps0p3_seed0")) == w.run_params(wc("tha_moments_eps0p3_seed0"))
+
+
+def test_stage_params_carry_the_section_runtime_keys_and_an_id_of_the_settings(w):
+    p = json.loads(w.params(seed=0))
+    assert p["straightdp"] == json.loads(json.dumps(w.section()))
+    assert p["device"] == "auto" and p["threads"] == w.house.torch_threads and p["seed"] == 0
+    assert p["config_id"] == config_id({"straightdp": p["straightdp"], "seed": 0})
+    arm = json.loads(w.params(arm="low_b0", seed=0))
+    assert arm["straightdp"]["flow"]["stream_clamp"] == 16 and arm["config_id"] != p["config_id"]
+
+
+def test_only_a_lora_rows_training_reads_the_lora_section(w):
+    lora = json.loads(w.run_params(wc("lora_uniform_eps1_seed0"), train=True))
+    assert lora["straightdp"]["lora"] == {"rank": 4, "alpha": 4.0, "lr": 0.001} and lora["run"] == "lora_uniform_eps1_seed0"
+    assert "lora" not in json.loads(w.run_params(wc("lora_uniform_eps1_seed0")))["straightdp"]
+    assert "lora" not in json.loads(w.run_params(wc("uniform_eps1_seed0"), train=True))["straightdp"]
+
+
+def test_a_private_stage_is_bound_to_its_run_and_reads_the_declared_private_set(w):
+    p = json.loads(w.private_run_params(wc("uniform_moments_eps1_seed0"), train=True))
+    assert p["ledger_binding"] == {"run": "uniform_moments_eps1_seed0", "experiment": "digits"}
+    assert p["private"] == {"N": 2500, "n_classes": 10} and p["run"] == "uniform_moments_eps1_seed0"
+    # the binding is a runtime key: it is not in the id
+    q = json.loads(w.private_run_params(wc("uniform_moments_eps1_seed0")))
+    assert q["config_id"] == p["config_id"]
+    assert json.loads(w.private_run_params(wc("latent-uniform_eps0p3_seed0")))["straightdp"]["space"] == "latent"
+
+
+def test_sampling_params_carry_the_shape_of_what_the_release_models(w):
+    assert json.loads(w.sample_params(wc("uniform_eps1_seed0")))["shape"] == [1, 16, 16]
+    assert json.loads(w.sample_params(wc("latent-uniform_eps0p3_seed0")))["shape"] == [2, 4, 4]
+
+
+def test_the_public_autoencoder_and_code_params(tmp_path, w):
+    pub = json.loads(w.public_params())
+    assert pub["public"] == {"source": "printed_letters", "n": 5000, "path": None, "split": None}
+    assert pub["stream"] == "straightdp.public" and pub["seed"] == 0 and pub["data"] == w.config["data"]
+    assert "config_id" not in pub
+    ae = json.loads(w.autoencoder_params())
+    assert ae["autoencoder"] == {} and ae["seed"] == 0 and ae["threads"] == w.house.torch_threads
+    own = wiring(tmp_path, straightdp={"arms": {"latent": {"autoencoder": {"width": 8}}}})
+    assert json.loads(own.autoencoder_params("latent"))["autoencoder"] == {"width": 8}
+    assert json.loads(own.autoencoder_params())["autoencoder"] == {}
+    assert json.loads(w.codes_params("private_train")) == {"name": "private_train_codes"}
+
+
+def test_evaluation_params_name_the_run(w):
+    p = json.loads(w.evaluate_params("uniform_eps1_seed0", {"fid": True}))
+    assert p == {"evaluation": {"fid": True}, "seed": 0, "device": "auto", "threads": w.house.torch_threads,
+                 "name": "straightdp/uniform_eps1_seed0"}
+
+
+def test_the_toy_and_table4_read_only_their_own_settings(w):
+    toy = json.loads(w.toy_params())
+    assert toy["toy_data"] == {"n": 2000, "n_modes": 8, "radius": 1.0, "std": 0.05}
+    assert "toy" in toy["straightdp"] and "table4" not in toy["straightdp"] and "epsilons" not in toy["straightdp"]
+    assert toy["ledger_binding"]["run"] == "straightdp_figure6_toy" and toy["threads"] == 1
+    t4 = json.loads(w.table4_params())
+    assert set(t4["straightdp"]) == {"delta", "release", "table4"}
+    assert t4["private"] == {"N": 2500, "n_classes": 10}
+    assert t4["ledger_binding"]["run"] == "straightdp_table4_text"
+
+
+# ---------------------------------------------------------------------------------------------- job inputs
+
+
+def test_stage1_reads_the_private_split_and_its_arms_geometry(w, exp):
+    assert w.release_inputs(wc("tha_moments_eps1_seed0")) == {"data": exp / "data" / "private_train.npz",
+                                                             "geometry": exp / "straightdp" / "geometry.npz"}
+    lat = w.release_inputs(wc("latent-uniform_moments_eps0p3_seed0"))
+    assert lat["geometry"] == w.arms_dir / "latent" / "geometry.npz"
+    assert lat["data"].name == "private_train_codes.npz"
+
+
+def test_stage2_starts_from_the_public_flow_and_a_distilling_row_reads_its_release(w):
+    plain = w.train_inputs(wc("uniform_eps1_seed0"))
+    assert set(plain) == {"data", "public", "init", "geometry", "horizon"}
+    assert plain["init"] == w.public_flow()
+    dist = w.train_inputs(wc("low_b0-uniform_moments_eps1_seed0"))
+    assert dist["init"] == w.public_flow("low_b0")
+    assert dist["moments"] == w.release_path("low_b0-uniform_moments_eps1_seed0")
+    assert dist["release_ledger"] == w.release_ledger("low_b0-uniform_moments_eps1_seed0")
+
+
+def test_samples_come_from_the_release_the_guided_flow_or_the_model(w):
+    assert w.sample_inputs(wc("released_only_eps1_seed0")) == {"moments": w.release_path("released_only_eps1_seed0")}
+    assert w.sample_inputs(wc("public_guidance_eps1_seed0")) == {
+        "moments": w.release_path("public_guidance_eps1_seed0"), "model": w.public_flow()}
+    assert w.sample_inputs(wc("tha_moments_eps1_seed0")) == {"model": w.model_path("tha_moments_eps1_seed0")}
+    assert w.sample_inputs(wc("latent-uniform_eps0p3_seed0")) == {
+        "model": w.model_path("latent-uniform_eps0p3_seed0"), "autoencoder": w.autoencoder("latent")}
+
+
+# ---------------------------------------------------------------------------------------------- tables, figures
+
+
+def test_a_tables_runs_are_its_rows_and_table1_also_its_arms(w):
+    t1 = w.table_runs("table1_main")
+    assert t1[-len(w.arm_runs("table1_main")):] == w.arm_runs("table1_main")
+    assert {r.row for r in w.table_runs("table3_frozen")} == {"public_guidance", "lora_uniform", "lora_moments"}
+    assert w.table_runs() == w.runs()  # Figure 3: every main run
+
+
+def test_a_tables_inputs_are_each_runs_metrics_and_transcripts(w):
+    runs = [StraightRun("released_only", 1, 0), StraightRun("uniform", 1, 0), StraightRun("tha_moments", 1, 0)]
+    assert w.run_inputs(runs) == {
+        "metrics_released_only_eps1_seed0": w.metrics_path("released_only_eps1_seed0"),
+        "release_released_only_eps1_seed0": w.release_ledger("released_only_eps1_seed0"),
+        "metrics_uniform_eps1_seed0": w.metrics_path("uniform_eps1_seed0"),
+        "train_uniform_eps1_seed0": w.train_ledger("uniform_eps1_seed0"),
+        "metrics_tha_moments_eps1_seed0": w.metrics_path("tha_moments_eps1_seed0"),
+        "release_tha_moments_eps1_seed0": w.release_ledger("tha_moments_eps1_seed0"),
+        "train_tha_moments_eps1_seed0": w.train_ledger("tha_moments_eps1_seed0")}
+    assert w.run_inputs(runs[1:2], grad=True)["grad_uniform_eps1_seed0"] == w.train_metrics("uniform_eps1_seed0")
+    assert w.table_inputs("table3_frozen") == w.run_inputs(w.table_runs("table3_frozen"))
+    t2 = w.table2_inputs("noise_sweep")
+    assert t2 == w.run_inputs(w.table2_runs("noise_sweep"), grad=True)
+    assert not any(k.startswith("grad_") for k in w.table2_inputs("ablation"))
+
+
+def test_table_params_list_the_runs_and_budgets(tmp_path, w):
+    p = json.loads(w.table_params("table1_main"))
+    assert p["table"] == "table1_main" and p["runs"] == [r.name for r in w.table_runs("table1_main")]
+    assert p["epsilons"] == [0.3, 1] and p["seed"] == 0
+    assert "table" not in json.loads(w.table_params())
+    # a budget only an arm ran comes after the main grid's
+    arm3 = wiring(tmp_path, straightdp={"arms": {"latent": {"epsilons": [3]}}})
+    assert json.loads(arm3.table_params("table1_main"))["epsilons"] == [0.3, 1, 3.0]
+    t2 = json.loads(w.table2_params("ablation"))
+    assert t2["panel"] == "ablation" and t2["runs"] == [r.name for r in w.table2_runs("ablation")]
+
+
+def test_figure5_shows_every_row_at_the_largest_eps_first_seed(w):
+    grid = w.grid_inputs()
+    assert list(grid) == w.config["straightdp"]["rows"]
+    assert grid["uniform"] == w.samples_path("uniform_eps1_seed0")
+    assert w.grid_titles()["tha_moments"] == LABELS["tha_moments"]
+    p = json.loads(w.grid_params())
+    assert p == {"per_class": 8, "titles": w.grid_titles(), "title": "STRAIGHTDP samples at eps = 1"}
+
+
+# ---------------------------------------------------------------------------------------------- registrations
+
+
+def test_config_yaml_targets_every_table_and_figure(w, tmp_path):
+    tables, figures = tmp_path / "r" / "tables", tmp_path / "r" / "figures"
+    assert w.targets() == [
+        *(tables / f"straightdp_{t}.parquet" for t in TABLES),
+        tables / "straightdp_table2_noise_sweep.parquet", tables / "straightdp_table2_ablation.parquet",
+        figures / "straightdp_figure2_horizon.png", figures / "straightdp_figure3_accuracy.png",
+        figures / "straightdp_figure5_samples.png",
+        tables / "straightdp_figure6_toy.parquet", figures / "straightdp_figure6_toy.png",
+        tables / "straightdp_table4_text.parquet"]
+
+
+def test_switched_off_parts_leave_the_targets(tmp_path):
+    w = wiring(tmp_path, data={"toy": {"enabled": False}}, straightdp={"table4": {"enabled": False}})
+    assert not w.toy_enabled() and not w.table4_enabled()
+    names = {p.name for p in w.targets()}
+    assert not {"straightdp_figure6_toy.parquet", "straightdp_table4_text.parquet"} & names
+    # Table 4 composes grey digits: an RGB configuration has none
+    assert not wiring(tmp_path, data={"image_size": 32, "private": {"source": "cifar10"}}).table4_enabled()
+    # no LoRA row: no Table 3 (guidance alone is Table 1's); no arms: no Table 2
+    w = replaced(tmp_path, rows=["public_guidance", "uniform"], arms={})
+    names = {p.name for p in w.targets()}
+    assert "straightdp_table3_frozen.parquet" not in names and "straightdp_table1_main.parquet" in names
+    assert not any(n.startswith("straightdp_table2_") for n in names)
+
+
+def test_every_private_job_has_one_transcript_bound_to_its_run(w):
+    tr = w.transcripts()
+    run = "low_b0-uniform_moments_eps1_seed0"
+    assert tr[w.release_ledger(run)] == TranscriptSpec(claims=1, run=run, stage="release_moments", delta=1e-05,
+                                                       data=w.private_data("low_b0"))
+    assert tr[w.train_ledger(run)].stage == "train_straightdp"
+    lat = "latent-uniform_eps0p3_seed0"
+    assert tr[w.train_ledger(lat)].data == str(w.private_data("latent")) and w.release_ledger(lat) not in tr
+    n_release = sum(r.releases for r in w.all_runs())
+    n_train = sum(r.trains for r in w.all_runs())
+    assert len(tr) == n_release + n_train + 2  # + the toy's and Table 4's
+
+
+def test_the_toy_and_table4_transcripts_count_their_releases(w):
+    assert w.toy_claims() == 4 * 3 * 1  # 3 toy epsilons, 1 seed
+    assert w.table4_claims() == 2 * 3 * 3  # 2 featurisations x 3 epsilons x 3 seeds
+    tr = w.transcripts()
+    assert tr[w.toy_ledger] == TranscriptSpec(claims=12, run="straightdp_figure6_toy", stage="straightdp_figure6_toy",
+                                              delta=1e-05, data=w.layout.split("toy"))
+    assert tr[w.table4_ledger] == TranscriptSpec(claims=18, run="straightdp_table4_text",
+                                                 stage="straightdp_table4_text", delta=1e-05,
+                                                 data=w.layout.split("private_train"))
+
+
+def test_all_runs_records_every_run_with_its_transcripts_and_benchmarks(w):
+    recs = {r.config: r for r in w.records()}
+    assert list(recs) == [r.name for r in w.all_runs()]
+    r = recs["tha_moments_eps1_seed0"]
+    assert r.method == "straightdp" and r.seed == 0 and r.epsilon_target == 1.0 and r.in_figure
+    assert r.ledgers == (str(w.release_ledger(r.config)), str(w.train_ledger(r.config)))
+    assert r.label == f"STRAIGHTDP: {LABELS['tha_moments']}" and r.metrics == str(w.metrics_path(r.config))
+    bench = w.layout.benchmarks
+    assert r.benchmarks == tuple(str(bench / rule / f"{r.config}.tsv") for rule in
+                                 ("release_moments", "train_straightdp", "sample_straightdp", "evaluate_straightdp"))
+    assert recs["released_only_eps1_seed0"].ledgers == (str(w.release_ledger("released_only_eps1_seed0")),)
+    arm = recs["low_b0-uniform_moments_eps1_seed0"]
+    assert not arm.in_figure and arm.label.startswith("STRAIGHTDP [low_b0]: ")
+
+
+def test_every_public_wiring_method_is_exercised_here():
+    """The spec above covers the whole class: a new public method needs a test."""
+    public = {n for n, _ in inspect.getmembers(Wiring) if not n.startswith("_")}
+    used = {node.attr for node in ast.walk(ast.parse(Path(__file__).read_text())) if isinstance(node, ast.Attribute)}
+    assert public - used == set()
+    assert straightdp_wiring.GRID_PER_CLASS == 8
