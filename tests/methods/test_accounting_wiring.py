@@ -36,6 +36,7 @@ def test_accounting_reports_tables_7_to_13_and_figures_4_5_7(tmp_path):
 def test_the_mechanism_is_the_section_without_its_table_grids(tmp_path):
     h = house(tmp_path)
     acc = Wiring(h)
+    assert acc.section is h.config["accounting"]
     assert acc.mechanism == mechanism(h.config["accounting"])
     assert set(acc.mechanism) == set(h.config["accounting"]) - set(GRID_KEYS)
     assert {"sigma_min", "sigma_max", "rho", "N", "C", "beta", "delta", "discretisation"} <= set(acc.mechanism)

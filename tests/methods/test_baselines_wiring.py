@@ -28,6 +28,7 @@ def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
     assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
                                            "pe_eps10_seed0"]
     assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
+    assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
 
 
 def test_a_run_has_its_samples_manifest_train_metrics_ledger_and_evaluation(tmp_path):
