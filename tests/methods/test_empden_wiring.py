@@ -62,7 +62,8 @@ def test_the_public_marginal_normaliser_reads_the_public_split(tmp_path):
     em = Wiring(h)
     assert em.normaliser_input == {"public_data": tmp_path / "r" / "digits" / "data" / "public.npz"}
     assert em.normaliser_params == {"normaliser": "public_marginal", "normaliser_n": None}
-    assert shlex.split(em.normaliser_args(None, {"public_data": "a b.npz", "private": "p.npz"})) == ["public_data=a b.npz"]
+    args = em.normaliser_args(None, {"public_data": "a b.npz", "private": "p.npz"})
+    assert shlex.split(args) == ["public_data=a b.npz"]
     const = Wiring(edited(h, normaliser="constant"))
     assert const.normaliser_input == {} and const.normaliser_args(None, {"private": "p.npz"}) == " "
 
