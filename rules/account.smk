@@ -5,64 +5,35 @@
 # `empden_blocks` accounts every private block once (the expensive part) and writes its
 # claims to the ledger; the table rules only select columns from its JSON.
 
-#: accounting keys that only list the accounting tables' grids; the EMPDEN mechanism itself
-#: (schedule, C, beta, delta, PLD settings) is the rest, and only that reaches the samplers
-ACCOUNTING_GRID_KEYS = ("p", "B", "mu_bar_B", "sigma_min_sweep", "asr_q", "asr_N", "rdp_orders", "N_out")
+from pipeline.methods.accounting.wiring import Wiring as _AccountingWiring
 
+#: the accounting tables' paths and params (pipeline/methods/accounting/wiring.py); a chosen method that needs the
+#: private set size n without one is a one-line error now, not mid-DAG
+try:
+    ACCOUNTING = _AccountingWiring(HOUSE)
+except ConfigError as _exc:
+    raise WorkflowError(str(_exc)) from None
 
-#: what a sampled cell's eps columns read (rule empden_table8_grid): delta, the PLD grid, RDP orders
-ACCOUNTING_EPS_KEYS = ("delta", "discretisation", "log_mass_truncation", "rdp_orders")
-#: the `accounting` section without its table grids: what an EMPDEN cell's noise and claim depend on
-ACCOUNTING_MECHANISM = {k: v for k, v in config["accounting"].items() if k not in ACCOUNTING_GRID_KEYS}
-
-
-#: private set size n of the accounting: accounting.n, else data.private.n_private_train
-ACCOUNTING_N = config["accounting"]["n"] or config["data"]["private"]["n_private_train"]
-_NEEDS_N = any(method_on(m) for m in ("accounting", "empden", "empden_diagnostics"))
-if ACCOUNTING_N is None and _NEEDS_N:
-    raise WorkflowError("config error at accounting.n: set it when data.private.n_private_train is null")
-ACCOUNTING_PARAMS = stage_params(accounting=config["accounting"], n=ACCOUNTING_N, seed=SEED)
-
-_N_BLOCKS = len(config["accounting"]["p"]) * len(config["accounting"]["B"]) + len(config["accounting"]["mu_bar_B"] or [])
-ACCOUNTING_RUNTIME_MIN = cost.accounting_runtime_min(config, _N_BLOCKS)
-ACCOUNTING_MEM_MB = cost.accounting_mem_mb(config)
-
-EMPDEN_BLOCKS = EXPDIR / "accounting" / "empden_blocks.json"
-EMPDEN_LEDGER = EXPDIR / "ledger" / "empden_blocks.jsonl"
-EMPDEN_OUTPUTS = [
-    TABLES / "empden_table7_accountants.parquet",
-    TABLES / "empden_table8_9_eps.parquet",
-    TABLES / "empden_table11_edgeworth_clt_pld.parquet",
-    TABLES / "empden_table12_rdp.parquet",
-    TABLES / "empden_table13_theoretical_asr.parquet",
-    FIGURES / "empden_figure4_full_batch.png",
-    FIGURES / "empden_figure5_mu_vs_logsnr.png",
-    FIGURES / "empden_figure7_stopping_traces.png",
-]
-
-register_targets("accounting", lambda: EMPDEN_OUTPUTS)
+register_targets("accounting", ACCOUNTING.targets)
 # one claim per accounted block: configuration claims, which read no private data
-register_transcripts("accounting", lambda: {EMPDEN_LEDGER: TranscriptSpec(
-    claims=_N_BLOCKS, run="empden_blocks", stage="empden_blocks", delta=config["accounting"]["delta"],
-    configuration=True)})
+register_transcripts("accounting", ACCOUNTING.transcripts)
 
 
 rule empden_blocks:
     """Every EMPDEN private block: mu_bar_B, q_B, eps from PLD/Edgeworth/CLT/RDP; ledger claims."""
     output:
-        blocks=EMPDEN_BLOCKS,
-        ledger=EMPDEN_LEDGER,
+        blocks=ACCOUNTING.blocks,
+        ledger=ACCOUNTING.ledger,
     params:
-        p=stage_params(accounting=config["accounting"], n=ACCOUNTING_N, seed=SEED,
-                       ledger_binding=ledger_binding("empden_blocks")),
+        p=ACCOUNTING.blocks_params(),
     benchmark:
         benchmark_path("empden_blocks")
     log:
         LOGS / "empden_blocks.log",
     threads: 1
     resources:
-        mem_mb=ACCOUNTING_MEM_MB,
-        runtime=ACCOUNTING_RUNTIME_MIN,
+        mem_mb=ACCOUNTING.mem_mb,
+        runtime=ACCOUNTING.runtime_min,
     conda:
         CPU_ENV
     shell:
@@ -73,7 +44,7 @@ rule empden_blocks:
 rule empden_table7_accountants:
     """EMPDEN Table 7: Edgeworth, PLD lower (estimate), PLD upper (certified), RDP per block."""
     input:
-        blocks=EMPDEN_BLOCKS,
+        blocks=ACCOUNTING.blocks,
     output:
         table=TABLES / "empden_table7_accountants.parquet",
     benchmark:
@@ -94,7 +65,7 @@ rule empden_table7_accountants:
 rule empden_table8_9_eps:
     """EMPDEN Tables 8/9, eps columns over the p x B grid (T is post-processing)."""
     input:
-        blocks=EMPDEN_BLOCKS,
+        blocks=ACCOUNTING.blocks,
     output:
         table=TABLES / "empden_table8_9_eps.parquet",
     benchmark:
@@ -115,7 +86,7 @@ rule empden_table8_9_eps:
 rule empden_table11_edgeworth_clt_pld:
     """EMPDEN Table 11: Edgeworth and CLT estimates against the certified PLD upper bound."""
     input:
-        blocks=EMPDEN_BLOCKS,
+        blocks=ACCOUNTING.blocks,
     output:
         table=TABLES / "empden_table11_edgeworth_clt_pld.parquet",
     benchmark:
@@ -136,7 +107,7 @@ rule empden_table11_edgeworth_clt_pld:
 rule empden_table12_rdp:
     """EMPDEN Table 12: certified RDP eps at delta and at delta = 1/n^2."""
     input:
-        blocks=EMPDEN_BLOCKS,
+        blocks=ACCOUNTING.blocks,
     output:
         table=TABLES / "empden_table12_rdp.parquet",
     benchmark:
@@ -159,15 +130,15 @@ rule empden_table13_theoretical_asr:
     output:
         table=TABLES / "empden_table13_theoretical_asr.parquet",
     params:
-        p=ACCOUNTING_PARAMS,
+        p=ACCOUNTING.params(),
     benchmark:
         benchmark_path("empden_table13_theoretical_asr")
     log:
         LOGS / "empden_table13_theoretical_asr.log",
     threads: 1
     resources:
-        mem_mb=ACCOUNTING_MEM_MB,
-        runtime=ACCOUNTING_RUNTIME_MIN,
+        mem_mb=ACCOUNTING.mem_mb,
+        runtime=ACCOUNTING.runtime_min,
     conda:
         CPU_ENV
     shell:
@@ -181,7 +152,7 @@ rule empden_figure4_full_batch:
         png=report_figure("empden_figure4_full_batch"),
         pdf=FIGURES / "empden_figure4_full_batch.pdf",
     params:
-        p=ACCOUNTING_PARAMS,
+        p=ACCOUNTING.params(),
     benchmark:
         benchmark_path("empden_figure4_full_batch")
     log:
@@ -202,7 +173,7 @@ rule empden_figure5_mu_vs_logsnr:
         png=report_figure("empden_figure5_mu_vs_logsnr"),
         pdf=FIGURES / "empden_figure5_mu_vs_logsnr.pdf",
     params:
-        p=ACCOUNTING_PARAMS,
+        p=ACCOUNTING.params(),
     benchmark:
         benchmark_path("empden_figure5_mu_vs_logsnr")
     log:
@@ -223,7 +194,7 @@ rule empden_figure7_stopping_traces:
         png=report_figure("empden_figure7_stopping_traces"),
         pdf=FIGURES / "empden_figure7_stopping_traces.pdf",
     params:
-        p=ACCOUNTING_PARAMS,
+        p=ACCOUNTING.params(),
     benchmark:
         benchmark_path("empden_figure7_stopping_traces")
     log:
@@ -243,22 +214,21 @@ rule replay:
     line's parameters do not rebuild, a transcript that is missing, empty, cut off or short, or a line not
     bound to the run, stage, delta and private split its method registered."""
     input:
-        unpack(lambda wildcards: {Path(p).stem: p for p in ledger_transcripts()}),
+        unpack(lambda wildcards: ACCOUNTING.replay_inputs(ledger_transcripts())),
     output:
         report=REPLAY_REPORT,
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         # what each private stage writes, as its method registered it (pipeline/registry.py TranscriptSpec)
-        p=lambda wildcards: stage_params(expected={Path(t).stem: spec.as_dict() for t, spec in ledger_claims().items()},
-                                         experiment=EXP),
+        p=lambda wildcards: ACCOUNTING.replay_params(ledger_claims()),
     benchmark:
         benchmark_path("replay")
     log:
         LOGS / "replay.log",
     threads: 1
     resources:
-        mem_mb=ACCOUNTING_MEM_MB,
-        runtime=ACCOUNTING_RUNTIME_MIN,
+        mem_mb=ACCOUNTING.mem_mb,
+        runtime=ACCOUNTING.runtime_min,
     conda:
         CPU_ENV
     shell:

@@ -7,11 +7,15 @@
 #   snakemake results/tables/baselines.parquet                         the table
 #   snakemake results/digits/eval/baselines/pe_eps1_seed0/metrics.json one run, evaluated
 
-include: "functions/baselines.smk"
+from pipeline.baselines import runs as _baseline_runs
+from pipeline.methods.baselines.wiring import Wiring as _BaselinesWiring
 
-register_targets("baselines", lambda: [BASELINES_TABLE])
-register_transcripts("baselines", baseline_transcripts)
-register_runs("baselines", baseline_records)
+#: the baselines' runs, paths and params (pipeline/methods/baselines/wiring.py)
+BASELINES = _BaselinesWiring(HOUSE, EVALUATION)
+
+register_targets("baselines", BASELINES.targets)
+register_transcripts("baselines", BASELINES.transcripts)
+register_runs("baselines", BASELINES.records)
 
 
 rule dp_merf:
@@ -20,14 +24,14 @@ rule dp_merf:
         data=DATA / "private_train.npz",
         public=DATA / "public.npz",
     output:
-        samples=baseline_samples_path("{run}"),
-        manifest=EXPDIR / "samples" / "baselines" / "{run}.json",
-        ledger=baseline_ledger_path("{run}"),
-        metrics=EXPDIR / "train" / "baselines" / "{run}.json",
+        samples=BASELINES.samples_path("{run}"),
+        manifest=BASELINES.manifest_path("{run}"),
+        ledger=BASELINES.ledger_path("{run}"),
+        metrics=BASELINES.train_metrics_path("{run}"),
     wildcard_constraints:
-        run=baseline_runs.method_pattern("dp_merf"),
+        run=_baseline_runs.method_pattern("dp_merf"),
     params:
-        p=baseline_params,
+        p=BASELINES.params,
     log:
         LOGS / "baselines" / "{run}.log",
     benchmark:
@@ -47,18 +51,18 @@ rule dp_merf:
 rule private_evolution:
     """Private Evolution: T noisy nearest-neighbour vote histograms (Gaussian, sensitivity 1) over the public denoiser."""
     input:
-        unpack(lambda wildcards: {"clip": CLIP_MODEL} if config["baselines"]["pe"]["embedding"] == "clip" else {}),
+        unpack(BASELINES.pe_inputs),
         data=DATA / "private_train.npz",
         denoiser=PUBLIC_DENOISER,
     output:
-        samples=baseline_samples_path("{run}"),
-        manifest=EXPDIR / "samples" / "baselines" / "{run}.json",
-        ledger=baseline_ledger_path("{run}"),
-        metrics=EXPDIR / "train" / "baselines" / "{run}.json",
+        samples=BASELINES.samples_path("{run}"),
+        manifest=BASELINES.manifest_path("{run}"),
+        ledger=BASELINES.ledger_path("{run}"),
+        metrics=BASELINES.train_metrics_path("{run}"),
     wildcard_constraints:
-        run=baseline_runs.method_pattern("pe"),
+        run=_baseline_runs.method_pattern("pe"),
     params:
-        p=baseline_params,
+        p=BASELINES.params,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "baselines" / "{run}.log",
@@ -79,18 +83,17 @@ rule private_evolution:
 rule evaluate_baseline:
     """Score one baseline run's samples with the evaluation core (the same call as every method's)."""
     input:
-        unpack(clip_inputs),
-        samples=baseline_samples_path("{run}"),
+        unpack(EVALUATION.clip_inputs),
+        samples=BASELINES.samples_path("{run}"),
         test=DATA / "test.npz",
-        evalnet=EVALNET / "evalnet.pt",
+        evalnet=EVALUATION.evalnet_model,
     output:
-        metrics=baseline_metrics_path("{run}"),
+        metrics=BASELINES.metrics_path("{run}"),
     wildcard_constraints:
-        run=baseline_runs.RUN_PATTERN,
+        run=_baseline_runs.RUN_PATTERN,
     params:
-        p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
-                                        threads=TORCH_THREADS, name=f"baselines/{wildcards.run}"),
-        clip=clip_arg,
+        p=BASELINES.evaluate_params,
+        clip=EVALUATION.clip_arg,
     log:
         LOGS / "evaluate_baseline" / "{run}.log",
     benchmark:
@@ -111,12 +114,12 @@ rule evaluate_baseline:
 rule baselines_table:
     """The baselines' runs: shared metrics, certified eps recomputed from each transcript (<= target), cost."""
     input:
-        unpack(lambda wildcards: run_table_inputs(baseline_records())),
+        unpack(lambda wildcards: run_table_inputs(BASELINES.records())),
     output:
-        table=BASELINES_TABLE,
+        table=BASELINES.table,
     params:
-        p=lambda wildcards: run_table_params(baseline_records()),
-        ins=lambda wildcards: io_args("--in", run_table_inputs(baseline_records())),
+        p=lambda wildcards: run_table_params(BASELINES.records()),
+        ins=lambda wildcards: io_args("--in", run_table_inputs(BASELINES.records())),
     benchmark:
         benchmark_path("baselines_table")
     log:

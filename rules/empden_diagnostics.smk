@@ -2,40 +2,29 @@
 # set a proxy for the public neural denoiser along the sampling trajectory?
 # Code: pipeline/diagnostics/empden_proxy.py. They read the private set without DP (as the
 # paper's do): descriptive tables, not private releases, so no ledger transcript. Tables 1/4/5/6
-# use the sampler's empirical denoiser, normaliser included (EMPDEN_NORMALISER_INPUT, rules/empden.smk).
+# use the sampler's empirical denoiser, normaliser included (EMPDEN.normaliser_input, rules/empden.smk).
 
-DIAG_RUNTIME_MIN = cost.empden_diagnostics_runtime_min(config)
-DIAG_MEM_MB = cost.empden_diagnostics_mem_mb(config)
+from pipeline.methods.empden_diagnostics.wiring import Wiring as _EmpdenDiagnosticsWiring
 
-register_targets("empden_diagnostics", lambda: [
-    TABLES / "empden_table4_proxy.parquet",
-    FIGURES / "empden_figure1_proxy_cosine.png",
-    TABLES / "empden_table1_window_swap.parquet",
-    TABLES / "empden_table5_endpoint_agreement.parquet",
-    TABLES / "empden_table6_image_agreement.parquet",
-    TABLES / "empden_figure6_critical_window.parquet",
-    FIGURES / "empden_figure6_critical_window.png",
-])
+#: the diagnostics' targets, params and costs (pipeline/methods/empden_diagnostics/wiring.py); the normaliser is
+#: EMPDEN's (rules/empden.smk)
+EMPDEN_DIAGNOSTICS = _EmpdenDiagnosticsWiring(HOUSE, EMPDEN)
 
-
-#: params of every proxy-diagnostics rule (the schedule, C and beta are the accounting section's,
-#: the normaliser the sampler's)
-DIAG_PARAMS = stage_params(diagnostics=config["empden_diagnostics"], accounting=ACCOUNTING_MECHANISM, seed=SEED,
-                           device=config["device"], threads=TORCH_THREADS, **EMPDEN_NORMALISER_PARAMS)
+register_targets("empden_diagnostics", EMPDEN_DIAGNOSTICS.targets)
 
 
 rule empden_table4_proxy:
     """EMPDEN Table 4 + Figure 1: cos(x_t - E_hat, x_t - D) and ||E_hat - D||^2 along the trajectory."""
     input:
-        unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
+        unpack(lambda wildcards: EMPDEN.normaliser_input),
         private=DATA / "private_train.npz",
         denoiser=PUBLIC_DENOISER,
     output:
         table=TABLES / "empden_table4_proxy.parquet",
         figure=report_figure("empden_figure1_proxy_cosine"),
     params:
-        p=DIAG_PARAMS,
-        norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+        p=EMPDEN_DIAGNOSTICS.params(),
+        norm_in=EMPDEN.normaliser_args,
     benchmark:
         benchmark_path("empden_table4_proxy")
     log:
@@ -43,8 +32,8 @@ rule empden_table4_proxy:
     threads: TORCH_THREADS
     resources:
         gpu=1,
-        mem_mb=DIAG_MEM_MB,
-        runtime=DIAG_RUNTIME_MIN,
+        mem_mb=EMPDEN_DIAGNOSTICS.mem_mb,
+        runtime=EMPDEN_DIAGNOSTICS.runtime_min,
     conda:
         GPU_ENV
     shell:
@@ -55,7 +44,7 @@ rule empden_table4_proxy:
 rule empden_table1_window_swap:
     """EMPDEN Tables 1, 5, 6: empirical denoiser swapped into one window vs that window's noise redrawn."""
     input:
-        unpack(lambda wildcards: EMPDEN_NORMALISER_INPUT),
+        unpack(lambda wildcards: EMPDEN.normaliser_input),
         private=DATA / "private_train.npz",
         denoiser=PUBLIC_DENOISER,
         evalnet=rules.train_evalnet.output.model,
@@ -64,8 +53,8 @@ rule empden_table1_window_swap:
         table5=TABLES / "empden_table5_endpoint_agreement.parquet",
         table6=TABLES / "empden_table6_image_agreement.parquet",
     params:
-        p=DIAG_PARAMS,
-        norm_in=lambda wildcards, input: io_args("", {k: input[k] for k in EMPDEN_NORMALISER_INPUT}),
+        p=EMPDEN_DIAGNOSTICS.params(),
+        norm_in=EMPDEN.normaliser_args,
     benchmark:
         benchmark_path("empden_table1_window_swap")
     log:
@@ -73,8 +62,8 @@ rule empden_table1_window_swap:
     threads: TORCH_THREADS
     resources:
         gpu=1,
-        mem_mb=DIAG_MEM_MB,
-        runtime=DIAG_RUNTIME_MIN,
+        mem_mb=EMPDEN_DIAGNOSTICS.mem_mb,
+        runtime=EMPDEN_DIAGNOSTICS.runtime_min,
     conda:
         GPU_ENV
     shell:
@@ -92,7 +81,7 @@ rule empden_figure6_critical_window:
         table=TABLES / "empden_figure6_critical_window.parquet",
         figure=report_figure("empden_figure6_critical_window"),
     params:
-        p=DIAG_PARAMS,
+        p=EMPDEN_DIAGNOSTICS.params(),
     benchmark:
         benchmark_path("empden_figure6_critical_window")
     log:
@@ -101,7 +90,7 @@ rule empden_figure6_critical_window:
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=DIAG_RUNTIME_MIN,
+        runtime=EMPDEN_DIAGNOSTICS.runtime_min,
     conda:
         GPU_ENV
     shell:

@@ -1,7 +1,15 @@
 # Evaluation core: the evaluation network (trained on held-out real data only) and the
 # metrics every method's samples are scored with. Code: pipeline/evaluation/.
 
-include: "functions/evaluate.smk"
+from pipeline.methods._evaluation import Wiring as _EvaluationWiring
+
+#: the evaluation core's paths and params (pipeline/methods/_evaluation.py)
+EVALUATION = _EvaluationWiring(HOUSE)
+# used by rules/dpdm.smk, rules/straightdp.smk
+EVALNET = EVALUATION.evalnet
+clip_inputs = EVALUATION.clip_inputs
+clip_arg = EVALUATION.clip_arg
+evaluation_params = EVALUATION.params
 
 
 rule train_evalnet:
@@ -9,10 +17,10 @@ rule train_evalnet:
         train=DATA / "eval_train.npz",
         test=DATA / "test.npz",
     output:
-        model=EVALNET / "evalnet.pt",
-        metrics=EVALNET / "metrics.json",
+        model=EVALUATION.evalnet_model,
+        metrics=EVALUATION.evalnet / "metrics.json",
     params:
-        p=params_json(evalnet=config["evaluation"]["evalnet"], seed=SEED, device=config["device"]),
+        p=EVALUATION.evalnet_params(),
     benchmark:
         benchmark_path("train_evalnet")
     log:
@@ -29,7 +37,7 @@ rule train_evalnet:
         " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
-if config["evaluation"]["clip"]["source"] == "trained":
+if EVALUATION.trains_clip:
 
     rule train_clip:
         """A small CLIP (open_clip's CLIP and ClipLoss) on the public split only; zero-shot accuracy on real test."""
@@ -37,11 +45,10 @@ if config["evaluation"]["clip"]["source"] == "trained":
             public=DATA / "public.npz",
             test=DATA / "test.npz",
         output:
-            model=CLIP_MODEL,
-            metrics=CLIP_DIR / "metrics.json",
+            model=EVALUATION.clip_model,
+            metrics=EVALUATION.clip_dir / "metrics.json",
         params:
-            p=stage_params(clip={k: v for k, v in config["evaluation"]["clip"].items() if k != "enabled"}, seed=SEED,
-                           threads=TORCH_THREADS),
+            p=EVALUATION.clip_params(),
         benchmark:
             benchmark_path("train_clip")
         log:
@@ -64,10 +71,10 @@ else:
         input:
             test=DATA / "test.npz",
         output:
-            model=CLIP_MODEL,
-            metrics=CLIP_DIR / "metrics.json",
+            model=EVALUATION.clip_model,
+            metrics=EVALUATION.clip_dir / "metrics.json",
         params:
-            p=stage_params(clip={k: v for k, v in config["evaluation"]["clip"].items() if k != "enabled"}),
+            p=EVALUATION.clip_params(),
         benchmark:
             benchmark_path("import_clip")
         log:
@@ -86,16 +93,15 @@ else:
 rule evaluate_reference_real:
     """The 'real data' reference row: held-out real images no model saw, scored like samples."""
     input:
-        unpack(clip_inputs),
+        unpack(EVALUATION.clip_inputs),
         samples=DATA / "reference.npz",
         test=DATA / "test.npz",
-        evalnet=EVALNET / "evalnet.pt",
+        evalnet=EVALUATION.evalnet_model,
     output:
-        metrics=EXPDIR / "eval" / "reference_real" / "metrics.json",
+        metrics=EVALUATION.reference_real_metrics,
     params:
-        p=params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"], threads=TORCH_THREADS,
-                      name="reference_real"),
-        clip=clip_arg,
+        p=EVALUATION.evaluate_params("reference_real"),
+        clip=EVALUATION.clip_arg,
     benchmark:
         benchmark_path("evaluate_reference_real")
     log:

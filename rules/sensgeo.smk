@@ -2,18 +2,12 @@
 # Code: pipeline/results/sensgeo.py (stages), pipeline/privacy/sensgeo/ (the mathematics).
 # No inputs: every public domain K and random covariance is drawn from sensgeo.seed.
 
-register_targets("sensgeo", lambda: [
-    FIGURES / "sensgeo_fig1_naive_vs_exact.png",
-    TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
-    TABLES / "sensgeo_table_guarantees.parquet",
-    TABLES / "sensgeo_table_sdp.parquet",
-    FIGURES / "sensgeo_fig_mi_snr.png",
-    TABLES / "sensgeo_table_bridge.parquet",
-])
+from pipeline.methods.sensgeo.wiring import Wiring as _SensgeoWiring
 
-#: every SENSGEO rule's params: its config section (sensgeo.<section>), the config id and the seed
-SENSGEO_PARAMS = {section: stage_params(seed=config["sensgeo"]["seed"], **{section: config["sensgeo"][section]})
-                  for section in ("fig1", "guarantees", "sdp", "mi", "bridge")}
+#: SENSGEO's targets and params (pipeline/methods/sensgeo/wiring.py)
+SENSGEO = _SensgeoWiring(HOUSE)
+
+register_targets("sensgeo", SENSGEO.targets)
 
 
 rule sensgeo_fig1_naive_vs_exact:
@@ -23,7 +17,7 @@ rule sensgeo_fig1_naive_vs_exact:
         pdf=FIGURES / "sensgeo_fig1_naive_vs_exact.pdf",
         table=TABLES / "sensgeo_fig1_naive_vs_exact.parquet",
     params:
-        p=SENSGEO_PARAMS["fig1"],
+        p=SENSGEO.params("fig1"),
     benchmark:
         benchmark_path("sensgeo_fig1_naive_vs_exact")
     log:
@@ -44,7 +38,7 @@ rule sensgeo_table_guarantees:
     output:
         table=TABLES / "sensgeo_table_guarantees.parquet",
     params:
-        p=SENSGEO_PARAMS["guarantees"],
+        p=SENSGEO.params("guarantees"),
     benchmark:
         benchmark_path("sensgeo_table_guarantees")
     log:
@@ -64,7 +58,7 @@ rule sensgeo_table_sdp:
     output:
         table=TABLES / "sensgeo_table_sdp.parquet",
     params:
-        p=SENSGEO_PARAMS["sdp"],
+        p=SENSGEO.params("sdp"),
     benchmark:
         benchmark_path("sensgeo_table_sdp")
     log:
@@ -85,7 +79,7 @@ rule sensgeo_fig_mi_snr:
         png=report_figure("sensgeo_fig_mi_snr"),
         pdf=FIGURES / "sensgeo_fig_mi_snr.pdf",
     params:
-        p=SENSGEO_PARAMS["mi"],
+        p=SENSGEO.params("mi"),
     benchmark:
         benchmark_path("sensgeo_fig_mi_snr")
     log:
@@ -105,7 +99,7 @@ rule sensgeo_table_bridge:
     output:
         table=TABLES / "sensgeo_table_bridge.parquet",
     params:
-        p=SENSGEO_PARAMS["bridge"],
+        p=SENSGEO.params("bridge"),
     benchmark:
         benchmark_path("sensgeo_table_bridge")
     log:

@@ -1,0 +1,98 @@
+"""The baselines' wiring (``rules/baselines.smk``): a run's files and params, the table's inputs, the transcripts the
+replay checks and the runs all_runs.parquet reads. Runs and their names: :mod:`pipeline.baselines.runs`.
+
+Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/test_baselines_wiring.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.baselines import runs as baseline_runs
+from pipeline.baselines.runs import BaselineRun
+from pipeline.methods._evaluation import Wiring as EvaluationWiring
+from pipeline.registry import RunRecord, TranscriptSpec
+from pipeline.wiring import House, stage_params
+
+#: keys that list which runs exist, not how one is made: left out of a run's params, so adding an eps or a seed
+#: reruns nothing already built
+LISTING = ("methods", "epsilons", "seeds")
+#: a baseline's private stage (and its rule, its benchmark folder), by the method token of its run names
+STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution"}
+
+
+class Wiring:
+    """DP-MERF and Private Evolution runs of one configuration (config ``baselines``)."""
+
+    def __init__(self, house: House, evaluation: EvaluationWiring | None = None) -> None:
+        self.house = house
+        self.evaluation = evaluation or EvaluationWiring(house)
+
+    @property
+    def section(self) -> dict[str, Any]:
+        return self.house.config["baselines"]
+
+    @property
+    def table(self) -> Path:
+        """baselines.parquet (rule baselines_table): every run's metrics, certified eps and cost; Table 2's prior
+        rows (rules/empden.smk) read it too."""
+        return self.house.layout.tables / "baselines.parquet"
+
+    def targets(self) -> list[Path]:
+        """What the baselines add to rule all: their table."""
+        return [self.table]
+
+    def runs(self) -> list[BaselineRun]:
+        """Every run of the config: methods x epsilons x seeds."""
+        return baseline_runs.runs(self.section)
+
+    def samples_path(self, run: str) -> Path:
+        return self.house.layout.expdir / "samples" / "baselines" / f"{run}.npz"
+
+    def manifest_path(self, run: str) -> Path:
+        return self.house.layout.expdir / "samples" / "baselines" / f"{run}.json"
+
+    def train_metrics_path(self, run: str) -> Path:
+        """What the private stage reports of its own run (noise, steps, time), beside the samples."""
+        return self.house.layout.expdir / "train" / "baselines" / f"{run}.json"
+
+    def ledger_path(self, run: str) -> Path:
+        """The run's own transcript: parallel jobs never append to the same file."""
+        return self.house.layout.ledger(f"baselines_{run}")
+
+    def metrics_path(self, run: str) -> Path:
+        """The evaluation core's metrics of the run's samples (rule evaluate_baseline)."""
+        return self.house.layout.expdir / "eval" / "baselines" / run / "metrics.json"
+
+    def params(self, wildcards: Any) -> str:
+        """Stage params of the run ``wildcards.run``: the baselines section without its listing keys, the run name
+        (method, eps and seed are read from it), the declared private set, device, threads and the ledger binding."""
+        section = {k: v for k, v in self.section.items() if k not in LISTING}
+        h = self.house
+        return stage_params(baselines=section, run=wildcards.run, private=h.private, device=h.config["device"],
+                            threads=h.torch_threads, ledger_binding=h.ledger_binding(wildcards.run))
+
+    def pe_inputs(self, wildcards: Any = None) -> dict[str, Path]:
+        """Private Evolution's embedding model: the CLIP file when baselines.pe.embedding is clip, else nothing."""
+        return {"clip": self.evaluation.clip_model} if self.section["pe"]["embedding"] == "clip" else {}
+
+    def evaluate_params(self, wildcards: Any) -> str:
+        """Params of evaluate_baseline for ``wildcards.run`` (the evaluation core's, named baselines/<run>)."""
+        return self.evaluation.evaluate_params(f"baselines/{wildcards.run}")
+
+    def transcripts(self) -> dict[Path, TranscriptSpec]:
+        """Each run's one line, bound to the run, its stage, the baselines' delta and the private split."""
+        return {self.ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage=STAGES[r.method],
+                                                         delta=self.section["delta"],
+                                                         data=self.house.layout.split("private_train"))
+                for r in self.runs()}
+
+    def records(self) -> list[RunRecord]:
+        """One all_runs record per baseline run: its metrics, its one transcript, its jobs' benchmarks."""
+        bench = self.house.layout.benchmark
+        return [RunRecord(method=run.method, config=run.name, seed=run.seed, epsilon_target=run.epsilon,
+                          metrics=self.metrics_path(run.name), ledgers=(self.ledger_path(run.name),),
+                          benchmarks=(bench(STAGES[run.method], run.name), bench("evaluate_baseline", run.name)),
+                          label=baseline_runs.LABELS[run.method])
+                for run in self.runs()]

@@ -1,0 +1,216 @@
+"""EMPDEN's wiring (``rules/empden.smk``): its cells' paths and params, the tables' inputs, its targets, the ledger
+transcripts the replay checks and the runs all_runs.parquet reads. Cells and their names:
+:mod:`pipeline.sampling.empden_grid`.
+
+Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/test_empden_wiring.py``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pipeline.resources as cost
+from pipeline.methods.accounting.wiring import EPS_KEYS, mechanism
+from pipeline.registry import RunRecord, TranscriptSpec
+from pipeline.sampling.empden_grid import Cell, cell_from_wildcards, grid_cells
+from pipeline.wiring import House, io_args, stage_params
+
+#: the empirical denoiser's normaliser settings (empden.normaliser, empden.normaliser_n): params of every job that
+#: builds it (public_only cells ignore them)
+NORMALISER_KEYS = ("normaliser", "normaliser_n")
+#: what all_runs.parquet and the privacy-utility figure call each sampler
+LABELS = {"hybrid": "EMPDEN hybrid (p, B, T grid)", "per_step": "EMPDEN per-step (p, B, T grid)",
+          "full_batch": "EMPDEN full batch", "public_only": "public denoiser only (EMPDEN)"}
+#: the prior methods whose main tables give Table 2 its rows, when they are chosen
+PRIOR_METHODS = ("baselines", "dpdm")
+#: the run (and stage) Figure 2's own transcript is bound to
+FIGURE2 = "empden_figure2_trajectories"
+
+
+class Wiring:
+    """EMPDEN's sampling grid (Sec. 6, App. J) of one configuration: the cells, Tables 2, 3, 8/9, 10, Figures 2, 3,
+    4 right."""
+
+    def __init__(self, house: House) -> None:
+        self.house = house
+
+    @property
+    def section(self) -> dict[str, Any]:
+        return self.house.config["empden"]
+
+    # ---------------------------------------------------------------- paths
+
+    @property
+    def samples(self) -> Path:
+        """samples/empden/: a cell's samples are ``<cell.name>.npz`` below it (and its manifest ``.json``)."""
+        return self.house.layout.expdir / "samples" / "empden"
+
+    @property
+    def table8(self) -> Path:
+        """Tables 8/9: every cell with FID, PLD [eps_l, eps_u] and Edgeworth eps_ew (the other tables read it)."""
+        return self.house.layout.tables / "empden_table8_grid.parquet"
+
+    @property
+    def figure2_ledger(self) -> Path:
+        """Figure 2's own transcript (its trajectories read the private set)."""
+        return self.house.layout.ledger(FIGURE2)
+
+    def sample_path(self, cell: Cell) -> Path:
+        return self.samples / f"{cell.name}.npz"
+
+    def metrics_path(self, cell: Cell) -> Path:
+        """The evaluation core's metrics of the cell's samples (rule empden_evaluate)."""
+        return self.house.layout.expdir / "eval" / "empden" / cell.name / "metrics.json"
+
+    def ledger_path(self, cell: Cell) -> Path:
+        """The cell's own transcript (parallel jobs never append to the same file)."""
+        return self.house.layout.ledger(cell.ledger_stem)
+
+    # ---------------------------------------------------------------- the grid and its inputs
+
+    def cells(self) -> list[Cell]:
+        """Every EMPDEN sampling cell of the config (:func:`pipeline.sampling.empden_grid.grid_cells`)."""
+        return grid_cells(self.section, self.house.config["accounting"])
+
+    @property
+    def normaliser_input(self) -> dict[str, Path]:
+        """The public split behind the public-marginal normaliser of the empirical denoiser (empden.normaliser;
+        pipeline/privacy/empirical_denoiser.py): an input of every private cell (and of the proxy diagnostics), none
+        for "constant"."""
+        return {"public_data": self.house.layout.split("public")} if self.section["normaliser"] == "public_marginal" \
+            else {}
+
+    @property
+    def normaliser_params(self) -> dict[str, Any]:
+        """The empirical denoiser's normaliser settings (:data:`NORMALISER_KEYS`)."""
+        return {k: self.section[k] for k in NORMALISER_KEYS}
+
+    def normaliser_args(self, wildcards: Any, input: Mapping[str, Any]) -> str:  # noqa: A002 - Snakemake's name
+        """The normaliser's inputs as ``key=path`` words of the stage call (a space when there are none)."""
+        return io_args("", {k: input[k] for k in self.normaliser_input})
+
+    @property
+    def sample_mem_mb(self) -> int:
+        return cost.empden_sample_mem_mb(self.house.config)
+
+    @property
+    def sample_runtime_min(self) -> int:
+        return cost.empden_sample_runtime_min(self.house.config)
+
+    # ---------------------------------------------------------------- params
+
+    def sample_params(self, method: str, wildcards: Mapping[str, str]) -> str:
+        """Stage params of one cell, parsed from its target path's wildcards: the cell, the accounting mechanism
+        (not its table grids), the number of images, batch size, device, threads, the ledger binding and the
+        normaliser settings."""
+        cell = cell_from_wildcards(method, wildcards)
+        h = self.house
+        return stage_params(cell=cell.as_dict(), accounting=mechanism(h.config["accounting"]),
+                            n_out=cost.empden_n_out(h.config), batch_size=self.section["batch_size"],
+                            device=h.config["device"], threads=h.torch_threads,
+                            ledger_binding=h.ledger_binding(cell.ledger_stem), **self.normaliser_params)
+
+    def table8_params(self) -> str:
+        """Tables 8/9 (rule empden_table8_grid): the accounting keys its eps columns read, nothing of the grid."""
+        return stage_params(accounting={k: self.house.config["accounting"][k] for k in EPS_KEYS})
+
+    def table2_params(self) -> str:
+        """Table 2 (rule empden_table2_comparison): the main grid's beta."""
+        return stage_params(beta=self.house.config["accounting"]["beta"])
+
+    def table3_params(self) -> str:
+        """Table 3 (the normaliser beta against eps and FID): the beta ablation at the first seed."""
+        return stage_params(beta_ablation=self.section["beta_ablation"], seed=self.section["seeds"][0])
+
+    def table10_params(self) -> str:
+        """Table 10 (FID mean +- std over generation seeds): the repeated-seeds section at the main beta."""
+        return stage_params(repeated_seeds=self.section["repeated_seeds"], beta=self.house.config["accounting"]["beta"])
+
+    def figure3_params(self) -> str:
+        """Figure 3 (FID against certified eps_u varying t0, T and q): the main beta and the first seed."""
+        return stage_params(beta=self.house.config["accounting"]["beta"], seed=self.section["seeds"][0])
+
+    def figure4_params(self) -> str:
+        """Figure 4 right (full-batch samples along the sigma_min sweep): how many images it shows."""
+        return stage_params(n_images=self.section["figure_images"])
+
+    def figure2_params(self) -> str:
+        """Figure 2 (output-wise vs per-step trajectories from identical noise): its section, the accounting
+        mechanism, beta, the first seed, device, threads, its ledger binding and the normaliser settings."""
+        h = self.house
+        return stage_params(figure2=self.section["figure2"], accounting=mechanism(h.config["accounting"]),
+                            beta=h.config["accounting"]["beta"], seed=self.section["seeds"][0],
+                            device=h.config["device"], threads=h.torch_threads,
+                            ledger_binding=h.ledger_binding(FIGURE2), **self.normaliser_params)
+
+    # ---------------------------------------------------------------- tables' inputs
+
+    def table8_inputs(self) -> dict[str, Path]:
+        """samples_<i> / metrics_<i> of every cell: the inputs of the Table 8 join."""
+        out = {}
+        for i, cell in enumerate(self.cells()):
+            out[f"samples_{i}"] = self.sample_path(cell)
+            out[f"metrics_{i}"] = self.metrics_path(cell)
+        return out
+
+    def figure4_inputs(self) -> dict[str, Path]:
+        """The full-batch cells (Figure 4 right)."""
+        cells = [c for c in self.cells() if c.method == "full_batch"]
+        return {f"samples_{i}": self.sample_path(c) for i, c in enumerate(cells)}
+
+    def table2_prior_inputs(self, wildcards: Any = None) -> dict[str, Path]:
+        """Table 2's prior-method rows read the baselines' and DPDM's main tables, when those methods are chosen."""
+        tables = self.house.layout.tables
+        out = {}
+        if self.house.method_on("baselines"):
+            out["baselines"] = tables / "baselines.parquet"
+        if self.house.method_on("dpdm"):
+            out["dpdm"] = tables / "dpdm_table_main.parquet"
+        return out
+
+    @staticmethod
+    def table2_prior_args(wildcards: Any, input: Mapping[str, Any]) -> str:  # noqa: A002 - Snakemake's name
+        """`` baselines=<path> dpdm=<path>`` of Table 2's stage call, for the prior tables among its inputs."""
+        return "".join(f" {k}={shlex.quote(str(input[k]))}" for k in PRIOR_METHODS if k in input.keys())
+
+    # ---------------------------------------------------------------- what the registry reads
+
+    def targets(self) -> list[Path]:
+        """EMPDEN grid tables and figures: Tables 8/9, Table 2 and Figure 3 always; Table 3 (beta ablation),
+        Table 10 (repeated seeds), Figure 4 right (full-batch sigma_min sweep) and Figure 2 (trajectories) as the
+        empden section asks."""
+        e, t, f = self.section, self.house.layout.tables, self.house.layout.figures
+        out = [self.table8, t / "empden_table2_comparison.parquet", f / "empden_figure3_tradeoffs.png"]
+        if e["beta_ablation"]:
+            out.append(t / "empden_table3_beta.parquet")
+        if e["repeated_seeds"]:
+            out.append(t / "empden_table10_seeds.parquet")
+        if e["full_batch"]["sigma_min"]:
+            out.append(f / "empden_figure4_samples.png")
+        if e["figure2"]:
+            out.append(f / "empden_figure2_trajectories.png")
+        return out
+
+    def transcripts(self) -> dict[Path, TranscriptSpec]:
+        """Each cell that reads private data writes its own transcript (parallel jobs never append to the same
+        file) with one claim, bound to the cell (its ledger stem); Figure 2 writes two (output-wise and per-step).
+        Every line at the accounting delta, on the private split."""
+        common = dict(delta=self.house.config["accounting"]["delta"], data=self.house.layout.split("private_train"))
+        claims = {self.ledger_path(c): TranscriptSpec(claims=1, run=c.ledger_stem, stage="empden_sample", **common)
+                  for c in self.cells() if c.private}
+        if self.section["figure2"]:
+            claims[self.figure2_ledger] = TranscriptSpec(claims=2, run=FIGURE2, stage=FIGURE2, **common)
+        return claims
+
+    def records(self) -> list[RunRecord]:
+        """all_runs records: every evaluated cell; the figure draws the subsampled cells (hybrid, per-step) as
+        points and the public-only cell as a reference (full-batch eps ~1e3-1e4 stay in the table only)."""
+        bench = self.house.layout.benchmark
+        return [RunRecord(method="empden", config=c.name, seed=c.seed, private=c.private, metrics=self.metrics_path(c),
+                          ledgers=(self.ledger_path(c),) if c.private else (), label=LABELS[c.method],
+                          in_figure=c.method != "full_batch",
+                          benchmarks=(bench("empden_sample", c.name), bench("empden_evaluate", c.name)))
+                for c in self.cells()]

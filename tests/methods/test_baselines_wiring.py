@@ -1,0 +1,94 @@
+"""The baselines' wiring (pipeline/methods/baselines/wiring.py): a run's files and params, its transcript, the
+runs all_runs.parquet reads."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from pipeline.config import validate_config
+from pipeline.methods.baselines.wiring import LISTING, Wiring
+from pipeline.wiring import House
+
+
+def house(tmp_path: Path, edit=None) -> House:
+    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
+    cfg["results_dir"] = str(tmp_path / "r")
+    if edit:
+        edit(cfg)
+    return House.from_config(validate_config(cfg))
+
+
+def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
+    bl = Wiring(house(tmp_path))
+    assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
+                                           "pe_eps10_seed0"]
+    assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
+    assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
+
+
+def test_a_run_has_its_samples_manifest_train_metrics_ledger_and_evaluation(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    assert bl.samples_path("pe_eps1_seed0") == exp / "samples" / "baselines" / "pe_eps1_seed0.npz"
+    assert bl.manifest_path("pe_eps1_seed0") == exp / "samples" / "baselines" / "pe_eps1_seed0.json"
+    assert bl.train_metrics_path("pe_eps1_seed0") == exp / "train" / "baselines" / "pe_eps1_seed0.json"
+    assert bl.ledger_path("pe_eps1_seed0") == exp / "ledger" / "baselines_pe_eps1_seed0.jsonl"
+    assert bl.metrics_path("pe_eps1_seed0") == exp / "eval" / "baselines" / "pe_eps1_seed0" / "metrics.json"
+    # wildcards pass through unchanged: the rule's patterns
+    assert bl.samples_path("{run}") == exp / "samples" / "baselines" / "{run}.npz"
+
+
+def test_a_runs_params_leave_out_the_listing_so_adding_an_eps_reruns_nothing(tmp_path):
+    h = house(tmp_path)
+    p = json.loads(Wiring(h).params(SimpleNamespace(run="pe_eps1_seed0")))
+    assert set(LISTING) == {"methods", "epsilons", "seeds"}
+    assert not set(LISTING) & set(p["baselines"])
+    assert p["baselines"]["pe"] == h.config["baselines"]["pe"] and p["baselines"]["delta"] == 1e-5
+    assert p["run"] == "pe_eps1_seed0" and p["private"] == {"N": 2500, "n_classes": 10}
+    assert p["ledger_binding"] == {"run": "pe_eps1_seed0", "experiment": "digits"}
+    assert p["threads"] == h.torch_threads and p["device"] == h.config["device"]
+
+    def more(cfg):
+        cfg["baselines"].update(epsilons=[1, 10, 100], seeds=[0, 1])
+    assert Wiring(house(tmp_path, more)).params(SimpleNamespace(run="pe_eps1_seed0")) == \
+        Wiring(h).params(SimpleNamespace(run="pe_eps1_seed0"))
+
+
+def test_private_evolution_reads_clip_only_with_the_clip_embedding(tmp_path):
+    h = house(tmp_path)
+    assert Wiring(h).pe_inputs() == {}
+    cfg = copy.deepcopy(dict(h.config))
+    cfg["baselines"]["pe"]["embedding"] = "clip"
+    assert Wiring(House(cfg, h.layout, 1)).pe_inputs() == {"clip": tmp_path / "r" / "digits" / "clip" / "clip.pt"}
+
+
+def test_the_evaluation_of_a_run_is_named_after_it(tmp_path):
+    p = json.loads(Wiring(house(tmp_path)).evaluate_params(SimpleNamespace(run="dp_merf_eps1_seed0")))
+    assert p["name"] == "baselines/dp_merf_eps1_seed0" and p["evaluation"]["clip"] == {"enabled": True}
+
+
+def test_each_run_writes_one_line_bound_to_it_and_its_stage(tmp_path):
+    bl = Wiring(house(tmp_path))
+    specs = bl.transcripts()
+    assert list(specs) == [bl.ledger_path(r.name) for r in bl.runs()]
+    pe = specs[bl.ledger_path("pe_eps10_seed0")].as_dict()
+    assert pe["claims"] == 1 and pe["run"] == "pe_eps10_seed0" and pe["stage"] == "private_evolution"
+    assert pe["delta"] == 1e-5 and pe["data"] == str(tmp_path / "r" / "digits" / "data" / "private_train.npz")
+    assert specs[bl.ledger_path("dp_merf_eps1_seed0")].stage == "dp_merf"
+
+
+def test_all_runs_records_one_per_run_with_its_cost(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    recs = bl.records()
+    assert [r.config for r in recs] == [r.name for r in bl.runs()]
+    merf = recs[0]
+    assert (merf.method, merf.seed, merf.epsilon_target, merf.label) == ("dp_merf", 0, 1.0, "DP-MERF")
+    assert Path(merf.metrics) == bl.metrics_path("dp_merf_eps1_seed0")
+    assert [Path(p) for p in merf.ledgers] == [bl.ledger_path("dp_merf_eps1_seed0")]
+    assert [Path(p) for p in recs[2].benchmarks] == [exp / "benchmarks" / "private_evolution" / "pe_eps1_seed0.tsv",
+                                                     exp / "benchmarks" / "evaluate_baseline" / "pe_eps1_seed0.tsv"]
+    assert recs[2].label == "Private Evolution" and recs[2].private

@@ -1,0 +1,59 @@
+"""EMPDEN's proxy diagnostics' wiring (pipeline/methods/empden_diagnostics/wiring.py): targets, params, costs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import yaml
+
+from pipeline.config import validate_config
+from pipeline.methods.accounting.wiring import GRID_KEYS
+from pipeline.methods.empden.wiring import Wiring as EmpdenWiring
+from pipeline.methods.empden_diagnostics.wiring import Wiring
+from pipeline.wiring import House
+
+
+def house(tmp_path: Path, edit=None) -> House:
+    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
+    cfg["results_dir"] = str(tmp_path / "r")
+    if edit:
+        edit(cfg)
+    return House.from_config(validate_config(cfg))
+
+
+def test_the_diagnostics_report_tables_1_4_5_6_and_figures_1_6(tmp_path):
+    t, f = tmp_path / "r" / "tables", tmp_path / "r" / "figures"
+    assert Wiring(house(tmp_path)).targets() == [
+        t / "empden_table4_proxy.parquet", f / "empden_figure1_proxy_cosine.png",
+        t / "empden_table1_window_swap.parquet", t / "empden_table5_endpoint_agreement.parquet",
+        t / "empden_table6_image_agreement.parquet", t / "empden_figure6_critical_window.parquet",
+        f / "empden_figure6_critical_window.png"]
+
+
+def test_the_params_hold_the_section_the_mechanism_and_the_samplers_normaliser(tmp_path):
+    h = house(tmp_path)
+    p = json.loads(Wiring(h).params())
+    assert p["diagnostics"] == h.config["empden_diagnostics"] and p["seed"] == 0
+    assert not set(GRID_KEYS) & set(p["accounting"]) and p["accounting"]["beta"] == 1.0
+    assert p["normaliser"] == "public_marginal" and p["normaliser_n"] is None
+    assert p["threads"] == h.torch_threads and p["device"] == h.config["device"]
+    # the normaliser is EMPDEN's: the same object's settings reach both
+    cfg = copy.deepcopy(dict(h.config))
+    cfg["empden"]["normaliser"] = "constant"
+    other = House(cfg, h.layout, h.torch_threads)
+    assert json.loads(Wiring(other, EmpdenWiring(other)).params())["normaliser"] == "constant"
+    # an accounting table grid reruns no diagnostic
+    cfg["empden"]["normaliser"] = "public_marginal"
+    cfg["accounting"]["B"] = [25]
+    assert Wiring(House(cfg, h.layout, h.torch_threads)).params() == Wiring(h).params()
+
+
+def test_the_costs_come_from_the_cost_models(tmp_path):
+    from pipeline import resources
+
+    h = house(tmp_path)
+    d = Wiring(h)
+    assert d.runtime_min == resources.empden_diagnostics_runtime_min(h.config)
+    assert d.mem_mb == resources.empden_diagnostics_mem_mb(h.config)
