@@ -14,6 +14,7 @@ import copy
 import difflib
 import hashlib
 import json
+import pkgutil
 from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
@@ -34,12 +35,20 @@ class ConfigError(ValueError):
 def load_schema() -> dict[str, Any]:
     """The config schema, with the ``methods`` values those found under ``pipeline/methods/`` (a new method adds
     its package and edits no list)."""
-    from pipeline.methods import method_names  # strings only: no stage is imported
-
     text = resources.files("pipeline").joinpath(SCHEMA_RESOURCE).read_text()
     schema = yaml.safe_load(text)
     schema["properties"]["methods"]["items"] = {"enum": method_names()}
     return schema
+
+
+def method_names() -> list[str]:
+    """Every method module or package under ``pipeline/methods/`` (a leading underscore is not a method), sorted.
+
+    The folder is listed, not imported: ``pipeline.methods`` imports the engines its wiring drives, which read
+    this module's schema defaults, so config stays below the methods it validates (tests/test_imports.py).
+    """
+    folder = resources.files("pipeline").joinpath("methods")
+    return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if not m.name.startswith("_"))
 
 
 def schema_path() -> Path:

@@ -138,10 +138,10 @@ def test_methods_default_to_every_method_in_the_index_order():
 
 
 def test_a_method_package_is_a_methods_value_without_editing_the_schema(monkeypatch):
-    import pipeline.methods as methods
+    import pipeline.config as config
     from pipeline.config import load_schema
 
-    monkeypatch.setattr(methods, "method_names", lambda: ["dpdm", "toy"])
+    monkeypatch.setattr(config, "method_names", lambda: ["dpdm", "toy"])
     load_schema.cache_clear()
     try:
         assert validate_config({"methods": ["toy"]})["methods"] == ["toy"]

@@ -14,8 +14,9 @@ and edits no list. The ``__init__`` modules hold strings only: stages are import
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from dataclasses import dataclass
+
+from pipeline.config import method_names
 
 #: stage name -> "module:attribute"
 Stages = dict[str, str]
@@ -38,11 +39,6 @@ class Method:
     def __post_init__(self) -> None:
         if self.report_prefixes and self.report_category is None:
             raise ValueError(f"method {self.name!r}: report_prefixes need a report_category")
-
-
-def method_names() -> list[str]:
-    """Every method module of this package, sorted by name."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
 def method_stages() -> dict[str, Stages]:
