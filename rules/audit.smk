@@ -1,7 +1,8 @@
 # Audits: the one-run canary audit (Steinke, Nasr & Jagielski 2023) of every ledger line of the chosen
 # methods whose mechanism it can rerun: DP-SGD (DPDM's `dpsgd`, STRAIGHTDP's `tha_dpsgd`), STRAIGHTDP's
 # moment release, EMPDEN's sampler blocks and the baselines' releases (DP-MERF, PE).
-# Code: pipeline/audit/ (stage pipeline.audit.stage:audit_one_run); wiring: rules/functions/audit.smk.
+# Code: pipeline/audit/ (stage pipeline.audit.stage:audit_one_run); wiring: pipeline/methods/audit/wiring.py
+# (AUDIT, unit-tested in tests/methods/test_audit_wiring.py).
 # A line whose eps_lb exceeds its claim fails the job. Membership inference (loss + SecMI attacks) on
 # every trained model and on DPDM's non-private twin (the positive control): table audit_mia, and
 # EMPDEN Table 13's numerical column (pipeline/audit/mia_stage.py).
@@ -11,20 +12,24 @@
 #   snakemake results/digits/audit/mia/dpdm/edm_eps1_K2_seed0.json     one model's attacks
 #   snakemake results/digits/models/dpdm/twin_seed0.pt                 the non-private twin (never release it)
 
-include: "functions/audit.smk"
+from pipeline.methods.audit.wiring import Wiring as _AuditWiring
 
-register_targets("audit", lambda: [AUDIT_TABLE] + mia_targets())
+#: which transcripts the one-run audit reads (the chosen audited methods' registrations), which models the
+#: membership attacks score
+AUDIT = _AuditWiring(HOUSE, REGISTRY.transcripts, DPDM, STRAIGHTDP)
+
+register_targets("audit", AUDIT.targets)
 
 
 rule audit_one_run:
     """One-run canary audit of every auditable ledger line: eps_lb (95%) per line; fails if one exceeds its claim."""
     input:
-        unpack(lambda wildcards: _audited_transcripts()),
+        unpack(lambda wildcards: AUDIT.audited_transcripts()),
     output:
-        table=AUDIT_TABLE,
+        table=AUDIT.table,
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
-        p=stage_params(audit=config["audit"], seed=SEED, threads=TORCH_THREADS),
+        p=AUDIT.one_run_params(),
     benchmark:
         benchmark_path("audit_one_run")
     log:
@@ -32,8 +37,7 @@ rule audit_one_run:
     threads: TORCH_THREADS
     resources:
         mem_mb=2000,
-        runtime=lambda wildcards: cost.audit_runtime_min(config, sum(s.claims for s in _audited_claims().values()),
-                                                         sum(s.claims for s in _empden_claims().values())),
+        runtime=lambda wildcards: AUDIT.one_run_runtime_min(),
     conda:
         CPU_ENV
     shell:
@@ -44,14 +48,14 @@ rule audit_one_run:
 rule train_dpdm_twin:
     """DPDM's non-private twin (same recipe, no clip, no noise): the membership attacks' positive control."""
     input:
-        unpack(twin_inputs),
+        unpack(AUDIT.twin_inputs),
     output:
-        model=twin_model_path("{seed}"),
-        metrics=EXPDIR / "train" / "dpdm_twin" / "twin_seed{seed}.json",
+        model=AUDIT.twin_model_path("{seed}"),
+        metrics=AUDIT.twin_metrics("{seed}"),
     wildcard_constraints:
         seed="[0-9]+",
     params:
-        p=twin_params,
+        p=AUDIT.twin_params,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     benchmark:
         benchmark_path("train_dpdm_twin", "{seed}")
@@ -61,7 +65,7 @@ rule train_dpdm_twin:
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=lambda wildcards: cost.dpdm_twin_runtime_min(config),
+        runtime=AUDIT.twin_runtime_min,
     conda:
         GPU_ENV
     shell:
@@ -72,18 +76,15 @@ rule train_dpdm_twin:
 rule audit_mia:
     """Membership attacks on one model: loss at audit.mia.loss_sigmas, SecMI at Table 13's stopping points."""
     input:
-        model=mia_model_input,
+        model=AUDIT.mia_model_input,
         members=DATA / "private_train.npz",
-        nonmembers=DATA / f"{MIA_NONMEMBERS}.npz",
+        nonmembers=AUDIT.nonmembers,
     output:
-        metrics=mia_metrics_path("{method}", "{run}"),
+        metrics=AUDIT.mia_metrics_path("{method}", "{run}"),
     wildcard_constraints:
         method="dpdm|dpdm_twin|straightdp",
     params:
-        p=lambda wildcards: stage_params(mia=mia_attack_settings(), grid=mia_grid(), method=wildcards.method,
-                                         run=wildcards.run, nonmember_split=MIA_NONMEMBERS, seed=SEED,
-                                         delta=mia_refute_delta(), device=config["device"],
-                                         threads=TORCH_THREADS),
+        p=AUDIT.mia_params,
     benchmark:
         benchmark_path("audit_mia", "{method}/{run}")
     log:
@@ -92,7 +93,7 @@ rule audit_mia:
     resources:
         gpu=1,
         mem_mb=3000,
-        runtime=lambda wildcards: cost.mia_runtime_min(config),
+        runtime=AUDIT.mia_runtime_min,
     conda:
         GPU_ENV
     shell:
@@ -104,12 +105,12 @@ rule audit_mia_table:
     """Table audit_mia: AUC, TPR at 1% / 0.1% FPR, ASR, eps_refutable per model and attack; fails if an attack
     refutes a claim."""
     input:
-        unpack(lambda wildcards: mia_table_inputs()),
+        unpack(lambda wildcards: AUDIT.mia_table_inputs()),
     output:
-        table=MIA_TABLE,
+        table=AUDIT.mia_table,
     params:
-        ins=lambda wildcards: io_args("--in", mia_table_inputs()),
-        p=stage_params(seed=SEED),
+        ins=lambda wildcards: io_args("--in", AUDIT.mia_table_inputs()),
+        p=AUDIT.table_params(),
     benchmark:
         benchmark_path("audit_mia_table")
     log:
@@ -129,11 +130,11 @@ rule empden_table13:
     """EMPDEN Table 13: the theoretical ASR bound beside SecMI's ASR on the non-private twin at the same t."""
     input:
         theoretical=TABLES / "empden_table13_theoretical_asr.parquet",
-        twin=mia_metrics_path("dpdm_twin", f"twin_seed{config['dpdm']['seeds'][0]}"),
+        twin=AUDIT.table13_twin,
     output:
-        table=TABLE13,
+        table=AUDIT.table13,
     params:
-        p=stage_params(seed=SEED),
+        p=AUDIT.table_params(),
     benchmark:
         benchmark_path("empden_table13")
     log:

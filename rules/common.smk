@@ -112,16 +112,6 @@ def run_table_inputs(records):
     return out
 
 
-def all_runs_audit_inputs():
-    """The audits' tables all_runs joins in, when the audit method is chosen (rules/audit.smk)."""
-    if not method_on("audit"):
-        return {}
-    out = {"audit_one_run": AUDIT_TABLE}
-    if MIA_TABLE in mia_targets():
-        out["audit_mia"] = MIA_TABLE
-    return out
-
-
 def run_table_params(records):
     runs = [{k: v for k, v in r.as_dict().items() if k not in ("metrics", "ledgers")} for r in records]
     return stage_params(runs=runs)

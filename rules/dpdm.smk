@@ -2,41 +2,43 @@
 # evaluation core, then the main table, the K / sampler / configuration ablations and sample grids.
 # Code: pipeline/training/dpdm.py (train_dpdm), pipeline/sampling/dpdm_stage.py (sample_dpdm,
 # dpdm_sample_grid), pipeline/results/dpdm.py (dpdm_table). Runs, their names and the tables'
-# rows: pipeline/training/dpdm_runs.py; a run's files and params: rules/functions/dpdm.smk.
+# rows: pipeline/training/dpdm_runs.py; a run's files and params, targets, transcripts and all_runs
+# records: pipeline/methods/dpdm/wiring.py (DPDM, unit-tested in tests/methods/test_dpdm_wiring.py).
 #
 #   snakemake results/digits/models/dpdm/edm_eps1_K2_seed0.pt                 one training run
 #   snakemake results/digits/samples/dpdm/edm_eps1_K2_seed0/churn.npz         one sample set
 #   snakemake results/digits/eval/dpdm/vpred_eps0p2_K2_seed0/ddim/metrics.json
 # Any run name works as a target (e.g. K16 or seed3), not only those the tables use.
 
-include: "functions/dpdm.smk"
+from pipeline.methods.dpdm.wiring import Wiring as _DpdmWiring
+from pipeline.training.dpdm_runs import RUN_PATTERN as DPDM_RUN_PATTERN
+
+#: DPDM's runs, paths and params; under dpdm.sampling.main auto, the main sampler is read from the checkpoint
+DPDM = _DpdmWiring(HOUSE, EVALUATION, selection=lambda: checkpoints.dpdm_select_sampler.get().output.selection)
 
 # a sampler name the tables use but the config lacks is a one-line error now, not mid-DAG
 try:
-    dpdm_runs.check_sampler_names(config["dpdm"])
+    DPDM.check_sampler_names()
 except ConfigError as _exc:
     raise WorkflowError(str(_exc)) from None
 
-register_targets("dpdm", dpdm_targets)
-# every run writes its own transcript, with one claim
-register_transcripts("dpdm", lambda: {dpdm_ledger_path(r.name): TranscriptSpec(
-    claims=1, run=r.name, stage="train_dpdm", delta=config["dpdm"]["delta"], data=DATA / "private_train.npz")
-    for r in dpdm_runs.runs(config["dpdm"])})
-register_runs("dpdm", dpdm_records)
+register_targets("dpdm", DPDM.targets)
+register_transcripts("dpdm", DPDM.transcripts)
+register_runs("dpdm", DPDM.records)
 
 
 rule train_dpdm:
     """One DP-SGD run (sigma calibrated to the run's eps before training): the EMA denoiser + its ledger line."""
     input:
-        unpack(dpdm_train_inputs),
+        unpack(DPDM.train_inputs),
     output:
-        model=dpdm_model_path("{run}"),
-        ledger=dpdm_ledger_path("{run}"),
-        metrics=EXPDIR / "train" / "dpdm" / "{run}.json",
+        model=DPDM.model_path("{run}"),
+        ledger=DPDM.ledger_path("{run}"),
+        metrics=DPDM.train_metrics("{run}"),
     wildcard_constraints:
-        run=dpdm_runs.RUN_PATTERN,
+        run=DPDM_RUN_PATTERN,
     params:
-        p=dpdm_train_params,
+        p=DPDM.train_params,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "train_dpdm" / "{run}.log",
@@ -45,8 +47,8 @@ rule train_dpdm:
     threads: TORCH_THREADS
     resources:
         gpu=1,
-        mem_mb=cost.dpdm_train_mem_mb(config),
-        runtime=cost.dpdm_train_runtime_min(config),
+        mem_mb=DPDM.train_mem_mb,
+        runtime=DPDM.train_runtime_min,
     conda:
         GPU_ENV
     shell:
@@ -57,15 +59,15 @@ rule train_dpdm:
 rule sample_dpdm:
     """Labelled samples of one run with one named sampler (post-processing: no ledger line)."""
     input:
-        denoiser=dpdm_model_path("{run}"),
+        denoiser=DPDM.model_path("{run}"),
     output:
-        samples=dpdm_samples_path("{run}", "{sampler}"),
-        manifest=EXPDIR / "samples" / "dpdm" / "{run}" / "{sampler}.json",
+        samples=DPDM.samples_path("{run}", "{sampler}"),
+        manifest=DPDM.samples_manifest("{run}", "{sampler}"),
     wildcard_constraints:
-        run=dpdm_runs.RUN_PATTERN,
+        run=DPDM_RUN_PATTERN,
         sampler="[A-Za-z0-9_]+",
     params:
-        p=dpdm_sample_params,
+        p=DPDM.sample_params,
     log:
         LOGS / "sample_dpdm" / "{run}_{sampler}.log",
     benchmark:
@@ -74,7 +76,7 @@ rule sample_dpdm:
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=cost.dpdm_sample_runtime_min(config),
+        runtime=DPDM.sample_runtime_min,
     conda:
         GPU_ENV
     shell:
@@ -87,18 +89,17 @@ rule evaluate_dpdm:
     and on val for the choice of the main sampler)."""
     input:
         unpack(clip_inputs),
-        samples=dpdm_samples_path("{run}", "{sampler}"),
+        samples=DPDM.samples_path("{run}", "{sampler}"),
         test=DATA / "test.npz",
         val=DATA / "val.npz",
         evalnet=EVALNET / "evalnet.pt",
     output:
-        metrics=dpdm_metrics_path("{run}", "{sampler}"),
+        metrics=DPDM.metrics_path("{run}", "{sampler}"),
     wildcard_constraints:
-        run=dpdm_runs.RUN_PATTERN,
+        run=DPDM_RUN_PATTERN,
         sampler="[A-Za-z0-9_]+",
     params:
-        p=lambda wildcards: params_json(evaluation=evaluation_params(), seed=SEED, device=config["device"],
-                                        threads=TORCH_THREADS, name=f"dpdm/{wildcards.run}/{wildcards.sampler}"),
+        p=DPDM.evaluate_params,
         clip=clip_arg,
     log:
         LOGS / "evaluate_dpdm" / "{run}_{sampler}.log",
@@ -119,12 +120,12 @@ rule evaluate_dpdm:
 checkpoint dpdm_select_sampler:
     """DPDM's main sampler (dpdm.sampling.main: auto): the sampler ablation's best mean CNN accuracy on val."""
     input:
-        unpack(lambda wildcards: dpdm_selection_inputs()),
+        unpack(lambda wildcards: DPDM.selection_inputs()),
     output:
-        selection=DPDM_SELECTION,
+        selection=DPDM.selection,
     params:
-        p=lambda wildcards: stage_params(rows=dpdm_rows("dpdm_table_samplers")),
-        ins=lambda wildcards: io_args("--in", dpdm_selection_inputs()),
+        p=lambda wildcards: DPDM.selection_params(),
+        ins=lambda wildcards: io_args("--in", DPDM.selection_inputs()),
     benchmark:
         benchmark_path("dpdm_select_sampler")
     log:
@@ -143,12 +144,12 @@ checkpoint dpdm_select_sampler:
 rule dpdm_table_main:
     """DPDM Table 1: FID and downstream accuracy (logreg/MLP/CNN) per target eps, certified eps from the ledger."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_main"))),
+        unpack(lambda wildcards: DPDM.table_inputs("dpdm_table_main")),
     output:
-        table=TABLES / "dpdm_table_main.parquet",
+        table=DPDM.table_path("dpdm_table_main"),
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_main")),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_main"))),
+        p=lambda wildcards: DPDM.table_params("dpdm_table_main"),
+        ins=lambda wildcards: io_args("--in", DPDM.table_inputs("dpdm_table_main")),
     benchmark:
         benchmark_path("dpdm_table_main")
     log:
@@ -166,12 +167,12 @@ rule dpdm_table_main:
 rule dpdm_table_noise_multiplicity:
     """DPDM Table 4 / Figure 4: noise multiplicity K at one eps (same mechanism, same eps, for every K)."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_noise_multiplicity"))),
+        unpack(lambda wildcards: DPDM.table_inputs("dpdm_table_noise_multiplicity")),
     output:
-        table=TABLES / "dpdm_table_noise_multiplicity.parquet",
+        table=DPDM.table_path("dpdm_table_noise_multiplicity"),
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_noise_multiplicity")),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_noise_multiplicity"))),
+        p=lambda wildcards: DPDM.table_params("dpdm_table_noise_multiplicity"),
+        ins=lambda wildcards: io_args("--in", DPDM.table_inputs("dpdm_table_noise_multiplicity")),
     benchmark:
         benchmark_path("dpdm_table_noise_multiplicity")
     log:
@@ -189,12 +190,12 @@ rule dpdm_table_noise_multiplicity:
 rule dpdm_table_samplers:
     """DPDM Table 5 / App. F.4.3: every listed sampler (DDIM, stochastic DDIM, churn, guided) on each eps's main run."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_samplers"))),
+        unpack(lambda wildcards: DPDM.table_inputs("dpdm_table_samplers")),
     output:
-        table=TABLES / "dpdm_table_samplers.parquet",
+        table=DPDM.table_path("dpdm_table_samplers"),
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_samplers")),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_samplers"))),
+        p=lambda wildcards: DPDM.table_params("dpdm_table_samplers"),
+        ins=lambda wildcards: io_args("--in", DPDM.table_inputs("dpdm_table_samplers")),
     benchmark:
         benchmark_path("dpdm_table_samplers")
     log:
@@ -212,12 +213,12 @@ rule dpdm_table_samplers:
 rule dpdm_table_configurations:
     """DPDM App. C / Table 3: diffusion configurations (EDM, v-prediction, VP, VE) at one small eps."""
     input:
-        unpack(lambda wildcards: dpdm_table_inputs(dpdm_rows("dpdm_table_configurations"))),
+        unpack(lambda wildcards: DPDM.table_inputs("dpdm_table_configurations")),
     output:
-        table=TABLES / "dpdm_table_configurations.parquet",
+        table=DPDM.table_path("dpdm_table_configurations"),
     params:
-        p=lambda wildcards: dpdm_table_params(dpdm_rows("dpdm_table_configurations")),
-        ins=lambda wildcards: io_args("--in", dpdm_table_inputs(dpdm_rows("dpdm_table_configurations"))),
+        p=lambda wildcards: DPDM.table_params("dpdm_table_configurations"),
+        ins=lambda wildcards: io_args("--in", DPDM.table_inputs("dpdm_table_configurations")),
     benchmark:
         benchmark_path("dpdm_table_configurations")
     log:
@@ -235,14 +236,13 @@ rule dpdm_table_configurations:
 rule dpdm_samples_by_epsilon:
     """Figure: main-sampler samples of every target eps (one panel per eps, one row per class)."""
     input:
-        unpack(lambda wildcards: dpdm_grid_inputs()),
+        unpack(lambda wildcards: DPDM.grid_inputs()),
     output:
         png=report_figure("dpdm_samples_by_epsilon"),
         pdf=FIGURES / "dpdm_samples_by_epsilon.pdf",
     params:
-        ins=lambda wildcards: io_args("--in", dpdm_grid_inputs()),
-        p=lambda wildcards: params_json(per_class=config["dpdm"]["sampling"]["per_class"], titles=dpdm_grid_titles(),
-                                        title=f"DPDM samples ({config['dpdm']['sampling']['main']}) by target eps"),
+        ins=lambda wildcards: io_args("--in", DPDM.grid_inputs()),
+        p=DPDM.grid_params(),
     benchmark:
         benchmark_path("dpdm_samples_by_epsilon")
     log:
@@ -260,14 +260,13 @@ rule dpdm_samples_by_epsilon:
 rule dpdm_samples_by_sampler:
     """Figure: the sampler ablation's samples at its largest eps (one panel per sampler)."""
     input:
-        unpack(lambda wildcards: dpdm_sampler_grid_inputs()),
+        unpack(lambda wildcards: DPDM.sampler_grid_inputs()),
     output:
         png=report_figure("dpdm_samples_by_sampler"),
         pdf=FIGURES / "dpdm_samples_by_sampler.pdf",
     params:
-        ins=lambda wildcards: io_args("--in", dpdm_sampler_grid_inputs()),
-        p=lambda wildcards: params_json(per_class=config["dpdm"]["sampling"]["per_class"],
-                                        title=f"DPDM samplers at eps = {dpdm_sampler_grid_eps():g}"),
+        ins=lambda wildcards: io_args("--in", DPDM.sampler_grid_inputs()),
+        p=DPDM.sampler_grid_params(),
     benchmark:
         benchmark_path("dpdm_samples_by_sampler")
     log:

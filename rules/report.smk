@@ -87,13 +87,13 @@ rule index_html:
 rule all_runs_table:
     """Table all_runs: one row per evaluated (method, configuration, seed), certified eps from its transcripts."""
     input:
-        unpack(lambda wildcards: {**run_table_inputs(all_run_records()), **all_runs_audit_inputs(),
+        unpack(lambda wildcards: {**run_table_inputs(all_run_records()), **AUDIT.all_runs_inputs(),
                                   "runtime": TABLES / "runtime.parquet"}),
     output:
         table=TABLES / "all_runs.parquet",
     params:
         p=lambda wildcards: run_table_params(all_run_records()),
-        ins=lambda wildcards: io_args("--in", {**run_table_inputs(all_run_records()), **all_runs_audit_inputs(),
+        ins=lambda wildcards: io_args("--in", {**run_table_inputs(all_run_records()), **AUDIT.all_runs_inputs(),
                                                "runtime": TABLES / "runtime.parquet"}),
     benchmark:
         benchmark_path("all_runs_table")

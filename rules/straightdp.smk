@@ -14,11 +14,9 @@
 from pipeline.methods.straightdp.wiring import TABLE2_PANELS as _STRAIGHTDP_TABLE2_PANELS
 from pipeline.methods.straightdp.wiring import TABLES as _STRAIGHTDP_TABLES
 from pipeline.methods.straightdp.wiring import Wiring as _StraightdpWiring
-from pipeline.training import straightdp_runs  # also used by rules/functions/audit.smk
+from pipeline.training import straightdp_runs
 
 STRAIGHTDP = _StraightdpWiring(HOUSE)
-# used by rules/functions/audit.smk (audit_mia's model input)
-sdp_model_path = STRAIGHTDP.model_path
 
 register_targets("straightdp", STRAIGHTDP.targets)
 register_transcripts("straightdp", STRAIGHTDP.transcripts)

@@ -17,7 +17,7 @@ be rerun alone; numbers in paths never contain a dot (``0.5`` is written ``0p5``
 stem is also a valid Snakemake input name (the ledger replay keys its inputs by stem). A cell's name is
 declared per method in the shared run-name grammar (:mod:`pipeline.runs`, :data:`CELL_NAMES`).
 
-Pure Python (no torch): ``rules/functions/empden.smk`` imports it to expand the target lists.
+Pure Python (no torch): ``pipeline/methods/empden/wiring.py`` imports it to expand the target lists.
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ class Wiring:
         return params_json(name=f"{name}_codes")
 
     def evaluate_params(self, run: str, evaluation: Mapping[str, Any]) -> str:
-        """rule evaluate_straightdp's params: the evaluation core's (``evaluation``: rules/functions/evaluate.smk)
+        """rule evaluate_straightdp's params: the evaluation core's (``evaluation``: pipeline/methods/_evaluation.py)
         and the run's name."""
         return params_json(evaluation=evaluation, seed=self.config["seed"], device=self.config["device"],
                            threads=self.house.torch_threads, name=f"straightdp/{run}")

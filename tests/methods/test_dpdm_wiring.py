@@ -1,0 +1,255 @@
+"""DPDM's wiring (pipeline/methods/dpdm/wiring.py): a run's files and params, the main sampler chosen on val, the
+tables' rows and inputs, the sample grids, targets per ablation switch, transcripts and all_runs records."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, config_id, validate_config
+from pipeline.methods.dpdm.wiring import MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, Wiring
+from pipeline.registry import TranscriptSpec
+from pipeline.wiring import House
+
+ROOT = Path(__file__).parents[2]
+
+
+def house(tmp_path: Path, edit=None) -> House:
+    """config.yaml (results under tmp_path), edited in place by ``edit``."""
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    cfg["results_dir"] = str(tmp_path / "r")
+    if edit:
+        edit(cfg)
+    return House.from_config(validate_config(cfg))
+
+
+def chosen(tmp_path: Path, sampler: str):
+    """A selection file as checkpoint dpdm_select_sampler writes it, and the callable that finds it."""
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps({"sampler": sampler}))
+    return lambda: str(path)
+
+
+def fixed_main(sampler: str):
+    def edit(cfg):
+        cfg["dpdm"]["sampling"]["main"] = sampler
+    return edit
+
+
+@pytest.fixture
+def w(tmp_path) -> Wiring:
+    return Wiring(house(tmp_path), selection=chosen(tmp_path, "churn"))
+
+
+@pytest.fixture
+def exp(tmp_path) -> Path:
+    return tmp_path / "r" / "digits"
+
+
+def wc(run: str, sampler: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(run=run, sampler=sampler)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def test_a_runs_files_sit_under_the_experiment_by_kind(w, exp, tmp_path):
+    run = "edm_eps1_K1_seed0"
+    assert w.model_path(run) == exp / "models" / "dpdm" / f"{run}.pt"
+    assert w.ledger_path(run) == exp / "ledger" / f"train_dpdm_{run}.jsonl"
+    assert w.train_metrics(run) == exp / "train" / "dpdm" / f"{run}.json"
+    assert w.samples_path(run, "churn") == exp / "samples" / "dpdm" / run / "churn.npz"
+    assert w.samples_manifest(run, "churn") == exp / "samples" / "dpdm" / run / "churn.json"
+    assert w.metrics_path(run, "churn") == exp / "eval" / "dpdm" / run / "churn" / "metrics.json"
+    assert w.selection == exp / "dpdm" / "sampler_selection.json"
+    assert w.table_path(MAIN_TABLE) == tmp_path / "r" / "tables" / "dpdm_table_main.parquet"
+    assert w.figure_path("dpdm_samples_by_epsilon", ".pdf") == tmp_path / "r" / "figures" / "dpdm_samples_by_epsilon.pdf"
+    # rule wildcards format into the same paths
+    assert w.samples_path("{run}", "{sampler}") == exp / "samples" / "dpdm" / "{run}" / "{sampler}.npz"
+
+
+# ---------------------------------------------------------------------------------------------- runs and rows
+
+
+def test_the_runs_are_every_table_rows_run_once(w):
+    """The quick tour: eps 0.2 / 1 / 10 main runs (K 1), the K table's K 2 run at eps 10, v-prediction at eps 0.2."""
+    assert [r.name for r in w.runs()] == ["edm_eps0p2_K1_seed0", "edm_eps10_K1_seed0", "edm_eps10_K2_seed0",
+                                          "edm_eps1_K1_seed0", "vpred_eps0p2_K1_seed0"]
+    assert w.section is w.house.config["dpdm"]
+
+
+def test_under_auto_the_main_tables_read_the_sampler_val_chose_and_the_ablation_never_waits(tmp_path):
+    asked = []
+
+    def selection():
+        asked.append(1)
+        return chosen(tmp_path, "guided")()
+
+    w = Wiring(house(tmp_path), selection=selection)
+    ablation = w.rows(SAMPLER_TABLE)
+    assert asked == [] and {r["sampler"] for r in ablation} == {"ddim", "churn", "guided"}
+    main = w.rows(MAIN_TABLE)
+    assert asked and {r["sampler"] for r in main} == {"guided"}
+    assert {r["sampler_chosen_on"] for r in main} == {"val"}
+    assert w.main_sampler() == "guided"
+
+
+def test_a_fixed_main_sampler_never_asks_for_the_checkpoint(tmp_path):
+    w = Wiring(house(tmp_path, fixed_main("ddim")))  # no selection at all
+    assert w.main_sampler() == "ddim"
+    assert {r["sampler_chosen_on"] for r in w.rows(MAIN_TABLE)} == {"config"}
+
+
+def test_auto_without_the_checkpoint_is_a_programming_error_not_a_silent_default(tmp_path):
+    with pytest.raises(RuntimeError, match="auto"):
+        Wiring(house(tmp_path)).main_sampler()
+
+
+def test_a_sampler_the_tables_use_but_the_config_lacks_is_one_config_error(tmp_path):
+    def missing(cfg):
+        cfg["dpdm"]["sampler_ablation"]["samplers"] = ["ddim", "heun"]
+    with pytest.raises(ConfigError, match="heun"):
+        Wiring(house(tmp_path, missing)).check_sampler_names()
+    Wiring(house(tmp_path)).check_sampler_names()
+    assert Wiring(house(tmp_path)).sampler_settings("ddim") == {"name": "ddim", "steps": 20}
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+
+def test_the_targets_are_the_main_table_and_grid_and_each_ablation_switched_on(w, tmp_path):
+    tables, figures = tmp_path / "r" / "tables", tmp_path / "r" / "figures"
+    assert w.targets() == [tables / "dpdm_table_main.parquet", figures / "dpdm_samples_by_epsilon.png",
+                           tables / "dpdm_table_noise_multiplicity.parquet", tables / "dpdm_table_samplers.parquet",
+                           figures / "dpdm_samples_by_sampler.png", tables / "dpdm_table_configurations.parquet"]
+
+    def no_ablations(cfg):
+        cfg["dpdm"].update(noise_multiplicity=None, sampler_ablation=None, parameterisation_ablation=None,
+                           sampling={**cfg["dpdm"]["sampling"], "main": "ddim"})
+    bare = Wiring(house(tmp_path, no_ablations))
+    assert bare.targets() == [tables / "dpdm_table_main.parquet", figures / "dpdm_samples_by_epsilon.png"]
+    assert [r.name for r in bare.runs()] == ["edm_eps0p2_K1_seed0", "edm_eps10_K1_seed0", "edm_eps1_K1_seed0"]
+
+
+# ---------------------------------------------------------------------------------------------- transcripts and records
+
+
+def test_every_training_run_has_one_transcript_bound_to_its_run_and_the_private_split(w, exp):
+    specs = w.transcripts()
+    assert list(specs) == [w.ledger_path(r.name) for r in w.runs()]
+    assert specs[w.ledger_path("edm_eps1_K1_seed0")] == TranscriptSpec(
+        claims=1, run="edm_eps1_K1_seed0", stage="train_dpdm", delta=1e-5, data=exp / "data" / "private_train.npz")
+
+
+def test_every_evaluated_run_and_sampler_is_an_all_runs_record_and_only_the_main_table_is_the_figures_line(w, exp):
+    records = w.records()
+    main = [r for r in records if r.in_figure]
+    assert [r.config for r in main] == ["edm_eps0p2_K1_seed0/churn", "edm_eps1_K1_seed0/churn",
+                                        "edm_eps10_K1_seed0/churn"]
+    assert {r.label for r in main} == {"DPDM"} and {r.label for r in records if not r.in_figure} == {"DPDM (ablations)"}
+    # the K table (2) + the sampler ablation (3 x 3) + the configurations (EDM, v-prediction) beside the main table's 3
+    assert len(records) == 3 + 2 + 9 + 2
+    r = main[1]
+    assert (r.method, r.seed, r.epsilon_target) == ("dpdm", 0, 1)
+    assert r.metrics == str(w.metrics_path("edm_eps1_K1_seed0", "churn"))
+    assert r.ledgers == (str(w.ledger_path("edm_eps1_K1_seed0")),)
+    bench = exp / "benchmarks"
+    assert r.benchmarks == tuple(str(p) for p in (bench / "train_dpdm" / "edm_eps1_K1_seed0.tsv",
+                                                  bench / "sample_dpdm" / "edm_eps1_K1_seed0" / "churn.tsv",
+                                                  bench / "evaluate_dpdm" / "edm_eps1_K1_seed0" / "churn.tsv"))
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+def test_a_training_run_reads_the_private_split_and_the_public_denoiser_it_starts_from(w, exp, tmp_path):
+    assert w.init_of("edm") == "public"
+    assert w.train_inputs(wc("edm_eps1_K1_seed0")) == {"data": exp / "data" / "private_train.npz",
+                                                       "init": exp / "models" / "public_edm.pt"}
+
+    def scratch(cfg):
+        cfg["dpdm"]["init"] = "scratch"
+    assert Wiring(house(tmp_path, scratch)).train_inputs(wc("edm_eps1_K1_seed0")) == {
+        "data": exp / "data" / "private_train.npz"}
+
+
+def test_a_training_runs_params_come_from_its_name_the_section_and_the_declared_private_constants(w):
+    p = json.loads(w.train_params(wc("vpred_eps0p2_K1_seed0")))
+    assert (p["parameterisation"], p["epsilon"], p["K"], p["seed"]) == ("vpred", 0.2, 1, 0)
+    assert {k: p[k] for k in TRAIN_KEYS} == {k: w.section[k] for k in TRAIN_KEYS}
+    assert p["private"] == {"N": 2500, "n_classes": 10}  # public constants, never len(split)
+    assert p["ledger_binding"] == {"run": "vpred_eps0p2_K1_seed0", "experiment": "digits"}
+    settings = {k: v for k, v in p.items() if k not in ("config_id", "device", "threads", "checkpoint_every_s",
+                                                         "ledger_binding")}
+    assert p["config_id"] == config_id(settings)
+    # another run of the same section differs only where its name does
+    q = json.loads(w.train_params(wc("vpred_eps1_K3_seed2")))
+    assert {k for k in p if p[k] != q[k]} == {"epsilon", "K", "seed", "ledger_binding", "config_id"}
+
+
+def test_trainable_is_passed_only_to_a_run_that_starts_from_the_public_weights(tmp_path):
+    def partial(cfg):
+        cfg["dpdm"]["trainable"] = ["*attentions*"]
+        cfg["dpdm"]["parameterisation_ablation"] = {"epsilon": 0.2, "parameterisations": ["vp"]}
+    w = Wiring(house(tmp_path, partial))
+    assert w.init_of("edm") == "public" and w.init_of("vp") == "scratch"
+    assert json.loads(w.train_params(wc("edm_eps1_K1_seed0")))["trainable"] == ["*attentions*"]
+    assert json.loads(w.train_params(wc("vp_eps0p2_K1_seed0")))["trainable"] is None
+
+
+def test_a_sample_job_names_its_sampler_settings_and_generates_with_the_runs_seed(w):
+    p = json.loads(w.sample_params(wc("edm_eps1_K1_seed3", "churn")))
+    assert p["sampler"] == w.section["sampling"]["samplers"]["churn"]
+    assert (p["seed"], p["n_samples"], p["name"]) == (3, 250, "dpdm/edm_eps1_K1_seed3/churn")
+    e = json.loads(w.evaluate_params(wc("edm_eps1_K1_seed3", "churn")))
+    assert e["name"] == "dpdm/edm_eps1_K1_seed3/churn" and e["evaluation"] == w.evaluation.params()
+    with pytest.raises(ConfigError, match="heun"):
+        w.sample_params(wc("edm_eps1_K1_seed3", "heun"))
+
+
+def test_the_jobs_costs_come_from_the_cost_models(w):
+    assert w.train_mem_mb > 0 and w.train_runtime_min > 0 and w.sample_runtime_min > 0
+
+
+# ---------------------------------------------------------------------------------------------- tables, choice, grids
+
+
+def test_a_tables_inputs_are_each_rows_metrics_and_its_runs_ledger(w):
+    ins = w.table_inputs("dpdm_table_noise_multiplicity")
+    assert ins == {"metrics_K1": w.metrics_path("edm_eps10_K1_seed0", "churn"),
+                   "ledger_K1": w.ledger_path("edm_eps10_K1_seed0"),
+                   "metrics_K2": w.metrics_path("edm_eps10_K2_seed0", "churn"),
+                   "ledger_K2": w.ledger_path("edm_eps10_K2_seed0")}
+    p = json.loads(w.table_params("dpdm_table_noise_multiplicity"))
+    assert p["rows"] == w.rows("dpdm_table_noise_multiplicity") and p["seed"] == 0
+
+
+def test_the_choice_of_sampler_reads_the_ablations_metrics_and_nothing_else(w):
+    ins = w.selection_inputs()
+    assert len(ins) == 9 and ins["metrics_guided_eps10"] == w.metrics_path("edm_eps10_K1_seed0", "guided")
+    assert json.loads(w.selection_params())["rows"] == w.rows(SAMPLER_TABLE)
+
+
+def test_the_sample_grids_show_the_main_sampler_per_eps_and_every_sampler_at_the_largest_eps(w):
+    assert w.grid_inputs() == {"eps_0p2": w.samples_path("edm_eps0p2_K1_seed0", "churn"),
+                               "eps_1": w.samples_path("edm_eps1_K1_seed0", "churn"),
+                               "eps_10": w.samples_path("edm_eps10_K1_seed0", "churn")}
+    g = json.loads(w.grid_params())
+    assert g["titles"] == {"eps_0p2": "eps = 0.2", "eps_1": "eps = 1", "eps_10": "eps = 10"}
+    assert g["title"] == "DPDM samples (auto) by target eps" and g["per_class"] == 8
+    assert w.sampler_grid_eps == 10
+    assert w.sampler_grid_inputs() == {s: w.samples_path("edm_eps10_K1_seed0", s) for s in ("ddim", "churn", "guided")}
+    assert json.loads(w.sampler_grid_params())["title"] == "DPDM samplers at eps = 10"
+
+
+def test_every_public_wiring_method_is_exercised_here():
+    """The spec above covers the whole class: a new public method needs a test."""
+    public = {n for n, _ in inspect.getmembers(Wiring) if not n.startswith("_")}
+    used = {node.attr for node in ast.walk(ast.parse(Path(__file__).read_text())) if isinstance(node, ast.Attribute)}
+    assert public - used == set()
