@@ -124,7 +124,8 @@ class MethodRegistry:
         """Every method some rule file registered, in registration order."""
         return list(self._targets)
 
-    def _check(self, methods: Sequence[str]) -> None:
+    def check(self, methods: Sequence[str]) -> None:
+        """Every chosen method is registered by some rule file, or one ValueError naming those that are not."""
         missing = [m for m in methods if m not in self._targets]
         if missing:
             raise ValueError(f"config error at methods: {', '.join(missing)} has no rule file registering it "
@@ -133,7 +134,7 @@ class MethodRegistry:
 
     def targets(self, methods: Sequence[str]) -> list[Path]:
         """Every target of the chosen ``methods``, method by method in their order, none twice."""
-        self._check(methods)
+        self.check(methods)
         out: dict[Path, None] = {}
         for method in methods:
             for fn in self._targets[method]:
@@ -146,7 +147,7 @@ class MethodRegistry:
 
     def transcripts(self, methods: Sequence[str]) -> dict[Path, TranscriptSpec]:
         """Ledger transcript -> what it must hold (:class:`TranscriptSpec`), for the chosen ``methods`` in order."""
-        self._check(methods)
+        self.check(methods)
         out: dict[Path, TranscriptSpec] = {}
         for method in methods:
             for fn in self._transcripts[method]:
@@ -159,7 +160,7 @@ class MethodRegistry:
 
     def runs(self, methods: Sequence[str]) -> list[RunRecord]:
         """Every evaluated run of the chosen ``methods``, in their order; a metrics file listed twice is one run."""
-        self._check(methods)
+        self.check(methods)
         out: dict[str, RunRecord] = {}
         for method in methods:
             for fn in self._runs.get(method, []):

@@ -214,13 +214,13 @@ rule replay:
     line's parameters do not rebuild, a transcript that is missing, empty, cut off or short, or a line not
     bound to the run, stage, delta and private split its method registered."""
     input:
-        unpack(lambda wildcards: ACCOUNTING.replay_inputs(ledger_transcripts())),
+        unpack(lambda wildcards: ACCOUNTING.replay_inputs(OUTPUTS.ledger_transcripts())),
     output:
         report=REPLAY_REPORT,
     params:
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
         # what each private stage writes, as its method registered it (pipeline/registry.py TranscriptSpec)
-        p=lambda wildcards: ACCOUNTING.replay_params(ledger_claims()),
+        p=lambda wildcards: ACCOUNTING.replay_params(OUTPUTS.ledger_claims()),
     benchmark:
         benchmark_path("replay")
     log:

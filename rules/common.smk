@@ -15,7 +15,8 @@ from snakemake.utils import validate
 import pipeline.resources as cost
 from pipeline.config import ConfigError, deep_merge, schema_path, typed_overrides, validate_config
 from pipeline.inputs import check_inputs_exist
-from pipeline.methods import report_categories
+from pipeline.methods._house import Outputs as _HouseOutputs
+from pipeline.methods._house import run_table_inputs, run_table_params
 from pipeline.registry import MethodRegistry, TranscriptSpec
 from pipeline.wiring import RUNTIME_PARAMS, House, io_args, params_json, stage_params
 
@@ -79,124 +80,26 @@ method_on = HOUSE.method_on
 # rule all, results/index.html and the replay, in that list's order (pipeline/registry.py).
 
 REGISTRY = MethodRegistry()
-
-
-def register_targets(method, targets):
-    """``targets()``: the method's tables (.parquet) and figures (.png; PDF beside) for rule all and the index."""
-    REGISTRY.register_targets(method, targets)
-
-
-def register_transcripts(method, transcripts):
-    """``transcripts()``: {ledger transcript path: TranscriptSpec (claims, run, stage, delta, data)}, the replay's
-    inputs and what it checks every line against."""
-    REGISTRY.register_transcripts(method, transcripts)
-
-
-
-def register_runs(method, runs):
-    """``runs()``: the method's evaluated runs (pipeline.registry.RunRecord), the rows of all_runs.parquet."""
-    REGISTRY.register_runs(method, runs)
-
-
-def all_run_records():
-    """Every evaluated run of the core references and the chosen methods (all_runs.parquet's rows)."""
-    return [*CORE_RUNS, *_registered(REGISTRY.runs)]
-
-
-def run_table_inputs(records):
-    """metrics_i and ledger_i_j of each run record: the inputs of all_runs_table (and of a method's run table)."""
-    out = {}
-    for i, r in enumerate(records):
-        out[f"metrics_{i}"] = r.metrics
-        out.update({f"ledger_{i}_{j}": p for j, p in enumerate(r.ledgers)})
-    return out
-
-
-def run_table_params(records):
-    runs = [{k: v for k, v in r.as_dict().items() if k not in ("metrics", "ledgers")} for r in records]
-    return stage_params(runs=runs)
-
-
-
-def _registered(query):
-    try:
-        return query(config["methods"])
-    except ValueError as exc:  # a chosen method that no file registers: one line, not a traceback
-        raise WorkflowError(str(exc)) from None
-
-
-#: the tables and figures made after every other job: the comparison (its cost columns come from the
-#: runtime table) and the runtime table of every job before them (rules/report.smk)
-AFTER_ALL = [FIGURES / "privacy_utility.png", TABLES / "all_runs.parquet", TABLES / "runtime.parquet",
-             FIGURES / "runtime.png"]
-#: the core tables and figures every config reports (rules/report.smk); the comparison first
-CORE_REPORT = [*AFTER_ALL, TABLES / "reference_real.parquet", FIGURES / "data_samples.png"]
-
-
-def report_inputs():
-    """Every table and figure (PNG; the PDF is written beside it) of the core and the chosen methods."""
-    return [*CORE_REPORT, *_registered(REGISTRY.report_targets)]
-
-
-def ledger_claims():
-    """Ledger transcript -> its TranscriptSpec, of every chosen method: the replay's inputs."""
-    return _registered(REGISTRY.transcripts)
-
-
-def ledger_transcripts():
-    """Every ledger transcript the config produces."""
-    return list(ledger_claims())
-
-
-def all_targets():
-    """Every output of the target `all`: data, tables, figures, the ledger replay, the summary page and the
-    report's table views (rules/review.smk).
-
-    The public denoiser (rules/pretrain.smk) is built whenever a method that uses it is chosen.
-    """
-    return [*data_splits().values(), *CORE_REPORT, *_registered(REGISTRY.targets), REPLAY_REPORT,
-            RESULTS / "index.html", REPORT_DIR / "tables"]
-
-
-# ---- snakemake --report (make report): captions under report/captions/, categories per paper/method
+#: ``targets()``: the method's tables (.parquet) and figures (.png; PDF beside) for rule all and the index
+register_targets = REGISTRY.register_targets
+#: ``transcripts()``: {ledger transcript path: TranscriptSpec (claims, run, stage, delta, data)}, the replay's
+#: inputs and what it checks every line against
+register_transcripts = REGISTRY.register_transcripts
+#: ``runs()``: the method's evaluated runs (pipeline.registry.RunRecord), the rows of all_runs.parquet
+register_runs = REGISTRY.register_runs
 
 #: captions of the report's tables and figures (reStructuredText, one file per table or figure)
 #: (this file's directory is rules/: the workflow's own basedir would be a wrapping Snakefile's when one
 #: includes this repository's Snakefile)
 CAPTIONS = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parent / "report" / "captions"
-#: the caption of a table or figure nobody has written one for (a test keeps the default config free of it)
-MISSING_CAPTION = CAPTIONS / "_missing.rst"
-#: the core's report categories (the number orders the menu); each method declares its own
-#: (pipeline/methods/<method>: METHOD.report_category), and a table or figure goes to the first whose prefix its name has
-CORE_REPORT_CATEGORIES = (("privacy_utility", "1 Comparison"), ("all_runs", "1 Comparison"),
-                          ("reference_real", "2 Data and evaluation"), ("data_samples", "2 Data and evaluation"),
-                          ("runtime", "9 Cost"))
-REPORT_CATEGORIES = (*CORE_REPORT_CATEGORIES, *report_categories())
-#: each method's headline row on the summary page: its configuration whose certified eps is nearest this
-HEADLINE_EPSILON = 1.0
+#: rule all's targets, the report's tables, figures, captions and categories, the replay's transcripts, all_runs'
+#: rows: the core's and the chosen methods' (pipeline/methods/_house.py)
+OUTPUTS = _HouseOutputs(HOUSE, REGISTRY, CAPTIONS)
 #: where the report's readable table views go (rule report_tables)
-REPORT_DIR = RESULTS / "report"
-
-
-def report_category(name):
-    return next((cat for prefix, cat in REPORT_CATEGORIES if name.startswith(prefix)), "10 Other")
-
-
-def caption_path(name, kind):
-    """report/captions/<name>_<kind>.rst (where a table and a figure share a name), else <name>.rst."""
-    for candidate in (CAPTIONS / f"{name}_{kind}.rst", CAPTIONS / f"{name}.rst"):
-        if candidate.is_file():
-            return str(candidate)
-    return str(MISSING_CAPTION)
+REPORT_DIR = HOUSE.layout.report_dir
 
 
 def report_figure(name):
     """FIGURES/<name>.png flagged for Snakemake's report, with its caption and category."""
-    return report(FIGURES / f"{name}.png", caption=caption_path(name, "figure"), category=report_category(name),
-                  subcategory="figures")
-
-
-def report_table_inputs():
-    """Table name -> Parquet path of every table of `all`: each gets a readable view in the report (rule report_tables,
-    results/report/tables/<name>.html)."""
-    return {Path(p).stem: p for p in report_inputs() if Path(p).suffix == ".parquet"}
+    return report(FIGURES / f"{name}.png", caption=OUTPUTS.caption_path(name, "figure"),
+                  category=OUTPUTS.report_category(name), subcategory="figures")

@@ -1,17 +1,12 @@
 # Reporting: Parquet tables (results/tables/), figures (results/figures/), the summary page (results/index.html,
 # the first page of `snakemake --report`), and the cross-method comparison (all_runs.parquet + privacy_utility.png).
 # Code: pipeline/reporting/stage.py, pipeline/reporting/review.py (the summary), pipeline/results/all_runs.py.
-from pipeline.registry import RunRecord
-
-#: the reference rows every config has: held-out real data (no privacy)
-CORE_RUNS = [RunRecord(method="reference", config="reference_real", seed=SEED, private=False,
-                       metrics=EXPDIR / "eval" / "reference_real" / "metrics.json", label="real held-out data")]
 
 
 rule reference_real:
     """Table reference_real: metrics of held-out real data against the real test split."""
     input:
-        reference_real=EXPDIR / "eval" / "reference_real" / "metrics.json",
+        reference_real=OUTPUTS.reference_metrics,
     output:
         table=TABLES / "reference_real.parquet",
     params:
@@ -67,7 +62,7 @@ rule index_html:
         index=RESULTS / "index.html",
         fragment=REPORT_DIR / "summary.html",
     params:
-        p=params_json(title=f"DP generative models: {EXP}", headline_epsilon=HEADLINE_EPSILON),
+        p=OUTPUTS.index_params(),
     benchmark:
         benchmark_path("index_html")
     log:
@@ -87,13 +82,13 @@ rule index_html:
 rule all_runs_table:
     """Table all_runs: one row per evaluated (method, configuration, seed), certified eps from its transcripts."""
     input:
-        unpack(lambda wildcards: {**run_table_inputs(all_run_records()), **AUDIT.all_runs_inputs(),
+        unpack(lambda wildcards: {**run_table_inputs(OUTPUTS.all_run_records()), **AUDIT.all_runs_inputs(),
                                   "runtime": TABLES / "runtime.parquet"}),
     output:
         table=TABLES / "all_runs.parquet",
     params:
-        p=lambda wildcards: run_table_params(all_run_records()),
-        ins=lambda wildcards: io_args("--in", {**run_table_inputs(all_run_records()), **AUDIT.all_runs_inputs(),
+        p=lambda wildcards: run_table_params(OUTPUTS.all_run_records()),
+        ins=lambda wildcards: io_args("--in", {**run_table_inputs(OUTPUTS.all_run_records()), **AUDIT.all_runs_inputs(),
                                                "runtime": TABLES / "runtime.parquet"}),
     benchmark:
         benchmark_path("all_runs_table")
@@ -134,7 +129,7 @@ rule runtime_table:
     """Table runtime: one row per job (rule, wildcards, wall s, CPU s, max RSS MB) from every benchmark file,
     built after every other job of `all` but the comparison and the index page (they read it)."""
     input:
-        lambda wildcards: [p for p in report_inputs() if p not in AFTER_ALL],
+        lambda wildcards: OUTPUTS.before_runtime(),
         replay=REPLAY_REPORT,
     output:
         table=TABLES / "runtime.parquet",

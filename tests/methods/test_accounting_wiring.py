@@ -5,23 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
-from pipeline.config import ConfigError, validate_config
+from pipeline.config import ConfigError
 from pipeline.methods.accounting.wiring import EPS_KEYS, GRID_KEYS, Wiring, mechanism
 from pipeline.registry import TranscriptSpec
 from pipeline.wiring import House
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def test_accounting_reports_tables_7_to_13_and_figures_4_5_7(tmp_path):

@@ -10,24 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 import pipeline.resources as cost
-from pipeline.config import validate_config
 from pipeline.methods import audited_methods
 from pipeline.methods.audit.wiring import MIA_GRID_KEYS, MIA_NONMEMBERS, Wiring
 from pipeline.registry import MethodRegistry, TranscriptSpec
-from pipeline.wiring import House
-
-ROOT = Path(__file__).parents[2]
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def registry(tmp_path: Path) -> MethodRegistry:

@@ -8,19 +8,10 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import yaml
 
-from pipeline.config import validate_config
 from pipeline.methods.baselines.wiring import LISTING, Wiring
 from pipeline.wiring import House
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):

@@ -10,23 +10,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
-from pipeline.config import ConfigError, config_id, validate_config
+from pipeline.config import ConfigError, config_id
 from pipeline.methods.dpdm.wiring import MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, Wiring
 from pipeline.registry import TranscriptSpec
-from pipeline.wiring import House
-
-ROOT = Path(__file__).parents[2]
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    """config.yaml (results under tmp_path), edited in place by ``edit``."""
-    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def chosen(tmp_path: Path, sampler: str):

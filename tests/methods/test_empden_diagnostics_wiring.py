@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
-import yaml
 
-from pipeline.config import validate_config
 from pipeline.methods.accounting.wiring import GRID_KEYS
 from pipeline.methods.empden.wiring import Wiring as EmpdenWiring
 from pipeline.methods.empden_diagnostics.wiring import Wiring
 from pipeline.wiring import House
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def test_the_diagnostics_report_tables_1_4_5_6_and_figures_1_6(tmp_path):

@@ -8,21 +8,12 @@ import json
 import shlex
 from pathlib import Path
 
-import yaml
 
-from pipeline.config import validate_config
 from pipeline.methods.accounting.wiring import GRID_KEYS
 from pipeline.methods.empden.wiring import FIGURE2, LABELS, Wiring
 from pipeline.sampling.empden_grid import grid_cells
 from pipeline.wiring import House
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def edited(h: House, **empden) -> House:

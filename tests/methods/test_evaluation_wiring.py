@@ -6,22 +6,13 @@ from __future__ import annotations
 import copy
 import json
 import shlex
-from pathlib import Path
 
-import yaml
 
-from pipeline.config import config_id, validate_config
+from pipeline.config import config_id
 from pipeline.methods import method_names
 from pipeline.methods._evaluation import Wiring
 from pipeline.wiring import House
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def variant(h: House, **evaluation) -> House:

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
-from pipeline.config import config_id, validate_config
+from pipeline.config import config_id
 from pipeline.methods.sensgeo.wiring import SECTIONS, Wiring
 from pipeline.wiring import House
-
-
-def house(tmp_path: Path, edit=None) -> House:
-    cfg = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "r")
-    if edit:
-        edit(cfg)
-    return House.from_config(validate_config(cfg))
+from tests.methods import house
 
 
 def test_sensgeo_reports_two_figures_and_five_tables_top_level(tmp_path):
