@@ -1,0 +1,89 @@
+"""Compare two runs' Parquet tables: what a refactor must leave unchanged ("a refactor changes no number").
+
+``python -m pipeline.reporting.compare BEFORE/results/tables AFTER/results/tables`` reads every table both folders
+hold and compares them exactly (pandas ``assert_frame_equal``, ``check_exact``: same columns, same dtypes, same
+values, NaN equal to NaN), leaving out what measures a job's cost rather than computes a result: columns whose name
+ends like a measured cost (:data:`MEASURED_SUFFIXES`) and tables that are nothing but costs (:data:`MEASURED_TABLES`). It prints one line per table and exits 1 when a table differs or is missing on one side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+#: tables that hold only the jobs' measured costs (one row per job): never equal between two runs
+MEASURED_TABLES = ("runtime",)
+#: columns that measure a job rather than compute a result (wall_s, cpu_s, all_runs' cost_wall_s / cost_cpu_s /
+#: cost_max_rss_mb, SENSGEO's primal_wall_s), by the end of their name
+MEASURED_SUFFIXES = ("wall_s", "cpu_s", "max_rss_mb", "cpu_utilisation", "finished_utc")
+
+
+def is_measured(column: str) -> bool:
+    return column.endswith(MEASURED_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class TableDiff:
+    """One table's verdict: ``equal``, ``differs`` (with the first difference pandas names) or ``missing``."""
+
+    name: str
+    status: str
+    detail: str = ""
+    ignored: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        ignored = f" (measured columns left out: {', '.join(self.ignored)})" if self.ignored else ""
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{self.status:8s} {self.name}{detail}{ignored}"
+
+
+def compare_table(name: str, before: pd.DataFrame, after: pd.DataFrame) -> TableDiff:
+    """Exact comparison of one table, its measured columns left out."""
+    ignored = tuple(sorted({c for c in (*before.columns, *after.columns) if is_measured(str(c))}))
+    a, b = before.drop(columns=[c for c in ignored if c in before]), after.drop(columns=[c for c in ignored if c in after])
+    try:
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_exact=True)
+    except AssertionError as exc:
+        first = " ".join(str(exc).split())[:300]
+        return TableDiff(name, "differs", first, ignored)
+    return TableDiff(name, "equal", f"{len(a)} rows x {a.shape[1]} columns", ignored)
+
+
+def compare_folders(before: Path, after: Path) -> list[TableDiff]:
+    """Every table of either folder, by name; tables of measured costs only are skipped."""
+    names = sorted({p.stem for p in (*before.glob("*.parquet"), *after.glob("*.parquet"))})
+    out = []
+    for name in names:
+        if name in MEASURED_TABLES:
+            out.append(TableDiff(name, "skipped", "measured costs only"))
+            continue
+        a, b = before / f"{name}.parquet", after / f"{name}.parquet"
+        if not (a.is_file() and b.is_file()):
+            out.append(TableDiff(name, "missing", f"only in {a.parent if a.is_file() else b.parent}"))
+            continue
+        out.append(compare_table(name, pd.read_parquet(a), pd.read_parquet(b)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before", type=Path, help="a results/tables folder")
+    parser.add_argument("after", type=Path, help="another results/tables folder")
+    args = parser.parse_args(argv)
+    for folder in (args.before, args.after):
+        if not folder.is_dir():
+            parser.error(f"{folder}: expected a folder of .parquet tables")
+    diffs = compare_folders(args.before, args.after)
+    for d in diffs:
+        print(d.line())
+    bad = [d for d in diffs if d.status in ("differs", "missing")]
+    print(f"{len(diffs) - len(bad)} of {len(diffs)} tables equal or skipped; {len(bad)} differ or are missing")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
