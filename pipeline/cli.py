@@ -43,7 +43,7 @@ CORE_STAGES: dict[str, str] = {
     "pretrain_public": "pipeline.training.pretrain:pretrain_public",
 }
 
-#: every stage: the core ones, then each method's own (listed by pipeline/methods/<method>.py)
+#: every stage: the core ones, then each method's own (listed by pipeline/methods/<method>/__init__.py)
 STAGES: dict[str, str] = merge_stages(CORE_STAGES, method_stages())
 
 #: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".

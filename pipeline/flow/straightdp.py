@@ -67,7 +67,7 @@ CONVENTION = "rectified_flow_t"
 T_MAX_CURVE = 0.9
 
 # Registered on import; the CLI reaches the data stage prepare_public through this module
-# (pipeline/methods/straightdp.py), so its params' stream "straightdp.public" is known.
+# (pipeline/methods/straightdp/__init__.py), so its params' stream "straightdp.public" is known.
 seeds.register_streams(
     seeds.Stream("straightdp.public", "the public split of STRAIGHTDP (data stage prepare_public)"),
     seeds.Stream("straightdp.horizon", "probes and flow noise of Fig. 2a's cosine curve (public)"),
