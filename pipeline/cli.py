@@ -49,6 +49,7 @@ STAGES: dict[str, str] = merge_stages(CORE_STAGES, method_stages())
 #: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".
 EXTRA_COMMANDS: dict[str, str] = {
     "account": "pipeline.privacy.cli:main",
+    "which": "pipeline.reporting.tables:which_main",
 }
 
 

@@ -7,6 +7,8 @@ and reject a missing or unknown key with one line instead of a ``KeyError`` deep
 
 from __future__ import annotations
 
+import contextvars
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,11 @@ from typing import Any
 Paths = Mapping[str, Path]
 Params = Mapping[str, Any]
 StageFn = Callable[[Paths, Paths, Params], None]
+
+
+#: the stage being run in this process (set while :meth:`StageSpec.__call__` runs it): what a table it writes names
+#: as its maker (:func:`pipeline.reporting.tables.write_table`)
+_RUNNING: contextvars.ContextVar[StageSpec | None] = contextvars.ContextVar("running_stage", default=None)
 
 
 class PipelineError(Exception):
@@ -41,6 +48,19 @@ class StageSpec:
     def doc(self) -> str:
         return (self.fn.__doc__ or "").strip()
 
+    @property
+    def code(self) -> str:
+        """``module:function`` of the stage's code, e.g. ``pipeline.results.straightdp:straightdp_table``."""
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+
+    @property
+    def source(self) -> str:
+        """``path/to/module.py:line`` where the stage's function is defined (relative to the package's parent)."""
+        path = Path(inspect.getsourcefile(self.fn) or "?")
+        root = Path(__file__).resolve().parents[1]
+        shown = path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
+        return f"{shown}:{inspect.getsourcelines(self.fn)[1]}"
+
     def check(self, inputs: Paths, outputs: Paths) -> None:
         for kind, given, required, optional in (
             ("--in", inputs, self.inputs, self.optional_inputs),
@@ -61,7 +81,16 @@ class StageSpec:
         inputs = {k: Path(v) for k, v in inputs.items()}
         outputs = {k: Path(v) for k, v in outputs.items()}
         self.check(inputs, outputs)
-        self.fn(inputs, outputs, dict(params))
+        token = _RUNNING.set(self)
+        try:
+            self.fn(inputs, outputs, dict(params))
+        finally:
+            _RUNNING.reset(token)
+
+
+def running_stage() -> StageSpec | None:
+    """The stage this process is running, or None outside a stage (a test calling a helper directly)."""
+    return _RUNNING.get()
 
 
 def stage(name: str, *, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = (),

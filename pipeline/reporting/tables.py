@@ -1,13 +1,16 @@
 """Parquet tables: one file per paper table, typed columns, provenance on every row.
 
 Every table carries a ``config_id`` (see :func:`pipeline.config.config_id`) and a ``seed``
-column so a number leads back to the run that produced it. Column names carry units
+column so a number leads back to the run that produced it, and names the stage and code that wrote it in its
+Parquet metadata (``python -m pipeline which TABLE``: a table's name to its code in one hop). Column names carry units
 (``fid``, ``eps_upper``, ``wall_s``) and anything that is not a certified bound is named
 as an estimate by the table that holds it.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -15,8 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io import atomic_path
+from pipeline.stage import running_stage
 
 PROVENANCE_COLUMNS = ("config_id", "seed")
+#: the Parquet schema-metadata key holding which stage wrote a table: {"stage", "code", "source"}
+MADE_BY_KEY = b"dpgen.made_by"
 
 
 def write_table(df: pd.DataFrame, path: str | Path, *, config_id: str | None = None,
@@ -38,6 +44,10 @@ def write_table(df: pd.DataFrame, path: str | Path, *, config_id: str | None = N
         if df[col].dtype == object:
             df[col] = df[col].astype("string")
     table = pa.Table.from_pandas(df, preserve_index=False)
+    spec = running_stage()
+    if spec is not None:
+        made_by = {"stage": spec.name, "code": spec.code, "source": spec.source}
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), MADE_BY_KEY: json.dumps(made_by)})
     with atomic_path(path, suffix=".parquet") as tmp:
         pq.write_table(table, tmp)
     return Path(path)
@@ -48,3 +58,32 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: table not found (make it with: snakemake {path})")
     return pd.read_parquet(path)
+
+
+def made_by(path: str | Path) -> dict[str, str] | None:
+    """Which stage wrote the table at ``path`` ({"stage", "code", "source"}), or None for one written outside a stage
+    (or before tables named their maker)."""
+    metadata = pq.read_schema(path).metadata or {}
+    return json.loads(metadata[MADE_BY_KEY]) if MADE_BY_KEY in metadata else None
+
+
+def which_main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline which TABLE...``: the stage and code that wrote each table, and how to rebuild it."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline which",
+                                     description="The stage and code that wrote each Parquet table.")
+    parser.add_argument("tables", nargs="+", type=Path, metavar="TABLE", help="a .parquet file under results/")
+    args = parser.parse_args(argv)
+    status = 0
+    for path in args.tables:
+        if not path.is_file():
+            print(f"{path}: no such table (make it with: snakemake {path})")
+            status = 1
+            continue
+        who = made_by(path)
+        if who is None:
+            print(f"{path}: names no stage (written outside a stage, or before tables named their maker)")
+            status = 1
+            continue
+        print(f"{path}\n  stage  {who['stage']}  (python -m pipeline {who['stage']} --help)\n"
+              f"  code   {who['code']}  ({who['source']})\n  rebuild: snakemake --cores 1 --force {path}")
+    return status

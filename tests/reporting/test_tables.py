@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.reporting import read_table, write_table
+from pipeline.reporting.tables import made_by, which_main
+from pipeline.stage import running_stage, stage
 
 
 def test_table_carries_provenance_and_types(tmp_path):
@@ -35,3 +39,40 @@ def test_existing_provenance_columns_are_kept(tmp_path):
 def test_missing_table_says_how_to_make_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="snakemake .*nope.parquet"):
         read_table(tmp_path / "nope.parquet")
+
+
+# ---------------------------------------------------------------------------------------------- which stage wrote it
+
+
+@stage("toy_table", outputs=("table",))
+def toy_table(inputs, outputs, params):
+    """A stage that writes one table."""
+    write_table(pd.DataFrame({"x": [1]}), outputs["table"], config_id="c", seed=0)
+
+
+def test_a_table_names_the_stage_and_code_that_wrote_it(tmp_path):
+    toy_table({}, {"table": tmp_path / "t.parquet"}, {})
+    who = made_by(tmp_path / "t.parquet")
+    assert who["stage"] == "toy_table" and who["code"] == f"{__name__}:toy_table"
+    path, line = who["source"].rsplit(":", 1)
+    # inspect gives the decorator's line; the def follows it
+    assert path == "tests/reporting/test_tables.py"
+    assert Path(__file__).read_text().splitlines()[int(line)].startswith("def toy_table(")
+    # the pandas metadata is kept beside it: the frame reads back as written
+    assert read_table(tmp_path / "t.parquet")["x"].tolist() == [1]
+
+
+def test_a_table_written_outside_a_stage_names_none(tmp_path):
+    write_table(pd.DataFrame({"x": [1]}), tmp_path / "t.parquet", config_id="c", seed=0)
+    assert made_by(tmp_path / "t.parquet") is None and running_stage() is None
+
+
+def test_which_prints_the_stage_its_code_and_how_to_rebuild(tmp_path, capsys):
+    toy_table({}, {"table": tmp_path / "t.parquet"}, {})
+    assert which_main([str(tmp_path / "t.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert "stage  toy_table  (python -m pipeline toy_table --help)" in out
+    assert f"code   {__name__}:toy_table  (tests/reporting/test_tables.py:" in out
+    assert f"rebuild: snakemake --cores 1 --force {tmp_path / 't.parquet'}" in out
+    assert which_main([str(tmp_path / "none.parquet")]) == 1
+    assert "no such table" in capsys.readouterr().out
