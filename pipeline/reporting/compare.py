@@ -17,13 +17,14 @@ import pandas as pd
 
 #: tables that hold only the jobs' measured costs (one row per job): never equal between two runs
 MEASURED_TABLES = ("runtime",)
-#: columns that measure a job rather than compute a result (wall_s, cpu_s, all_runs' cost_wall_s / cost_cpu_s /
-#: cost_max_rss_mb, SENSGEO's primal_wall_s), by the end of their name
-MEASURED_SUFFIXES = ("wall_s", "cpu_s", "max_rss_mb", "cpu_utilisation", "finished_utc")
+#: columns that measure a job rather than compute a result, by the end of their name: every duration in seconds
+#: (``*_s``: wall_s, cpu_s, all_runs' cost_wall_s, SENSGEO's primal_solver_s, DPDM's calibration_s), memory
+#: (``*max_rss_mb``), CPU use and the time a job finished
+MEASURED_SUFFIXES = ("_s", "max_rss_mb", "cpu_utilisation", "finished_utc")
 
 
 def is_measured(column: str) -> bool:
-    return column.endswith(MEASURED_SUFFIXES)
+    return column.endswith(MEASURED_SUFFIXES) or "_s_this_run" in column
 
 
 @dataclass(frozen=True)
