@@ -10,9 +10,11 @@ imports Snakemake: ``tests/methods/test_house_outputs.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 
 from pipeline.methods import report_categories
+from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec
 from pipeline.wiring import House, params_json, stage_params
 
@@ -67,8 +69,8 @@ class Outputs:
 
     @property
     def reference_metrics(self) -> Path:
-        """The held-out real data's metrics against the real test split (rule evaluate_reference)."""
-        return self.house.layout.expdir / "eval" / "reference_real" / "metrics.json"
+        """The held-out real data's metrics against the real test split (the evaluation core's file)."""
+        return EvaluationWiring(self.house).reference_real_metrics
 
     def core_runs(self) -> list[RunRecord]:
         """The reference rows every config has: held-out real data (no privacy)."""
@@ -120,10 +122,11 @@ class Outputs:
 
     # ---------------------------------------------------------------- the report
 
-    @property
+    @cached_property
     def report_categories(self) -> tuple[tuple[str, str], ...]:
         """(name prefix, category) of the core and of every method declaring one, the core first; a table or
-        figure goes to the first whose prefix its name has."""
+        figure goes to the first whose prefix its name has. Read once: every figure rule asks while the rule files
+        are parsed."""
         return (*CORE_REPORT_CATEGORIES, *report_categories())
 
     def report_category(self, name: str) -> str:
@@ -144,7 +147,7 @@ class Outputs:
     def report_table_inputs(self) -> dict[str, Path]:
         """Table name -> Parquet path of every table of ``all``: each gets a readable view in the report (rule
         report_tables, ``results/report/tables/<name>.html``)."""
-        return {Path(p).stem: Path(p) for p in self.report_inputs() if Path(p).suffix == ".parquet"}
+        return {p.stem: p for p in self.report_inputs() if p.suffix == ".parquet"}
 
     def table_captions(self) -> dict[str, str]:
         """Table name -> its caption's text (report/captions/_table.rst shows it above each table view)."""
