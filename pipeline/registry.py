@@ -68,7 +68,9 @@ class RunRecord:
     ``private``: whether it claims DP (a private run without a transcript is refused);
     ``benchmarks``: Snakemake benchmark files of the jobs that produced it (its cost columns);
     ``label``: its line in the privacy-utility figure; ``in_figure``: whether it is drawn there
-    (ablation rows and eps far off the common range stay in the table only).
+    (ablation rows and eps far off the common range stay in the table only); ``headline``: whether it is
+    the method's main configuration, the row its paper reports (the summary page's one row per method is
+    picked among these only, never from an ablation or a diagnostic row).
     """
 
     method: str
@@ -81,6 +83,7 @@ class RunRecord:
     benchmarks: tuple[str, ...] = ()
     label: str = ""
     in_figure: bool = True
+    headline: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", str(self.metrics))

@@ -112,7 +112,7 @@ rule evaluate_baseline:
 
 
 rule baselines_table:
-    """The baselines' runs: shared metrics, certified eps recomputed from each transcript (<= target), cost."""
+    """The baselines' runs: shared metrics, certified eps recomputed from each transcript (<= target)."""
     input:
         unpack(lambda wildcards: run_table_inputs(BASELINES.records())),
     output:

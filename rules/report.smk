@@ -62,7 +62,9 @@ rule index_html:
         index=RESULTS / "index.html",
         fragment=REPORT_DIR / "summary.html",
     params:
-        p=OUTPUTS.index_params(),
+        # the files Snakemake merged (config.yaml first) and the --config keys: the page says what was run
+        p=OUTPUTS.index_params(configfiles=workflow.configfiles,
+                               overrides=list(workflow.config_settings.overwrite_config)),
     benchmark:
         benchmark_path("index_html")
     log:

@@ -9,10 +9,12 @@ imports Snakemake: ``tests/methods/test_house_outputs.py``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
+from pipeline.config import config_id
 from pipeline.methods import report_categories
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec
@@ -27,6 +29,12 @@ CORE_REPORT_CATEGORIES = (("privacy_utility", "1 Comparison"), ("all_runs", "1 C
 OTHER_CATEGORY = "10 Other"
 #: each method's headline row on the summary page: its configuration whose certified eps is nearest this
 HEADLINE_EPSILON = 1.0
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies below it (``configs/mnist.yaml``), else as given."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 def run_table_inputs(records: Sequence[RunRecord]) -> dict[str, str]:
@@ -153,7 +161,12 @@ class Outputs:
         """Table name -> its caption's text (report/captions/_table.rst shows it above each table view)."""
         return {name: Path(self.caption_path(name, "table")).read_text() for name in self.report_table_inputs()}
 
-    def index_params(self) -> str:
-        """rule index_html's params: the summary page's title and the eps its headline rows are nearest to."""
-        return params_json(title=f"DP generative models: {self.house.config['experiment']}",
-                           headline_epsilon=HEADLINE_EPSILON)
+    def index_params(self, configfiles: Sequence[str | Path] = (), overrides: Sequence[str] = ()) -> str:
+        """rule index_html's params: the summary page's title, the eps its headline rows are nearest to, and what
+        was run (shown under the title): the configuration files in the order Snakemake merged them
+        (``workflow.configfiles``), the top-level keys ``--config`` overrode, the id of the whole validated
+        configuration and its seed."""
+        config = dict(self.house.config)
+        return params_json(title=f"DP generative models: {config['experiment']}", headline_epsilon=HEADLINE_EPSILON,
+                           run={"configfiles": [shown_path(p) for p in configfiles], "overrides": sorted(overrides),
+                                "config_id": config_id(config), "seed": self.house.seed})

@@ -21,7 +21,9 @@ import html
 import math
 import os
 import re
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +59,39 @@ TABLE_CSS = ("<style>.dpgen table{border-collapse:collapse;font-size:12px}.dpgen
 # ------------------------------------------------------------------------------------------ summary
 
 def headline_rows(all_runs: pd.DataFrame, epsilon: float) -> pd.DataFrame:
-    """One row per private method: its configuration whose mean certified eps (over seeds) is nearest
-    ``epsilon`` on a log scale, with mean FID, CNN accuracy and the largest audit eps_lb over seeds."""
+    """One row per private method, from its main configuration only (all_runs' ``headline`` rows: the row its
+    paper reports, never an ablation or a diagnostic row): the configuration whose mean certified eps (over
+    seeds) is nearest ``epsilon`` on a log scale, with mean FID, CNN accuracy and label consistency and the
+    largest audit eps_lb over seeds (NaN: no audited line, not an eps_lb of 0)."""
     private = all_runs[all_runs["private"] & np.isfinite(all_runs["eps_certified"])]
+    if "headline" in private.columns:  # tables written before the column existed: every row a candidate
+        private = private[private["headline"].astype(bool)]
+    columns = ["method", "label", "config", "seeds", "eps_certified", "fid", "acc_cnn", "label_consistency",
+               "audit_eps_lb"]
     if private.empty:
-        return pd.DataFrame(columns=["method", "config", "seeds", "eps_certified", "fid", "acc_cnn", "audit_eps_lb"])
+        return pd.DataFrame(columns=columns)
+    if "label_consistency" not in private.columns:
+        private = private.assign(label_consistency=np.nan)
     # a run's name carries its seed (uniform_eps1_seed0, hybrid/p40_B200_T3_beta1_s0, edm_eps1_K4_seed0/churn):
     # the configuration is the name without it
     private = private.assign(config=private["config"].map(without_seed))
-    agg = private.groupby(["label", "config"], sort=False).agg(
-        method=("method", "first"), seeds=("seed", "nunique"), eps_certified=("eps_certified", "mean"),
-        fid=("fid", "mean"), acc_cnn=("acc_cnn", "mean"),
+    agg = private.groupby(["method", "config"], sort=False).agg(
+        label=("label", "first"), seeds=("seed", "nunique"), eps_certified=("eps_certified", "mean"),
+        fid=("fid", "mean"), acc_cnn=("acc_cnn", "mean"), label_consistency=("label_consistency", "mean"),
         audit_eps_lb=("audit_eps_lb", lambda s: pd.to_numeric(s, errors="coerce").max())).reset_index()
     agg["distance"] = (np.log(agg["eps_certified"].clip(lower=1e-12)) - math.log(epsilon)).abs()
-    best = agg.loc[agg.groupby("label", sort=False)["distance"].idxmin()]
-    return best.drop(columns="distance").reset_index(drop=True)
+    best = agg.loc[agg.groupby("method", sort=False)["distance"].idxmin()]
+    return best.drop(columns="distance")[columns].reset_index(drop=True)
+
+
+def methods_without_headline(all_runs: pd.DataFrame) -> list[str]:
+    """Private methods whose runs hold no main-configuration row (e.g. STRAIGHTDP without its main row in
+    ``straightdp.rows``): the summary names them instead of heading them with an ablation."""
+    private = all_runs[all_runs["private"]]
+    if "headline" not in private.columns:
+        return []
+    has = private.groupby("method", sort=False)["headline"].any()
+    return [m for m, ok in has.items() if not ok]
 
 
 def without_seed(config: str) -> str:
@@ -86,6 +106,43 @@ def reference_rows(all_runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["label", "config", "fid", "acc_cnn"])
     return ref.groupby(["label", "config"], sort=False).agg(fid=("fid", "mean"), acc_cnn=("acc_cnn", "mean")
                                                            ).reset_index()
+
+
+#: what a configuration file is, as the summary names it (any other file is named by its path: a paper preset)
+CONFIG_ROLES = {"config.yaml": "the quick tour (the embedded default)",
+                "configs/digits_full.yaml": "the reference run of the embedded default"}
+
+
+def code_commit() -> str:
+    """The git commit of the code running now (the ``pipeline`` package's checkout), ``+ local changes`` when its
+    tracked files differ from it; ``unknown`` outside a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return f"{commit} + local changes" if dirty else commit
+
+
+def provenance_html(run: Mapping[str, Any], *, commit: str, written: str) -> str:
+    """The line under the title that says what was run: configuration files (and their role), ``--config``
+    overrides, the whole configuration's id, the seed, and the commit and time this page was written at."""
+    files = [str(f) for f in run.get("configfiles", [])]
+    named = " + ".join(f"<code>{html.escape(f)}</code>" for f in files) or "unknown"
+    # the last file Snakemake merged decides what the run is (config.yaml is always first)
+    role = CONFIG_ROLES.get(files[-1], "a paper preset") if files else ""
+    overrides = [str(k) for k in run.get("overrides", [])]
+    parts = [f"<b>Configuration:</b> {named}" + (f" ({html.escape(role)})" if role else "")]
+    if overrides:
+        parts.append("<b>--config overrides:</b> " + ", ".join(f"<code>{html.escape(k)}</code>" for k in overrides))
+    parts.append(f"<b>config id:</b> <code>{html.escape(str(run.get('config_id', 'unknown')))}</code>")
+    parts.append(f"<b>seed:</b> {html.escape(str(run.get('seed', 'unknown')))}")
+    parts.append(f"<b>page written:</b> {html.escape(written)} by commit <code>{html.escape(commit)}</code> "
+                 "(each table names the code that wrote it: <code>python -m pipeline which TABLE</code>)")
+    return "<p class='provenance'>" + " · ".join(parts) + "</p>"
 
 
 def _png_data_uri(path: Path) -> str:
@@ -111,22 +168,52 @@ def _rows_html(df: pd.DataFrame, columns: Mapping[str, str]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+#: footnote marks of the headline table
+NO_LABEL_MARK, NOT_AUDITED = "–¹", "not audited"
+
+
+def headline_html(headline: pd.DataFrame, missing: Sequence[str]) -> str:
+    """The headline table, with what an empty cell means said in its notes: a CNN accuracy the samples cannot
+    have (they carry no class label), an audit that did not run (not an eps_lb of 0)."""
+    shown = headline.copy()
+    unlabelled = ~np.isfinite(shown["acc_cnn"].astype(float)) & ~np.isfinite(shown["label_consistency"].astype(float))
+    shown["acc_cnn"] = [NO_LABEL_MARK if u else v for u, v in zip(unlabelled, shown["acc_cnn"])]
+    audit = pd.to_numeric(shown["audit_eps_lb"], errors="coerce")
+    shown["audit_eps_lb"] = [NOT_AUDITED if not np.isfinite(v) else v for v in audit]
+    parts = [_rows_html(shown, {"label": "method (main configuration)", "config": "configuration", "seeds": "seeds",
+                                "eps_certified": "certified ε", "fid": "FID", "acc_cnn": "CNN accuracy",
+                                "audit_eps_lb": "audit ε_lb (95%)"})]
+    notes = ["certified ε: upper bound recomputed from the run's ledger (named accountant), mean over seeds. "
+             "FID against real test data (lower is better); CNN accuracy: trained on the samples, tested on real "
+             "data. Each method's row is its main configuration (the row its paper reports; ablations are in "
+             "their own tables), the one whose certified ε is nearest the headline ε."]
+    notes.append("audit ε_lb: empirical lower bound of the one-run canary audit, the largest over the run's "
+                 "audited ledger lines; 0 means the audit ran and found no evidence against the claim, "
+                 f"“{NOT_AUDITED}” that no line of the run was audited.")
+    if unlabelled.any():
+        notes.append(f"{NO_LABEL_MARK[-1]} no CNN accuracy: these samples carry no class label (an unconditional "
+                     "sampler), and a downstream classifier needs one.")
+    if missing:
+        notes.append("No main-configuration row (its paper's row is not in this configuration's runs): " +
+                     ", ".join(html.escape(m) for m in missing) + ".")
+    parts.append("".join(f"<p class='note'>{n}</p>" for n in notes))
+    return "\n".join(parts)
+
+
 def summary_fragment(*, verdict_html: str, figure: Path | None, headline: pd.DataFrame | None,
-                     references: pd.DataFrame | None, epsilon: float) -> str:
-    """The summary's HTML fragment (inline styles, the figure embedded): verdict, plot, headline, references."""
-    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}", verdict_html]
+                     references: pd.DataFrame | None, epsilon: float, provenance: str = "",
+                     missing: Sequence[str] = ()) -> str:
+    """The summary's HTML fragment (inline styles, the figure embedded): what was run, verdict, plot, headline,
+    references."""
+    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}", provenance, verdict_html]
     if figure is not None:
         parts.append(f"<img src='{_png_data_uri(figure)}' alt='privacy-utility figure' style='max-width:100%'>")
-    parts.append(f"<h3>One row per method (its configuration nearest certified ε = {epsilon:g}, mean over seeds)</h3>")
+    parts.append(f"<h3>One row per method (its main configuration nearest certified ε = {epsilon:g}, mean over "
+                 "seeds)</h3>")
     if headline is None or references is None:
         parts.append("<p class='bad'>no all_runs table given: run the workflow's <code>all</code> target</p>")
     else:
-        parts.append(_rows_html(headline, {"label": "method", "config": "configuration", "seeds": "seeds",
-                                           "eps_certified": "certified ε", "fid": "FID", "acc_cnn": "CNN accuracy",
-                                           "audit_eps_lb": "audit ε_lb (95%)"}))
-        parts.append("<p>certified ε: upper bound recomputed from the run's ledger (named accountant); audit ε_lb: "
-                     "empirical lower bound of the one-run canary audit. FID against real test data (lower is "
-                     "better); CNN accuracy: trained on the samples, tested on real data.</p>")
+        parts.append(headline_html(headline, missing))
         parts.append("<h3>References (no privacy)</h3>")
         parts.append(_rows_html(references, {"label": "reference", "config": "configuration", "fid": "FID",
                                              "acc_cnn": "CNN accuracy"}))
@@ -136,7 +223,8 @@ def summary_fragment(*, verdict_html: str, figure: Path | None, headline: pd.Dat
 
 @stage("index_html", optional_inputs=("replay", "all_runs", "figure"), outputs=("index", "fragment"),
        params={"title": "page title", "headline_epsilon": "each method's headline configuration is the one whose "
-                                                         "certified eps is nearest this (default 1)"})
+                                                         "certified eps is nearest this (default 1)",
+               "run": "what was run, shown under the title: {configfiles, overrides, config_id, seed}"})
 def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """``results/index.html`` and the report's first page: replay verdict, privacy-utility plot, headline rows
     (``--in replay=replay.json all_runs=all_runs.parquet figure=privacy_utility.png``; a missing one is said)."""
@@ -152,10 +240,13 @@ def index_html(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     else:
         verdict_html = verdict.MISSING_HTML
     runs = pd.read_parquet(inputs["all_runs"]) if "all_runs" in inputs else None
+    written = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fragment = summary_fragment(verdict_html=verdict_html, figure=inputs.get("figure"),
                                 headline=headline_rows(runs, epsilon) if runs is not None else None,
                                 references=reference_rows(runs) if runs is not None else None,
-                                epsilon=epsilon)
+                                epsilon=epsilon, missing=methods_without_headline(runs) if runs is not None else (),
+                                provenance=provenance_html(params.get("run", {}), commit=code_commit(),
+                                                           written=written))
     with atomic_path(Path(outputs["fragment"])) as tmp:
         tmp.write_text(fragment + "\n")
     page = (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"

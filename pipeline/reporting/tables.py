@@ -30,16 +30,20 @@ def write_table(df: pd.DataFrame, path: str | Path, *, config_id: str | None = N
     """Write ``df`` to ``path`` as Parquet (temp file + rename).
 
     ``config_id``/``seed`` fill the provenance columns when the frame lacks them; a frame
-    that has neither column nor argument is refused, so no table loses its provenance.
+    that has neither column nor argument is refused, so no table loses its provenance. A table
+    whose rows are aggregates over seeds names them in a ``seeds`` column instead of one ``seed``
+    (a single seed on a mean over three would say something false).
     """
     df = df.copy()
+    over_seeds = "seeds" in df.columns and "seed" not in df.columns and seed is None
     for col, value in (("config_id", config_id), ("seed", seed)):
-        if col not in df.columns:
+        if col not in df.columns and not (col == "seed" and over_seeds):
             if value is None:
                 raise ValueError(f"table {path}: column {col!r} missing and no {col}= given")
             df[col] = value
     df["config_id"] = df["config_id"].astype("string")
-    df["seed"] = df["seed"].astype("int64")
+    if not over_seeds:
+        df["seed"] = df["seed"].astype("int64")
     for col in df.columns:
         if df[col].dtype == object:
             df[col] = df[col].astype("string")

@@ -70,9 +70,9 @@ def checked_runs(params: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]],
              runtime: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per run: its fields, its privacy (private runs), its metrics and its cost (its jobs' rows of
-    ``runtime``, the runtime table; NaN without it)."""
-    runtime = runtime if runtime is not None else runtime_frame(None)
+    """One row per run: its fields, its privacy (private runs), its metrics and, given ``runtime`` (the runtime
+    table), its cost (its jobs' rows there). Without it no cost column is written: a table made before the last
+    job (the baselines') leaves the cost to all_runs rather than print columns of NaN."""
     rows = []
     for i, r in enumerate(runs):
         if f"metrics_{i}" not in inputs:
@@ -91,10 +91,11 @@ def run_rows(inputs: Mapping[str, Path], runs: Sequence[Mapping[str, Any]],
                      "seed": int(r["seed"]), "private": bool(r["private"]),
                      "epsilon_target": math.nan if eps_target is None else float(eps_target), **privacy,
                      **{m: (math.nan if metrics.get(m) is None else float(metrics[m])) for m in METRICS},
-                     **job_cost(runtime, r.get("benchmarks", [])),
-                     "in_figure": bool(r.get("in_figure", True)),
+                     **({} if runtime is None else job_cost(runtime, r.get("benchmarks", []))),
+                     "in_figure": bool(r.get("in_figure", True)), "headline": bool(r.get("headline", True)),
                      "transcripts": ",".join(Path(p).stem for p in ledgers)})
     df = pd.DataFrame(rows)
+    df["n_samples"] = df["n_samples"].astype("Int64")  # a count (null where the evaluation did not say)
     bad = df[df["private"] & ~np.isfinite(df["eps_certified"])]
     if len(bad):
         raise PipelineError(f"stage all_runs_table: private run {bad.iloc[0]['method']}/{bad.iloc[0]['config']} has "
@@ -147,7 +148,8 @@ def all_runs_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], para
     audit columns from --in audit_mia= / audit_one_run= (the audits' tables) and the cost columns from
     --in runtime= (runtime.parquet) when given."""
     runs = {k: v for k, v in inputs.items() if k not in ("audit_mia", "audit_one_run", "runtime")}
-    runtime = pd.read_parquet(inputs["runtime"]) if "runtime" in inputs else None
+    # all_runs always has its cost columns (NaN where a run's jobs are not in a runtime table)
+    runtime = pd.read_parquet(inputs["runtime"]) if "runtime" in inputs else runtime_frame(None)
     df = join_audits(run_rows(runs, checked_runs(params), runtime), inputs.get("audit_mia"),
                      inputs.get("audit_one_run"))
     write_table(df, outputs["table"], config_id=str(params.get("config_id", "unknown")))

@@ -242,6 +242,14 @@ def aggregate(records: pd.DataFrame, *, metrics: Sequence[str], epsilons: Sequen
     return df
 
 
+def without_unmeasured_spread(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without its ``*_std_seeds`` columns when no row has two seeds (every value would be NaN: a spread
+    that was not measured, not one of zero)."""
+    if len(df) and (df["n_seeds"] >= 2).any():
+        return df
+    return df.drop(columns=[c for c in df.columns if c.endswith("_std_seeds")])
+
+
 # --------------------------------------------------------------------------- stages
 
 @stage("straightdp_table", outputs=("table",), any_inputs=True,
@@ -262,7 +270,8 @@ def straightdp_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     df = aggregate(run_records(inputs, runs, where), metrics=TABLE_METRICS[name], epsilons=epsilons,
                    settings=SETTING_COLUMNS.get(name, ()), where=where)
     df.insert(0, "table", name)
-    write_table(df, outputs["table"], config_id=str(params["config_id"]), seed=int(params.get("seed", 0)))
+    # a row is a mean over its seeds (named in `seeds`): no single seed column, and no spread where no row has two
+    write_table(without_unmeasured_spread(df), outputs["table"], config_id=str(params["config_id"]))
 
 
 @stage("straightdp_figure_accuracy", outputs=("figure",), any_inputs=True,

@@ -40,6 +40,9 @@ from pipeline.runs import NamedRun, RunGrammar, choice, integer, number, word
 #: every row: Table 1's in the paper's order, then Table 3's LoRA rows
 ROWS = ("released_only", "public_guidance", "uniform", "tha", "uniform_moments", "tha_moments", "lora_uniform",
         "lora_moments")
+#: the paper's full method, its headline row: the Stage-1 moment release followed by THA-planned DP-SGD (Section 3,
+#: Table 1's "THA + moments"); every other row is a control or an ablation of it
+MAIN_ROW = "tha_moments"
 #: rows whose Stage 2 trains a flow with DP-SGD, and their plan (Table 3's LoRA rows: one uniform (C, sigma))
 PLANS = {"uniform": "uniform", "tha": "tha", "uniform_moments": "uniform", "tha_moments": "tha",
          "lora_uniform": "uniform", "lora_moments": "uniform"}

@@ -139,6 +139,7 @@ def test_every_evaluated_run_and_sampler_is_an_all_runs_record_and_only_the_main
     assert [r.config for r in main] == ["edm_eps0p2_K1_seed0/churn", "edm_eps1_K1_seed0/churn",
                                         "edm_eps10_K1_seed0/churn"]
     assert {r.label for r in main} == {"DPDM"} and {r.label for r in records if not r.in_figure} == {"DPDM (ablations)"}
+    assert [r for r in records if r.headline] == main  # an ablation never heads the summary
     # the K table (2) + the sampler ablation (3 x 3) + the configurations (EDM, v-prediction) beside the main table's 3
     assert len(records) == 3 + 2 + 9 + 2
     r = main[1]

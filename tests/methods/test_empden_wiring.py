@@ -159,5 +159,7 @@ def test_all_runs_records_every_cell_and_draws_all_but_full_batch(tmp_path):
         exp / "benchmarks" / "empden_sample" / "hybrid" / "p50_B100_T3_beta1_s0.tsv",
         exp / "benchmarks" / "empden_evaluate" / "hybrid" / "p50_B100_T3_beta1_s0.tsv"]
     assert not recs["full_batch/smin5_beta1_s0"].in_figure
+    # the hybrid sampler is the paper's method: its cells alone are the headline's candidates
+    assert {c.split("/")[0] for c, r in recs.items() if r.headline} == {"hybrid"}
     pub = recs["public_only/s0"]
     assert not pub.private and pub.ledgers == () and pub.in_figure and pub.label == "public denoiser only (EMPDEN)"

@@ -13,6 +13,7 @@ from pipeline.methods import method_names
 from pipeline.methods._house import (CORE_REPORT_CATEGORIES, HEADLINE_EPSILON, OTHER_CATEGORY, Outputs,
                                      run_table_inputs, run_table_params)
 from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec
+from pipeline.config import config_id
 from pipeline.wiring import House
 from tests.methods import ROOT, house
 
@@ -120,6 +121,10 @@ def test_a_caption_is_the_kinds_own_then_the_names_then_the_missing_one(out, tmp
     assert out.table_captions()["all_runs"] == (CAPTIONS / "all_runs.rst").read_text()
 
 
-def test_the_summary_page_is_titled_by_the_experiment_and_its_headlines_sit_nearest_eps_1(out):
-    assert json.loads(out.index_params()) == {"title": "DP generative models: digits", "headline_epsilon": 1.0}
+def test_the_summary_page_is_titled_by_the_experiment_says_what_was_run_and_its_headlines_sit_nearest_eps_1(out):
+    params = json.loads(out.index_params(configfiles=[Path("config.yaml").resolve(), "/elsewhere/mine.yaml"],
+                                         overrides=["seed", "dpdm"]))
+    assert params == {"title": "DP generative models: digits", "headline_epsilon": 1.0,
+                      "run": {"configfiles": ["config.yaml", "/elsewhere/mine.yaml"], "overrides": ["dpdm", "seed"],
+                              "config_id": config_id(dict(out.house.config)), "seed": out.house.seed}}
     assert HEADLINE_EPSILON == 1.0 and out.chosen == ["dpdm", "sensgeo"]

@@ -13,7 +13,7 @@ import yaml
 from pipeline.config import ConfigError, config_id, deep_merge, validate_config
 from pipeline.methods.straightdp.wiring import LISTING, OWN_SECTIONS, TABLES, Wiring
 from pipeline.registry import TranscriptSpec
-from pipeline.training.straightdp_runs import LABELS, StraightRun
+from pipeline.training.straightdp_runs import LABELS, MAIN_ROW, StraightRun
 from pipeline.wiring import House
 
 ROOT = Path(__file__).parents[2]
@@ -396,6 +396,8 @@ def test_all_runs_records_every_run_with_its_transcripts_and_benchmarks(w):
     assert list(recs) == [r.name for r in w.all_runs()]
     r = recs["tha_moments_eps1_seed0"]
     assert r.method == "straightdp" and r.seed == 0 and r.epsilon_target == 1.0 and r.in_figure
+    # the paper's full method is the headline's only candidate: no control row, no arm
+    assert {x.config.split("_eps")[0] for x in recs.values() if x.headline} == {MAIN_ROW} == {"tha_moments"}
     assert r.ledgers == (str(w.release_ledger(r.config)), str(w.train_ledger(r.config)))
     assert r.label == f"STRAIGHTDP: {LABELS['tha_moments']}" and r.metrics == str(w.metrics_path(r.config))
     bench = w.layout.benchmarks
@@ -403,4 +405,4 @@ def test_all_runs_records_every_run_with_its_transcripts_and_benchmarks(w):
                                  ("release_moments", "train_straightdp", "sample_straightdp", "evaluate_straightdp"))
     assert recs["released_only_eps1_seed0"].ledgers == (str(w.release_ledger("released_only_eps1_seed0")),)
     arm = recs["low_b0-uniform_moments_eps1_seed0"]
-    assert not arm.in_figure and arm.label.startswith("STRAIGHTDP [low_b0]: ")
+    assert not arm.in_figure and not arm.headline and arm.label.startswith("STRAIGHTDP [low_b0]: ")

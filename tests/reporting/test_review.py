@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.reporting.review import (column_group, headline_rows, index_html, reference_rows, report_tables,
+from pipeline.reporting.review import (code_commit, column_group, headline_html, headline_rows, index_html,
+                                       methods_without_headline, provenance_html, reference_rows, report_tables,
                                        table_view, without_seed)
 from pipeline.reporting.tables import write_table
 
@@ -31,25 +32,69 @@ def runs() -> pd.DataFrame:
     for seed in (0, 1):
         for eps, fid in ((0.2, 90.0), (1.0, 60.0 + seed), (10.0, 40.0)):
             rows.append({"method": "dpdm", "label": "DPDM", "config": f"eps{eps}_seed{seed}/ddim", "seed": seed,
-                         "private": True,
-                         "eps_certified": eps * 0.999, "fid": fid, "acc_cnn": 0.5, "audit_eps_lb": 0.01 * (1 + seed)})
-        rows.append({"method": "pe", "label": "PE", "config": "eps3", "seed": seed, "private": True,
-                     "eps_certified": 3.0, "fid": 70.0, "acc_cnn": 0.4, "audit_eps_lb": np.nan})
+                         "private": True, "headline": True, "eps_certified": eps * 0.999, "fid": fid, "acc_cnn": 0.5,
+                         "label_consistency": 0.9, "audit_eps_lb": 0.01 * (1 + seed)})
+        # an ablation at exactly the headline eps: never the headline
+        rows.append({"method": "dpdm", "label": "DPDM (ablations)", "config": f"eps1.0_seed{seed}/churn",
+                     "seed": seed, "private": True, "headline": False, "eps_certified": 1.0, "fid": 900.0,
+                     "acc_cnn": 0.1, "label_consistency": 0.1, "audit_eps_lb": 0.0})
+        rows.append({"method": "pe", "label": "PE", "config": "eps3", "seed": seed, "private": True, "headline": True,
+                     "eps_certified": 3.0, "fid": 70.0, "acc_cnn": 0.4, "label_consistency": 0.5,
+                     "audit_eps_lb": np.nan})
         rows.append({"method": "reference", "label": "real held-out data", "config": "reference_real", "seed": seed,
-                     "private": False, "eps_certified": np.nan, "fid": 7.0, "acc_cnn": 0.8, "audit_eps_lb": np.nan})
+                     "private": False, "headline": True, "eps_certified": np.nan, "fid": 7.0, "acc_cnn": 0.8,
+                     "label_consistency": np.nan, "audit_eps_lb": np.nan})
     return pd.DataFrame(rows)
 
 
-def test_each_method_heads_with_its_configuration_nearest_the_headline_eps():
-    head = headline_rows(runs(), 1.0).set_index("label")
-    assert head.loc["DPDM", "config"] == "eps1.0/ddim" and head.loc["DPDM", "seeds"] == 2  # seeds pooled
-    assert head.loc["DPDM", "fid"] == pytest.approx(60.5)  # mean over seeds
-    assert head.loc["DPDM", "audit_eps_lb"] == pytest.approx(0.02)  # the largest over seeds
-    assert head.loc["PE", "config"] == "eps3" and np.isnan(head.loc["PE", "audit_eps_lb"])
-    assert "real held-out data" not in head.index
-    assert headline_rows(runs(), 10.0).set_index("label").loc["DPDM", "config"] == "eps10.0/ddim"
+def test_each_method_heads_with_its_main_configuration_nearest_the_headline_eps():
+    head = headline_rows(runs(), 1.0).set_index("method")
+    assert list(head.index) == ["dpdm", "pe"]  # one row per method, references apart
+    assert head.loc["dpdm", "config"] == "eps1.0/ddim" and head.loc["dpdm", "seeds"] == 2  # seeds pooled
+    assert head.loc["dpdm", "label"] == "DPDM"  # not the ablation at exactly eps 1
+    assert head.loc["dpdm", "fid"] == pytest.approx(60.5)  # mean over seeds
+    assert head.loc["dpdm", "audit_eps_lb"] == pytest.approx(0.02)  # the largest over seeds
+    assert head.loc["pe", "config"] == "eps3" and np.isnan(head.loc["pe", "audit_eps_lb"])
+    assert headline_rows(runs(), 10.0).set_index("method").loc["dpdm", "config"] == "eps10.0/ddim"
     assert [without_seed(c) for c in ("uniform_eps1_seed1", "hybrid/p40_B200_T3_beta1_s0", "sensgeo")] == \
         ["uniform_eps1", "hybrid/p40_B200_T3_beta1", "sensgeo"]
+
+
+def test_a_method_with_only_ablation_rows_gets_no_headline_and_is_named_instead():
+    df = runs()
+    df.loc[df["method"] == "pe", "headline"] = False
+    assert "pe" not in set(headline_rows(df, 1.0)["method"])
+    assert methods_without_headline(df) == ["pe"] and methods_without_headline(runs()) == []
+    html = headline_html(headline_rows(df, 1.0), methods_without_headline(df))
+    assert "No main-configuration row" in html and "pe." in html
+
+
+def test_an_empty_audit_cell_says_not_audited_and_an_unlabelled_sampler_says_why_it_has_no_accuracy():
+    df = runs()
+    df = pd.concat([df, pd.DataFrame([{"method": "empden", "label": "EMPDEN hybrid", "config": "hybrid/p50_s0",
+                                       "seed": 0, "private": True, "headline": True, "eps_certified": 1.1,
+                                       "fid": 80.0, "acc_cnn": np.nan, "label_consistency": np.nan,
+                                       "audit_eps_lb": 0.0}])], ignore_index=True)
+    view = headline_html(headline_rows(df, 1.0), [])
+    rows = dict(re.findall(r"<tr><td>([^<]+)</td>(.*?)</tr>", view))
+    assert "<td>not audited</td>" in rows["PE"] and "<td>0</td>" in rows["EMPDEN hybrid"]
+    assert "<td>–¹</td>" in rows["EMPDEN hybrid"] and "<td>0.5</td>" in rows["DPDM"]
+    assert "these samples carry no class label" in view and "0 means the audit ran and found no evidence" in view
+    # with every sampler labelled, no footnote mark is explained
+    assert "carry no class label" not in headline_html(headline_rows(runs(), 1.0), [])
+
+
+def test_the_page_says_what_was_run_under_its_title(tmp_path):
+    run = {"configfiles": ["config.yaml", "configs/digits_full.yaml"], "overrides": ["seed"], "config_id": "abc123",
+           "seed": 3}
+    line = provenance_html(run, commit="0123456789ab", written="2026-12-05 10:00 UTC")
+    for said in ("config.yaml</code> + <code>configs/digits_full.yaml", "the reference run", "<code>seed</code>",
+                 "abc123", "<b>seed:</b> 3", "0123456789ab", "2026-12-05 10:00 UTC"):
+        assert said in line, said
+    assert "the quick tour" in provenance_html({"configfiles": ["config.yaml"]}, commit="c", written="w")
+    assert "a paper preset" in provenance_html({"configfiles": ["config.yaml", "configs/mnist.yaml"]}, commit="c",
+                                               written="w")
+    assert re.fullmatch(r"[0-9a-f]{12}( \+ local changes)?|unknown \(not a git checkout\)", code_commit())
 
 
 def test_references_are_the_non_private_rows():
@@ -62,11 +107,13 @@ def test_the_summary_page_embeds_the_figure_and_writes_the_same_fragment_for_the
     png = tmp_path / "privacy_utility.png"
     png.write_bytes(b"\x89PNG fake")
     index_html({"all_runs": tmp_path / "all_runs.parquet", "figure": png},
-               {"index": tmp_path / "index.html", "fragment": tmp_path / "summary.html"}, {"title": "unit"})
+               {"index": tmp_path / "index.html", "fragment": tmp_path / "summary.html"},
+               {"title": "unit", "run": {"configfiles": ["config.yaml"], "config_id": "c0ffee", "seed": 0}})
     page, fragment = (tmp_path / "index.html").read_text(), (tmp_path / "summary.html").read_text()
     assert fragment.strip() in page
     assert base64.b64encode(png.read_bytes()).decode() in fragment
-    assert fragment.index("no report given") < fragment.index("<img") < fragment.index("One row per method")
+    assert fragment.index("c0ffee") < fragment.index("no report given") < fragment.index("<img") < \
+        fragment.index("One row per method")
     assert fragment.index("One row per method") < fragment.index("References")
     assert re.search(r"<td>DPDM</td><td>eps1.0/ddim</td><td>2</td><td>0.999</td>", fragment)
 

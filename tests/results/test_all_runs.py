@@ -76,6 +76,8 @@ def test_one_row_per_run_with_its_composed_certified_eps(files, tmp_path):
     assert df["private"].sum() == 2 and df.loc[df["private"], "eps_certified"].notna().all()
     assert df.loc[0, "fid"] == 50.0 and math.isnan(df.loc[0, "clip_fd"])
     assert math.isnan(df.loc[0, "cost_wall_s"])  # no benchmark files given
+    assert str(df["n_samples"].dtype) == "Int64" and df["n_samples"].tolist() == [10, 10, 10]  # a count
+    assert df["headline"].tolist() == [True, True, True]  # a run is its method's main configuration unless it says
 
 
 def test_a_private_run_without_its_transcript_is_refused(files, tmp_path):
@@ -103,6 +105,14 @@ def test_costs_come_from_the_runtime_table_rows_of_the_runs_jobs(files, tmp_path
     df = pd.read_parquet(tmp_path / "a.parquet")
     assert (df.loc[0, "cost_wall_s"], df.loc[0, "cost_cpu_s"], df.loc[0, "cost_max_rss_mb"]) == (15.0, 23.0, 300.0)
     assert math.isnan(df.loc[1, "cost_wall_s"])  # a job without a benchmark row: unknown, not zero
+
+
+def test_the_baselines_table_leaves_cost_to_all_runs_rather_than_print_columns_of_nan(files, tmp_path):
+    """baselines_table runs before the runtime table exists: it has no cost columns (all_runs has them)."""
+    baselines_table({"metrics_0": files["m_merf"], "ledger_0_0": files["l_merf"]},
+                    {"table": tmp_path / "b.parquet"}, {"runs": [RUNS[0]], "config_id": "x"})
+    df = pd.read_parquet(tmp_path / "b.parquet")
+    assert not [c for c in df.columns if c.startswith("cost_")] and df.loc[0, "eps_certified"] <= 3.0
 
 
 def test_the_baselines_table_fails_a_run_over_its_target(files, tmp_path):

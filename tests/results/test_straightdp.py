@@ -178,6 +178,21 @@ def test_table1_aggregates_two_seeds_with_the_composed_certified_eps(tmp_path):
     assert df.iloc[0]["eps_certified"] == pytest.approx(independent_eps(UNIFORM.event()), rel=1e-3)
     assert math.isnan(df.iloc[0]["eps_release"]) and (df["eps_certified"] <= df["eps_target"]).all()
     assert set(df["config_id"]) == {"cfg"} and "domain_rate_mean" not in df.columns
+    assert "seed" not in df.columns  # a row is a mean over the seeds it names, not one seed's
+
+
+def test_a_table_of_one_seed_per_row_prints_no_spread_column_and_no_single_seed(tmp_path):
+    inputs = {**write_run(tmp_path, "uniform_eps3_seed0", METRICS), **write_run(tmp_path, "tha_moments_eps3_seed0",
+                                                                                METRICS)}
+    out = tmp_path / "t1.parquet"
+    sdp.straightdp_table(inputs, {"table": out}, {"table": "table1_main", "epsilons": [3], "config_id": "cfg",
+                                                  "runs": ["uniform_eps3_seed0", "tha_moments_eps3_seed0"]})
+    df = pd.read_parquet(out)
+    assert not [c for c in df.columns if c.endswith("_std_seeds")] and (df["n_seeds"] == 1).all()
+    assert "seed" not in df.columns and df["seeds"].tolist() == ["0", "0"]
+    # all-NaN only where nothing was measured: no release on the uniform row, no CLIP or domain metric in METRICS
+    assert {c for c in df.columns if df[c].isna().all()} <= {"eps_release", "domain_rate_mean", "clip_fd_mean",
+                                                              "clip_zero_shot_acc_mean"}
 
 
 def test_table1_lists_an_arms_rows_after_the_main_ones_labelled_with_the_arm(tmp_path):

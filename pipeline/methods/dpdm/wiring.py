@@ -143,7 +143,8 @@ class Wiring:
 
     def records(self) -> list[RunRecord]:
         """all_runs records: every evaluated (run, sampler) of the DPDM tables; the main table's rows are the
-        figure's DPDM line (the main sampler, chosen on val), the ablations' rows stay in the table."""
+        figure's DPDM line and the headline's candidates (the main sampler, chosen on val), the ablations' rows stay
+        in the table."""
         bench = self.house.layout.benchmark
         out = []
         for table in dpdm_runs.table_rows(self.section):
@@ -153,7 +154,7 @@ class Wiring:
                 out.append(RunRecord(method="dpdm", config=f"{run}/{sampler}", seed=r["seed"],
                                      epsilon_target=r["eps_target"], metrics=self.metrics_path(run, sampler),
                                      ledgers=(self.ledger_path(run),), label="DPDM" if main else "DPDM (ablations)",
-                                     in_figure=main,
+                                     in_figure=main, headline=main,
                                      benchmarks=(bench("train_dpdm", run),
                                                  *(bench(rule, f"{run}/{sampler}")
                                                    for rule in ("sample_dpdm", "evaluate_dpdm")))))

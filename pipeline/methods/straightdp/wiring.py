@@ -442,7 +442,8 @@ class Wiring:
 
     def records(self) -> list[RunRecord]:
         """all_runs records: every run ``all`` builds, its release and/or train transcript; the main grid's runs
-        are the figure's lines (one per row), an arm's stay in the table (ablations)."""
+        are the figure's lines (one per row), an arm's stay in the table (ablations); the main grid's MAIN_ROW runs
+        are the headline's candidates."""
         out = []
         for run in self.all_runs():
             ledgers = ((self.release_ledger(run.name),) if run.releases else ()) + \
@@ -453,5 +454,6 @@ class Wiring:
             out.append(RunRecord(method="straightdp", config=run.name, seed=run.seed, epsilon_target=run.epsilon,
                                  metrics=self.metrics_path(run.name), ledgers=ledgers,
                                  label=f"STRAIGHTDP{arm}: {straightdp_runs.LABELS[run.row]}", in_figure=not run.arm,
+                                 headline=not run.arm and run.row == straightdp_runs.MAIN_ROW,
                                  benchmarks=tuple(self.layout.benchmark(rule, run.name) for rule in rules)))
         return out

@@ -43,4 +43,4 @@ def toymean_release(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
 @stage("toymean_table", outputs=("table",), any_inputs=True, params={"runs": "the runs", "config_id": "id"})
 def toymean_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     df = run_rows(inputs, checked_runs(params))
-    write_table(df.drop(columns=["in_figure"]), outputs["table"], config_id=str(params.get("config_id", "unknown")))
+    write_table(df.drop(columns=["in_figure", "headline"]), outputs["table"], config_id=str(params.get("config_id", "unknown")))
