@@ -6,17 +6,17 @@
 
 
 rule report_tables:
-    """A readable HTML view of every table of `all` (grouped columns, 4 digits, long strings as codes)."""
+    """A readable HTML view of every table of `all` (caption above, key columns first, 4 digits, text in full)."""
     input:
         # a function: a method's rule file may register its tables after this file is read
-        unpack(lambda wildcards: OUTPUTS.report_table_inputs()),
+        unpack(lambda wildcards: OUTPUTS.report_view_inputs()),
     output:
         # one directory whose files are the results: the table list is known only once every rule file is read
         views=report(directory(REPORT_DIR / "tables"), patterns=["{name}.html"],
                      caption=str(CAPTIONS / "_table.rst"), category=lambda wildcards: OUTPUTS.report_category(wildcards.name),
                      subcategory="tables"),
     params:
-        ins=lambda wildcards: io_args("--in", OUTPUTS.report_table_inputs()),
+        ins=lambda wildcards: io_args("--in", OUTPUTS.report_view_inputs()),
         # the captions' text, read by report/captions/_table.rst when `snakemake --report` renders each view
         captions=lambda wildcards: OUTPUTS.table_captions(),
     benchmark:

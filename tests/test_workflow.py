@@ -340,7 +340,12 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert (results / "figures" / "runtime.png").stat().st_size > 10_000
     # the summary page: the verdict, the comparison figure (embedded), one headline row per method, references
     assert index.index("<section id='replay'") < index.index("<img") < index.index("One row per method")
-    assert "PASSED" in index and all(f"<td>{label}</td>" in index for label in set(private["label"]))
+    # one headline per private method, from its main configuration: never an ablation's label
+    heads = private[private["headline"]]
+    assert set(heads["method"]) == set(private["method"])
+    shown = {label for label in set(private["label"]) if f"<td>{label}</td>" in index}
+    assert "PASSED" in index and len(shown) == private["method"].nunique() and shown <= set(heads["label"])
+    assert "DPDM (ablations)" not in shown and "Configuration:</b> <code>" in index
     assert index.index("One row per method") < index.index("real held-out data")
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # the reviewer's report from the finished run (runs no job): summary first, every table and figure with

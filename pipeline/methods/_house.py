@@ -18,6 +18,7 @@ from pipeline.config import config_id
 from pipeline.methods import report_categories
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec
+from pipeline.reporting.review import CAPTION_KEY
 from pipeline.wiring import House, params_json, stage_params
 
 #: the core's report categories (the number orders the menu); each method declares its own
@@ -156,6 +157,13 @@ class Outputs:
         """Table name -> Parquet path of every table of ``all``: each gets a readable view in the report (rule
         report_tables, ``results/report/tables/<name>.html``)."""
         return {p.stem: p for p in self.report_inputs() if p.suffix == ".parquet"}
+
+    def report_view_inputs(self) -> dict[str, Path]:
+        """rule report_tables' inputs: every table of ``all`` (name -> Parquet) and its caption
+        (``caption_of_<name>`` -> its .rst), which its view shows above the table."""
+        captions = {f"{CAPTION_KEY}{name}": Path(self.caption_path(name, "table"))
+                    for name in self.report_table_inputs()}
+        return {**self.report_table_inputs(), **captions}
 
     def table_captions(self) -> dict[str, str]:
         """Table name -> its caption's text (report/captions/_table.rst shows it above each table view)."""

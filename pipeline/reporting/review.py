@@ -35,8 +35,17 @@ from pipeline.reporting import verdict
 from pipeline.reporting.tables import read_table
 from pipeline.stage import PipelineError, stage
 
-#: strings longer than this become codes in a table view (the legend under the table spells them out)
+#: strings longer than this wrap in a table view (shorter ones stay on one line)
 MAX_CELL_CHARS = 32
+#: the one mark of a missing value in a view (None, NaN and pd.NA alike)
+MISSING = "–"
+#: the column that names a row, the first of these a table has: shown first
+NAME_COLUMNS = ("label", "method", "row", "run", "name", "config")
+#: the key columns a reader compares, shown right after the row's name in this order: privacy, then utility
+KEY_COLUMNS = ("eps_certified", "eps_u", "epsilon_u", "epsilon_lb", "auc", "fid", "fid_mean", "acc_cnn",
+               "acc_cnn_mean")
+#: report_tables' input key of a table's caption: caption_of_<table>
+CAPTION_KEY = "caption_of_"
 #: rows shown per table view (the Parquet holds every row)
 MAX_ROWS = 200
 #: column groups of a table view, matched in order on the column name (first match wins)
@@ -51,7 +60,8 @@ COLUMN_GROUPS: tuple[tuple[str, str], ...] = (
 CSS = ("font-family:sans-serif;font-size:13px;line-height:1.35")
 TABLE_CSS = ("<style>.dpgen table{border-collapse:collapse;font-size:12px}.dpgen td,.dpgen th{padding:2px 6px;"
              "border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}.dpgen th{background:#f3f3f3}"
-             ".dpgen td:first-child,.dpgen th:first-child{text-align:left}.dpgen .ok{color:#176117}"
+             ".dpgen td:first-child,.dpgen th:first-child{text-align:left}.dpgen td.text{white-space:normal;min-width:14em;"
+             "max-width:28em;text-align:left}.dpgen .caption{max-width:70em}.dpgen .note{color:#444;font-size:12px}.dpgen .ok{color:#176117}"
              ".dpgen .bad{color:#a00000}.dpgen img{max-width:100%}.dpgen tr.groups th{text-align:center;"
              "border-left:2px solid #bbb;text-transform:uppercase;font-size:11px}</style>")
 
@@ -150,8 +160,10 @@ def _png_data_uri(path: Path) -> str:
 
 
 def _number(v: Any, digits: int = 4) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
+    if not isinstance(v, str) and _is_missing(v):
+        return MISSING
+    if isinstance(v, (float, np.floating)) and math.isinf(v):
+        return "∞" if v > 0 else "-∞"
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     if isinstance(v, (int, np.integer)):
@@ -267,48 +279,90 @@ def column_group(name: str) -> str:
     return "other"
 
 
-def table_view(df: pd.DataFrame, *, max_rows: int = MAX_ROWS) -> str:
-    """A compact HTML view of a table: grouped columns, numbers to 4 significant digits, long strings as codes."""
+def _is_missing(v: Any) -> bool:
+    """A value that is not there, whatever its type (None, NaN, pd.NA, NaT): every one shows as ``MISSING``."""
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):  # a list or an array in a cell is a value
+        return False
+
+
+def view_columns(columns: Sequence[str]) -> list[str]:
+    """The order of a table view's columns: the row's name, then the key columns (certified eps, FID, accuracy:
+    what a reader compares), then the rest grouped (identifiers, privacy, quality, cost, other)."""
+    name = next((c for c in NAME_COLUMNS if c in columns), None)
+    key = [c for c in KEY_COLUMNS if c in columns]
+    rest = [c for c in columns if c != name and c not in key]
     order = ["run", "privacy", "quality", "cost", "other"]
-    columns = sorted(df.columns, key=lambda c: order.index(column_group(c)))
-    legend: dict[str, str] = {}
+    return ([name] if name else []) + key + sorted(rest, key=lambda c: order.index(column_group(c)))
 
-    def cell(v: Any) -> str:
-        if isinstance(v, str) and len(v) > MAX_CELL_CHARS:
-            code = legend.setdefault(v, f"s{len(legend) + 1}")
-            return f"<abbr title='{html.escape(v)}'>[{code}]</abbr>"
-        return _number(v)
 
+def caption_html(rst: str) -> str:
+    """A report caption (reStructuredText, ``report/captions``) as HTML, by docutils (Snakemake's own renderer of
+    captions); problems in the markup are left in the text rather than reported."""
+    from docutils.core import publish_parts
+
+    return publish_parts(rst, writer="html5",
+                         settings_overrides={"report_level": 5, "halt_level": 5, "input_encoding": "unicode",
+                                             "output_encoding": "unicode"})["body"]
+
+
+def table_view(df: pd.DataFrame, *, max_rows: int = MAX_ROWS, caption: str | None = None) -> str:
+    """A readable HTML view of a table: its caption above, the row's name and the key columns first, the other
+    columns grouped, numbers to 4 significant digits, text in full (wrapped), one mark for a missing value."""
+    columns = view_columns(list(df.columns))
+    n_key = _n_key(columns)
     groups: list[tuple[str, int]] = []
-    for c in columns:
-        g = column_group(c)
+    for i, c in enumerate(columns):
+        g = "key" if i < n_key else column_group(c)
         if groups and groups[-1][0] == g:
             groups[-1] = (g, groups[-1][1] + 1)
         else:
             groups.append((g, 1))
+
+    def cell(v: Any) -> str:
+        if not isinstance(v, str) and _is_missing(v):
+            return f"<td>{MISSING}</td>"
+        if isinstance(v, str) and len(v) > MAX_CELL_CHARS:
+            return f"<td class='text'>{html.escape(v)}</td>"
+        return f"<td>{_number(v)}</td>"
+
     shown = df[columns].head(max_rows)
-    rows = "".join("<tr>" + "".join(f"<td>{cell(row[c])}</td>" for c in columns) + "</tr>"
-                   for _, row in shown.iterrows())
-    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}",
-             "<table><tr class='groups'>" + "".join(f"<th colspan='{n}'>{g}</th>" for g, n in groups) + "</tr>",
-             "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>", rows, "</table>"]
+    rows = "".join("<tr>" + "".join(cell(row[c]) for c in columns) + "</tr>" for _, row in shown.iterrows())
+    parts = [f"<div class='dpgen' style='{CSS}'>{TABLE_CSS}"]
+    if caption:
+        parts.append(f"<div class='caption'>{caption_html(caption)}</div>")
+    parts += ["<table><tr class='groups'>" + "".join(f"<th colspan='{n}'>{g}</th>" for g, n in groups) + "</tr>",
+              "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>", rows, "</table>"]
     if len(df) > max_rows:
         parts.append(f"<p>… {len(df) - max_rows} more rows in the Parquet file</p>")
-    if legend:
-        parts.append("<p><b>Codes:</b></p><ul>" + "".join(f"<li>[{code}] {html.escape(text)}</li>"
-                                                          for text, code in legend.items()) + "</ul>")
+    if shown.map(lambda v: not isinstance(v, str) and _is_missing(v)).to_numpy().any():
+        parts.append(f"<p class='note'>{MISSING} no value: not measured in this configuration, or it does not apply "
+                     "to the row (the column's description: the caption above, docs/results.md).</p>")
     parts.append("</div>")
     return "\n".join(parts)
 
 
+def _n_key(columns: Sequence[str]) -> int:
+    """How many of a view's leading columns are its key group (the row's name and the key columns)."""
+    n = 1 if columns and columns[0] in NAME_COLUMNS else 0
+    while n < len(columns) and columns[n] in KEY_COLUMNS:
+        n += 1
+    return n
+
+
 @stage("report_tables", outputs=("dir",), any_inputs=True, params={})
 def report_tables(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """One HTML view ``<dir>/<key>.html`` per input table (``--in NAME=table.parquet``) for the report."""
-    if not inputs:
+    """One HTML view ``<dir>/<key>.html`` per input table (``--in NAME=table.parquet``) for the report, its caption
+    above it when given (``--in caption_of_NAME=NAME.rst``)."""
+    tables = {k: v for k, v in inputs.items() if not k.startswith(CAPTION_KEY)}
+    if not tables:
         raise PipelineError("stage report_tables: give at least one --in NAME=table.parquet")
     out = Path(outputs["dir"])
     out.mkdir(parents=True, exist_ok=True)
-    for key, path in inputs.items():
-        view = f"<!doctype html><meta charset='utf-8'><title>{html.escape(key)}</title>{table_view(read_table(path))}"
+    for key, path in tables.items():
+        caption = inputs.get(f"{CAPTION_KEY}{key}")
+        body = table_view(read_table(path), caption=Path(caption).read_text() if caption else None)
+        view = f"<!doctype html><meta charset='utf-8'><title>{html.escape(key)}</title>{body}"
         with atomic_path(out / f"{key}.html") as tmp:
             tmp.write_text(view + "\n")

@@ -61,6 +61,11 @@ def test_the_report_shows_tables_and_figures_and_the_runtime_table_waits_for_all
     assert not set(before) & set(out.after_all) and set(before) | set(out.after_all) == set(inputs)
     tables = out.report_table_inputs()
     assert tables["dpdm_t"] == tmp_path / "dpdm_t.parquet" and "all_runs" in tables and "dpdm_f" not in tables
+    # each view's inputs: the tables and, keyed caption_of_<table>, the caption its view shows above it
+    views = out.report_view_inputs()
+    assert {k: v for k, v in views.items() if not k.startswith("caption_of_")} == tables
+    assert views["caption_of_all_runs"] == CAPTIONS / "all_runs.rst"
+    assert views["caption_of_dpdm_t"] == out.missing_caption and len(views) == 2 * len(tables)
 
 
 def test_a_method_left_out_of_methods_reaches_nothing(tmp_path):

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.reporting.review import (code_commit, column_group, headline_html, headline_rows, index_html,
+from pipeline.reporting.review import (MISSING, code_commit, column_group, headline_html, headline_rows, index_html,
                                        methods_without_headline, provenance_html, reference_rows, report_tables,
                                        table_view, without_seed)
 from pipeline.reporting.tables import write_table
@@ -118,18 +118,39 @@ def test_the_summary_page_embeds_the_figure_and_writes_the_same_fragment_for_the
     assert re.search(r"<td>DPDM</td><td>eps1.0/ddim</td><td>2</td><td>0.999</td>", fragment)
 
 
-def test_a_table_view_groups_columns_rounds_numbers_and_codes_long_strings():
-    long = "a diagnostic string far longer than a table cell should be"
-    df = pd.DataFrame({"fid": [12.3456789], "note": [long], "method": ["dpdm"], "eps_certified": [0.99949],
-                       "wall_s": [3.0]})
+def test_a_table_view_puts_the_rows_name_and_key_columns_first_and_keeps_every_label_whole():
+    long = "STRAIGHTDP: Released moments only, a label far longer than a table cell"
+    df = pd.DataFrame({"note": ["x", "y"], "wall_s": [3.0, 4.0], "fid": [12.3456789, np.nan],
+                       "config": ["a", "b"], "label": [long, "short"], "eps_certified": [0.99949, 1.0],
+                       "acc_cnn": [0.5, 0.6], "delta": [1e-5, 1e-5], "kid_mean": [1.0, 2.0]})
     view = table_view(df)
     headers = re.findall(r"<th>([a-z_]+)</th>", view)
-    assert headers == ["method", "eps_certified", "fid", "wall_s", "note"]
-    assert re.findall(r"<th colspan='1'>(\w+)</th>", view) == ["run", "privacy", "quality", "cost", "other"]
+    assert headers == ["label", "eps_certified", "fid", "acc_cnn", "config", "delta", "kid_mean", "wall_s", "note"]
+    assert re.findall(r"<th colspan='(\d)'>(\w+)</th>", view) == [
+        ("4", "key"), ("1", "run"), ("1", "privacy"), ("1", "quality"), ("1", "cost"), ("1", "other")]
     assert "12.35" in view and "0.9995" in view and "12.3456789" not in view
-    assert "[s1]" in view and f"[s1] {long}" in view
+    assert f"<td class='text'>{long}</td>" in view and "[s1]" not in view  # in full, wrapped, never a code
     assert [column_group(c) for c in ("acc_cnn", "epsilon_lb", "max_rss_mb", "config")] == \
         ["quality", "privacy", "cost", "run"]
+
+
+def test_a_table_view_has_one_missing_value_mark_whatever_the_type_and_says_what_it_means():
+    df = pd.DataFrame({"method": ["a", "b", "c"], "fid": [1.0, np.nan, 2.0]})
+    df["note"] = pd.array(["x", pd.NA, None], dtype="string")
+    df["n"] = pd.array([1, pd.NA, 3], dtype="Int64")
+    view = table_view(df)
+    assert "&lt;NA&gt;" not in view and "<NA>" not in view and "None" not in view and "nan" not in view
+    assert view.count(f"<td>{MISSING}</td>") == 4 and f"{MISSING} no value" in view
+    assert f"{MISSING} no value" not in table_view(df.dropna())
+
+
+def test_a_table_views_caption_is_above_the_table(tmp_path):
+    write_table(pd.DataFrame({"fid": [1.0]}), tmp_path / "t.parquet", config_id="c", seed=0)
+    (tmp_path / "t.rst").write_text("The **certified** ε of each run.")
+    report_tables({"t": tmp_path / "t.parquet", "caption_of_t": tmp_path / "t.rst"}, {"dir": tmp_path / "v"}, {})
+    view = (tmp_path / "v" / "t.html").read_text()
+    assert "<strong>certified</strong>" in view and view.index("certified") < view.index("<table>")
+    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == ["t.html"]  # a caption is not a table
 
 
 def test_report_tables_writes_one_view_per_table(tmp_path):
