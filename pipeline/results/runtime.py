@@ -92,6 +92,11 @@ def runtime_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
                 seed=int(params.get("seed", 0)))
 
 
+def jobs_phrase(n: int) -> str:
+    """``1 job``, ``3 jobs``: a count as the figure says it."""
+    return f"{n} job" if n == 1 else f"{n} jobs"
+
+
 def by_rule(df: pd.DataFrame) -> pd.DataFrame:
     """Jobs, wall s, CPU s and the largest RSS summed per rule, most wall time first."""
     g = df.groupby("rule").agg(jobs=("job", "size"), wall_s=("wall_s", "sum"), cpu_s=("cpu_s", "sum"),
@@ -115,12 +120,14 @@ def runtime_figure_of(df: pd.DataFrame, top: int = 12) -> Any:
     ax.set_yticks(list(y))
     ax.set_yticklabels(shown.index)
     for v, (_, r) in zip(y, shown.iterrows()):
-        ax.annotate(f" {int(r['jobs'])} jobs, ≤{r['max_rss_mb'] / 1024:.1f} GiB",
+        rss = r["max_rss_mb"]
+        peak = f"peak RSS {rss / 1024:.1f} GiB" if math.isfinite(rss) else "peak RSS not measured"
+        ax.annotate(f" {jobs_phrase(int(r['jobs']))}, {peak}",
                     (max(r["wall_s"], r["cpu_s"]) / 60, v), va="center", fontsize=8)
     ax.set_xlabel("minutes, summed over the rule's jobs")
     total_wall, total_cpu = g["wall_s"].sum() / 60, g["cpu_s"].sum() / 60
     ax.set_title(f"Where the time goes: top {len(shown)} of {len(g)} rules by job wall time\n"
-                 f"({len(df)} jobs, {total_wall:.1f} job-minutes wall, {total_cpu:.1f} CPU-minutes)")
+                 f"({jobs_phrase(len(df))}, {total_wall:.1f} job-minutes wall, {total_cpu:.1f} CPU-minutes)")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from pipeline.results.runtime import by_rule, job_cost, runtime_figure, runtime_frame, runtime_table
+from pipeline.results.runtime import by_rule, job_cost, runtime_figure, runtime_figure_of, runtime_frame, runtime_table
 from pipeline.stage import PipelineError
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
@@ -64,6 +64,14 @@ def test_the_stage_writes_the_table_and_the_figure(root, tmp_path):
     assert set(df["rule"]) == {"train_dpdm", "sample_dpdm", "prepare_data"}
     runtime_figure({"table": tmp_path / "runtime.parquet"}, {"figure": tmp_path / "runtime.png"}, {})
     assert (tmp_path / "runtime.png").stat().st_size > 0 and (tmp_path / "runtime.pdf").is_file()
+
+
+def test_the_figure_counts_jobs_in_words_and_names_memory_as_peak_rss(root):
+    fig = runtime_figure_of(runtime_frame(root))
+    notes = [t.get_text().strip() for t in fig.axes[0].texts]
+    assert "2 jobs, peak RSS 2.1 GiB" in notes and "1 job, peak RSS 0.9 GiB" in notes
+    assert "1 job, peak RSS not measured" in notes and not any("1 jobs" in n for n in notes)
+    assert "(4 jobs," in fig.axes[0].get_title()
 
 
 def test_no_benchmark_file_and_a_broken_one_are_one_line_errors(tmp_path):
