@@ -106,6 +106,13 @@ def test_readme_is_the_first_ten_minutes(repo):
     # the README's test command is what CI runs
     assert "make test" in readme and "\nmake test\n" in (repo / ".ci" / "run").read_text()
     assert "\nmake docs\n" in (repo / ".ci" / "run").read_text()
+    # a clone has nothing outside itself: every path the README names is in the repository, and each paper is
+    # cited by its title (and arXiv id where our copy has one)
+    assert "../" not in readme
+    for path in re.findall(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|smk|yml))`", readme):
+        assert (repo / path).exists(), path
+    for arxiv in ("2610.27710", "2607.29100", "2210.09929"):
+        assert f"arXiv:{arxiv}" in readme
 
 
 def _screenshot(chromium: str, page: Path, shot: Path) -> None:
