@@ -163,37 +163,70 @@ def configuration(config: str) -> str:
     return re.sub(r"_s(?:eed)?[0-9]+(?=$|/)", "", config)
 
 
-def _line(ax: Any, g: pd.DataFrame, metric: str, label: str, color: Any) -> None:
-    """One method's line: mean over seeds per configuration, a band from the seeds' min to max."""
+#: colour families, one per private method in the table's order (a method's variants take shades of its family)
+COLOUR_FAMILIES = ("Blues", "Oranges", "Greens", "Purples", "Reds", "YlOrBr", "PuRd", "Greys")
+#: what tells a method's variants apart besides their shade: line style and marker, in turn
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def label_styles(private: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Each label's colour, line style and marker: one colour family per method (``COLOUR_FAMILIES``, in the order
+    the methods first appear), its labels in shades from dark to light with their own line style and marker."""
+    import matplotlib
+
+    styles: dict[str, dict[str, Any]] = {}
+    for k, (method, g) in enumerate(private.groupby("method", sort=False)):
+        cmap = matplotlib.colormaps[COLOUR_FAMILIES[k % len(COLOUR_FAMILIES)]]
+        labels = list(dict.fromkeys(g["label"]))
+        shades = np.linspace(0.9, 0.45, len(labels)) if len(labels) > 1 else [0.75]
+        for j, (label, shade) in enumerate(zip(labels, shades)):
+            styles[label] = {"color": cmap(float(shade)), "linestyle": LINE_STYLES[j % len(LINE_STYLES)],
+                             "marker": MARKERS[j % len(MARKERS)]}
+    return styles
+
+
+def _points(g: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """A label's points: mean certified eps and metric per configuration over its seeds, the seeds' range and
+    count."""
     points = g.assign(point=g["config"].map(configuration)).groupby("point")
     by = points.agg(eps=("eps_certified", "mean"), mean=(metric, "mean"), lo=(metric, "min"), hi=(metric, "max"),
-                    target=("epsilon_target", "mean")).sort_values("eps")
-    by = by[np.isfinite(by["mean"]) & np.isfinite(by["eps"])]
-    if by.empty:
-        return
+                    seeds=("seed", "nunique"), target=("epsilon_target", "mean")).sort_values("eps")
+    return by[np.isfinite(by["mean"]) & np.isfinite(by["eps"])]
+
+
+def _line(ax: Any, by: pd.DataFrame, label: str, style: Mapping[str, Any]) -> None:
+    """One label's marks: a line through its configurations (a band from the seeds' min to max where a point has
+    two seeds or more), or points for a grid without a target eps (EMPDEN's cells)."""
     if by["target"].notna().all():
-        ax.plot(by["eps"], by["mean"], marker="o", color=color, label=label)
-        ax.fill_between(by["eps"], by["lo"], by["hi"], color=color, alpha=0.2, linewidth=0)
-    else:  # a grid of configurations without a target eps (EMPDEN's cells): points, not a line
-        ax.scatter(by["eps"], by["mean"], marker="s", s=18, color=color, label=label)
+        ax.plot(by["eps"], by["mean"], ms=5, label=label, **style)
+        seeded = by[by["seeds"] >= 2]
+        if len(seeded):
+            ax.fill_between(seeded["eps"], seeded["lo"], seeded["hi"], color=style["color"], alpha=0.2, linewidth=0)
+    else:
+        ax.scatter(by["eps"], by["mean"], marker=style["marker"], s=22, color=style["color"], label=label)
 
 
 def privacy_utility_figure_of(df: pd.DataFrame) -> Any:
-    """Downstream CNN accuracy and FID vs certified eps: a line per method label, references horizontal."""
+    """Downstream CNN accuracy and FID vs certified eps: a line per method label (one colour family per method),
+    references horizontal, one legend with every mark of either panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
     private = df[df["private"] & df["in_figure"]]
     refs = df[~df["private"] & df["in_figure"]]
-    colors = plt.get_cmap("tab10")
-    labels = list(dict.fromkeys(private["label"]))
+    styles = label_styles(private)
+    banded = False
     for ax, metric, name in ((axes[0], "acc_cnn", "downstream CNN accuracy on real test (fraction)"),
                              (axes[1], "fid", "FID vs real test (eval-net features; lower is better)")):
-        for k, label in enumerate(labels):
-            _line(ax, private[private["label"] == label], metric, label, colors(k % 10))
+        for label, style in styles.items():
+            by = _points(private[private["label"] == label], metric)
+            if len(by):
+                _line(ax, by, label, style)
+                banded |= bool((by["seeds"] >= 2).any())
         for j, (label, g) in enumerate(refs.groupby("label", sort=False)):
             value = g[metric].mean()
             if np.isfinite(value):
@@ -205,12 +238,20 @@ def privacy_utility_figure_of(df: pd.DataFrame) -> Any:
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     axes[1].set_yscale("log")  # FIDs span three decades across methods and eps
+    readable_log_axis(axes[1].yaxis)
     axes[0].set_title("Utility vs privacy: downstream accuracy")
     axes[1].set_title("Utility vs privacy: sample quality")
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(4, max(1, len(names))), fontsize=8, frameon=False)
-    fig.suptitle("Every method under one ledger and one evaluation (mean over seeds; band = seeds' range)")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    # one legend over both panels: a method without labels (EMPDEN) or a reference without a FID draws on one only
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(name, handle)
+    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=min(3, max(1, len(entries))),
+               fontsize=8, frameon=False)
+    bands = "band = the seeds' range" if banded else "one seed per point, so no band"
+    fig.suptitle(f"Every method under one ledger and one evaluation (mean over seeds; {bands})")
+    rows = math.ceil(len(entries) / 3)
+    fig.tight_layout(rect=(0, min(0.45, 0.035 * rows + 0.02), 1, 0.95))
     return fig
 
 

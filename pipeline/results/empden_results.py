@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -283,27 +283,43 @@ def _reference_T(df: pd.DataFrame) -> int:
 @stage("empden_figure3_tradeoffs", inputs=("grid",), outputs=("figure",),
        params={"beta": "beta of the main grid (accounting.beta)", "seed": "seed of the main grid", **TABLE_DOC})
 def empden_figure3_tradeoffs(inputs, outputs, params) -> None:
-    """EMPDEN Figure 3: FID against certified eps_u, varying (a) t0 (p), (b) T, (c) q = B/n."""
-    import matplotlib.pyplot as plt
-
+    """EMPDEN Figure 3: FID against certified eps_u, varying (a) t0 (p), (b) T, (c) q = B/n, each panel only where
+    the grid varies it."""
     df = _grid(inputs["grid"])
     df = df[(df["method"] == "hybrid") & (df["beta"] == float(params["beta"]))
             & (df["seed"] == int(params.get("seed", 0)))]
     if df.empty:
         raise PipelineError("empden_figure3_tradeoffs: no hybrid cell at the main beta and seed in the grid table")
+    save_figure(figure3_of(df), outputs["figure"])
+
+
+def figure3_panels(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str, str, Any, str]]:
+    """Figure 3's panels that this grid can draw: (title, rows, one line per value of, points ordered by, entry
+    label, legend title), the paper's letters kept. A panel is drawn only when its rows hold two values or more of
+    what it varies (on the quick tour T is 3 alone: no "varying T" panel holding one T)."""
     T_ref, B_min = _reference_T(df), int(df["B"].min())
-    delta = float(df["delta"].iloc[0])
-    # (title, rows, one line per value of, points ordered by, entry label, legend title)
+    q_min = B_min / int(df["n"].iloc[0])
     panels = [
-        (f"(a) varying t0 (T = {T_ref})", df[df["T"] == T_ref], "p_percent", "B", lambda v: f"p = {v:g}%",
-         "private share p\n(points: B)"),
-        (f"(b) varying T (q = {B_min / int(df['n'].iloc[0]):.2g})", df[df["B"] == B_min], "T", "p_percent",
+        (f"(a) varying the handoff t0 (set by the private share p; T = {T_ref})", df[df["T"] == T_ref], "p_percent",
+         "B", lambda v: f"p = {v:g}%", "private share p (sets t0)\n(points: B)"),
+        (f"(b) varying the re-noising steps T (q = {q_min:.2g})", df[df["B"] == B_min], "T", "p_percent",
          lambda v: f"T = {int(v)}", "re-noising steps T\n(points: p)"),
-        (f"(c) varying q (T = {T_ref})", df[df["T"] == T_ref], "q_B", "p_percent", lambda v: f"q = {v:.2g}",
-         "subsample rate q = B/n\n(points: p)"),
+        (f"(c) varying the subsample rate q = B/n (T = {T_ref})", df[df["T"] == T_ref], "q_B", "p_percent",
+         lambda v: f"q = {v:.2g}", "subsample rate q = B/n\n(points: p)"),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (title, sub, line_key, along, label, legend_title) in zip(axes, panels):
+    return [panel for panel in panels if panel[1][panel[2]].nunique() >= 2]
+
+
+def figure3_of(df: pd.DataFrame) -> Any:
+    """EMPDEN Figure 3 from the main grid's hybrid cells: FID against certified eps_u, one panel per parameter the
+    grid varies (:func:`figure3_panels`; one panel of every cell when it varies none)."""
+    import matplotlib.pyplot as plt
+
+    delta = float(df["delta"].iloc[0])
+    panels = figure3_panels(df) or [("every hybrid cell (the grid varies neither p, T nor q)", df, "cell", "B",
+                                     lambda v: str(v), "cell")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.9), squeeze=False)
+    for ax, (title, sub, line_key, along, label, legend_title) in zip(axes[0], panels):
         for value, g in sub.groupby(line_key):
             g = g.sort_values(along)
             ax.plot(g["eps_upper_bound"], g["fid"], "o-", label=label(value))
@@ -312,25 +328,24 @@ def empden_figure3_tradeoffs(inputs, outputs, params) -> None:
         readable_log_axis(ax.xaxis)
         ax.set_xlabel(f"certified $\\varepsilon_u$ (PLD pessimistic, $\\delta$ = {delta:g})")
         ax.set_ylabel("FID (lower is better)")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9, wrap=True)
         ax.legend(fontsize=7, title=legend_title, title_fontsize=7)
-    save_figure(fig, outputs["figure"])
+    fig.tight_layout()
+    return fig
 
 
-@stage("empden_figure4_samples", inputs=("grid",), outputs=("figure",), any_inputs=True,
-       params={"n_images": "samples shown per sigma_min (default 8)", **TABLE_DOC})
-def empden_figure4_samples(inputs, outputs, params) -> None:
-    """EMPDEN Figure 4 right: full-batch samples at each sigma_min of the sweep, with eps and FID
-    (inputs grid=<table 8> and samples_<i>=<full-batch cell>.npz)."""
+def figure4_of(grid: pd.DataFrame, samples: Sequence[tuple[Path, str]], *, n_images: int = 8) -> Any:
+    """Figure 4 (right): a row of ``n_images`` samples per full-batch cell (``samples``: (npz path, input key)),
+    largest sigma_min first, each titled with its eps and FID from ``grid`` (Table 8)."""
     import matplotlib.pyplot as plt
 
-    df = _grid(inputs["grid"]).set_index("cell")
-    cells = sorted(((_cell_facts(p), p) for k, p in inputs.items() if k.startswith("samples_")),
-                   key=lambda fp: -fp[0]["sigma_min"])
+    df = grid.set_index("cell")
+    cells = sorted(((_cell_facts(p), p) for p, _ in samples), key=lambda fp: -fp[0]["sigma_min"])
     if not cells or any(f["method"] != "full_batch" for f, _ in cells):
         raise PipelineError("empden_figure4_samples: give the full-batch cells as samples_<i>=<cell>.npz")
-    n_images = int(params.get("n_images", 8))
-    fig, axes = plt.subplots(len(cells), 1, figsize=(n_images * 0.9, 1.1 * len(cells)), squeeze=False)
+    # constrained layout keeps each row's title clear of the image row above it
+    fig, axes = plt.subplots(len(cells), 1, figsize=(max(n_images * 0.9, 6.0), 1.5 * len(cells)), squeeze=False,
+                             layout="constrained")
     for ax, (facts, path) in zip(axes[:, 0], cells):
         imgs = load_split(path).images[:n_images]
         strip = np.concatenate(list(imgs), axis=-1)  # [C, H, n W]
@@ -338,7 +353,17 @@ def empden_figure4_samples(inputs, outputs, params) -> None:
         row = df.loc[facts["cell"]] if facts["cell"] in df.index else None
         eps = f"{row['eps_upper_bound']:.3g}" if row is not None else "?"
         fid = f"{row['fid']:.3g}" if row is not None else "?"
-        ax.set_title(f"sigma_min = {facts['sigma_min']:g}: eps = {eps} (GDP, delta = {facts['delta']:g}, "
-                     f"N_out = {facts['n_out']}), FID = {fid}", fontsize=8)
+        ax.set_title(f"$\\sigma_{{min}}$ = {facts['sigma_min']:g}: ε = {eps} (GDP, δ = {facts['delta']:g}, "
+                     f"$N_{{out}}$ = {facts['n_out']}), FID = {fid}", fontsize=8)
         ax.axis("off")
+    return fig
+
+
+@stage("empden_figure4_samples", inputs=("grid",), outputs=("figure",), any_inputs=True,
+       params={"n_images": "samples shown per sigma_min (default 8)", **TABLE_DOC})
+def empden_figure4_samples(inputs, outputs, params) -> None:
+    """EMPDEN Figure 4 right: full-batch samples at each sigma_min of the sweep, with eps and FID
+    (inputs grid=<table 8> and samples_<i>=<full-batch cell>.npz)."""
+    samples = [(p, k) for k, p in inputs.items() if k.startswith("samples_")]
+    fig = figure4_of(_grid(inputs["grid"]), samples, n_images=int(params.get("n_images", 8)))
     save_figure(fig, outputs["figure"])

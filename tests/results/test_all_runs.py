@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import rgb_to_hsv
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
@@ -15,7 +18,7 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import dp_merf as merf
 from pipeline.privacy import ledger
 from pipeline.privacy import private_evolution as pe
-from pipeline.results.all_runs import all_runs_table, privacy_utility_figure
+from pipeline.results.all_runs import all_runs_table, label_styles, privacy_utility_figure, privacy_utility_figure_of
 from pipeline.results.baselines import baselines_table
 from pipeline.results.runtime import runtime_table
 from pipeline.stage import PipelineError
@@ -126,6 +129,74 @@ def test_the_figure_draws_every_private_label_and_the_references(files, tmp_path
     all_runs_table(inputs(files), {"table": tmp_path / "all.parquet"}, {"runs": RUNS, "config_id": "x"})
     privacy_utility_figure({"table": tmp_path / "all.parquet"}, {"figure": tmp_path / "pu.png"}, {})
     assert (tmp_path / "pu.png").stat().st_size > 10_000 and (tmp_path / "pu.pdf").is_file()
+
+
+def comparison_rows(seeds=(0,)) -> pd.DataFrame:
+    """An all_runs table shaped like the embedded default's: EMPDEN cells without labels (points, no accuracy), its
+    public-only reference (FID only), seven STRAIGHTDP lines, two baselines, the real data."""
+    rows = []
+    for seed in seeds:
+        for k in range(11):
+            rows.append({"method": "empden", "label": "EMPDEN hybrid", "config": f"hybrid/p{k}_s{seed}",
+                         "epsilon_target": math.nan, "eps_certified": 0.5 + k, "fid": 60.0 + 80 * k,
+                         "acc_cnn": math.nan})
+        rows.append({"method": "empden", "label": "EMPDEN per-step", "config": f"per_step/p1_s{seed}",
+                     "epsilon_target": math.nan, "eps_certified": 3.0, "fid": 900.0, "acc_cnn": math.nan})
+        rows.append({"method": "empden", "label": "public denoiser only (EMPDEN)", "config": f"public_only/s{seed}",
+                     "private": False, "fid": 200.0, "acc_cnn": math.nan})
+        for j in range(7):
+            for eps in (0.3, 1.0, 3.0):
+                rows.append({"method": "straightdp", "label": f"STRAIGHTDP: row {j}", "config": f"r{j}_eps{eps}_seed{seed}",
+                             "epsilon_target": eps, "eps_certified": eps, "fid": 100.0 + j + 10 * seed,
+                             "acc_cnn": 0.5 + 0.01 * j + 0.05 * seed})
+        for method in ("dp_merf", "pe"):
+            rows.append({"method": method, "label": method.upper(), "config": f"{method}_eps1_seed{seed}",
+                         "epsilon_target": 1.0, "eps_certified": 1.0, "fid": 300.0, "acc_cnn": 0.3})
+        rows.append({"method": "reference", "label": "real held-out data", "config": "reference_real",
+                     "private": False, "fid": 5.0, "acc_cnn": 0.97})
+    df = pd.DataFrame(rows)
+    df["private"] = df["private"].fillna(True).astype(bool) if "private" in df else True
+    df["in_figure"] = True
+    df["seed"] = [int(c.rsplit("s", 1)[-1].replace("eed", "")) if c != "reference_real" else 0 for c in df["config"]]
+    return df
+
+
+def test_every_mark_of_the_comparison_figure_is_in_its_legend_one_colour_family_per_method():
+    fig = privacy_utility_figure_of(comparison_rows())
+    legend = {t.get_text() for t in fig.legends[0].get_texts()}
+    drawn = {a.get_label() for ax in fig.axes for a in (*ax.lines, *ax.collections)
+             if not a.get_label().startswith("_")}
+    assert drawn == legend and len(legend) == 2 + 7 + 2 + 2  # EMPDEN's points and public line although no accuracy
+    styles = label_styles(comparison_rows())
+    colours = {label: style["color"] for label, style in styles.items()}
+    assert len(set(colours.values())) == len(colours)  # no two labels share a colour (tab10 wrapped at 10)
+    # a method's labels share a hue (shades of one family); two methods' hues differ
+    hue = {label: rgb_to_hsv(np.array(c)[:3])[0] for label, c in colours.items()}
+    private = comparison_rows()[lambda d: d["private"]]
+    first = {}
+    for method, g in private.groupby("method", sort=False):
+        hues = [hue[lab] for lab in dict.fromkeys(g["label"])]
+        assert max(hues) - min(hues) < 0.06, method
+        first[method] = hues[0]
+    assert min(abs(a - b) for i, a in enumerate(first.values()) for b in list(first.values())[i + 1:]) > 0.06
+    # STRAIGHTDP's seven lines differ in line style or marker too, not in shade alone
+    assert len({(styles[f"STRAIGHTDP: row {j}"]["linestyle"], styles[f"STRAIGHTDP: row {j}"]["marker"])
+                for j in range(7)}) == 7
+
+
+def test_the_comparison_figures_log_axes_have_readable_ticks_and_its_title_says_whether_bands_are_drawn():
+    fig = privacy_utility_figure_of(comparison_rows())
+    fig.canvas.draw()
+    fid_ax = fig.axes[1]
+    lo, hi = fid_ax.get_ylim()
+    ticks = [t for t in fid_ax.yaxis.get_majorticklocs() if lo <= t <= hi]
+    assert len(ticks) >= 4, ticks  # FIDs 5 to 900: more than the decades' 10 and 100
+    assert all(t.get_text() for t in fid_ax.get_yticklabels() if lo <= t.get_position()[1] <= hi)
+    bands = [c for ax in fig.axes for c in ax.collections if isinstance(c, PolyCollection)]
+    assert "no band" in fig._suptitle.get_text() and not bands  # one seed: no band of width zero that looks certain
+    two = privacy_utility_figure_of(comparison_rows(seeds=(0, 1)))
+    assert "band = the seeds' range" in two._suptitle.get_text()
+    assert [c for c in two.axes[0].collections if isinstance(c, PolyCollection)]
 
 
 def test_the_audit_columns_join_on_the_trained_models_run(files, tmp_path):

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pipeline.results.empden_results import (empden_figure3_tradeoffs, empden_figure4_samples,
-                                                 empden_table2_comparison, empden_table3_beta, empden_table8_grid,
-                                                 empden_table10_seeds)
+                                             empden_table2_comparison, empden_table3_beta, empden_table8_grid,
+                                             empden_table10_seeds, figure3_of, figure4_of)
 from pipeline.config import validate_config
 from pipeline.io import Split, save_split
 from pipeline.models.checkpoint import save_denoiser
@@ -157,6 +157,35 @@ def test_figures_3_and_4_are_written_as_png_and_pdf(grid, tmp_path):
     empden_figure4_samples({"grid": table, **fb}, {"figure": tmp_path / "f4.png"}, {"n_images": 2})
     for name in ("f3", "f4"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0 and (tmp_path / f"{name}.pdf").stat().st_size > 0
+
+
+def test_figure3_draws_a_panel_only_for_what_the_grid_varies_and_titles_it_by_what_its_legend_shows(grid):
+    df = read_table(grid[2])
+    hybrid = df[(df["method"] == "hybrid") & (df["beta"] == 1.0) & (df["seed"] == 0)]
+    fig = figure3_of(hybrid)  # p in {45, 65}, B in {5, 10}, T = 2 only: no "varying T" panel
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 2 and titles[0].startswith("(a) varying the handoff t0 (set by the private share p")
+    assert titles[1].startswith("(c) varying the subsample rate q") and not any("varying the re-noising" in t
+                                                                              for t in titles)
+    legends = [ax.get_legend() for ax in fig.axes]
+    assert legends[0].get_title().get_text().startswith("private share p (sets t0)")
+    assert all(len(leg.get_texts()) >= 2 for leg in legends)  # each panel shows two values or more of its parameter
+    one = figure3_of(hybrid[(hybrid["p_percent"] == 65) & (hybrid["B"] == 5)])
+    assert len(one.axes) == 1 and "varies neither" in one.axes[0].get_title()
+
+
+def test_figure4_row_titles_clear_the_image_row_above(grid, tmp_path):
+    root, inputs, table = grid
+    fb = {f"samples_{i}": inputs[f"samples_{i}"] for i, c in enumerate(CELLS) if c.method == "full_batch"}
+    fig = figure4_of(read_table(table), [(p, k) for k, p in fb.items()], n_images=2)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    axes = fig.axes
+    for upper, lower in zip(axes, axes[1:]):
+        title_top = lower.title.get_window_extent(renderer).y1
+        image_bottom = upper.images[0].get_window_extent(renderer).y0
+        # a clear gap between a row's title and the images above it (the old layout left 2 pixels)
+        assert image_bottom - title_top >= 8 * fig.dpi / 100
 
 
 def test_table8_rows_are_the_sampled_cells_and_say_so(grid):
