@@ -274,6 +274,14 @@ def straightdp_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     write_table(without_unmeasured_spread(df), outputs["table"], config_id=str(params["config_id"]))
 
 
+def band_note(n_min: int, n_max: int) -> str:
+    """What a figure's bands are, from its points' seed counts: none with one seed (a std needs two)."""
+    if n_max < 2:
+        return "one seed: no band"
+    seeds = f"{n_max}" if n_min == n_max else f"{max(n_min, 2)}-{n_max}"
+    return f"bands ±1 std over {seeds} seeds" + ("; one-seed points have none" if n_min < 2 else "")
+
+
 @stage("straightdp_figure_accuracy", outputs=("figure",), any_inputs=True,
        params={**PARAMS_DOC, "metric": "metric on the y axis (default acc_cnn, Figure 3)"})
 def straightdp_figure_accuracy(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
@@ -303,9 +311,8 @@ def straightdp_figure_accuracy(inputs: Mapping[str, Path], outputs: Mapping[str,
     ax.set_xscale("log")
     readable_log_axis(ax.xaxis)
     delta = float(df["delta"].max())
-    n_seeds = int(df["n_seeds"].max())
     ax.set(xlabel=f"ε (δ = {delta:g})", ylabel=f"downstream accuracy ({metric.removeprefix('acc_')})",
-           title=f"STRAIGHTDP: accuracy vs ε (bands ±1 std over ≤{n_seeds} seeds)")
+           title=f"STRAIGHTDP: accuracy vs ε ({band_note(int(df['n_seeds'].min()), int(df['n_seeds'].max()))})")
     ax.legend(fontsize=7)
     save_figure(fig, outputs["figure"])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -28,6 +29,19 @@ def small():
 
 def _params(cfg, section):
     return {"config_id": "test", "seed": cfg["seed"], section: cfg[section]}
+
+
+def test_fig1_titles_in_mathtext_and_gives_each_dimension_its_own_outlined_colour():
+    rng = np.random.default_rng(0)
+    ratios = {2: 1 + rng.random(50), 3: 1.2 + rng.random(50)}
+    fig = stages.fig1_figure_of(ratios, n_covariances=50, bins=10, how="Wishart")
+    title = fig.axes[0].get_title()
+    assert "$K=[0,1]^d$" in title and "<=" not in title
+    outlines = [p for p in fig.axes[0].patches if not p.get_fill()]
+    assert len(outlines) == 2 and outlines[0].get_edgecolor() != outlines[1].get_edgecolor()
+    assert [t.get_text().split(":")[0] for t in fig.axes[0].get_legend().get_texts()] == ["d = 2", "d = 3"]
+    assert "≤" in stages.fig1_figure_of(ratios, n_covariances=5, bins=4, how="log-uniform spectrum, cond ≤ 100"
+                                        ).axes[0].get_title()
 
 
 @pytest.mark.parametrize("distribution", ["log_uniform", "wishart"])

@@ -195,6 +195,12 @@ def test_a_table_of_one_seed_per_row_prints_no_spread_column_and_no_single_seed(
                                                               "clip_zero_shot_acc_mean"}
 
 
+def test_a_figures_title_says_what_its_bands_are_and_one_seed_draws_none():
+    assert sdp.band_note(1, 1) == "one seed: no band"
+    assert sdp.band_note(3, 3) == "bands ±1 std over 3 seeds"
+    assert sdp.band_note(1, 3) == "bands ±1 std over 2-3 seeds; one-seed points have none"
+
+
 def test_table1_lists_an_arms_rows_after_the_main_ones_labelled_with_the_arm(tmp_path):
     names, inputs = two_seeds(tmp_path, row="uniform")
     arm = ["latent-uniform_eps3_seed0", "latent-uniform_eps3_seed1"]
