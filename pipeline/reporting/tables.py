@@ -1,7 +1,7 @@
 """Parquet tables: one file per paper table, typed columns, provenance on every row.
 
 Every table carries a ``config_id`` (see :func:`pipeline.config.config_id`) and a ``seed``
-column so a number leads back to the run that produced it, and names the stage and code that wrote it in its
+column (``seeds`` where its rows are means over seeds) so a number leads back to the run that produced it, and names the stage and code that wrote it in its
 Parquet metadata (``python -m pipeline which TABLE``: a table's name to its code in one hop). Column names carry units
 (``fid``, ``eps_upper``, ``wall_s``) and anything that is not a certified bound is named
 as an estimate by the table that holds it.
@@ -55,6 +55,15 @@ def write_table(df: pd.DataFrame, path: str | Path, *, config_id: str | None = N
     with atomic_path(path, suffix=".parquet") as tmp:
         pq.write_table(table, tmp)
     return Path(path)
+
+
+def unmeasured_columns(tables: dict[str, pd.DataFrame]) -> list[tuple[str, str]]:
+    """(table, column) pairs where the column is empty (every row missing) in that table while another table has a
+    value under the same name: a column a reader would take for measured-but-missing. A column empty everywhere
+    (a metric this configuration does not compute, e.g. CLIP when it is off) is not listed."""
+    empty = {(name, c) for name, df in tables.items() for c in df.columns if len(df) and df[c].isna().all()}
+    measured = {c for df in tables.values() for c in df.columns if df[c].notna().any()}
+    return sorted((name, c) for name, c in empty if c in measured)
 
 
 def read_table(path: str | Path) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.reporting import read_table, write_table
-from pipeline.reporting.tables import made_by, which_main
+from pipeline.reporting.tables import made_by, unmeasured_columns, which_main
 from pipeline.stage import running_stage, stage
 
 
@@ -34,6 +34,22 @@ def test_existing_provenance_columns_are_kept(tmp_path):
     df = pd.DataFrame({"x": [1, 2], "config_id": ["a", "b"], "seed": [0, 1]})
     back = read_table(write_table(df, tmp_path / "t.parquet"))
     assert back["config_id"].tolist() == ["a", "b"] and back["seed"].tolist() == [0, 1]
+
+
+def test_rows_that_are_means_over_seeds_name_them_instead_of_one_seed(tmp_path):
+    back = read_table(write_table(pd.DataFrame({"x": [1.0], "seeds": ["0,1,2"]}), tmp_path / "t.parquet",
+                                  config_id="c"))
+    assert "seed" not in back.columns and back["seeds"].tolist() == ["0,1,2"]
+    with pytest.raises(ValueError, match="seed"):  # neither a seed nor the seeds: refused as before
+        write_table(pd.DataFrame({"x": [1.0]}), tmp_path / "u.parquet", config_id="c")
+
+
+def test_a_column_empty_in_one_table_but_measured_in_another_is_found():
+    tables = {"a": pd.DataFrame({"fid": [1.0, 2.0], "clip_fd": [None, None]}),
+              "b": pd.DataFrame({"fid": [float("nan")], "cost_wall_s": [float("nan")], "clip_fd": [float("nan")]}),
+              "c": pd.DataFrame({"cost_wall_s": [3.0, float("nan")]})}
+    assert unmeasured_columns(tables) == [("b", "cost_wall_s"), ("b", "fid")]  # clip_fd: off everywhere
+    assert unmeasured_columns({"a": tables["a"], "c": tables["c"]}) == []
 
 
 def test_missing_table_says_how_to_make_it(tmp_path):
