@@ -30,6 +30,16 @@ def test_a_column_or_a_dtype_changed_differs():
     assert compare_table("t", table(), table(run=pd.Series(["a", "b"], dtype="category"))).status == "differs"
 
 
+def test_a_change_of_presentation_compares_the_shared_columns_by_value_and_names_the_rest():
+    before = table(n=[10.0, 20.0], seed=[0, 0])
+    after = table(n=pd.array([10, 20], dtype="Int64"), headline=[True, False]).assign(fid=[80.5, math.nan])
+    d = compare_table("t", before, after, shared_columns=True)
+    assert d.status == "equal" and d.detail == "2 rows x 4 columns; added: headline; removed: seed"
+    moved = compare_table("t", before, after.assign(n=pd.array([10, 21], dtype="Int64")), shared_columns=True)
+    assert moved.status == "differs" and "added: headline" in moved.detail  # a number moved: still caught
+    assert compare_table("t", before, after).status == "differs"  # without the flag: exact as before
+
+
 def test_what_counts_as_measured():
     assert all(map(is_measured, ("wall_s", "cpu_s", "cost_cpu_s", "cost_max_rss_mb", "primal_wall_s",
                                  "primal_solver_s", "wall_s_this_run")))
