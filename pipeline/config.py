@@ -1,7 +1,8 @@
 """Configuration: JSON-schema validation with one-line errors, defaults, config ids.
 
-The schema (``pipeline/schema/config.schema.yaml``) is the single source of truth for
-every key, its type and its default. ``rules/common.smk`` and the package both call
+The schema (:func:`load_schema`: ``pipeline/schema/config.schema.yaml`` with each method's section from
+``pipeline/methods/<method>/schema.yaml``) is the single source of truth for every key, its type and its
+default. ``rules/common.smk`` and the package both call
 :func:`validate_config`, so a typo or a wrong type in ``config.yaml`` or a preset always
 ends in one line such as::
 
@@ -25,6 +26,8 @@ import jsonschema
 import yaml
 
 SCHEMA_RESOURCE = "schema/config.schema.yaml"
+#: a method's own config section, in its package (pipeline/methods/<method>/schema.yaml)
+METHOD_SCHEMA = "schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -33,10 +36,19 @@ class ConfigError(ValueError):
 
 @lru_cache(maxsize=1)
 def load_schema() -> dict[str, Any]:
-    """The config schema, with the ``methods`` values those found under ``pipeline/methods/`` (a new method adds
-    its package and edits no list)."""
+    """The config schema: the house's (``pipeline/schema/config.schema.yaml``: data, evaluation, pretraining, ...)
+    with each method's own section (``pipeline/methods/<method>/schema.yaml``, placed under its name) and the
+    ``methods`` values those found under ``pipeline/methods/``: a new method adds its package, its section
+    included, and edits no list."""
     text = resources.files("pipeline").joinpath(SCHEMA_RESOURCE).read_text()
     schema = yaml.safe_load(text)
+    for name in method_names():
+        fragment = resources.files("pipeline").joinpath("methods", name, METHOD_SCHEMA)
+        if fragment.is_file():
+            if name in schema["properties"]:
+                raise RuntimeError(f"pipeline/methods/{name}/{METHOD_SCHEMA}: section {name!r} is also in "
+                                   f"{SCHEMA_RESOURCE}")
+            schema["properties"][name] = yaml.safe_load(fragment.read_text())
     schema["properties"]["methods"]["items"] = {"enum": method_names()}
     return schema
 
@@ -49,10 +61,6 @@ def method_names() -> list[str]:
     """
     folder = resources.files("pipeline").joinpath("methods")
     return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if not m.name.startswith("_"))
-
-
-def schema_path() -> Path:
-    return Path(str(resources.files("pipeline").joinpath(SCHEMA_RESOURCE)))
 
 
 def _key_path(path: Any) -> str:

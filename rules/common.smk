@@ -10,10 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
-from snakemake.utils import validate
-
 import pipeline.resources as cost
-from pipeline.config import ConfigError, deep_merge, schema_path, typed_overrides, validate_config
+from pipeline.config import ConfigError, deep_merge, typed_overrides, validate_config
 from pipeline.inputs import check_inputs_exist
 from pipeline.methods._house import Outputs as _HouseOutputs
 from pipeline.methods._house import run_table_inputs, run_table_params
@@ -31,9 +29,8 @@ except ConfigError as _exc:
     # One line naming the key, instead of a schema dump.
     sys.exit(f"{_exc}")
 config.clear()
+# validated against the whole schema (the house's and every method's section) with defaults filled
 config.update(_validated)
-# defaults were filled by validate_config (which also handles null-able sections)
-validate(config, schema=str(schema_path()), set_default=False)
 
 # Rules call `python -m pipeline`: make that the interpreter running Snakemake (e.g. the
 # .venv's) unless an activated conda env (--use-conda) puts its own python first.

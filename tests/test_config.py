@@ -141,14 +141,33 @@ def test_a_method_package_is_a_methods_value_without_editing_the_schema(monkeypa
     import pipeline.config as config
     from pipeline.config import load_schema
 
-    monkeypatch.setattr(config, "method_names", lambda: ["dpdm", "toy"])
+    real = config.method_names()
+    monkeypatch.setattr(config, "method_names", lambda: sorted([*real, "toy"]))
     load_schema.cache_clear()
     try:
         assert validate_config({"methods": ["toy"]})["methods"] == ["toy"]
-        with pytest.raises(ConfigError, match="expected one of dpdm, toy, got 'empden'"):
-            validate_config({"methods": ["empden"]})
+        with pytest.raises(ConfigError, match=r"expected one of accounting, .*, straightdp, toy, got 'tyo'"):
+            validate_config({"methods": ["tyo"]})
     finally:
         load_schema.cache_clear()
+
+
+def test_each_method_owns_its_config_section_in_its_package():
+    """A method's keys live in pipeline/methods/<method>/schema.yaml; the house's file holds none of them."""
+    from pipeline.config import SCHEMA_RESOURCE, load_schema, method_names
+
+    root = Path(__file__).resolve().parents[1] / "pipeline"
+    house = yaml.safe_load((root / SCHEMA_RESOURCE).read_text())["properties"]
+    owned = [m for m in method_names() if (root / "methods" / m / "schema.yaml").is_file()]
+    assert owned == ["accounting", "audit", "baselines", "dpdm", "empden", "empden_diagnostics", "sensgeo",
+                     "straightdp"]
+    assert not set(owned) & set(house)
+    schema = load_schema()["properties"]
+    for m in owned:
+        assert schema[m] == yaml.safe_load((root / "methods" / m / "schema.yaml").read_text())
+    # a method's keys are validated from its own file: a typo names the key
+    with pytest.raises(ConfigError, match=r"config error at dpdm\.sedes: unknown key"):
+        validate_config({"dpdm": {"sedes": [0]}})
 
 
 @pytest.mark.parametrize("method", ["accounting", "sensgeo", "empden", "empden_diagnostics", "dpdm"])

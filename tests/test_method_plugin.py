@@ -3,7 +3,8 @@
 The toy (``tests/toy_method/``: a Gaussian release of per-class means with its ledger line and rebuilder in
 ``pipeline/privacy/``, its audit hook in ``pipeline/audit/``, its stages and ``METHOD`` declaration in
 ``pipeline/methods/toymean/``, its rules and its caption) is laid over a copy of the repository; the only
-existing file it edits is the Snakefile (its include line), and its name goes in the run's ``methods:``.
+existing file it edits is the Snakefile (its include line), and its name goes in the run's ``methods:``. Its config
+keys are its own section (``pipeline/methods/toymean/schema.yaml``), validated with the house's.
 Then the whole DAG runs and the toy is in `all`, the replay, all_runs, the one-run audit and the report.
 """
 
@@ -87,3 +88,8 @@ def test_a_toy_method_added_by_its_own_files_is_in_every_house_list(repo, tmp_pa
     assert res.returncode == 0, res.stderr[-3000:]
     page = report.read_text()
     assert "toymean_table.html" in page and "7 Toy mean" in page
+    # its own config section is validated with the house's: a misspelt key of it stops the run in one line
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(yaml.safe_dump({"toymean": {"sigmma": 3.0}}))
+    res = snakemake(house, "-n", "all", "--configfile", str(cfg), str(bad))
+    assert res.returncode != 0 and "config error at toymean.sigmma: unknown key" in res.stderr

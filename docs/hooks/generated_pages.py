@@ -1,8 +1,9 @@
 """MkDocs hook: the pages generated at build time, the configuration reference and the privacy API.
 
 ``docs/configuration.md`` holds the marker ``<!-- config-reference -->``; this hook replaces it with
-one table per top-level section of ``pipeline/schema/config.schema.yaml`` (every key, its type and
-constraints, its default and its description). Nothing is copied by hand, so the page cannot drift
+one table per top-level section of the config schema (``pipeline/schema/config.schema.yaml`` and each
+method's ``pipeline/methods/<method>/schema.yaml``, composed by ``pipeline.config.load_schema``: every key,
+its type and constraints, its default and its description). Nothing is copied by hand, so the page cannot drift
 from the schema that validates every run. ``render(schema)`` is also what the tests call.
 ``docs/api/privacy.md`` holds ``<!-- privacy-api -->``, replaced by one mkdocstrings block per module
 of ``pipeline/privacy/`` found on disk, so a new mechanism module appears without editing the page.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -24,13 +26,18 @@ MARKER = "<!-- config-reference -->"
 API_MARKER = "<!-- privacy-api -->"
 PRIVACY = Path("pipeline") / "privacy"
 CAPTIONS = Path("report") / "captions"
-SCHEMA = Path("pipeline") / "schema" / "config.schema.yaml"
 
 _BOUNDS = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"))
 
 
 def load_schema(root: Path) -> dict:
-    return yaml.safe_load((root / SCHEMA).read_text())
+    """The schema every run is validated against, composed by the package's own ``load_schema`` from the checkout
+    at ``root`` (the house's file and each method's section)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from pipeline.config import load_schema as composed
+
+    return composed()
 
 
 def _value(v) -> str:

@@ -43,6 +43,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.config import load_schema
 from tests.datasets import CELEBA_ATTRS, IDX_SOURCES, write_celeba, write_cifar10, write_idx, write_image_folder
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -51,7 +52,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: restored to the schema's defaults; tests/test_config.py holds it there), so the tier leaves it out
 REFERENCE_RUN = "digits_full"
 PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml") if p.stem != REFERENCE_RUN)
-SCHEMA = yaml.safe_load((REPO / "pipeline" / "schema" / "config.schema.yaml").read_text())
+SCHEMA = load_schema()
 
 #: images per official split written for a preset (12 and 9 per class where there are 10
 #: classes); the test split holds eval_train + reference + val + test below

@@ -23,7 +23,7 @@ rule toymean_release:
         samples=TOYMEAN_SAMPLES,
         ledger=TOYMEAN_LEDGER,
     params:
-        p=stage_params(sigma=2.0, delta=TOYMEAN_DELTA, seed=0, private=PRIVATE,
+        p=stage_params(sigma=config["toymean"]["sigma"], delta=TOYMEAN_DELTA, seed=0, private=PRIVATE,
                        ledger_binding=ledger_binding(TOYMEAN_RUN)),
     benchmark:
         benchmark_path("toymean_release")
