@@ -19,6 +19,7 @@ import yaml
 
 from pipeline.data.layout import idx_names
 from pipeline.io import CorruptFileError, load_split
+from pipeline.reporting.tables import unmeasured_columns
 from pipeline.training.straightdp_runs import ROWS
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -346,6 +347,9 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     shown = {label for label in set(private["label"]) if f"<td>{label}</td>" in index}
     assert "PASSED" in index and len(shown) == private["method"].nunique() and shown <= set(heads["label"])
     assert "DPDM (ablations)" not in shown and "Configuration:</b> <code>" in index
+    # no table prints a column of nothing that another table measures (cost columns of NaN, std over one seed)
+    tables = {p.stem: pd.read_parquet(p) for p in (results / "tables").glob("*.parquet")}
+    assert unmeasured_columns(tables) == []
     assert index.index("One row per method") < index.index("real held-out data")
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
     # the reviewer's report from the finished run (runs no job): summary first, every table and figure with

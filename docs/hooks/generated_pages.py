@@ -20,7 +20,6 @@ import re
 import sys
 from pathlib import Path
 
-import yaml
 
 MARKER = "<!-- config-reference -->"
 API_MARKER = "<!-- privacy-api -->"
@@ -150,7 +149,7 @@ def render_section(schema: dict, name: str) -> str:
     """One top-level section's table (a method page's config keys), from the same schema."""
     node = (schema.get("properties") or {}).get(name)
     if node is None or not node.get("properties"):
-        raise ValueError(f"config-reference: no section {name!r} in {SCHEMA}")
+        raise ValueError(f"config-reference: no section {name!r} in the config schema (pipeline.config.load_schema)")
     return _table(rows(node, name))
 
 
