@@ -20,7 +20,6 @@ import re
 import sys
 from pathlib import Path
 
-
 MARKER = "<!-- config-reference -->"
 API_MARKER = "<!-- privacy-api -->"
 PRIVACY = Path("pipeline") / "privacy"
