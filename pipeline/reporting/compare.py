@@ -46,7 +46,8 @@ class TableDiff:
         return f"{self.status:8s} {self.name}{detail}{ignored}"
 
 
-def compare_table(name: str, before: pd.DataFrame, after: pd.DataFrame, *, shared_columns: bool = False) -> TableDiff:
+def compare_table(name: str, before: pd.DataFrame, after: pd.DataFrame, *,
+                  shared_columns: bool = False) -> TableDiff:
     """Exact comparison of one table, its measured columns left out (``shared_columns``: only the columns both
     hold, by value whatever their dtype, the others named)."""
     ignored = tuple(sorted({c for c in (*before.columns, *after.columns) if is_measured(str(c))}))

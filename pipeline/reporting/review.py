@@ -60,8 +60,9 @@ COLUMN_GROUPS: tuple[tuple[str, str], ...] = (
 CSS = ("font-family:sans-serif;font-size:13px;line-height:1.35")
 TABLE_CSS = ("<style>.dpgen table{border-collapse:collapse;font-size:12px}.dpgen td,.dpgen th{padding:2px 6px;"
              "border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}.dpgen th{background:#f3f3f3}"
-             ".dpgen td:first-child,.dpgen th:first-child{text-align:left}.dpgen td.text{white-space:normal;min-width:14em;"
-             "max-width:28em;text-align:left}.dpgen .caption{max-width:70em}.dpgen .note{color:#444;font-size:12px}.dpgen .ok{color:#176117}"
+             ".dpgen td:first-child,.dpgen th:first-child{text-align:left}"
+             ".dpgen td.text{white-space:normal;min-width:14em;max-width:28em;text-align:left}"
+             ".dpgen .caption{max-width:70em}.dpgen .note{color:#444;font-size:12px}.dpgen .ok{color:#176117}"
              ".dpgen .bad{color:#a00000}.dpgen img{max-width:100%}.dpgen tr.groups th{text-align:center;"
              "border-left:2px solid #bbb;text-transform:uppercase;font-size:11px}</style>")
 

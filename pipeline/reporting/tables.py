@@ -1,10 +1,10 @@
 """Parquet tables: one file per paper table, typed columns, provenance on every row.
 
-Every table carries a ``config_id`` (see :func:`pipeline.config.config_id`) and a ``seed``
-column (``seeds`` where its rows are means over seeds) so a number leads back to the run that produced it, and names the stage and code that wrote it in its
-Parquet metadata (``python -m pipeline which TABLE``: a table's name to its code in one hop). Column names carry units
-(``fid``, ``eps_upper``, ``wall_s``) and anything that is not a certified bound is named
-as an estimate by the table that holds it.
+Every table carries a ``config_id`` (see :func:`pipeline.config.config_id`) and a ``seed`` column (``seeds``
+where its rows are means over seeds) so a number leads back to the run that produced it, and names the stage
+and code that wrote it in its Parquet metadata (``python -m pipeline which TABLE``: a table's name to its code
+in one hop). Column names carry units (``fid``, ``eps_upper``, ``wall_s``) and anything that is not a certified
+bound is named as an estimate by the table that holds it.
 """
 
 from __future__ import annotations

@@ -30,4 +30,5 @@ def baselines_table(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
         raise PipelineError(f"stage baselines_table: {r['method']}/{r['config']} certified eps "
                             f"{r['eps_certified']:.6g} "
                             f"> its target {r['epsilon_target']:g}")
-    write_table(df.drop(columns=["in_figure", "headline"]), outputs["table"], config_id=str(params.get("config_id", "unknown")))
+    write_table(df.drop(columns=["in_figure", "headline"]), outputs["table"],
+                config_id=str(params.get("config_id", "unknown")))
