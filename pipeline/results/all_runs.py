@@ -164,7 +164,7 @@ def configuration(config: str) -> str:
 
 
 #: colour families, one per private method in the table's order (a method's variants take shades of its family)
-COLOUR_FAMILIES = ("Blues", "Oranges", "Greens", "Purples", "Reds", "YlOrBr", "PuRd", "Greys")
+COLOUR_FAMILIES = ("Blues", "Oranges", "Greens", "Purples", "RdPu", "YlOrBr", "Reds", "Greys")
 #: what tells a method's variants apart besides their shade: line style and marker, in turn
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
