@@ -52,7 +52,8 @@ MAX_ROWS = 200
 COLUMN_GROUPS: tuple[tuple[str, str], ...] = (
     ("run", r"^(method|label|row|name|config|config_id|run|transcript|line|stage|seed|run_seed|rule|job|experiment|"
             r"row_label|cell|p|B|T|beta|K|sampler.*|parameterisation|init|scheme|model)$"),
-    ("privacy", r"(eps|epsilon|delta|sigma|noise|accountant|adjacency|mechanism|mu_|q_|sampling|clip|canar|"
+    ("privacy", r"(eps|epsilon|delta|sigma|noise|accountant|adjacency|mechanism|mu_|q_|sampling|"
+                r"clip(?!_fd|_zero_shot)|canar|"
                 r"certified|asr|tpr|fpr|auc|under_curve|passed|confidence)"),
     ("quality", r"(fid|kid|precision|recall|acc|consistency|clip_|domain|zero_shot|cos|agree|prob)"),
     ("cost", r"(wall|cpu|rss|seconds|_s$|minutes|utilisation)"),
@@ -120,7 +121,7 @@ def reference_rows(all_runs: pd.DataFrame) -> pd.DataFrame:
 
 
 #: what a configuration file is, as the summary names it (any other file is named by its path: a paper preset)
-CONFIG_ROLES = {"config.yaml": "the quick tour (the embedded default)",
+CONFIG_ROLES = {"config.yaml": "the quick tour, the embedded default",
                 "configs/digits_full.yaml": "the reference run of the embedded default"}
 
 
@@ -142,18 +143,23 @@ def provenance_html(run: Mapping[str, Any], *, commit: str, written: str) -> str
     """The line under the title that says what was run: configuration files (and their role), ``--config``
     overrides, the whole configuration's id, the seed, and the commit and time this page was written at."""
     files = [str(f) for f in run.get("configfiles", [])]
-    named = " + ".join(f"<code>{html.escape(f)}</code>" for f in files) or "unknown"
+    named = " + ".join(_mono(f) for f in files) or "unknown"
     # the last file Snakemake merged decides what the run is (config.yaml is always first)
     role = CONFIG_ROLES.get(files[-1], "a paper preset") if files else ""
     overrides = [str(k) for k in run.get("overrides", [])]
     parts = [f"<b>Configuration:</b> {named}" + (f" ({html.escape(role)})" if role else "")]
     if overrides:
-        parts.append("<b>--config overrides:</b> " + ", ".join(f"<code>{html.escape(k)}</code>" for k in overrides))
-    parts.append(f"<b>config id:</b> <code>{html.escape(str(run.get('config_id', 'unknown')))}</code>")
+        parts.append("<b>--config overrides:</b> " + ", ".join(_mono(k) for k in overrides))
+    parts.append(f"<b>config id:</b> {_mono(str(run.get('config_id', 'unknown')))}")
     parts.append(f"<b>seed:</b> {html.escape(str(run.get('seed', 'unknown')))}")
-    parts.append(f"<b>page written:</b> {html.escape(written)} by commit <code>{html.escape(commit)}</code> "
-                 "(each table names the code that wrote it: <code>python -m pipeline which TABLE</code>)")
+    parts.append(f"<b>page written:</b> {html.escape(written)} by commit {_mono(commit)} "
+                 f"(each table names the code that wrote it: {_mono('python -m pipeline which TABLE')})")
     return "<p class='provenance'>" + " · ".join(parts) + "</p>"
+
+
+def _mono(text: str) -> str:
+    """``text`` in a monospace span (not <code>: the report's stylesheet wraps code elements in backticks)."""
+    return f"<span style='font-family:monospace'>{html.escape(text)}</span>"
 
 
 def _png_data_uri(path: Path) -> str:
@@ -228,8 +234,13 @@ def summary_fragment(*, verdict_html: str, figure: Path | None, headline: pd.Dat
     else:
         parts.append(headline_html(headline, missing))
         parts.append("<h3>References (no privacy)</h3>")
-        parts.append(_rows_html(references, {"label": "reference", "config": "configuration", "fid": "FID",
-                                             "acc_cnn": "CNN accuracy"}))
+        refs = references.assign(acc_cnn=[NO_LABEL_MARK if not np.isfinite(float(v)) else v
+                                          for v in references["acc_cnn"]])
+        parts.append(_rows_html(refs, {"label": "reference", "config": "configuration", "fid": "FID",
+                                       "acc_cnn": "CNN accuracy"}))
+        if (refs["acc_cnn"] == NO_LABEL_MARK).any():
+            parts.append(f"<p class='note'>{NO_LABEL_MARK[-1]} no CNN accuracy: an unconditional sampler's samples "
+                         "carry no class label.</p>")
     parts.append("</div>")
     return "\n".join(parts)
 

@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.reporting.review import (MISSING, code_commit, column_group, headline_html, headline_rows, index_html,
                                        methods_without_headline, provenance_html, reference_rows, report_tables,
-                                       table_view, without_seed)
+                                       summary_fragment, table_view, without_seed)
 from pipeline.reporting.tables import write_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,13 +84,27 @@ def test_an_empty_audit_cell_says_not_audited_and_an_unlabelled_sampler_says_why
     assert "carry no class label" not in headline_html(headline_rows(runs(), 1.0), [])
 
 
+def test_an_unlabelled_reference_says_why_it_has_no_accuracy():
+    refs = pd.DataFrame({"label": ["real held-out data", "public denoiser only"], "config": ["r", "p"],
+                         "fid": [7.0, 170.0], "acc_cnn": [0.8, np.nan]})
+    page = summary_fragment(verdict_html="", figure=None, headline=headline_rows(runs(), 1.0), references=refs,
+                            epsilon=1.0)
+    assert "<td>public denoiser only</td><td>p</td><td>170</td><td>–¹</td>" in page
+    assert "an unconditional sampler's samples carry no class label" in page
+    assert "carry no class label" not in summary_fragment(verdict_html="", figure=None,
+                                                           headline=headline_rows(runs(), 1.0),
+                                                           references=refs.iloc[:1], epsilon=1.0)
+
+
 def test_the_page_says_what_was_run_under_its_title(tmp_path):
     run = {"configfiles": ["config.yaml", "configs/digits_full.yaml"], "overrides": ["seed"], "config_id": "abc123",
            "seed": 3}
     line = provenance_html(run, commit="0123456789ab", written="2026-12-05 10:00 UTC")
-    for said in ("config.yaml</code> + <code>configs/digits_full.yaml", "the reference run", "<code>seed</code>",
-                 "abc123", "<b>seed:</b> 3", "0123456789ab", "2026-12-05 10:00 UTC"):
+    mono = "<span style='font-family:monospace'>{}</span>".format
+    for said in (f"{mono('config.yaml')} + {mono('configs/digits_full.yaml')}", "the reference run", mono("seed"),
+                 mono("abc123"), "<b>seed:</b> 3", mono("0123456789ab"), "2026-12-05 10:00 UTC"):
         assert said in line, said
+    assert "<code>" not in line  # the report's stylesheet would wrap each in backticks
     assert "the quick tour" in provenance_html({"configfiles": ["config.yaml"]}, commit="c", written="w")
     assert "a paper preset" in provenance_html({"configfiles": ["config.yaml", "configs/mnist.yaml"]}, commit="c",
                                                written="w")
@@ -130,8 +144,9 @@ def test_a_table_view_puts_the_rows_name_and_key_columns_first_and_keeps_every_l
         ("4", "key"), ("1", "run"), ("1", "privacy"), ("1", "quality"), ("1", "cost"), ("1", "other")]
     assert "12.35" in view and "0.9995" in view and "12.3456789" not in view
     assert f"<td class='text'>{long}</td>" in view and "[s1]" not in view  # in full, wrapped, never a code
-    assert [column_group(c) for c in ("acc_cnn", "epsilon_lb", "max_rss_mb", "config")] == \
-        ["quality", "privacy", "cost", "run"]
+    assert [column_group(c) for c in ("acc_cnn", "epsilon_lb", "max_rss_mb", "config", "clip_fd_mean",
+                                      "clip_zero_shot_acc", "clip_norm")] == \
+        ["quality", "privacy", "cost", "run", "quality", "quality", "privacy"]
 
 
 def test_a_table_view_has_one_missing_value_mark_whatever_the_type_and_says_what_it_means():
