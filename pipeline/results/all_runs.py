@@ -195,16 +195,17 @@ def _points(g: pd.DataFrame, metric: str) -> pd.DataFrame:
     return by[np.isfinite(by["mean"]) & np.isfinite(by["eps"])]
 
 
-def _line(ax: Any, by: pd.DataFrame, label: str, style: Mapping[str, Any]) -> None:
+def _line(ax: Any, by: pd.DataFrame, label: str, style: Mapping[str, Any]) -> bool:
     """One label's marks: a line through its configurations (a band from the seeds' min to max where a point has
-    two seeds or more), or points for a grid without a target eps (EMPDEN's cells)."""
-    if by["target"].notna().all():
-        ax.plot(by["eps"], by["mean"], ms=5, label=label, **style)
-        seeded = by[by["seeds"] >= 2]
-        if len(seeded):
-            ax.fill_between(seeded["eps"], seeded["lo"], seeded["hi"], color=style["color"], alpha=0.2, linewidth=0)
-    else:
+    two seeds or more), or points for a grid without a target eps (EMPDEN's cells). Whether a band was drawn."""
+    if not by["target"].notna().all():
         ax.scatter(by["eps"], by["mean"], marker=style["marker"], s=22, color=style["color"], label=label)
+        return False
+    ax.plot(by["eps"], by["mean"], ms=5, label=label, **style)
+    seeded = by[by["seeds"] >= 2]
+    if len(seeded):
+        ax.fill_between(seeded["eps"], seeded["lo"], seeded["hi"], color=style["color"], alpha=0.2, linewidth=0)
+    return bool(len(seeded))
 
 
 def privacy_utility_figure_of(df: pd.DataFrame) -> Any:
@@ -225,8 +226,7 @@ def privacy_utility_figure_of(df: pd.DataFrame) -> Any:
         for label, style in styles.items():
             by = _points(private[private["label"] == label], metric)
             if len(by):
-                _line(ax, by, label, style)
-                banded |= bool((by["seeds"] >= 2).any())
+                banded |= _line(ax, by, label, style)
         for j, (label, g) in enumerate(refs.groupby("label", sort=False)):
             value = g[metric].mean()
             if np.isfinite(value):

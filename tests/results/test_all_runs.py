@@ -197,6 +197,9 @@ def test_the_comparison_figures_log_axes_have_readable_ticks_and_its_title_says_
     two = privacy_utility_figure_of(comparison_rows(seeds=(0, 1)))
     assert "band = the seeds' range" in two._suptitle.get_text()
     assert [c for c in two.axes[0].collections if isinstance(c, PolyCollection)]
+    # two seeds of a grid drawn as points (EMPDEN's cells) draw no band, so the title says none
+    points = comparison_rows(seeds=(0, 1))[lambda d: d["method"].isin(["empden", "reference"])]
+    assert "no band" in privacy_utility_figure_of(points)._suptitle.get_text()
 
 
 def test_the_audit_columns_join_on_the_trained_models_run(files, tmp_path):
