@@ -161,9 +161,8 @@ class Outputs:
     def report_view_inputs(self) -> dict[str, Path]:
         """rule report_tables' inputs: every table of ``all`` (name -> Parquet) and its caption
         (``caption_of_<name>`` -> its .rst), which its view shows above the table."""
-        captions = {f"{CAPTION_KEY}{name}": Path(self.caption_path(name, "table"))
-                    for name in self.report_table_inputs()}
-        return {**self.report_table_inputs(), **captions}
+        tables = self.report_table_inputs()
+        return {**tables, **{f"{CAPTION_KEY}{name}": Path(self.caption_path(name, "table")) for name in tables}}
 
     def table_captions(self) -> dict[str, str]:
         """Table name -> its caption's text (report/captions/_table.rst shows it above each table view)."""

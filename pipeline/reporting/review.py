@@ -167,7 +167,7 @@ def _png_data_uri(path: Path) -> str:
 
 
 def _number(v: Any, digits: int = 4) -> str:
-    if not isinstance(v, str) and _is_missing(v):
+    if _is_missing(v):
         return MISSING
     if isinstance(v, (float, np.floating)) and math.isinf(v):
         return "∞" if v > 0 else "-∞"
@@ -293,20 +293,27 @@ def column_group(name: str) -> str:
 
 def _is_missing(v: Any) -> bool:
     """A value that is not there, whatever its type (None, NaN, pd.NA, NaT): every one shows as ``MISSING``."""
+    if isinstance(v, str):
+        return False
     try:
         return bool(pd.isna(v))
     except (TypeError, ValueError):  # a list or an array in a cell is a value
         return False
 
 
-def view_columns(columns: Sequence[str]) -> list[str]:
-    """The order of a table view's columns: the row's name, then the key columns (certified eps, FID, accuracy:
-    what a reader compares), then the rest grouped (identifiers, privacy, quality, cost, other)."""
+def key_columns(columns: Sequence[str]) -> list[str]:
+    """A view's key group: the row's name (the first of ``NAME_COLUMNS`` the table has), then the key columns it
+    has (certified eps, FID, accuracy: what a reader compares), in ``KEY_COLUMNS`` order."""
     name = next((c for c in NAME_COLUMNS if c in columns), None)
-    key = [c for c in KEY_COLUMNS if c in columns]
-    rest = [c for c in columns if c != name and c not in key]
+    return ([name] if name else []) + [c for c in KEY_COLUMNS if c in columns]
+
+
+def view_columns(columns: Sequence[str]) -> list[str]:
+    """The order of a table view's columns: its key group (:func:`key_columns`), then the rest grouped
+    (identifiers, privacy, quality, cost, other)."""
+    key = key_columns(columns)
     order = ["run", "privacy", "quality", "cost", "other"]
-    return ([name] if name else []) + key + sorted(rest, key=lambda c: order.index(column_group(c)))
+    return key + sorted((c for c in columns if c not in key), key=lambda c: order.index(column_group(c)))
 
 
 def caption_html(rst: str) -> str:
@@ -323,7 +330,7 @@ def table_view(df: pd.DataFrame, *, max_rows: int = MAX_ROWS, caption: str | Non
     """A readable HTML view of a table: its caption above, the row's name and the key columns first, the other
     columns grouped, numbers to 4 significant digits, text in full (wrapped), one mark for a missing value."""
     columns = view_columns(list(df.columns))
-    n_key = _n_key(columns)
+    n_key = len(key_columns(columns))
     groups: list[tuple[str, int]] = []
     for i, c in enumerate(columns):
         g = "key" if i < n_key else column_group(c)
@@ -333,8 +340,6 @@ def table_view(df: pd.DataFrame, *, max_rows: int = MAX_ROWS, caption: str | Non
             groups.append((g, 1))
 
     def cell(v: Any) -> str:
-        if not isinstance(v, str) and _is_missing(v):
-            return f"<td>{MISSING}</td>"
         if isinstance(v, str) and len(v) > MAX_CELL_CHARS:
             return f"<td class='text'>{html.escape(v)}</td>"
         return f"<td>{_number(v)}</td>"
@@ -348,19 +353,11 @@ def table_view(df: pd.DataFrame, *, max_rows: int = MAX_ROWS, caption: str | Non
               "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>", rows, "</table>"]
     if len(df) > max_rows:
         parts.append(f"<p>… {len(df) - max_rows} more rows in the Parquet file</p>")
-    if shown.map(lambda v: not isinstance(v, str) and _is_missing(v)).to_numpy().any():
+    if shown.map(_is_missing).to_numpy().any():
         parts.append(f"<p class='note'>{MISSING} no value: not measured in this configuration, or it does not apply "
                      "to the row (the column's description: the caption above, docs/results.md).</p>")
     parts.append("</div>")
     return "\n".join(parts)
-
-
-def _n_key(columns: Sequence[str]) -> int:
-    """How many of a view's leading columns are its key group (the row's name and the key columns)."""
-    n = 1 if columns and columns[0] in NAME_COLUMNS else 0
-    while n < len(columns) and columns[n] in KEY_COLUMNS:
-        n += 1
-    return n
 
 
 @stage("report_tables", outputs=("dir",), any_inputs=True, params={})

@@ -334,13 +334,13 @@ def figure3_of(df: pd.DataFrame) -> Any:
     return fig
 
 
-def figure4_of(grid: pd.DataFrame, samples: Sequence[tuple[Path, str]], *, n_images: int = 8) -> Any:
-    """Figure 4 (right): a row of ``n_images`` samples per full-batch cell (``samples``: (npz path, input key)),
+def figure4_of(grid: pd.DataFrame, samples: Sequence[Path], *, n_images: int = 8) -> Any:
+    """Figure 4 (right): a row of ``n_images`` samples per full-batch cell (``samples``: their npz files),
     largest sigma_min first, each titled with its eps and FID from ``grid`` (Table 8)."""
     import matplotlib.pyplot as plt
 
     df = grid.set_index("cell")
-    cells = sorted(((_cell_facts(p), p) for p, _ in samples), key=lambda fp: -fp[0]["sigma_min"])
+    cells = sorted(((_cell_facts(p), p) for p in samples), key=lambda fp: -fp[0]["sigma_min"])
     if not cells or any(f["method"] != "full_batch" for f, _ in cells):
         raise PipelineError("empden_figure4_samples: give the full-batch cells as samples_<i>=<cell>.npz")
     # constrained layout keeps each row's title clear of the image row above it
@@ -364,6 +364,6 @@ def figure4_of(grid: pd.DataFrame, samples: Sequence[tuple[Path, str]], *, n_ima
 def empden_figure4_samples(inputs, outputs, params) -> None:
     """EMPDEN Figure 4 right: full-batch samples at each sigma_min of the sweep, with eps and FID
     (inputs grid=<table 8> and samples_<i>=<full-batch cell>.npz)."""
-    samples = [(p, k) for k, p in inputs.items() if k.startswith("samples_")]
+    samples = [p for k, p in inputs.items() if k.startswith("samples_")]
     fig = figure4_of(_grid(inputs["grid"]), samples, n_images=int(params.get("n_images", 8)))
     save_figure(fig, outputs["figure"])

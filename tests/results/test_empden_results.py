@@ -177,7 +177,7 @@ def test_figure3_draws_a_panel_only_for_what_the_grid_varies_and_titles_it_by_wh
 def test_figure4_row_titles_clear_the_image_row_above(grid, tmp_path):
     root, inputs, table = grid
     fb = {f"samples_{i}": inputs[f"samples_{i}"] for i, c in enumerate(CELLS) if c.method == "full_batch"}
-    fig = figure4_of(read_table(table), [(p, k) for k, p in fb.items()], n_images=2)
+    fig = figure4_of(read_table(table), list(fb.values()), n_images=2)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     axes = fig.axes
