@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -11,7 +12,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 
 
 def make_n(repo, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-n", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+    """`make -n` as a user types it; when the tests themselves run under `make test` (CI), the parent make's
+    MAKELEVEL/MAKEFLAGS would make this one a sub-make, which prints "Entering directory" on stdout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(["make", "-n", *args], cwd=repo, capture_output=True, text=True, timeout=60, env=env)
 
 
 @pytest.mark.parametrize("target", ["run", "report"])
