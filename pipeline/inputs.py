@@ -63,6 +63,8 @@ def input_checks(cfg: Mapping[str, Any]) -> list[Check]:
         checks.append(("evaluation.clip.pretrained_path", lambda: _clip_weights(evaluation["clip"])))
     if evaluation["feature_extractor"] == "inception-v3-compat":
         checks.append(("evaluation.inception_weights", lambda: _inception_weights(evaluation["inception_weights"])))
+    if cfg["pretrain"].get("source") == "diffusers":
+        checks.append(("pretrain.path", lambda: _public_model(cfg)))
     zero_shot = cfg["empden_diagnostics"]["clip"]
     if "empden_diagnostics" in methods and zero_shot["model"] and zero_shot["checkpoint"]:  # used only when both set
         checks.append(("empden_diagnostics.clip.checkpoint", lambda: _zero_shot_checkpoint(zero_shot)))
@@ -82,6 +84,15 @@ def _no_folder(where: str) -> None:
     # the data stage's own words for it (pipeline.data.stage.public_split)
     raise ConfigError(f"config error at {where}.path: expected a folder of class sub-folders "
                       f"for source image_folder, got null")
+
+
+def _public_model(cfg: Mapping[str, Any]) -> None:
+    from pipeline.config import RGB_SOURCES
+    from pipeline.models.public import check_folder  # torch-free: reads config.json only
+
+    data = cfg["data"]
+    check_folder(cfg["pretrain"].get("path"), image_size=int(data["image_size"]),
+                 channels=3 if data["private"]["source"] in RGB_SOURCES else 1)
 
 
 def _clip_weights(clip: Mapping[str, Any]) -> None:

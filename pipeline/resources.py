@@ -10,7 +10,9 @@ a little longer. Pure Python (no torch, no Snakemake).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pipeline.config import RGB_SOURCES
@@ -81,6 +83,14 @@ def pretrain_runtime_min(config: Config) -> int:
 
 def pretrain_mem_mb(config: Config) -> int:
     return 4000 if _side(config) <= 16 else 16000
+
+
+def import_public_mem_mb(config: Config) -> int:
+    """Loading the user's public UNet2DModel (rule import_public): the weights in memory about three times over
+    (diffusers' load, the state dict copied out, torch.save's buffer) and 2 GB for torch and diffusers."""
+    folder = Path(os.path.expanduser(str(config["pretrain"].get("path") or "")))
+    size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20 if folder.is_dir() else 0
+    return 2000 + int(3 * size_mb)
 
 
 # ----------------------------------------------------------------------------- EMPDEN accounting

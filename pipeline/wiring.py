@@ -154,6 +154,30 @@ class House:
         the transcript under (TranscriptSpec.run), and the experiment (pipeline.privacy.ledger.Binding)."""
         return {"run": str(run), "experiment": self.config["experiment"]}
 
+    @property
+    def imports_public_denoiser(self) -> bool:
+        """Whether the public denoiser is the user's diffusers model (rule import_public) rather than trained here
+        (rule pretrain_public): config ``pretrain.source``."""
+        return self.config["pretrain"].get("source") == "diffusers"
+
+    def public_model(self) -> dict[str, Any]:
+        """``{"public_model": {source, sha256}}`` when the public denoiser is the user's diffusers folder, else ``{}``.
+
+        Spread into the params of import_public and of every run that reads the denoiser, so the folder's content
+        hash is in their config ids and a changed model reruns them; empty for a trained denoiser, whose readers'
+        config ids stay as they were.
+        """
+        if not self.imports_public_denoiser:
+            return {}
+        from pipeline.models.public import folder_sha256, resolve_folder
+
+        folder = resolve_folder(self.config["pretrain"].get("path"))
+        return {"public_model": {"source": "diffusers", "sha256": folder_sha256(folder)}}
+
+    def public_denoiser_params(self) -> str:
+        """import_public's params: the pretrain section and the folder's hash."""
+        return stage_params(pretrain=dict(self.config["pretrain"]), **self.public_model())
+
     def data_splits(self) -> dict[str, Path]:
         """Split name -> .npz path of every split the data stage writes for this config."""
         splits = {s: self.layout.split(s) for s in CORE_SPLITS}

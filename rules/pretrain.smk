@@ -1,33 +1,61 @@
-# Public pretraining: the EDM denoiser trained on the public split only (no private record,
-# no ledger line). EMPDEN's hybrid sampler finishes with it; DPDM may start from it (dpdm.init).
+# The public denoiser: EMPDEN's hybrid sampler finishes with it; DPDM may start from it (dpdm.init).
+# Either trained here on the public split only (rule pretrain_public; no private record, no ledger
+# line) or the user's own diffusers UNet2DModel folder (pretrain.source: diffusers, rule import_public).
 # Code: pipeline/training/pretrain.py (pretrain_public), pipeline/training/loop.py (resumable
 # state in results/<exp>/checkpoints/pretrain_public/public_edm/, deliberately not an output,
-# so a killed job resumes where its last checkpoint left off).
+# so a killed job resumes where its last checkpoint left off); pipeline/models/public.py (import_public).
 #
 #   snakemake results/digits/models/public_edm.pt      (PUBLIC_DENOISER, rules/common.smk)
 
 
-rule pretrain_public:
-    """The public EDM denoiser (Karras et al. 2022 loss, P_mean -1.2, P_std 1.2), EMA weights."""
-    input:
-        public=DATA / "public.npz",
-    output:
-        model=PUBLIC_DENOISER,
-        metrics=EXPDIR / "train" / "pretrain_public" / "metrics.json",
-    params:
-        p=stage_params(pretrain=config["pretrain"], seed=SEED, device=config["device"],
-                      threads=TORCH_THREADS),
-    benchmark:
-        benchmark_path("pretrain_public")
-    log:
-        LOGS / "pretrain_public.log",
-    threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=cost.pretrain_mem_mb(config),
-        runtime=cost.pretrain_runtime_min(config),
-    conda:
-        GPU_ENV
-    shell:
-        "python -m pipeline pretrain_public --in public={input.public:q}"
-        " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+if HOUSE.imports_public_denoiser:
+
+    rule import_public:
+        """The user's public UNet2DModel (pretrain.path, local files only) in the declared preconditioning."""
+        input:
+            public=DATA / "public.npz",
+        output:
+            model=PUBLIC_DENOISER,
+            metrics=EXPDIR / "train" / "import_public" / "metrics.json",
+        params:
+            p=HOUSE.public_denoiser_params(),
+        benchmark:
+            benchmark_path("import_public")
+        log:
+            LOGS / "import_public.log",
+        threads: 1
+        resources:
+            mem_mb=cost.import_public_mem_mb(config),
+            runtime=10,
+        conda:
+            CPU_ENV
+        shell:
+            "python -m pipeline import_public --in public={input.public:q}"
+            " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+else:
+
+    rule pretrain_public:
+        """The public EDM denoiser (Karras et al. 2022 loss, P_mean -1.2, P_std 1.2), EMA weights."""
+        input:
+            public=DATA / "public.npz",
+        output:
+            model=PUBLIC_DENOISER,
+            metrics=EXPDIR / "train" / "pretrain_public" / "metrics.json",
+        params:
+            p=stage_params(pretrain=config["pretrain"], seed=SEED, device=config["device"],
+                          threads=TORCH_THREADS),
+        benchmark:
+            benchmark_path("pretrain_public")
+        log:
+            LOGS / "pretrain_public.log",
+        threads: TORCH_THREADS
+        resources:
+            gpu=1,
+            mem_mb=cost.pretrain_mem_mb(config),
+            runtime=cost.pretrain_runtime_min(config),
+        conda:
+            GPU_ENV
+        shell:
+            "python -m pipeline pretrain_public --in public={input.public:q}"
+            " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"

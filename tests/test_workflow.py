@@ -19,8 +19,11 @@ import yaml
 
 from pipeline.data.layout import idx_names
 from pipeline.io import CorruptFileError, load_split
+from pipeline.models.checkpoint import read_denoiser_meta
+from pipeline.models.public import folder_sha256
 from pipeline.reporting.tables import unmeasured_columns
 from pipeline.training.straightdp_runs import ROWS
+from tests.public_models import save_unet
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -239,7 +242,12 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     # a results folder with a space: every path a rule hands to the shell is quoted
     results = tmp_path / "out dir"
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(results)}))
+    # the public denoiser is a user's diffusers model (pretrain.source: diffusers; public pretraining itself runs in
+    # the preset tier): a tiny random UNet2DModel saved by save_pretrained, at the data's 12 px and 10 classes + null
+    public_model = tmp_path / "public unet"
+    save_unet(public_model, sample_size=12, num_class_embeds=11, norm_num_groups=8)
+    pretrain = {"source": "diffusers", "path": str(public_model)}
+    cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(results), "pretrain": pretrain}))
     # ~7 min alone on 2 cores (every method at a toy size, ~100 jobs): the guard against a hang is wider
     res = snakemake(repo, "--cores", "2", "all", "--configfile", str(cfg), timeout=1500)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -330,7 +338,14 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     runtime = pd.read_parquet(results / "tables" / "runtime.parquet")
     after = {"runtime_table", "runtime_figure", "all_runs_table", "privacy_utility_figure", "index_html",
              "report_tables"}
-    assert {"train_dpdm", "pretrain_public", "prepare_data", "replay", "audit_mia"} <= set(runtime["rule"])
+    assert {"train_dpdm", "import_public", "prepare_data", "replay", "audit_mia"} <= set(runtime["rule"])
+    # the user's model, imported whole and hashed; EMPDEN and DPDM ran on it
+    public_meta = read_denoiser_meta(results / "tiny" / "models" / "public_edm.pt")
+    assert public_meta["stage"] == "import_public" and public_meta["sha256"] == folder_sha256(public_model)
+    assert not (results / "tiny" / "train" / "pretrain_public").exists()
+    dpdm_metrics = [json.loads(p.read_text()) for p in (results / "tiny").rglob("metrics.json")]
+    from_public = [m for m in dpdm_metrics if m.get("stage") == "train_dpdm" and m.get("init")]
+    assert from_public and all(m["init_fresh_tensors"] == [] for m in from_public)  # every tensor from the user's
     assert not after & set(runtime["rule"]) and (runtime["wall_s"] > 0).all() and runtime["cpu_s"].notna().all()
     # one row per benchmark file but those of the jobs that ran after the table (84 jobs at this size)
     files = [p for p in (results / "tiny" / "benchmarks").rglob("*.tsv") if p.parent.name not in after]

@@ -8,8 +8,9 @@ what is needed to rebuild the network without the training code's config:
   :data:`pipeline.models.denoiser.CONVENTIONS` (``"ve_sigma"`` for every preconditioner,
   ``"rectified_flow_t"`` for a velocity model); files written before this key existed hold a
   preconditioner and are read as ``"ve_sigma"``
-* ``backbone``: the kind of network the file rebuilds, a key of :data:`BACKBONES` (``"unet"``, or
-  ``"sd3_transformer"`` for STRAIGHTDP's MM-DiT, which :mod:`pipeline.flow.backbone` registers);
+* ``backbone``: the kind of network the file rebuilds, a key of :data:`BACKBONES` (``"unet"``,
+  ``"diffusers_unet"`` for a public ``UNet2DModel`` of the user's, or ``"sd3_transformer"`` for
+  STRAIGHTDP's MM-DiT, which :mod:`pipeline.flow.backbone` registers);
   files written before this key existed hold a UNet and are read as ``"unet"``
 * ``<backbone>``: its spec as JSON under the kind's own name (``unet``: the
   :class:`~pipeline.models.unet.UNetSpec`, the key every file had before; ``sd3_transformer``:
@@ -42,7 +43,7 @@ from torch import nn
 from pipeline.io import atomic_path
 from pipeline.models.denoiser import CONVENTIONS, VE_SIGMA
 from pipeline.models.precond import PRECONDITIONERS
-from pipeline.models.unet import UNetSpec, build_unet
+from pipeline.models.unet import DiffusersUNetSpec, UNetSpec, build_diffusers_unet, build_unet
 from pipeline.stage import PipelineError
 
 DENOISER_FORMAT = "dpgen-denoiser/1"
@@ -60,8 +61,11 @@ class Backbone:
     build: Callable[[Any], nn.Module]
 
 
-#: backbone kind -> how to rebuild it; ``unet`` here, ``sd3_transformer`` from :mod:`pipeline.flow.backbone`
-BACKBONES: dict[str, Backbone] = {"unet": Backbone(UNetSpec, build_unet)}
+#: backbone kind -> how to rebuild it; ``unet`` (the pipeline's own UNets) and ``diffusers_unet`` (a public
+#: ``UNet2DModel`` the user brings, :mod:`pipeline.models.public`) here, ``sd3_transformer`` from
+#: :mod:`pipeline.flow.backbone`
+BACKBONES: dict[str, Backbone] = {"unet": Backbone(UNetSpec, build_unet),
+                                  "diffusers_unet": Backbone(DiffusersUNetSpec, build_diffusers_unet)}
 #: the kind of a file written before the ``backbone`` key existed
 LEGACY_BACKBONE = "unet"
 

@@ -78,3 +78,30 @@ def build_unet(spec: UNetSpec) -> nn.Module:
     if spec.num_classes > 0:
         kwargs["num_class_embeds"] = spec.num_classes + 1
     return UNet2DModel(**kwargs)
+
+
+@dataclass(frozen=True)
+class DiffusersUNetSpec:
+    """A ``UNet2DModel`` of any architecture, described by its own diffusers config (``config.json``).
+
+    The spec of a public denoiser the user brings (``pretrain.source: diffusers``,
+    :mod:`pipeline.models.public`): its block types, widths and attention heads need not fit
+    :class:`UNetSpec`, so the denoiser file keeps diffusers' whole config and rebuilds the network
+    with ``UNet2DModel.from_config``.
+    """
+
+    config: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "DiffusersUNetSpec":
+        return cls(dict(d))
+
+
+def build_diffusers_unet(spec: DiffusersUNetSpec) -> nn.Module:
+    """The ``UNet2DModel`` of ``spec.config`` (fresh weights: a denoiser file loads its own over them)."""
+    from diffusers import UNet2DModel
+
+    return UNet2DModel.from_config(spec.config)

@@ -93,6 +93,8 @@ PARAMS_DOC = {
     "private": PRIVATE_DOC,
     "ledger_binding": "{run, experiment} the ledger line is bound to (the replay checks them against the registry)",
     "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/train_dpdm/<model name>)",
+    "public_model": "optional: {source, sha256} of the user's public model the run starts from (pretrain.source "
+                    "diffusers; only in the config id)",
 }
 _KNOWN = set(PARAMS_DOC)
 #: the config section the stage's params mirror: the one source of their defaults

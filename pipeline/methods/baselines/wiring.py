@@ -70,8 +70,11 @@ class Wiring:
         (method, eps and seed are read from it), the declared private set, device, threads and the ledger binding."""
         section = {k: v for k, v in self.section.items() if k not in LISTING}
         h = self.house
+        # Private Evolution's variations come from the public denoiser: the user's model, when it is one, is in its id
+        reads_public = BaselineRun.from_name(wildcards.run).method == "pe"
         return stage_params(baselines=section, run=wildcards.run, private=h.private, device=h.config["device"],
-                            threads=h.torch_threads, ledger_binding=h.ledger_binding(wildcards.run))
+                            threads=h.torch_threads, ledger_binding=h.ledger_binding(wildcards.run),
+                            **(h.public_model() if reads_public else {}))
 
     def pe_inputs(self, wildcards: Any = None) -> dict[str, Path]:
         """Private Evolution's embedding model: the CLIP file when baselines.pe.embedding is clip, else nothing."""

@@ -178,11 +178,12 @@ class Wiring:
         d, h = self.section, self.house
         run = DpdmRun.from_name(wildcards.run)
         # partial fine-tuning only makes sense on top of the public weights (a scratch run trains all)
-        trainable = d["trainable"] if self.init_of(run.parameterisation) == "public" else None
+        from_public = self.init_of(run.parameterisation) == "public"
+        trainable = d["trainable"] if from_public else None
         return stage_params(parameterisation=run.parameterisation, epsilon=run.epsilon, K=run.K, seed=run.seed,
                             device=h.device, threads=h.torch_threads, trainable=trainable,
                             ledger_binding=h.ledger_binding(run.name), private=h.private,
-                            **{k: d[k] for k in TRAIN_KEYS})
+                            **{k: d[k] for k in TRAIN_KEYS}, **(h.public_model() if from_public else {}))
 
     def sample_params(self, wildcards: Any) -> str:
         """sample_dpdm params of one (run, sampler): the named sampler, generated with the run's seed."""

@@ -114,7 +114,8 @@ class Wiring:
         return stage_params(cell=cell.as_dict(), accounting=mechanism(h.config["accounting"]),
                             n_out=cost.empden_n_out(h.config), batch_size=self.section["batch_size"],
                             device=h.config["device"], threads=h.torch_threads,
-                            ledger_binding=h.ledger_binding(cell.ledger_stem), **self.normaliser_params)
+                            ledger_binding=h.ledger_binding(cell.ledger_stem), **self.normaliser_params,
+                            **h.public_model())
 
     def table8_params(self) -> str:
         """Tables 8/9 (rule empden_table8_grid): the accounting keys its eps columns read, nothing of the grid."""
@@ -147,7 +148,8 @@ class Wiring:
         return stage_params(figure2=self.section["figure2"], accounting=mechanism(h.config["accounting"]),
                             beta=h.config["accounting"]["beta"], seed=self.section["seeds"][0],
                             device=h.config["device"], threads=h.torch_threads,
-                            ledger_binding=h.ledger_binding(FIGURE2), **self.normaliser_params)
+                            ledger_binding=h.ledger_binding(FIGURE2), **self.normaliser_params,
+                            **h.public_model())
 
     # ---------------------------------------------------------------- tables' inputs
 
