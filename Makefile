@@ -10,11 +10,12 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install run run-full report test test-slow docs lint slurm-profile slurm-test bench clean help
+.PHONY: install run run-full report plan test test-slow docs lint slurm-profile slurm-test bench clean help
 
 help:
 	@echo "make run            the quick tour: every method and table of the embedded default (snakemake --cores $(CORES) all)"
 	@echo "make run CONFIG=f   the same over a preset merged on config.yaml (e.g. CONFIG=configs/mnist.yaml; also for make report)"
+	@echo "make plan CONFIG=f  jobs, hours, GPU-hours and memory the slurm profile would request (nothing submitted)"
 	@echo "make run-full       the reference embedded run the docs' numbers come from (+ configs/digits_full.yaml, ~2.5 h)"
 	@echo "make report         after make run: Snakemake's report of every table and figure -> $(REPORT)"
 	@echo "make test           unit tests on $(CORES) cores (CI runs this, then the slow tier)"
@@ -52,6 +53,10 @@ run-full: $(STAMP)
 
 # the report of a finished run (runs no job): summary first, every table and figure with its caption
 REPORT ?= results/report.html
+# what the slurm profile would ask a cluster for (jobs, hours, GPU-hours, memory per rule), nothing submitted
+plan: $(STAMP)
+	$(BIN)/python -m pipeline plan $(if $(strip $(CONFIG)),--configfile $(CONFIG))
+
 report: $(STAMP)
 	$(BIN)/snakemake --report $(REPORT) --report-stylesheet report/style.css $(CONFIG_ARGS)
 

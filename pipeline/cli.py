@@ -51,6 +51,7 @@ STAGES: dict[str, str] = merge_stages(CORE_STAGES, method_stages())
 EXTRA_COMMANDS: dict[str, str] = {
     "account": "pipeline.privacy.cli:main",
     "which": "pipeline.reporting.tables:which_main",
+    "plan": "pipeline.plan:main",
 }
 
 

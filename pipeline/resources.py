@@ -263,3 +263,43 @@ def baseline_runtime_min(config: Config) -> int:
     b = config["baselines"]
     work = max(b["dp_merf"]["steps"] / 2000, (b["pe"]["iterations"] + 1) * b["pe"]["n_per_class"] / 250)
     return max(10, int(12 * work * (_side(config) / 16) ** 2) + 5)
+
+
+# ----------------------------------------------------------------------------- the cluster's time limit
+
+#: training rules that checkpoint and resume (pipeline/training/loop.py): their runtime and retries come from
+#: :func:`segment_runtime_min` and :func:`segment_retries`, so over the limit they run in segments
+RESUMABLE_RULES = ("pretrain_public", "train_dpdm", "train_dpdm_twin", "pretrain_straightdp",
+                   "pretrain_straightdp_arm", "train_straightdp")
+#: one resubmission for a transient failure (node failure, preemption), as the slurm profile's `retries: 1`
+TRANSIENT_RETRIES = 1
+
+
+def max_job_minutes(config: Config) -> int | None:
+    """The partition's time limit in minutes (``slurm.max_job_hours``), or None for no limit."""
+    hours = (config.get("slurm") or {}).get("max_job_hours")
+    return None if hours is None else max(1, int(hours * 60))
+
+
+def segments(config: Config, minutes: int) -> int:
+    """How many submissions of at most the limit cover a resumable job predicted to take ``minutes``."""
+    limit = max_job_minutes(config)
+    return 1 if limit is None else max(1, -(-int(minutes) // limit))
+
+
+def segment_runtime_min(config: Config, minutes: int) -> int:
+    """The runtime a resumable training job asks for: its prediction, or the limit when it does not fit.
+
+    The training loop (pipeline/training/loop.py) saves its resumable state on SLURM's SIGTERM at the
+    limit and every ``checkpoint_every_s``; the resubmission (:func:`segment_retries`) resumes from it.
+    """
+    limit = max_job_minutes(config)
+    return int(minutes) if limit is None else min(int(minutes), limit)
+
+
+def segment_retries(config: Config, minutes: int) -> int | None:
+    """A resumable job's Snakemake ``retries``: one per extra segment plus the transient-failure one; None without a
+    limit (the rule then takes Snakemake's own ``--retries``: 0 locally, the slurm profile's 1)."""
+    if max_job_minutes(config) is None:
+        return None
+    return segments(config, minutes) - 1 + TRANSIENT_RETRIES

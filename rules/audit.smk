@@ -65,7 +65,8 @@ rule train_dpdm_twin:
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=AUDIT.twin_runtime_min,
+        runtime=cost.segment_runtime_min(config, AUDIT.twin_runtime_min),
+    retries: cost.segment_retries(config, AUDIT.twin_runtime_min)
     conda:
         GPU_ENV
     shell:

@@ -48,7 +48,8 @@ rule train_dpdm:
     resources:
         gpu=1,
         mem_mb=DPDM.train_mem_mb,
-        runtime=DPDM.train_runtime_min,
+        runtime=cost.segment_runtime_min(config, DPDM.train_runtime_min),
+    retries: cost.segment_retries(config, DPDM.train_runtime_min)
     conda:
         GPU_ENV
     shell:

@@ -53,7 +53,8 @@ else:
         resources:
             gpu=1,
             mem_mb=cost.pretrain_mem_mb(config),
-            runtime=cost.pretrain_runtime_min(config),
+            runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
+        retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))
         conda:
             GPU_ENV
         shell:

@@ -134,7 +134,8 @@ rule pretrain_straightdp:
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=cost.straightdp_pretrain_runtime_min(config),
+        runtime=cost.segment_runtime_min(config, cost.straightdp_pretrain_runtime_min(config)),
+    retries: cost.segment_retries(config, cost.straightdp_pretrain_runtime_min(config))
     conda:
         GPU_ENV
     shell:
@@ -252,7 +253,8 @@ rule train_straightdp:
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=cost.straightdp_train_runtime_min(config),
+        runtime=cost.segment_runtime_min(config, cost.straightdp_train_runtime_min(config)),
+    retries: cost.segment_retries(config, cost.straightdp_train_runtime_min(config))
     conda:
         GPU_ENV
     shell:

@@ -1,0 +1,160 @@
+"""``python -m pipeline plan``: what a configuration will ask a cluster for, before anything is submitted.
+
+Every job's request comes from the one cost model the rules use (:mod:`pipeline.resources`): the plan
+asks Snakemake for a dry run of the slurm profile (``snakemake -n --profile profiles/slurm all``),
+reads each job's ``runtime``, ``mem_mb`` and ``gpu`` as the profile would submit them, and sums them
+per rule. The dry run is made without ``slurm.max_job_hours`` so that it shows each job's whole
+predicted time; the limit is then applied here with the same functions the rules call
+(:func:`pipeline.resources.segments`): a resumable training job over the limit runs as several
+segments of at most the limit, any other job over it is listed as not fitting (exit status 1).
+
+The rates behind the predictions are CPU-derived estimates (a 2-core CPU rate at 16x16, scaled by
+image area, with headroom): no GPU rate has been measured yet, and the plan says so.
+
+    python -m pipeline plan --configfile configs/cifar10.yaml [--max-job-hours 48]
+    make plan CONFIG=configs/cifar10.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import resources as cost
+
+#: what the plan says of its rates until a GPU has been measured
+RATES_NOTE = ("rates: CPU-derived estimates (pipeline/resources.py: 2-core CPU rates at 16x16 scaled by image area, "
+              "with headroom); no GPU rate measured yet")
+
+_RULE = re.compile(r"^(local)?rule (\S+?):\s*$")
+_RESOURCES = re.compile(r"^\s+resources:\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One planned job: its rule and what it asks for (minutes, MB, GPUs)."""
+
+    rule: str
+    runtime_min: int
+    mem_mb: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class RuleLine:
+    """One rule's line of the plan."""
+
+    rule: str
+    jobs: int
+    gpu_jobs: int
+    hours: float
+    gpu_hours: float
+    longest_h: float
+    segments: int
+    mem_gb: float
+    fits: bool
+
+
+def parse_dry_run(text: str) -> list[Job]:
+    """The submitted jobs of a ``snakemake -n`` listing: each ``rule NAME:`` block and its ``resources:`` line
+    (``localrule`` blocks run on the submitting machine and ask the cluster for nothing)."""
+    jobs: list[Job] = []
+    rule: str | None = None
+    for line in text.splitlines():
+        head = _RULE.match(line)
+        if head:
+            rule = None if head.group(1) else head.group(2)
+            continue
+        res = _RESOURCES.match(line)
+        if res and rule is not None:
+            fields = dict(kv.split("=", 1) for kv in (p.strip() for p in res.group(1).split(",")) if "=" in kv)
+            jobs.append(Job(rule, int(float(fields.get("runtime", 0))), int(float(fields.get("mem_mb", 0))),
+                            int(float(fields.get("gpu", 0)))))
+            rule = None
+    return jobs
+
+
+def plan_lines(jobs: Sequence[Job], max_job_minutes: int | None) -> list[RuleLine]:
+    """Per rule: job count, predicted hours (every job, every segment), GPU-hours, the longest job, how many
+    segments it runs as, the largest memory request, and whether every job fits the limit."""
+    config = {"slurm": {"max_job_hours": None if max_job_minutes is None else max_job_minutes / 60}}
+    out = []
+    for rule in sorted({j.rule for j in jobs}):
+        mine = [j for j in jobs if j.rule == rule]
+        longest = max(j.runtime_min for j in mine)
+        resumable = rule in cost.RESUMABLE_RULES
+        fits = max_job_minutes is None or longest <= max_job_minutes or resumable
+        hours = sum(j.runtime_min for j in mine) / 60
+        out.append(RuleLine(rule, len(mine), sum(1 for j in mine if j.gpus), hours,
+                            sum(j.runtime_min * j.gpus for j in mine) / 60, longest / 60,
+                            cost.segments(config, longest) if resumable else 1,
+                            max(j.mem_mb for j in mine) / 1000, fits))
+    return sorted(out, key=lambda r: -r.hours)
+
+
+def render(lines: Sequence[RuleLine], *, title: str, max_job_minutes: int | None) -> str:
+    """The plan as a Markdown table with a totals row."""
+    limit = "no limit (slurm.max_job_hours unset)" if max_job_minutes is None else f"{max_job_minutes / 60:g} h"
+    rows = ["| rule | jobs | GPU jobs | hours | GPU-hours | longest job (h) | segments | memory per job (GB) | fits |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in lines:
+        rows.append(f"| {r.rule} | {r.jobs} | {r.gpu_jobs} | {r.hours:,.1f} | {r.gpu_hours:,.1f} | {r.longest_h:,.1f} | "
+                    f"{r.segments} | {r.mem_gb:g} | {'yes' if r.fits else 'NO'} |")
+    rows.append(f"| **total** | {sum(r.jobs for r in lines)} | {sum(r.gpu_jobs for r in lines)} | "
+                f"{sum(r.hours for r in lines):,.1f} | {sum(r.gpu_hours for r in lines):,.1f} | "
+                f"{max((r.longest_h for r in lines), default=0):,.1f} | | {max((r.mem_gb for r in lines), default=0):g} "
+                f"| {'yes' if all(r.fits for r in lines) else 'NO'} |")
+    return "\n".join([f"plan of {title}: job time limit {limit}", RATES_NOTE, "", *rows])
+
+
+def dry_run(configfiles: Sequence[str], *, profile: str, repo: Path) -> str:
+    """The slurm profile's dry run of ``all`` for ``configfiles`` with no job time limit (stdout)."""
+    cmd = [sys.executable, "-m", "snakemake", "-n", "--forceall", "--profile", profile, "all",
+           *(["--configfile", *configfiles] if configfiles else []), "--config", "slurm={max_job_hours: null}"]
+    # DPGEN_PLAN_ONLY: rules/common.smk skips the datasets' presence check (a plan reads no data)
+    res = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, env={**os.environ, "DPGEN_PLAN_ONLY": "1"})
+    if res.returncode != 0:
+        tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"plan: the dry run failed: {tail}")
+    return res.stdout
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configfile", nargs="+", default=[], help="config files merged over config.yaml")
+    parser.add_argument("--max-job-hours", type=float, default=None,
+                        help="the partition's time limit (default: the config's slurm.max_job_hours)")
+    parser.add_argument("--profile", default="profiles/slurm", help="Snakemake profile (default profiles/slurm)")
+    args = parser.parse_args(argv)
+    repo = Path(__file__).resolve().parents[1]
+    for f in args.configfile:
+        if not (repo / f).is_file() and not Path(f).is_file():
+            raise SystemExit(f"plan: config file {f} not found")
+    hours = args.max_job_hours if args.max_job_hours is not None else _configured_limit(args.configfile, repo)
+    limit = None if hours is None else cost.max_job_minutes({"slurm": {"max_job_hours": hours}})
+    lines = plan_lines(parse_dry_run(dry_run(args.configfile, profile=args.profile, repo=repo)), limit)
+    print(render(lines, title=" + ".join(["config.yaml", *args.configfile]), max_job_minutes=limit))
+    too_long = [r.rule for r in lines if not r.fits]
+    if too_long:
+        print(f"\nplan: jobs of {', '.join(too_long)} need more than the limit and cannot resume", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _configured_limit(configfiles: Sequence[str], repo: Path) -> float | None:
+    """slurm.max_job_hours of config.yaml merged with ``configfiles`` (validated, defaults filled)."""
+    import yaml
+
+    from pipeline.config import deep_merge, validate_config
+
+    merged: dict = {}
+    for f in ["config.yaml", *configfiles]:
+        path = repo / f if (repo / f).is_file() else Path(f)
+        merged = deep_merge(merged, yaml.safe_load(path.read_text()) or {})
+    return validate_config(merged)["slurm"]["max_job_hours"]

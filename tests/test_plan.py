@@ -1,0 +1,88 @@
+"""`python -m pipeline plan`: a configuration's cluster requests summed per rule, and jobs fitted to the time limit."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import resources as cost
+from pipeline.plan import Job, parse_dry_run, plan_lines, render
+
+DRY_RUN = """Building DAG of jobs...
+rule train_straightdp:
+    input: a
+    output: b
+    wildcards: run=uniform_moments_eps1_seed0
+    resources: tmpdir=<TBD>, gpu=1, mem_mb=6000, mem_mib=5723, runtime=19926, slurm_partition=
+rule train_straightdp:
+    resources: tmpdir=<TBD>, gpu=1, mem_mb=6000, runtime=600
+rule release_moments:
+    resources: tmpdir=<TBD>, mem_mb=4000, runtime=10
+localrule all:
+    input: x
+    resources: tmpdir=<TBD>, mem_mb=1000, runtime=60
+rule sensgeo_table_sdp:
+    resources: tmpdir=<TBD>, mem_mb=3000, runtime=4000
+"""
+
+
+def test_the_dry_run_listing_gives_every_submitted_job_and_its_requests():
+    jobs = parse_dry_run(DRY_RUN)
+    assert jobs == [Job("train_straightdp", 19926, 6000, 1), Job("train_straightdp", 600, 6000, 1),
+                    Job("release_moments", 10, 4000, 0), Job("sensgeo_table_sdp", 4000, 3000, 0)]  # not localrule all
+
+
+def test_a_resumable_job_over_the_limit_runs_in_segments_and_any_other_does_not_fit():
+    lines = {r.rule: r for r in plan_lines(parse_dry_run(DRY_RUN), max_job_minutes=48 * 60)}
+    train = lines["train_straightdp"]
+    assert (train.jobs, train.gpu_jobs, train.segments, train.fits) == (2, 2, 7, True)  # 332.1 h in 48 h pieces
+    assert train.gpu_hours == pytest.approx((19926 + 600) / 60) and train.longest_h == pytest.approx(332.1)
+    assert lines["release_moments"].gpu_hours == 0 and lines["release_moments"].fits
+    assert not lines["sensgeo_table_sdp"].fits  # 66.7 h, cannot resume
+    assert all(r.fits and r.segments == 1 for r in plan_lines(parse_dry_run(DRY_RUN), max_job_minutes=None))
+    table = render(list(lines.values()), title="t", max_job_minutes=48 * 60)
+    assert "job time limit 48 h" in table and "CPU-derived estimates" in table
+    assert re.search(r"\| \*\*total\*\* \| 4 \| 2 \| .* \| NO \|$", table)
+
+
+@pytest.mark.parametrize("hours, minutes, runtime, retries, segments", [
+    (None, 19926, 19926, None, 1),   # no limit: the prediction, and Snakemake's own --retries
+    (48, 19926, 2880, 7, 7),         # 7 segments: 6 resubmissions + the transient-failure one
+    (48, 2880, 2880, 1, 1),          # exactly the limit: one segment
+    (48, 100, 100, 1, 1),
+])
+def test_a_resumable_job_asks_for_at_most_the_limit_and_is_resubmitted_until_its_prediction_is_covered(
+        hours, minutes, runtime, retries, segments):
+    config = {"slurm": {"max_job_hours": hours}}
+    assert cost.segment_runtime_min(config, minutes) == runtime
+    assert cost.segment_retries(config, minutes) == retries
+    assert cost.segments(config, minutes) == segments
+
+
+def test_the_resumable_rules_are_exactly_those_whose_requests_are_segmented(repo):
+    text = "\n".join(p.read_text() for p in sorted((repo / "rules").glob("*.smk")))
+    segmented = set(re.findall(r"rule (\w+):(?:(?!\nrule |\n    rule ).)*?segment_runtime_min", text, re.S))
+    inherited = set(re.findall(r"use rule (\w+) as (\w+) with", text))
+    names = segmented | {new for old, new in inherited if old in segmented}
+    assert names == set(cost.RESUMABLE_RULES)
+
+
+@pytest.mark.slow
+def test_the_plan_of_a_paper_preset_fits_every_job_in_the_limit_and_the_rules_request_no_more(repo, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--configfile", "configs/straightdp_kmnist.yaml",
+                          "--max-job-hours", "48"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| train_straightdp |"))
+    assert row.split("|")[7].strip() == "7" and row.endswith("| yes |")
+    # the rules themselves: with the limit in the config no job of the dry run asks for more than 48 h
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--forceall", "--profile", "profiles/slurm", "all",
+                          "--configfile", "configs/straightdp_kmnist.yaml", "--config", "slurm={max_job_hours: 48}",
+                          f"results_dir={tmp_path}"], cwd=repo, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "DPGEN_PLAN_ONLY": "1"})
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    jobs = parse_dry_run(dry.stdout)
+    assert jobs and max(j.runtime_min for j in jobs) == 48 * 60
