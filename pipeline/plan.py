@@ -105,10 +105,10 @@ def render(lines: Sequence[RuleLine], *, title: str, max_job_minutes: int | None
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in lines:
         rows.append(f"| {r.rule} | {r.jobs} | {r.gpu_jobs} | {r.hours:,.1f} | {r.gpu_hours:,.1f} | {r.longest_h:,.1f} | "
-                    f"{r.segments} | {r.mem_gb:g} | {'yes' if r.fits else 'NO'} |")
+                    f"{r.segments} | {r.mem_gb:.1f} | {'yes' if r.fits else 'NO'} |")
     rows.append(f"| **total** | {sum(r.jobs for r in lines)} | {sum(r.gpu_jobs for r in lines)} | "
                 f"{sum(r.hours for r in lines):,.1f} | {sum(r.gpu_hours for r in lines):,.1f} | "
-                f"{max((r.longest_h for r in lines), default=0):,.1f} | | {max((r.mem_gb for r in lines), default=0):g} "
+                f"{max((r.longest_h for r in lines), default=0):,.1f} | | {max((r.mem_gb for r in lines), default=0):.1f} "
                 f"| {'yes' if all(r.fits for r in lines) else 'NO'} |")
     return "\n".join([f"plan of {title}: job time limit {limit}", RATES_NOTE, "", *rows])
 
