@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,3 +106,11 @@ def stage(name: str, *, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] =
                          tuple(optional_outputs), params, any_inputs)
 
     return wrap
+
+
+def reject_unknown_params(stage_name: str, params: Mapping[str, Any], known: Iterable[str]) -> None:
+    """One line naming the first param of ``params`` that ``stage_name`` does not know (a typo, a stale rule)."""
+    known = list(known)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise PipelineError(f"stage {stage_name}: unknown param {unknown[0]!r} (known: {', '.join(known)})")

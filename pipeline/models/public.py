@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.io import write_json
-from pipeline.stage import PipelineError, stage
+from pipeline.stage import PipelineError, reject_unknown_params, stage
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +171,7 @@ def import_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     from pipeline.models.unet import DiffusersUNetSpec
     from pipeline.training.data import load_training_split
 
-    unknown = sorted(set(params) - set(PARAMS_DOC))
-    if unknown:
-        raise PipelineError(f"stage {STAGE}: unknown param {unknown[0]!r} (known: {', '.join(PARAMS_DOC)})")
+    reject_unknown_params(STAGE, params, PARAMS_DOC)
     cfg = dict(params["pretrain"])
     folder = resolve_folder(cfg.get("path"))
     config = read_model_config(folder)

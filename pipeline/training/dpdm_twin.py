@@ -50,7 +50,7 @@ from pipeline.models.checkpoint import read_denoiser_meta, save_denoiser
 from pipeline.models.precond import parameterisation as get_parameterisation
 from pipeline.models.unet import build_unet
 from pipeline.privacy import dpsgd
-from pipeline.stage import PipelineError, stage
+from pipeline.stage import PipelineError, reject_unknown_params, stage
 from pipeline.training import loop
 from pipeline.training.data import drop_labels, load_training_split, to_model_scale, unet_spec_for
 from pipeline.training.dpdm import PARAMS_DOC as DPDM_PARAMS, RESUME_INSENSITIVE, DPDMConfig, freeze_all_but, \
@@ -98,9 +98,7 @@ def twin_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, draw_los
        params=PARAMS_DOC)
 def train_dpdm_twin(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """The non-private twin of a DPDM run (no clip, no noise): the membership attacks' positive control."""
-    unknown = sorted(set(params) - set(PARAMS_DOC))
-    if unknown:
-        raise PipelineError(f"stage {STAGE}: unknown param {unknown[0]!r} (known: {', '.join(sorted(PARAMS_DOC))})")
+    reject_unknown_params(STAGE, params, sorted(PARAMS_DOC))
     # the DP run's own config class (epsilon is a required field there; the twin has none)
     cfg = DPDMConfig.from_params({k: v for k, v in params.items() if k not in ("member_seed", "members")}
                                  | {"epsilon": 1.0})

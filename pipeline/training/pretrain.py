@@ -33,7 +33,7 @@ from pipeline.io import write_json
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond, edm_draw_loss, edm_sigma_sampler
 from pipeline.models.unet import build_unet
-from pipeline.stage import PipelineError, stage
+from pipeline.stage import reject_unknown_params, stage
 from pipeline.training import loop
 from pipeline.training.data import drop_labels, load_training_split, to_model_scale, unet_spec_for
 
@@ -106,9 +106,7 @@ PARAMS_DOC = {
 @stage(STAGE, inputs=("public",), outputs=("model", "metrics"), params=PARAMS_DOC)
 def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Train the public EDM denoiser on the public split only (EDM loss, EMA; resumable)."""
-    unknown = sorted(set(params) - set(PARAMS_DOC))
-    if unknown:
-        raise PipelineError(f"stage {STAGE}: unknown param {unknown[0]!r} (known: {', '.join(PARAMS_DOC)})")
+    reject_unknown_params(STAGE, params, PARAMS_DOC)
     cfg = validate_config({"pretrain": dict(params.get("pretrain") or {})}, source="params")["pretrain"]
     seed, config_id = int(params.get("seed", 0)), str(params.get("config_id", "unknown"))
     device = resolve_device(str(params.get("device", "auto")))
