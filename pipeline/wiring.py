@@ -175,8 +175,10 @@ class House:
         return {"public_model": {"source": "diffusers", "sha256": folder_sha256(folder)}}
 
     def public_denoiser_params(self) -> str:
-        """import_public's params: the pretrain section and the folder's hash."""
-        return stage_params(pretrain=dict(self.config["pretrain"]), **self.public_model())
+        """import_public's params: the pretrain keys it reads (not the training recipe, which it does not run) and
+        the folder's hash."""
+        pretrain = {k: v for k, v in self.config["pretrain"].items() if k in ("source", "path", "precond", "sigma_data")}
+        return stage_params(pretrain=pretrain, **self.public_model())
 
     def data_splits(self) -> dict[str, Path]:
         """Split name -> .npz path of every split the data stage writes for this config."""
