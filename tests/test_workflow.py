@@ -343,8 +343,8 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     public_meta = read_denoiser_meta(results / "tiny" / "models" / "public_edm.pt")
     assert public_meta["stage"] == "import_public" and public_meta["sha256"] == folder_sha256(public_model)
     assert not (results / "tiny" / "train" / "pretrain_public").exists()
-    dpdm_metrics = [json.loads(p.read_text()) for p in (results / "tiny").rglob("metrics.json")]
-    from_public = [m for m in dpdm_metrics if m.get("stage") == "train_dpdm" and m.get("init")]
+    dpdm_metrics = [json.loads(p.read_text()) for p in (results / "tiny" / "train" / "dpdm").glob("*.json")]
+    from_public = [m for m in dpdm_metrics if m.get("init")]
     assert from_public and all(m["init_fresh_tensors"] == [] for m in from_public)  # every tensor from the user's
     assert not after & set(runtime["rule"]) and (runtime["wall_s"] > 0).all() and runtime["cpu_s"].notna().all()
     # one row per benchmark file but those of the jobs that ran after the table (84 jobs at this size)
