@@ -41,7 +41,7 @@ CORE_STAGES: dict[str, str] = {
     "runtime_figure": "pipeline.results.runtime:runtime_figure",
     "replay": "pipeline.privacy.replay:replay",
     "pretrain_public": "pipeline.training.pretrain:pretrain_public",
-    "import_public": "pipeline.models.public:import_public",
+    "import_public": "pipeline.training.public:import_public",
 }
 
 #: every stage: the core ones, then each method's own (listed by pipeline/methods/<method>/__init__.py)

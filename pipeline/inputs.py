@@ -88,7 +88,7 @@ def _no_folder(where: str) -> None:
 
 def _public_model(cfg: Mapping[str, Any]) -> None:
     from pipeline.config import RGB_SOURCES
-    from pipeline.models.public import check_folder  # torch-free: reads config.json only
+    from pipeline.training.public import check_folder  # torch-free: reads config.json only
 
     data = cfg["data"]
     check_folder(cfg["pretrain"].get("path"), image_size=int(data["image_size"]),

@@ -169,7 +169,7 @@ class House:
         """
         if not self.imports_public_denoiser:
             return {}
-        from pipeline.models.public import folder_sha256, resolve_folder
+        from pipeline.training.public import folder_sha256, resolve_folder
 
         folder = resolve_folder(self.config["pretrain"].get("path"))
         return {"public_model": {"source": "diffusers", "sha256": folder_sha256(folder)}}

@@ -24,7 +24,7 @@ try:
     _validated = validate_config(config)
     # every dataset and weights file, before any job is scheduled: Snakemake deletes a job's outputs
     # before running it, so a source missing inside prepare_data would cost a finished run its splits
-    # `python -m pipeline plan` reads no data: it may plan a preset on a machine without its datasets
+    # the plan command (pipeline/plan.py) reads no data: it may plan a preset on a machine without its datasets
     if os.environ.get("DPGEN_PLAN_ONLY") != "1":
         check_inputs_exist(_validated)
 except ConfigError as _exc:

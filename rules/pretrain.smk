@@ -3,7 +3,7 @@
 # line) or the user's own diffusers UNet2DModel folder (pretrain.source: diffusers, rule import_public).
 # Code: pipeline/training/pretrain.py (pretrain_public), pipeline/training/loop.py (resumable
 # state in results/<exp>/checkpoints/pretrain_public/public_edm/, deliberately not an output,
-# so a killed job resumes where its last checkpoint left off); pipeline/models/public.py (import_public).
+# so a killed job resumes where its last checkpoint left off); pipeline/training/public.py (import_public).
 #
 #   snakemake results/digits/models/public_edm.pt      (PUBLIC_DENOISER, rules/common.smk)
 

@@ -20,7 +20,7 @@ import yaml
 from pipeline.data.layout import idx_names
 from pipeline.io import CorruptFileError, load_split
 from pipeline.models.checkpoint import read_denoiser_meta
-from pipeline.models.public import folder_sha256
+from pipeline.training.public import folder_sha256
 from pipeline.reporting.tables import unmeasured_columns
 from pipeline.training.straightdp_runs import ROWS
 from tests.public_models import save_unet

@@ -62,7 +62,7 @@ class Backbone:
 
 
 #: backbone kind -> how to rebuild it; ``unet`` (the pipeline's own UNets) and ``diffusers_unet`` (a public
-#: ``UNet2DModel`` the user brings, :mod:`pipeline.models.public`) here, ``sd3_transformer`` from
+#: ``UNet2DModel`` the user brings, :mod:`pipeline.training.public`) here, ``sd3_transformer`` from
 #: :mod:`pipeline.flow.backbone`
 BACKBONES: dict[str, Backbone] = {"unet": Backbone(UNetSpec, build_unet),
                                   "diffusers_unet": Backbone(DiffusersUNetSpec, build_diffusers_unet)}

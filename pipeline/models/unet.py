@@ -85,7 +85,7 @@ class DiffusersUNetSpec:
     """A ``UNet2DModel`` of any architecture, described by its own diffusers config (``config.json``).
 
     The spec of a public denoiser the user brings (``pretrain.source: diffusers``,
-    :mod:`pipeline.models.public`): its block types, widths and attention heads need not fit
+    :mod:`pipeline.training.public`): its block types, widths and attention heads need not fit
     :class:`UNetSpec`, so the denoiser file keeps diffusers' whole config and rebuilds the network
     with ``UNet2DModel.from_config``.
     """

@@ -18,7 +18,7 @@ from pipeline.io import Split, read_json, save_split
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_backbone, read_denoiser_meta
 from pipeline.models.edm import EDMPrecond
 from pipeline.models.precond import VPPrecond
-from pipeline.models.public import folder_sha256, import_public
+from pipeline.training.public import folder_sha256, import_public
 from pipeline.stage import PipelineError
 from pipeline.wiring import House
 from tests import public_models
