@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import resources as cost
+from pipeline.config import load_config
 
 #: what the plan says of its rates until a GPU has been measured
 RATES_NOTE = ("rates: CPU-derived estimates (pipeline/resources.py: 2-core CPU rates at 16x16 scaled by image area, "
@@ -133,12 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", default="profiles/slurm", help="Snakemake profile (default profiles/slurm)")
     args = parser.parse_args(argv)
     repo = Path(__file__).resolve().parents[1]
-    for f in args.configfile:
-        if not (repo / f).is_file() and not Path(f).is_file():
-            raise SystemExit(f"plan: config file {f} not found")
-    hours = args.max_job_hours if args.max_job_hours is not None else _configured_limit(args.configfile, repo)
+    files = [_located(f, repo) for f in args.configfile]
+    hours = args.max_job_hours if args.max_job_hours is not None else \
+        load_config(repo / "config.yaml", *files)["slurm"]["max_job_hours"]
     limit = None if hours is None else cost.max_job_minutes({"slurm": {"max_job_hours": hours}})
-    lines = plan_lines(parse_dry_run(dry_run(args.configfile, profile=args.profile, repo=repo)), limit)
+    lines = plan_lines(parse_dry_run(dry_run(files, profile=args.profile, repo=repo)), limit)
     print(render(lines, title=" + ".join(["config.yaml", *args.configfile]), max_job_minutes=limit))
     too_long = [r.rule for r in lines if not r.fits]
     if too_long:
@@ -147,14 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _configured_limit(configfiles: Sequence[str], repo: Path) -> float | None:
-    """slurm.max_job_hours of config.yaml merged with ``configfiles`` (validated, defaults filled)."""
-    import yaml
-
-    from pipeline.config import deep_merge, validate_config
-
-    merged: dict = {}
-    for f in ["config.yaml", *configfiles]:
-        path = repo / f if (repo / f).is_file() else Path(f)
-        merged = deep_merge(merged, yaml.safe_load(path.read_text()) or {})
-    return validate_config(merged)["slurm"]["max_job_hours"]
+def _located(configfile: str, repo: Path) -> str:
+    """``configfile`` as an absolute path (as given, else under the repository, where the dry run starts)."""
+    for path in (Path(configfile), repo / configfile):
+        if path.is_file():
+            return str(path.resolve())
+    raise SystemExit(f"plan: config file {configfile} not found")

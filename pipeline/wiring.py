@@ -12,6 +12,7 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,11 @@ class House:
         hash is in their config ids and a changed model reruns them; empty for a trained denoiser, whose readers'
         config ids stay as they were.
         """
+        return self._public_model
+
+    @cached_property
+    def _public_model(self) -> dict[str, Any]:
+        # once per House: Snakemake asks every reading job's params, and hashing walks the whole folder
         if not self.imports_public_denoiser:
             return {}
         from pipeline.training.public import folder_sha256, resolve_folder

@@ -127,8 +127,8 @@ def folder_sha256(folder: Path) -> str:
     Memoised per process on each file's (size, mtime): Snakemake evaluates a rule's params several
     times while planning, and a paper-scale model is gigabytes.
     """
-    listing = tuple(sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
-                           for p in folder.rglob("*") if p.is_file()))
+    stats = ((p, p.stat()) for p in folder.rglob("*") if p.is_file())
+    listing = tuple(sorted((str(p.relative_to(folder)), st.st_size, st.st_mtime_ns) for p, st in stats))
     return _hash_listing(str(folder), listing)
 
 
