@@ -66,7 +66,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(CORES) --dist worksteal -m "not slow"
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow --durations=0
+	$(BIN)/python -m pytest -q -m slow -n $(CORES) --dist worksteal --durations=0
 
 # the documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page in the nav or a
 # docstring mkdocstrings cannot render fails the build; offline (no Google fonts, no plugin on the network)

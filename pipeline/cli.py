@@ -29,6 +29,7 @@ CORE_STAGES: dict[str, str] = {
     "prepare_data": "pipeline.data.stage:prepare_data",
     "train_evalnet": "pipeline.evaluation.evalnet:train_evalnet",
     "evaluate_samples": "pipeline.evaluation.stage:evaluate_samples",
+    "extract_features": "pipeline.evaluation.stage:extract_features_stage",
     "train_clip": "pipeline.evaluation.clip:train_clip",
     "import_clip": "pipeline.evaluation.clip:import_clip",
     "data_figure": "pipeline.reporting.stage:data_figure",

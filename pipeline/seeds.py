@@ -68,8 +68,8 @@ STREAMS: dict[str, Stream] = _streams(
     # DPDM sampling (pipeline.sampling.dpdm.generate)
     Stream("dpdm.sampling", "latents and sampler noise, in batch order", lambda seed: seed),
     # EMPDEN sampling (pipeline.sampling.empden_stage)
-    Stream("empden.sampling", "initial states, subsets, mechanism and re-noising noise of one cell",
-           lambda seed: seed),
+    Stream("empden.chunk", "initial states, subsets, mechanism and re-noising noise of one batch of a cell "
+           "(key: the batch's index in the cell's run; pipeline.shards)"),
     Stream("empden.normaliser_subset", "the fixed public subset of the public-marginal normaliser "
            "(a constant: every cell divides by the same Z)", lambda seed: 0),
     Stream("empden.figure2", "x_T of Figure 2's trajectories (each scheme starts from the same states)",

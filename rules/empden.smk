@@ -26,9 +26,7 @@ rule empden_sample_subsampled:
         private=DATA / "private_train.npz",
         public=PUBLIC_DENOISER,
     output:
-        samples=EMPDEN.samples / "{method}" / "p{p}_B{B}_T{T}_beta{beta}_s{seed}.npz",
-        manifest=EMPDEN.samples / "{method}" / "p{p}_B{B}_T{T}_beta{beta}_s{seed}.json",
-        ledger=EXPDIR / "ledger" / "empden_sample_{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.jsonl",
+        **EMPDEN.sample_outputs("{method}/p{p}_B{B}_T{T}_beta{beta}_s{seed}"),
     wildcard_constraints:
         method="hybrid|per_step",
         p=NUMBER_PATTERN,
@@ -40,9 +38,9 @@ rule empden_sample_subsampled:
         p=lambda wildcards: EMPDEN.sample_params(wildcards.method, wildcards),
         norm_in=EMPDEN.normaliser_args,
     log:
-        LOGS / "empden_sample" / "{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}.log",
+        EMPDEN.sample_log(LOGS, "{method}_p{p}_B{B}_T{T}_beta{beta}_s{seed}"),
     benchmark:
-        benchmark_path("empden_sample", "{method}/p{p}_B{B}_T{T}_beta{beta}_s{seed}")
+        benchmark_path("empden_sample", EMPDEN.sample_job("{method}/p{p}_B{B}_T{T}_beta{beta}_s{seed}"))
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -61,9 +59,7 @@ rule empden_sample_full_batch:
         unpack(lambda wildcards: EMPDEN.normaliser_input),
         private=DATA / "private_train.npz",
     output:
-        samples=EMPDEN.samples / "full_batch" / "smin{smin}_beta{beta}_s{seed}.npz",
-        manifest=EMPDEN.samples / "full_batch" / "smin{smin}_beta{beta}_s{seed}.json",
-        ledger=EXPDIR / "ledger" / "empden_sample_full_batch_smin{smin}_beta{beta}_s{seed}.jsonl",
+        **EMPDEN.sample_outputs("full_batch/smin{smin}_beta{beta}_s{seed}"),
     wildcard_constraints:
         smin=NUMBER_PATTERN,
         beta=NUMBER_PATTERN,
@@ -72,9 +68,9 @@ rule empden_sample_full_batch:
         p=lambda wildcards: EMPDEN.sample_params("full_batch", wildcards),
         norm_in=EMPDEN.normaliser_args,
     log:
-        LOGS / "empden_sample" / "full_batch_smin{smin}_beta{beta}_s{seed}.log",
+        EMPDEN.sample_log(LOGS, "full_batch_smin{smin}_beta{beta}_s{seed}"),
     benchmark:
-        benchmark_path("empden_sample", "full_batch/smin{smin}_beta{beta}_s{seed}")
+        benchmark_path("empden_sample", EMPDEN.sample_job("full_batch/smin{smin}_beta{beta}_s{seed}"))
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -93,16 +89,15 @@ rule empden_sample_public_only:
         private=DATA / "private_train.npz",  # read for the image shape only
         public=PUBLIC_DENOISER,
     output:
-        samples=EMPDEN.samples / "public_only" / "s{seed}.npz",
-        manifest=EMPDEN.samples / "public_only" / "s{seed}.json",
+        **EMPDEN.sample_outputs("public_only/s{seed}", private=False),
     wildcard_constraints:
         seed="[0-9]+",
     params:
         p=lambda wildcards: EMPDEN.sample_params("public_only", wildcards),
     log:
-        LOGS / "empden_sample" / "public_only_s{seed}.log",
+        EMPDEN.sample_log(LOGS, "public_only_s{seed}"),
     benchmark:
-        benchmark_path("empden_sample", "public_only/s{seed}")
+        benchmark_path("empden_sample", EMPDEN.sample_job("public_only/s{seed}"))
     threads: TORCH_THREADS
     resources:
         gpu=1,
@@ -115,11 +110,80 @@ rule empden_sample_public_only:
         " --out samples={output.samples:q} --params {params.p:q} --log {log:q}"
 
 
+if EMPDEN.sharded:
+
+    rule empden_gather:
+        """A sharded cell's shards joined (sampling.shards): its samples, bit-equal to one job's, and its
+        transcript of one line per shard, each written by its shard (pipeline/shards.py)."""
+        input:
+            unpack(EMPDEN.gather_inputs),
+        output:
+            samples=EMPDEN.samples / "{method}" / "{rest}.npz",
+            manifest=EMPDEN.samples / "{method}" / "{rest}.json",
+            ledger=EXPDIR / "ledger" / "empden_sample_{method}_{rest}.jsonl",
+        wildcard_constraints:
+            method="hybrid|per_step|full_batch",
+            rest="[^/]+",
+        params:
+            ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+            outs=lambda wildcards, output: io_args("--out", {k: v for k, v in output.items() if k != "manifest"}),
+            p=EMPDEN.gather_params,
+        log:
+            LOGS / "empden_gather" / "{method}_{rest}.log",
+        benchmark:
+            benchmark_path("empden_gather", "{method}/{rest}")
+        threads: 1
+        resources:
+            mem_mb=EMPDEN.gather_mem_mb,
+            runtime=10,
+        conda:
+            CPU_ENV
+        shell:
+            "python -m pipeline empden_gather {params.ins} {params.outs} --params {params.p:q} --log {log:q}"
+
+    use rule empden_gather as empden_gather_public_only with:
+        output:
+            samples=EMPDEN.samples / "{method}" / "{rest}.npz",
+            manifest=EMPDEN.samples / "{method}" / "{rest}.json",
+        wildcard_constraints:
+            method="public_only",
+            rest="[^/]+",
+
+
+    rule empden_features:
+        """One shard's features in the evaluation's feature space (FID/KID/precision-recall merge them)."""
+        input:
+            samples=EMPDEN.samples / "shards" / "{cell}" / "{shard}.npz",
+            evalnet=EVALUATION.evalnet_model,
+        output:
+            features=EXPDIR / "eval" / "empden" / "shards" / "{cell}" / "{shard}.features.npz",
+        wildcard_constraints:
+            cell=CELL_PATTERN,
+            shard="[0-9]+",
+        params:
+            p=EVALUATION.features_params(),
+        log:
+            LOGS / "empden_features" / "{cell}" / "{shard}.log",
+        benchmark:
+            benchmark_path("empden_features", "{cell}/shard{shard}")
+        threads: TORCH_THREADS
+        resources:
+            gpu=1,
+            mem_mb=6000,
+            runtime=cost.evaluation_runtime_min(config),
+        conda:
+            GPU_ENV
+        shell:
+            "python -m pipeline extract_features --in samples={input.samples:q} evalnet={input.evalnet:q}"
+            " --out features={output.features:q} --params {params.p:q} --log {log:q}"
+
+
 rule empden_evaluate:
     """Score one cell's samples with the evaluation core (FID/KID/precision-recall vs the test split; FID vs
-    val, which chooses Table 2's best cell)."""
+    val, which chooses Table 2's best cell); sharded, from its shards' features."""
     input:
         unpack(EVALUATION.clip_inputs),
+        unpack(EMPDEN.features_inputs),
         samples=EMPDEN.samples / "{cell}.npz",
         test=DATA / "test.npz",
         val=DATA / "val.npz",
@@ -130,7 +194,9 @@ rule empden_evaluate:
         cell=CELL_PATTERN,
     params:
         p=lambda wildcards: EVALUATION.evaluate_params(f"empden/{wildcards.cell}"),
-        clip=EVALUATION.clip_arg,
+        # the CLIP model and, sharded, the shards' features ("" where neither applies); one param, so that an
+        # unsharded job's command and params are what they were before sharding existed (nothing reruns)
+        clip=lambda wildcards, input: EVALUATION.clip_arg(wildcards, input) + EMPDEN.features_args(wildcards, input),
     log:
         LOGS / "empden_evaluate" / "{cell}.log",
     benchmark:

@@ -19,6 +19,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: the longest tests of the slow and preset tiers (minutes each; tests/presets run the STRAIGHTDP presets longest),
+#: started first: those tiers run one pytest-xdist worker per core (Makefile test-slow, .ci/run), and a long test
+#: picked up last would run alone while the other core idles
+LONGEST_FIRST = ("test_embedded_default_end_to_end_tiny", "test_preset_runs_end_to_end_at_tiny_size[straightdp_kmnist]",
+                 "test_preset_runs_end_to_end_at_tiny_size[straightdp_fashion]",
+                 "test_preset_runs_end_to_end_at_tiny_size[cifar10]")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collection order, but the :data:`LONGEST_FIRST` tests first (a stable sort: the rest keep theirs)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.name, len(rank)))
+
 
 @pytest.fixture(scope="session")
 def repo() -> Path:

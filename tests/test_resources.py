@@ -34,6 +34,10 @@ def test_every_cost_model_is_a_positive_integer_of_the_default_config():
     (cost.dpdm_sample_runtime_min, {"dpdm": {"sampling": {"n_samples": 500}}},
      {"dpdm": {"sampling": {"n_samples": 50000}}}),
     (cost.empden_sample_runtime_min, {"empden": {"n_out": 100}}, {"empden": {"n_out": 100000}}),
+    # a shard asks for its share of the cell's time (100,000 outputs in batches of 256: 391 batches)
+    (cost.empden_sample_runtime_min, {"empden": {"n_out": 100000}, "sampling": {"shards": 8}},
+     {"empden": {"n_out": 100000}, "sampling": {"shards": 2}}),
+    (cost.empden_gather_mem_mb, {"empden": {"n_out": 1000}}, {"empden": {"n_out": 1000000}}),
     (cost.empden_diagnostics_runtime_min, {"empden_diagnostics": {"n_trajectories": 64}},
      {"empden_diagnostics": {"n_trajectories": 20000}}),
     (cost.evalnet_runtime_min, {"evaluation": {"evalnet": {"epochs": 1}}},

@@ -63,14 +63,23 @@ def _gpu_rules(stdout: str) -> dict[str, str]:
 
 
 def test_dry_run_slurm_profile_requests_gpus(repo, tmp_path):
+    """GPU jobs go to the GPU partition; with EMPDEN's cells sharded (sampling.shards: 3, batches of 100 of the
+    quick tour's 250 outputs), each cell is three sampling and three feature jobs on GPUs and a CPU gather."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results")}))
+    cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "sampling": {"shards": 3},
+                                   "empden": {"batch_size": 100}}))
     res = snakemake(repo, "-n", "--profile", "profiles/slurm", "all", "--configfile", str(cfg),
                     env={"DPGEN_SLURM_PARTITION": "gpu_part"})
     assert res.returncode == 0, res.stderr
     gpu = _gpu_rules(res.stdout)
     assert "train_evalnet" in gpu and "evaluate_reference_real" in gpu
     assert all("slurm_partition=gpu_part" in line for line in gpu.values())
+    jobs = planned_jobs(res.stdout)
+    cells = jobs["empden_evaluate"]
+    assert jobs["empden_gather"] + jobs["empden_gather_public_only"] == cells
+    assert jobs["empden_features"] == 3 * cells
+    assert sum(jobs[f"empden_sample_{m}"] for m in ("subsampled", "full_batch", "public_only")) == 3 * cells
+    assert "empden_features" in gpu and "empden_sample_subsampled" in gpu and "empden_gather" not in gpu
 
 
 def test_profile_by_name_after_make_slurm_profile(repo, tmp_path):
@@ -248,8 +257,9 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     save_unet(public_model, sample_size=12, num_class_embeds=11, norm_num_groups=8)
     pretrain = {"source": "diffusers", "path": str(public_model)}
     cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(results), "pretrain": pretrain}))
-    # ~7 min alone on 2 cores (every method at a toy size, ~100 jobs): the guard against a hang is wider
-    res = snakemake(repo, "--cores", "2", "all", "--configfile", str(cfg), timeout=1500)
+    # ~15 min on 2 cores beside the rest of the slow tier (every method at a toy size, ~130 jobs; make test-slow
+    # runs two tests at once): the guard against a hang is wider, for a slower CI machine
+    res = snakemake(repo, "--cores", "2", "all", "--configfile", str(cfg), timeout=2700)
     assert res.returncode == 0, res.stderr[-3000:]
     assert not (repo / "out").exists() and not (tmp_path / "out").exists()
     table = pd.read_parquet(results / "tables" / "reference_real.parquet")

@@ -41,8 +41,8 @@ from torch.utils.data import Dataset
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
 from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_features_to_statistics, fid_statistics_to_metric
-from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD
-from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL
+from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_featuresdict_to_metric
+from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL, prc_featuresdict_to_metric
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_from_input_id_cached
 
@@ -169,67 +169,114 @@ def _feature_space(feature_extractor: str, evalnet_path: str | os.PathLike,
     return name, str(weights), name == INCEPTION_EXTRACTOR
 
 
+def _kwargs(samples: Split, reference: Split | None, *, name: str, weights: str, rgb: bool, cache_root: str,
+            batch_size: int, device: torch.device, verbose: bool, **metric_kwargs: Any) -> dict[str, Any]:
+    """torch-fidelity's keyword arguments for in-memory uint8 inputs (``input2`` only with a reference)."""
+    return dict(input1=UInt8Images(samples.images, rgb=rgb), input1_cache_name="samples",
+                **({} if reference is None else {"input2": UInt8Images(reference.images, rgb=rgb),
+                                                 "input2_cache_name": "reference"}),
+                cache=True, cache_root=cache_root, feature_extractor=name, feature_extractor_weights_path=weights,
+                batch_size=batch_size, cuda=device.type == "cuda",
+                save_cpu_ram=True,  # in-memory data: no DataLoader worker processes
+                verbose=verbose, **metric_kwargs)
+
+
+def _layer(name: str) -> str:
+    """The feature layer FID, KID and precision-recall read in extractor ``name`` (one layer for all three)."""
+    return FEATURE_EXTRACTORS_REGISTRY[name].get_default_feature_layer_for_metric("fid")
+
+
+def extract_features(samples: Split, *, evalnet_path: str | os.PathLike, feature_extractor: str = "evalnet",
+                     inception_weights: str | os.PathLike | None = None, batch_size: int = 256,
+                     device: torch.device = torch.device("cpu"), verbose: bool = False) -> torch.Tensor:
+    """The features [n, D] FID/KID/precision-recall read of ``samples`` (the feature space's FID layer): what one
+    shard's features job writes (``sampling.shards``) and :func:`fidelity_metrics` merges."""
+    name, weights, rgb = _feature_space(feature_extractor, evalnet_path, inception_weights)
+    layer = _layer(name)
+    with tempfile.TemporaryDirectory(prefix="dpgen-fidelity-") as cache_root, _on_device(device):
+        kwargs = _kwargs(samples, None, name=name, weights=weights, rgb=rgb, cache_root=cache_root,
+                         batch_size=batch_size, device=device, verbose=verbose)
+        extractor = create_feature_extractor(name, [layer], **kwargs)
+        return extract_featuresdict_from_input_id_cached(1, extractor, **kwargs)[layer]
+
+
 def fidelity_metrics(samples: Split, reference: Split, *, evalnet_path: str | os.PathLike,
                      feature_extractor: str = "evalnet", inception_weights: str | os.PathLike | None = None,
                      batch_size: int = 256, kid_subsets: int = 100, kid_subset_size: int = 500,
                      prc_neighborhood: int = 3, per_class: bool = True, seed: int = 0,
-                     device: torch.device = torch.device("cpu"), verbose: bool = False) -> dict[str, Any]:
+                     device: torch.device = torch.device("cpu"), verbose: bool = False,
+                     sample_features: torch.Tensor | None = None) -> dict[str, Any]:
     """FID, KID (mean, std), precision and recall of ``samples`` against ``reference``.
 
-    All four come from one :func:`torch_fidelity.calculate_metrics` call in the chosen
-    feature space. ``kid_subset_size`` is capped at the smaller set (KID needs subsets of
-    equal size from both; the value used is returned). With ``per_class``, also the FID of
-    each class ``c`` of the reference (``fid_class_<c>``: samples conditioned on ``c`` vs.
-    reference images of ``c``, ``None`` when either side has fewer than 2) and their mean
-    ``fid_class_mean``, from torch-fidelity's FID statistics on the features the call
-    above extracted. Keys: ``fid``, ``kid_mean``, ``kid_std``, ``kid_subset_size``,
-    ``precision``, ``recall``, ``prc_neighborhood``, ``feature_extractor``, ``fid_class_*``.
+    All four come from torch-fidelity's own functions (the ones
+    :func:`torch_fidelity.calculate_metrics` runs: FID statistics, KID's subsets with ``rng_seed``,
+    precision-recall's k-NN radii) on the features of both sets in the chosen feature space.
+    ``sample_features`` ([len(samples), D], :func:`extract_features`; e.g. the shards' features of a
+    sharded cell, concatenated in order) stands in for extracting the samples' own. ``kid_subset_size``
+    is capped at the smaller set (KID needs subsets of equal size from both; the value used is
+    returned). With ``per_class``, also the FID of each class ``c`` of the reference (``fid_class_<c>``:
+    samples conditioned on ``c`` vs. reference images of ``c``, ``None`` when either side has fewer than
+    2) and their mean ``fid_class_mean``. Keys: ``fid``, ``kid_mean``, ``kid_std``,
+    ``kid_subset_size``, ``precision``, ``recall``, ``prc_neighborhood``, ``feature_extractor``,
+    ``fid_class_*``.
     """
     name, weights, rgb = _feature_space(feature_extractor, evalnet_path, inception_weights)
     smallest = max(2, prc_neighborhood + 1)  # a covariance needs 2 rows; k-NN radii need k+1
     if len(samples) < smallest or len(reference) < smallest:
         raise PipelineError(f"FID/precision-recall (k={prc_neighborhood}) need at least {smallest} images per set, "
                             f"got {len(samples)} samples and {len(reference)} reference images")
+    if sample_features is not None and sample_features.shape[0] != len(samples):
+        raise PipelineError(f"{sample_features.shape[0]} sample features for {len(samples)} samples (the shards' "
+                            f"features and the joined samples disagree)")
     subset = min(kid_subset_size, len(samples), len(reference))
+    layer = _layer(name)
     with tempfile.TemporaryDirectory(prefix="dpgen-fidelity-") as cache_root, _on_device(device):
-        kwargs = dict(
-            input1=UInt8Images(samples.images, rgb=rgb), input2=UInt8Images(reference.images, rgb=rgb),
-            input1_cache_name="samples", input2_cache_name="reference", cache=True, cache_root=cache_root,
-            feature_extractor=name, feature_extractor_weights_path=str(weights),
-            fid=True, kid=True, prc=True, kid_subsets=kid_subsets, kid_subset_size=subset,
-            prc_neighborhood=prc_neighborhood, batch_size=batch_size, rng_seed=seed,
-            cuda=device.type == "cuda", save_cpu_ram=True,  # in-memory data: no DataLoader worker processes
-            verbose=verbose,
-        )
-        raw = torch_fidelity.calculate_metrics(**kwargs)
-        out: dict[str, Any] = {
-            "fid": float(raw[KEY_METRIC_FID]), "kid_mean": float(raw[KEY_METRIC_KID_MEAN]),
-            "kid_std": float(raw[KEY_METRIC_KID_STD]), "kid_subset_size": subset,
-            "precision": float(raw[KEY_METRIC_PRECISION]), "recall": float(raw[KEY_METRIC_RECALL]),
-            "prc_neighborhood": prc_neighborhood, "feature_extractor": feature_extractor,
-        }
-        if per_class:
-            layer = FEATURE_EXTRACTORS_REGISTRY[name].get_default_feature_layer_for_metric("fid")
-            extractor = create_feature_extractor(name, [layer], **kwargs)
-            feats = [extract_featuresdict_from_input_id_cached(i, extractor, **kwargs)[layer] for i in (1, 2)]
-            out.update(per_class_fid(feats[0], samples.labels, feats[1], reference.labels))
+        kwargs = _kwargs(samples, reference, name=name, weights=weights, rgb=rgb, cache_root=cache_root,
+                         batch_size=batch_size, device=device, verbose=verbose, kid_subsets=kid_subsets,
+                         kid_subset_size=subset, prc_neighborhood=prc_neighborhood, rng_seed=seed)
+        extractor = create_feature_extractor(name, [layer], **kwargs)
+        feats = [sample_features if sample_features is not None
+                 else extract_featuresdict_from_input_id_cached(1, extractor, **kwargs)[layer],
+                 extract_featuresdict_from_input_id_cached(2, extractor, **kwargs)[layer]]
+        if feats[0].shape[1:] != feats[1].shape[1:]:
+            raise PipelineError(f"sample features are {list(feats[0].shape[1:])}-dimensional, the {feature_extractor} "
+                                f"space's {list(feats[1].shape[1:])} (features of another feature extractor)")
+        dicts = [{layer: f} for f in feats]
+        fid = fid_statistics_to_metric(fid_features_to_statistics(feats[0]), fid_features_to_statistics(feats[1]),
+                                       verbose)[KEY_METRIC_FID]
+        kid = kid_featuresdict_to_metric(*dicts, layer, **kwargs)
+        prc = prc_featuresdict_to_metric(*dicts, layer, **kwargs)
+    out: dict[str, Any] = {
+        "fid": float(fid), "kid_mean": float(kid[KEY_METRIC_KID_MEAN]), "kid_std": float(kid[KEY_METRIC_KID_STD]),
+        "kid_subset_size": subset, "precision": float(prc[KEY_METRIC_PRECISION]),
+        "recall": float(prc[KEY_METRIC_RECALL]), "prc_neighborhood": prc_neighborhood,
+        "feature_extractor": feature_extractor,
+    }
+    if per_class:
+        out.update(per_class_fid(feats[0], samples.labels, feats[1], reference.labels))
     return out
 
 
 def fid_only(samples: Split, reference: Split, *, evalnet_path: str | os.PathLike, feature_extractor: str = "evalnet",
              inception_weights: str | os.PathLike | None = None, batch_size: int = 256,
-             device: torch.device = torch.device("cpu")) -> float:
+             device: torch.device = torch.device("cpu"), sample_features: torch.Tensor | None = None) -> float:
     """FID of ``samples`` against ``reference`` alone (torch-fidelity, the same feature space as
-    :func:`fidelity_metrics`): what a rule that chooses on the validation split reads."""
+    :func:`fidelity_metrics`): what a rule that chooses on the validation split reads. ``sample_features``:
+    as in :func:`fidelity_metrics`."""
     name, weights, rgb = _feature_space(feature_extractor, evalnet_path, inception_weights)
     if len(samples) < 2 or len(reference) < 2:
         raise PipelineError(f"FID needs at least 2 images per set, got {len(samples)} and {len(reference)}")
-    with _on_device(device):
-        raw = torch_fidelity.calculate_metrics(
-            input1=UInt8Images(samples.images, rgb=rgb), input2=UInt8Images(reference.images, rgb=rgb),
-            feature_extractor=name, feature_extractor_weights_path=str(weights), fid=True, batch_size=batch_size,
-            cuda=device.type == "cuda", save_cpu_ram=True, verbose=False)
-    return float(raw[KEY_METRIC_FID])
+    if sample_features is None:
+        with _on_device(device):
+            raw = torch_fidelity.calculate_metrics(
+                input1=UInt8Images(samples.images, rgb=rgb), input2=UInt8Images(reference.images, rgb=rgb),
+                feature_extractor=name, feature_extractor_weights_path=str(weights), fid=True,
+                batch_size=batch_size, cuda=device.type == "cuda", save_cpu_ram=True, verbose=False)
+        return float(raw[KEY_METRIC_FID])
+    ref = extract_features(reference, evalnet_path=evalnet_path, feature_extractor=feature_extractor,
+                           inception_weights=inception_weights, batch_size=batch_size, device=device)
+    return float(fid_statistics_to_metric(fid_features_to_statistics(sample_features), fid_features_to_statistics(ref),
+                                          False)[KEY_METRIC_FID])
 
 
 def per_class_fid(features: torch.Tensor, labels: np.ndarray, ref_features: torch.Tensor,

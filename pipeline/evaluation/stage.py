@@ -24,10 +24,15 @@ input ``val`` (the validation split), ``fid_val`` (FID against val) and ``acc_<c
 
 Samples whose label is negative count as unconditional: they enter FID/KID/PRC but not the
 label-aware metrics or the downstream classifiers.
+
+A sharded run (``sampling.shards``) hands in its shards' features (``--in features_0=... features_1=...``,
+stage ``extract_features``, one per shard, in shard order): FID, KID, precision-recall and ``fid_val``
+are computed from them merged instead of extracting the joined samples' own.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -38,7 +43,7 @@ import numpy as np
 
 from pipeline.device import resolve_device
 from pipeline.evaluation.evalnet import evaluation_section, load_evalnet, load_labelled_split
-from pipeline.io import Split, write_json
+from pipeline.io import Split, atomic_path, read_manifest, write_json
 from pipeline.stage import PipelineError, stage
 
 log = logging.getLogger(__name__)
@@ -79,9 +84,69 @@ def domain_rate(samples: Split, private: Split, public: Split, *, seed: int = 0,
     return float(np.mean(clf.predict(samples.images.reshape(len(samples), -1) / 255.0) == 1))
 
 
+#: format of a features file (stage extract_features)
+FEATURES_FORMAT = "dpgen-features/1"
+
+
+def save_features(path: str | Path, features: Any, *, feature_extractor: str, samples_sha256: str) -> None:
+    """One shard's features [n, D] with the feature space and the samples they are of (atomic)."""
+    meta = {"format": FEATURES_FORMAT, "feature_extractor": feature_extractor, "samples_sha256": samples_sha256}
+    with atomic_path(path, suffix=".npz") as tmp:
+        np.savez(tmp, features=features.detach().cpu().numpy(), meta=np.array(json.dumps(meta)))
+
+
+def load_features(paths: list[Path], *, feature_extractor: str) -> Any:
+    """The features of ``paths`` (shard order) concatenated; each must be of ``feature_extractor``'s space."""
+    import torch
+
+    parts = []
+    for path in paths:
+        try:
+            with np.load(path) as z:
+                meta, features = json.loads(str(z["meta"])), z["features"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise PipelineError(f"features {path}: unreadable ({exc}); rerun its extract_features job") from None
+        if meta.get("format") != FEATURES_FORMAT or meta.get("feature_extractor") != feature_extractor:
+            raise PipelineError(f"features {path}: {meta.get('format')} in {meta.get('feature_extractor')!r} space, "
+                                f"expected {FEATURES_FORMAT} in {feature_extractor!r} (evaluation.feature_extractor)")
+        parts.append(torch.from_numpy(features))
+    return torch.cat(parts)
+
+
+def features_inputs(inputs: Mapping[str, Path]) -> list[Path]:
+    """``features_0 .. features_<S-1>`` of a stage's inputs in shard order (none: the samples' own are extracted)."""
+    keys = [k for k in inputs if k.startswith("features_")]
+    expected = [f"features_{i}" for i in range(len(keys))]
+    if sorted(keys) != sorted(expected):
+        raise PipelineError(f"evaluate_samples: --in features_0 .. features_<S-1> expected, got {', '.join(keys)}")
+    return [Path(inputs[k]) for k in expected]
+
+
+@stage("extract_features", inputs=("samples", "evalnet"), outputs=("features",),
+       params={"evaluation": "the evaluation config section (feature_extractor, inception_weights, batch_size)",
+               "device": "auto | cpu | cuda[:N]", "threads": "torch CPU threads (default 1)"})
+def extract_features_stage(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """The features FID/KID/precision-recall read, of one shard's samples (``sampling.shards``): the evaluation of
+    the joined samples merges them."""
+    import torch
+
+    from pipeline.evaluation.fidelity import extract_features
+
+    torch.set_num_threads(int(params.get("threads", 1)))
+    cfg = evaluation_section(params.get("evaluation"))
+    samples = load_labelled_split(inputs["samples"], "samples")
+    feats = extract_features(samples, evalnet_path=inputs["evalnet"], feature_extractor=cfg["feature_extractor"],
+                             inception_weights=cfg["inception_weights"], batch_size=cfg["batch_size"],
+                             device=resolve_device(params.get("device", "auto")))
+    save_features(outputs["features"], feats, feature_extractor=cfg["feature_extractor"],
+                  samples_sha256=str(read_manifest(inputs["samples"])["sha256"]))
+    log.info("%s: features %s of %d samples", inputs["samples"], list(feats.shape[1:]), len(samples))
+
+
 def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluation: Mapping[str, Any] | None = None,
              seed: int = 0, device: str = "auto", verbose: bool = False, public: Split | None = None,
-             val: Split | None = None, clip_path: str | Path | None = None) -> dict[str, Any]:
+             val: Split | None = None, clip_path: str | Path | None = None,
+             sample_features: Any = None) -> dict[str, Any]:
     """All metrics of ``samples`` against the real ``test`` split (see the module doc for keys).
 
     ``evaluation`` is the config's ``evaluation`` section (validated, defaults filled);
@@ -89,7 +154,9 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
     validation split and the downstream accuracy on it (``fid_val``, ``acc_<classifier>_val``),
     which selection rules read; ``clip_path`` (a ``dpgen-clip/1`` file) adds ``clip_fd`` (Fréchet
     distance to test in CLIP image space) and ``clip_zero_shot_acc`` (the zero-shot class probe:
-    the fraction of samples whose nearest caption is their conditioning label's).
+    the fraction of samples whose nearest caption is their conditioning label's). ``sample_features``
+    (a sharded run's shards' features, merged): FID/KID/precision-recall and ``fid_val`` read them
+    instead of extracting the samples' own.
     """
     # torch-fidelity (with torchvision) and scikit-learn take seconds to import: loaded here,
     # not at module level, so `python -m pipeline evaluate_samples --help` stays quick.
@@ -111,10 +178,11 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
         samples, test, evalnet_path=evalnet_path, feature_extractor=cfg["feature_extractor"],
         inception_weights=cfg["inception_weights"], batch_size=cfg["batch_size"], kid_subsets=cfg["kid_subsets"],
         kid_subset_size=cfg["kid_subset_size"], prc_neighborhood=cfg["prc_neighborhood"], seed=seed, device=dev,
-        verbose=verbose))
+        verbose=verbose, sample_features=sample_features))
     if val is not None:
         out["fid_val"] = fid_only(samples, val, evalnet_path=evalnet_path, feature_extractor=cfg["feature_extractor"],
-                                  inception_weights=cfg["inception_weights"], batch_size=cfg["batch_size"], device=dev)
+                                  inception_weights=cfg["inception_weights"], batch_size=cfg["batch_size"], device=dev,
+                                  sample_features=sample_features)
     evalnet = load_evalnet(evalnet_path, device=dev)
     out["label_consistency"] = label_consistency(evalnet, samples, batch_size=cfg["batch_size"])
     down = cfg["downstream"]
@@ -136,6 +204,7 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
     "evaluate_samples",
     inputs=("samples", "test", "evalnet"),
     optional_inputs=("public", "val", "clip"),
+    any_inputs=True,  # features_0 .. features_<S-1> of a sharded run (checked by features_inputs)
     outputs=("metrics",),
     params={
         "evaluation": "the evaluation config section (feature_extractor, kid_*, prc_neighborhood, downstream, ...)",
@@ -155,11 +224,19 @@ def evaluate_samples(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     test = load_labelled_split(inputs["test"], "test")
     if not Path(inputs["evalnet"]).is_file():
         raise PipelineError(f"input evalnet: {inputs['evalnet']} not found (run the train_evalnet stage)")
+    unknown = sorted(k for k in inputs if k not in ("samples", "test", "evalnet", "public", "val", "clip")
+                     and not k.startswith("features_"))
+    if unknown:
+        raise PipelineError(f"stage evaluate_samples: unknown --in key {unknown[0]!r} (allowed: samples, test, evalnet, "
+                            f"public, val, clip, features_0 ..)")
     public = load_labelled_split(inputs["public"], "public") if "public" in inputs else None
     val = load_labelled_split(inputs["val"], "val") if "val" in inputs else None
+    shard_features = features_inputs(inputs)
+    features = (load_features(shard_features, feature_extractor=evaluation_section(params.get("evaluation"))[
+        "feature_extractor"]) if shard_features else None)
     metrics = evaluate(samples, test, evalnet_path=inputs["evalnet"], evaluation=params.get("evaluation"),
                        seed=int(params.get("seed", 0)), device=params.get("device", "auto"), verbose=True,
-                       public=public, val=val, clip_path=inputs.get("clip"))
+                       public=public, val=val, clip_path=inputs.get("clip"), sample_features=features)
     metrics = {"name": str(params.get("name", Path(inputs["samples"]).stem)), **metrics}
     log.info("%s: fid %.3f, label consistency %s, downstream %s", metrics["name"], metrics["fid"],
              metrics["label_consistency"], {k: v for k, v in metrics.items() if k.startswith("acc_")})

@@ -69,6 +69,12 @@ class Wiring:
         return params_json(evaluation=self.params(), seed=h.config["seed"], device=h.config["device"],
                            threads=h.torch_threads, name=name)
 
+    def features_params(self) -> str:
+        """Params of one extract_features job (a shard's samples' features, ``sampling.shards``): the evaluation
+        section, device and threads."""
+        h = self.house
+        return params_json(evaluation=self.params(), device=h.config["device"], threads=h.torch_threads)
+
     def evalnet_params(self) -> str:
         """Params of rule train_evalnet: the evalnet section, seed and device."""
         h = self.house

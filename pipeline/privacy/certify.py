@@ -53,7 +53,8 @@ def recompute_cached(entry: ledger.LedgerEntry) -> float:
 
 
 def composed_entry(entries: Sequence[ledger.LedgerEntry], *, mechanism: str = "composed") -> ledger.LedgerEntry:
-    """One line holding ``ComposedDpEvent`` of ``entries``' events under the LAST line's accountant.
+    """One line holding the composition of ``entries``' events (:func:`merged_composition`) under the LAST line's
+    accountant.
 
     Built as a line so that :func:`recompute` -- the replay's one function -- chooses the PLD
     settings and the reference construction: a run's composed eps (STRAIGHTDP's release + THA,
@@ -74,6 +75,25 @@ def composed_entry(entries: Sequence[ledger.LedgerEntry], *, mechanism: str = "c
         if e.accountant != last.accountant:
             raise PipelineError(f"lines {e.mechanism} and {last.mechanism}: accountant settings differ "
                                 f"({e.accountant} vs {last.accountant}); the composition needs one PLD grid")
-    composed = dp_event.ComposedDpEvent([e.dp_event() for e in entries])
+    composed = merged_composition([e.dp_event() for e in entries])
+    count = composed.count if isinstance(composed, dp_event.SelfComposedDpEvent) else last.count
     return dataclasses.replace(last, stage=mechanism, mechanism=mechanism, event=ledger.event_to_dict(composed),
-                               extra={})
+                               count=count, extra={})
+
+
+def merged_composition(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
+    """The composition of ``events``, where releases of one mechanism are one self-composition of their summed
+    count: ``SelfComposed(M, a)`` and ``SelfComposed(M, b)`` are ``SelfComposed(M, a + b)`` (composition is
+    associative and commutative, so the privacy loss is the same).
+
+    Why merge rather than nest: a sharded EMPDEN cell's S lines (pipeline.shards) release the same
+    block for parts of its outputs, and merged they are exactly the event the unsharded line accounts, so both
+    certify the same eps to the last bit (a PLD of a chain of compositions discretises differently from one
+    self-composition). Distinct mechanisms keep their order of first appearance.
+    """
+    groups: dict[str, list] = {}
+    for e in events:
+        inner, count = (e.event, e.count) if isinstance(e, dp_event.SelfComposedDpEvent) else (e, 1)
+        groups.setdefault(ledger.event_to_json(inner), [inner, 0])[1] += count
+    merged = [inner if count == 1 else dp_event.SelfComposedDpEvent(inner, count) for inner, count in groups.values()]
+    return merged[0] if len(merged) == 1 else dp_event.ComposedDpEvent(merged)

@@ -360,26 +360,38 @@ class LedgerSink:
     pld: acc.PLDSettings = field(default_factory=acc.PLDSettings)
     #: the run, experiment and private split the lines are bound to (the stages always give it)
     binding: ledger.Binding | None = None
+    #: the position of the sink's first line in its run's transcript: a shard of a sharded cell writes line
+    #: ``shard.index`` of the transcript its gather joins (pipeline.shards)
+    first_seq: int = 0
+    #: facts added to every line's ``extra`` (a shard's index and outputs)
+    extra: dict = field(default_factory=dict)
 
 
-def _claim(sink: LedgerSink, block: EmpdenBlock, *, extra: dict, gdp: bool = False) -> ledger.LedgerEntry:
+def claim_epsilon(sink: LedgerSink, block: EmpdenBlock) -> tuple[float, dict]:
+    """The eps (and the accountant's description) ``block``'s line claims under ``sink``'s settings, written
+    nowhere: what :func:`record_block` claims (a sharded cell's gather states its whole block's with it). A
+    full-batch block composes exactly in GDP (Sec. 3.2), the others by the sink's accountant."""
+    m = block.mechanism()
+    if block.scheme == "full_batch":
+        return acc.gdp_epsilon(sink.delta, acc.gdp_mu_of_event(m.event)), {"name": "gdp"}
+    if sink.accountant == "pld_pessimistic":
+        return (acc.pld_epsilon(m.event, sink.delta, settings=sink.pld),
+                {"name": "pld_pessimistic", **acc.describe(sink.pld)})
+    if sink.accountant == "rdp":
+        return acc.rdp_epsilon(m.event, sink.delta), {"name": "rdp"}
+    raise ValueError(f"ledger accountant must be pld_pessimistic or rdp, got {sink.accountant!r}")
+
+
+def _claim(sink: LedgerSink, block: EmpdenBlock, *, extra: dict) -> ledger.LedgerEntry:
     """Build, validate and append the block's ledger line; eps comes from the accountants, never from here."""
     m = block.mechanism()
-    if gdp:
-        eps, accountant = acc.gdp_epsilon(sink.delta, acc.gdp_mu_of_event(m.event)), {"name": "gdp"}
-    elif sink.accountant == "pld_pessimistic":
-        eps = acc.pld_epsilon(m.event, sink.delta, settings=sink.pld)
-        accountant = {"name": "pld_pessimistic", **acc.describe(sink.pld)}
-    elif sink.accountant == "rdp":
-        eps, accountant = acc.rdp_epsilon(m.event, sink.delta), {"name": "rdp"}
-    else:
-        raise ValueError(f"ledger accountant must be pld_pessimistic or rdp, got {sink.accountant!r}")
+    eps, accountant = claim_epsilon(sink, block)
     entry = ledger.LedgerEntry(
         stage=sink.stage, mechanism=block.mechanism_name, event=ledger.event_to_dict(m.event),
         sensitivity=m.sensitivity, noise_std=m.sensitivity / m.mu_core, sampling=block.sampling(),
         adjacency="add_or_remove_one", count=block.N_out, delta=sink.delta, claimed_epsilon=eps,
-        accountant=accountant, config_id=sink.config_id, seed=sink.seed, extra=extra)
-    return ledger.append_entry(sink.path, entry, sink.binding)
+        accountant=accountant, config_id=sink.config_id, seed=sink.seed, extra={**extra, **sink.extra})
+    return ledger.append_entry(sink.path, entry, sink.binding, first_seq=sink.first_seq)
 
 
 #: how v is normalised: ``constant`` is eq. 38 literally (Z = 1), ``public_marginal`` divides by
@@ -402,7 +414,7 @@ def record_block(sink: LedgerSink, block: EmpdenBlock, *, normaliser: Normaliser
     extra = {**block.schedule_extra(), "normaliser": normaliser}
     if block.scheme == "full_batch":
         return _claim(sink, block, extra={**extra, "mu_total": acc.gdp_mu_of_event(block.event),
-                                          "section": "EMPDEN Sec. 3.2"}, gdp=True)
+                                          "section": "EMPDEN Sec. 3.2"})
     if block.scheme == "per_output":
         return _claim(sink, block, extra={**extra, "mu_bar_B": block.mu_bar_B, "proposition": "EMPDEN Prop. 4.1"})
     return _claim(sink, block, extra={**extra, "proposition": "EMPDEN Prop. C.1"})

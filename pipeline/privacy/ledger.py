@@ -279,11 +279,13 @@ def _n_lines(path: Path) -> int:
         return sum(1 for _ in fh)
 
 
-def append_entry(path: str | Path, entry: LedgerEntry, binding: Binding | None = None) -> LedgerEntry:
+def append_entry(path: str | Path, entry: LedgerEntry, binding: Binding | None = None, *,
+                 first_seq: int = 0) -> LedgerEntry:
     """Append one line to the JSONL transcript and fsync it; returns the line as written.
 
     With ``binding`` the line is stamped with it and with its position ``seq`` in the transcript (the
-    number of lines already there): every line a stage writes is bound. One ``write`` of a line shorter
+    number of lines already there, after ``first_seq`` lines another job writes: a shard's transcript is a part
+    of its run's, pipeline.shards): every line a stage writes is bound. One ``write`` of a line shorter
     than the pipe buffer under ``O_APPEND`` lands whole even with concurrent writers; fsync makes it
     survive a crash of the stage that follows.
     """
@@ -291,7 +293,7 @@ def append_entry(path: str | Path, entry: LedgerEntry, binding: Binding | None =
     path.parent.mkdir(parents=True, exist_ok=True)
     if binding is not None:
         entry = dataclasses.replace(entry, run=binding.run, experiment=binding.experiment,
-                                    data_sha256=binding.data_sha256, seq=_n_lines(path))
+                                    data_sha256=binding.data_sha256, seq=first_seq + _n_lines(path))
     line = (entry.to_json() + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask applies, as for every output
     try:

@@ -33,6 +33,10 @@ from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.privacy.schedule import k_private_steps
 
 PublicDenoiser = Callable[[torch.Tensor, float], torch.Tensor]
+#: where a sampler's draws come from: one generator for every batch (a direct call), or one per batch of
+#: ``batch_size`` outputs keyed by the batch's index (the stage's, so that a batch's draws do not depend on
+#: which job samples it: ``sampling.shards``)
+Generators = torch.Generator | Callable[[int], torch.Generator]
 #: called with the number of outputs each finished batch added (e.g. a tqdm bar's ``update``)
 Progress = Callable[[int], object]
 
@@ -86,6 +90,12 @@ def _initial_state(b: int, d: int, sigma_max: float, data: emp.PreparedData,
     return sigma_max * torch.randn((b, d), generator=generator, device=data.x0.device, dtype=data.x0.dtype)
 
 
+def _per_chunk(generator: Generators) -> Callable[[int], torch.Generator]:
+    if isinstance(generator, torch.Generator):
+        return lambda _: generator
+    return generator
+
+
 def _chunks(n_out: int, batch_size: int) -> list[int]:
     if n_out < 1 or batch_size < 1:
         raise ValueError(f"need n_out >= 1 and batch_size >= 1, got {n_out}, {batch_size}")
@@ -93,7 +103,7 @@ def _chunks(n_out: int, batch_size: int) -> list[int]:
 
 
 def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, sink: emp.LedgerSink,
-                      generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=50),
+                      generator: Generators, schedule: EDMSchedule = EDMSchedule(N=50),
                       dtype: torch.dtype = torch.float64, batch_size: int = 256,
                       public_data: torch.Tensor | None = None, progress: Progress | None = None) -> torch.Tensor:
     """Full-batch private sampling from sigma_max down to sigma_min (EMPDEN Sec. 3.2, Sec. 5.1).
@@ -102,9 +112,11 @@ def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, 
     and the output is the state at sigma_min (vary ``schedule.sigma_min`` for the sigma_min sweep).
     ``public_data``: public records for the public-marginal normaliser (module docstring), or None.
     ``progress`` is called with each finished batch's number of outputs.
+    ``generator``: one for the whole call, or one per batch (:data:`Generators`).
     Returns [n_out, *data.shape[1:]] on the generator's device.
     """
-    device = generator.device
+    generator_of = _per_chunk(generator)
+    device = generator_of(0).device
     prep = emp.prepare_records(data, dtype=dtype, device=device)
     pub = prepare_public(public_data, prep)
     times = schedule.times()[: schedule.N]  # t_0 .. t_{N-1} = sigma_min
@@ -113,10 +125,11 @@ def sample_full_batch(data: torch.Tensor, *, n_out: int, C: float, beta: float, 
                         scheme="full_batch")
     emp.record_block(sink, block, normaliser=_normaliser_name(pub))
     out = []
-    for b in _chunks(n_out, batch_size):
-        x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
+    for c, b in enumerate(_chunks(n_out, batch_size)):
+        gen = generator_of(c)
+        x = _initial_state(b, prep.d, schedule.sigma_max, prep, gen)
         out.append(_private_block(x, prep, times, C=C, beta=beta, subset_for_step=lambda: None,
-                                  generator=generator, public=pub))
+                                  generator=gen, public=pub))
         if progress is not None:
             progress(b)
     return torch.cat(out).reshape(n_out, *data.shape[1:])
@@ -136,7 +149,7 @@ def hybrid_times(schedule: EDMSchedule, p_percent: float, T: int) -> tuple[int, 
 
 def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T: int,
                   public_denoiser: PublicDenoiser, C: float, beta: float, sink: emp.LedgerSink,
-                  generator: torch.Generator, schedule: EDMSchedule = EDMSchedule(N=39),
+                  generator: Generators, schedule: EDMSchedule = EDMSchedule(N=39),
                   resample: Literal["per_output", "per_step"] = "per_output",
                   dtype: torch.dtype = torch.float64, public_dtype: torch.dtype = torch.float32,
                   batch_size: int = 256, public_data: torch.Tensor | None = None,
@@ -151,10 +164,12 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
     (float64: see the precision note of :mod:`pipeline.privacy.empirical_denoiser`), the public
     part in ``public_dtype`` (a network's dtype). ``public_data``: public records for the
     public-marginal normaliser (module docstring), or None for eq. 38's constant. ``progress`` is
-    called with each finished batch's number of outputs.
+    called with each finished batch's number of outputs. ``generator``: one for the whole call, or one per
+    batch (:data:`Generators`).
     Returns [n_out, *data.shape[1:]] in ``public_dtype``.
     """
-    device = generator.device
+    generator_of = _per_chunk(generator)
+    device = generator_of(0).device
     k, t0, t1 = hybrid_times(schedule, p_percent, T)
     prep = emp.prepare_records(data, dtype=dtype, device=device)
     pub = prepare_public(public_data, prep)
@@ -166,17 +181,18 @@ def sample_hybrid(data: torch.Tensor, *, n_out: int, B: int, p_percent: float, T
     block = EmpdenBlock(schedule=schedule, k=k, C=C, beta=beta, B=B, n=prep.n, N_out=n_out, scheme=resample)
     emp.record_block(sink, block, normaliser=_normaliser_name(pub))
     out = []
-    for b in _chunks(n_out, batch_size):
-        x = _initial_state(b, prep.d, schedule.sigma_max, prep, generator)
+    for c, b in enumerate(_chunks(n_out, batch_size)):
+        gen = generator_of(c)
+        x = _initial_state(b, prep.d, schedule.sigma_max, prep, gen)
         if resample == "per_output":
-            subset = emp.draw_subsets(prep.n, B, b, generator=generator, device=device)
+            subset = emp.draw_subsets(prep.n, B, b, generator=gen, device=device)
             x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, subset_for_step=lambda: subset,
-                               generator=generator, public=pub)
+                               generator=gen, public=pub)
         else:
-            x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, generator=generator, public=pub,
-                               subset_for_step=lambda: emp.draw_subsets(prep.n, B, b, generator=generator,
+            x = _private_block(x, prep, times[: k + 1], C=C, beta=beta, generator=gen, public=pub,
+                               subset_for_step=lambda: emp.draw_subsets(prep.n, B, b, generator=gen,
                                                                         device=device))
-        x = renoise(x, t0, t1, generator=generator).reshape(b, *data.shape[1:]).to(public_dtype)
+        x = renoise(x, t0, t1, generator=gen).reshape(b, *data.shape[1:]).to(public_dtype)
         out.append(edm_heun(x, public_denoiser, times[k - T:]))
         if progress is not None:
             progress(b)

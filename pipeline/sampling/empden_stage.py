@@ -40,11 +40,12 @@ from pipeline.device import resolve_device
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.images import to_uint8 as images_to_uint8
 from pipeline.images import to_unit_scale
-from pipeline.io import Split, load_split, save_split
+from pipeline.io import Split, atomic_path, load_split, read_manifest, save_split
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
 from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
+from pipeline import shards
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
 from pipeline.stage import PipelineError, stage
@@ -170,30 +171,39 @@ def _public_denoiser(path: Path | None, *, shape: tuple[int, ...], device: torch
     return denoise
 
 
+def chunk_generators(cell: Cell, *, first_chunk: int = 0,
+                     device: torch.device | str = "cpu") -> empden.Generators:
+    """The generator of each batch of a cell's run, keyed by the batch's index in the run (``first_chunk`` +
+    its index in this job): a batch draws the same numbers whichever shard samples it (pipeline.shards)."""
+    return lambda c: seeds.torch_generator("empden.chunk", cell.seed, first_chunk + c, device=device)
+
+
 def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser | None, shape: tuple[int, ...],
              accounting: Mapping[str, Any], n_out: int, sink: emp.LedgerSink | None, device: torch.device,
              batch_size: int = 256, public_data: torch.Tensor | None = None,
-             progress: empden.Progress | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+             progress: empden.Progress | None = None, first_chunk: int = 0) -> tuple[torch.Tensor, dict[str, Any]]:
     """Sample ``n_out`` outputs of ``cell``; return them in [-1, 1] scale and the cell's privacy facts.
 
     The facts (k, t0, t1, n, q_B, mu_bar_B, C used, normaliser) go into the samples' manifest, so
     the tables can recompute every eps from the cell alone. ``public_data`` (model scale): the
     records of the public-marginal normaliser, None for eq. 38's constant one. ``progress`` is
-    called with the number of outputs each finished batch added.
+    called with the number of outputs each finished batch added. ``first_chunk``: the index in the
+    cell's run of this call's first batch of ``batch_size`` outputs (a shard's; 0 for the whole run).
     """
-    gen = seeds.torch_generator("empden.sampling", cell.seed, device=device)
+    gen = chunk_generators(cell, first_chunk=first_chunk, device=device)
     sched = schedule_of(cell, accounting)
     facts: dict[str, Any] = {**cell.as_dict(), "n_out": n_out, "N": sched.N, "sigma_max": sched.sigma_max,
                              "rho": sched.rho, "sigma_min_schedule": sched.sigma_min,
                              "normaliser": "constant" if public_data is None else "public_marginal",
                              "normaliser_n": None if public_data is None else int(public_data.shape[0])}
     if cell.method == "public_only":
-        x = sched.sigma_max * torch.randn((n_out, *shape), generator=gen, device=device)
         chunks = []
-        for chunk in x.split(batch_size):
-            chunks.append(empden.edm_heun(chunk, public, sched.times()))
+        for c, start in enumerate(range(0, n_out, batch_size)):
+            b = min(batch_size, n_out - start)
+            x = sched.sigma_max * torch.randn((b, *shape), generator=gen(c), device=device)
+            chunks.append(empden.edm_heun(x, public, sched.times()))
             if progress is not None:
-                progress(len(chunk))
+                progress(b)
         out = torch.cat(chunks)
         # no empirical denoiser runs, so no normaliser either
         return out, {**facts, "k_steps": 0, "n": None, "q_B": 0.0, "mu_bar_B": 0.0, "normaliser": None,
@@ -221,20 +231,48 @@ def run_cell(cell: Cell, *, private: Split | None, public: empden.PublicDenoiser
     return out, {**facts, **block.facts(), "t1": t1}
 
 
-@stage("empden_sample", inputs=("private",), outputs=("samples",), optional_inputs=("public", "public_data"),
-       optional_outputs=("ledger",), params=PARAMS_DOC)
-def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """One EMPDEN cell (hybrid, per_step, full_batch or public_only): samples as a split, one ledger line."""
+def _pld_sink(accounting: Mapping[str, Any], **kwargs: Any) -> emp.LedgerSink:
+    """A cell's ledger sink with the accounting section's delta and PLD grid."""
+    return emp.LedgerSink(stage="empden_sample", delta=float(accounting["delta"]),
+                          pld=acc.PLDSettings(float(accounting["discretisation"]),
+                                              float(accounting["log_mass_truncation"])), **kwargs)
+
+
+def _cell_of(params: Mapping[str, Any], stage_name: str) -> Cell:
     try:
-        cell = Cell(**{k: v for k, v in params["cell"].items() if k != "cell"})
+        return Cell(**{k: v for k, v in params["cell"].items() if k != "cell"})
     except (KeyError, TypeError, ValueError) as exc:
-        raise PipelineError(f"empden_sample: bad params.cell ({exc})") from None
+        raise PipelineError(f"{stage_name}: bad params.cell ({exc})") from None
+
+
+def _run_size(params: Mapping[str, Any], stage_name: str) -> tuple[int, int]:
+    """(n_out, batch_size) of the cell's whole run, checked."""
+    n_out, batch_size = int(params.get("n_out", 0)), int(params.get("batch_size", 256))
+    if n_out < 1:
+        raise PipelineError(f"{stage_name}: n_out must be >= 1, got {n_out}")
+    if batch_size < 1:
+        raise PipelineError(f"{stage_name}: batch_size must be >= 1, got {batch_size}")
+    return n_out, batch_size
+
+
+@stage("empden_sample", inputs=("private",), outputs=("samples",), optional_inputs=("public", "public_data"),
+       optional_outputs=("ledger",),
+       params={**PARAMS_DOC, "shard": "{index, of}: sample only this shard's batches of the cell's n_out "
+                                      "(pipeline.shards; absent: the whole run)"})
+def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """One EMPDEN cell (hybrid, per_step, full_batch or public_only), or one shard of it: samples as a split, one
+    ledger line."""
+    cell = _cell_of(params, "empden_sample")
     accounting = params.get("accounting")
     if not accounting:
         raise PipelineError("empden_sample: params need the config's `accounting` section")
-    n_out = int(params.get("n_out", 0))
-    if n_out < 1:
-        raise PipelineError(f"empden_sample: n_out must be >= 1, got {n_out}")
+    n_run, batch_size = _run_size(params, "empden_sample")
+    try:
+        shard = shards.shard_of(params.get("shard"))
+        start, stop = (0, n_run) if shard is None else shard.outputs(n_run, batch_size)
+    except ValueError as exc:
+        raise PipelineError(f"empden_sample: {exc}") from None
+    n_out = stop - start
     torch.set_num_threads(int(params.get("threads", 1)))
     device = resolve_device(params.get("device", "auto"))
     config_id = str(params.get("config_id", "unknown"))
@@ -247,25 +285,25 @@ def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     if cell.method != "full_batch":
         public = _public_denoiser(inputs.get("public"), shape=shape, device=device)
     sink = None
+    shard_facts = {} if shard is None else {"shard": {**shard.as_dict(), "outputs": [start, stop]}}
     if cell.private:
         if "ledger" not in outputs:
             raise PipelineError(f"empden_sample: a {cell.method} cell reads private data and needs --out ledger=PATH")
         # A rerun replaces the cell's transcript: it describes the samples this run writes.
         Path(outputs["ledger"]).unlink(missing_ok=True)
-        sink = emp.LedgerSink(path=Path(outputs["ledger"]), stage="empden_sample", config_id=config_id,
-                              seed=cell.seed, delta=float(accounting["delta"]),
-                              pld=acc.PLDSettings(float(accounting["discretisation"]),
-                                                  float(accounting["log_mass_truncation"])),
-                              binding=ledger.binding_of(params, stage="empden_sample",
-                                                        data_sha256=manifest_sha256(inputs["private"], "private")))
-    log.info("empden_sample %s: n_out=%d on %s", cell.name, n_out, device)
+        # a shard's line is line `index` of the cell's transcript (its gather joins them in order)
+        sink = _pld_sink(accounting, path=Path(outputs["ledger"]), config_id=config_id, seed=cell.seed,
+                         binding=ledger.binding_of(params, stage="empden_sample",
+                                                   data_sha256=manifest_sha256(inputs["private"], "private")),
+                         first_seq=0 if shard is None else shard.index, extra=shard_facts)
+    log.info("empden_sample %s: outputs [%d, %d) of %d on %s", cell.name, start, stop, n_run, device)
     # A paper-scale cell samples for hours: the bar (stderr, i.e. the job's log) shows outputs
     # done, elapsed time and the ETA after every batch, at most every PROGRESS_INTERVAL_S seconds.
     with tqdm(total=n_out, desc=f"empden_sample {cell.name}", unit="img", mininterval=PROGRESS_INTERVAL_S) as bar:
         x, facts = run_cell(cell, private=private if cell.private else None, public=public, shape=shape,
                             accounting=accounting, n_out=n_out, sink=sink, device=device,
-                            batch_size=int(params.get("batch_size", 256)), public_data=public_data,
-                            progress=bar.update)
+                            batch_size=batch_size, public_data=public_data, progress=bar.update,
+                            first_chunk=start // batch_size)
     if sink is not None:
         entries = [e for _, e in ledger.read_ledger(sink.path)]
         facts["claimed_epsilon"] = entries[-1].claimed_epsilon
@@ -276,7 +314,91 @@ def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     images = to_uint8(x.reshape(n_out, *shape))
     save_split(outputs["samples"], Split(images, np.full(n_out, UNCONDITIONAL, dtype=np.int64)),
                name=f"empden_{cell.name}", source="empden_sample", seed=cell.seed,
-               extra={"empden": facts, "config_id": config_id})
+               extra={"empden": {**facts, **shard_facts}, "config_id": config_id})
+
+
+#: the facts of a cell's manifest that depend on how many outputs a job drew (its gather states them for the cell)
+PER_OUTPUTS_FACTS = ("n_out", "claimed_epsilon", "mu_total")
+
+
+def _shard_parts(inputs: Mapping[str, Path], prefix: str) -> list[Path]:
+    """``<prefix>_0``, ``<prefix>_1``, ... of the inputs, in shard order."""
+    keys = sorted((k for k in inputs if k.startswith(f"{prefix}_")), key=lambda k: int(k.rsplit("_", 1)[1]))
+    if [k.rsplit("_", 1)[1] for k in keys] != [str(i) for i in range(len(keys))]:
+        raise PipelineError(f"empden_gather: inputs {prefix}_0 .. {prefix}_<S-1> expected, got {', '.join(keys)}")
+    return [Path(inputs[k]) for k in keys]
+
+
+def _check_shard_facts(path: Path, facts: Mapping[str, Any], first: Mapping[str, Any], index: int, of: int,
+                       expected: tuple[int, int]) -> None:
+    shard = facts.get("shard")
+    if shard != {"index": index, "of": of, "outputs": list(expected)}:
+        raise PipelineError(f"empden_gather: {path} is {shard!r}, expected shard {index} of {of} with outputs "
+                            f"{list(expected)} (a shard of another run, or of another sampling.shards)")
+    differ = sorted(k for k in set(facts) | set(first)
+                    if k not in ("shard", *PER_OUTPUTS_FACTS) and facts.get(k) != first.get(k))
+    if differ:
+        raise PipelineError(f"empden_gather: {path} differs from shard 0 in {', '.join(differ)} (shards of one "
+                            f"cell share everything but their outputs)")
+
+
+@stage("empden_gather", inputs=(), any_inputs=True, outputs=("samples",), optional_outputs=("ledger",),
+       params={k: PARAMS_DOC[k] for k in ("cell", "accounting", "n_out", "batch_size", "config_id")})
+def empden_gather(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Join a sharded cell: shard_0 .. shard_<S-1> (samples) and, for a private cell, ledger_0 .. (their
+    transcripts) -> the cell's samples and its transcript of S lines, as an unsharded run writes them.
+
+    The samples are the shards' in order (bit-equal to one job's: :mod:`pipeline.shards`); the
+    transcript is the shards' lines, each written by its own shard as line ``index`` of the cell's
+    (nothing here writes a claim). The manifest's ``claimed_epsilon`` is the whole block's over all
+    ``n_out`` outputs under the same accountant, the value the unsharded job claims (composing the S
+    lines gives it too: :func:`pipeline.privacy.certify.composed_entry`).
+    """
+    cell = _cell_of(params, "empden_gather")
+    accounting = params.get("accounting")
+    if not accounting:
+        raise PipelineError("empden_gather: params need the config's `accounting` section")
+    n_run, batch_size = _run_size(params, "empden_gather")
+    parts = _shard_parts(inputs, "shard")
+    of = len(parts)
+    try:
+        ranges = [shards.Shard(index=i, of=of).outputs(n_run, batch_size) for i in range(of)]
+    except ValueError as exc:
+        raise PipelineError(f"empden_gather: {exc}") from None
+    splits, facts_of = [], []
+    for i, path in enumerate(parts):
+        splits.append(load_split(path))
+        facts_of.append(read_manifest(path).get("empden", {}))
+        _check_shard_facts(path, facts_of[i], facts_of[0], i, of, ranges[i])
+        if len(splits[i]) != ranges[i][1] - ranges[i][0]:
+            raise PipelineError(f"empden_gather: {path} holds {len(splits[i])} samples, its shard {ranges[i]}")
+    facts = {k: v for k, v in facts_of[0].items() if k != "shard"}
+    facts["n_out"] = n_run
+    if cell.private:
+        if "ledger" not in outputs:
+            raise PipelineError(f"empden_gather: a {cell.method} cell reads private data and needs --out ledger=PATH")
+        transcripts = _shard_parts(inputs, "ledger")
+        if len(transcripts) != of:
+            raise PipelineError(f"empden_gather: {of} shards but {len(transcripts)} transcripts (ledger_0 ..)")
+        lines = b""
+        for i, path in enumerate(transcripts):
+            entries = list(ledger.read_ledger(path))
+            if len(entries) != 1 or entries[0][1].seq != i or entries[0][1].count != ranges[i][1] - ranges[i][0]:
+                raise PipelineError(f"empden_gather: {path} must hold shard {i}'s one line (seq {i}, count "
+                                    f"{ranges[i][1] - ranges[i][0]})")
+            lines += path.read_bytes()
+        with atomic_path(outputs["ledger"]) as tmp:
+            tmp.write_bytes(lines)
+        block = EmpdenBlock.from_facts(facts)
+        facts.update(block.facts())
+        facts["claimed_epsilon"], _ = emp.claim_epsilon(
+            _pld_sink(accounting, path=Path(outputs["ledger"]), config_id="", seed=cell.seed), block)
+        log.info("%s: %d shards joined; the cell claims eps_u = %.4g at delta = %g", cell.name, of,
+                 facts["claimed_epsilon"], facts["delta"])
+    images = np.concatenate([s.images for s in splits])
+    labels = np.concatenate([s.labels for s in splits])
+    save_split(outputs["samples"], Split(images, labels), name=f"empden_{cell.name}", source="empden_sample",
+               seed=cell.seed, extra={"empden": facts, "config_id": str(params.get("config_id", "unknown"))})
 
 
 def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: float, B: int, T: int, beta: float,

@@ -12,8 +12,12 @@ from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorIncepti
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 
 from pipeline.evaluation.evalnet import TrainConfig, fit_classifier, load_evalnet, predict, save_evalnet
-from pipeline.evaluation.fidelity import (EVALNET_EXTRACTOR, EvalNetFeatureExtractor, fidelity_metrics,
-                                          inception_weights_path, label_consistency)
+from torch_fidelity.metric_fid import KEY_METRIC_FID
+from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD
+from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL
+
+from pipeline.evaluation.fidelity import (EVALNET_EXTRACTOR, EvalNetFeatureExtractor, UInt8Images, extract_features,
+                                          fid_only, fidelity_metrics, inception_weights_path, label_consistency)
 from pipeline.io import Split
 from pipeline.stage import PipelineError
 
@@ -175,17 +179,37 @@ def test_unknown_feature_extractor_is_one_line(digits, evalnet):
         fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, feature_extractor="vgg16")
 
 
-def test_uses_torch_fidelity_for_the_numbers(digits, evalnet, monkeypatch):
-    calls = []
-    real = torch_fidelity.calculate_metrics
-
-    def spy(**kwargs):
-        calls.append(kwargs)
-        return real(**kwargs)
-
-    monkeypatch.setattr(torch_fidelity, "calculate_metrics", spy)
-    out = fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, prc_neighborhood=5, **FAST)
-    (kwargs,) = calls
-    assert kwargs["feature_extractor"] == EVALNET_EXTRACTOR and kwargs["prc_neighborhood"] == 5
-    assert kwargs["fid"] and kwargs["kid"] and kwargs["prc"]
+def test_the_numbers_are_torch_fidelitys_own(digits, evalnet):
+    """FID, KID and precision-recall from the extracted features equal torch_fidelity.calculate_metrics on the
+    same sets, settings and seed, to the last bit."""
+    out = fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, prc_neighborhood=5, seed=3, **FAST)
+    raw = torch_fidelity.calculate_metrics(
+        input1=UInt8Images(digits.real.images), input2=UInt8Images(digits.test.images),
+        feature_extractor=EVALNET_EXTRACTOR, feature_extractor_weights_path=str(evalnet), fid=True, kid=True,
+        prc=True, prc_neighborhood=5, rng_seed=3, batch_size=256, cuda=False, save_cpu_ram=True, verbose=False, **FAST)
+    assert out["fid"] == raw[KEY_METRIC_FID]
+    assert (out["kid_mean"], out["kid_std"]) == (raw[KEY_METRIC_KID_MEAN], raw[KEY_METRIC_KID_STD])
+    assert (out["precision"], out["recall"]) == (raw[KEY_METRIC_PRECISION], raw[KEY_METRIC_RECALL])
     assert out["prc_neighborhood"] == 5
+
+
+def test_a_sharded_runs_merged_features_give_the_unsharded_numbers(digits, evalnet):
+    """The features of three shards of the samples (cut anywhere), concatenated, give FID/KID/precision-recall and
+    the validation FID of the whole set to 1e-6 (sampling.shards)."""
+    whole = fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, seed=1, **FAST)
+    n = len(digits.real)
+    cuts = [0, n // 3, n // 3 + 7, n]
+    parts = [Split(digits.real.images[a:b], digits.real.labels[a:b]) for a, b in zip(cuts, cuts[1:])]
+    merged = torch.cat([extract_features(p, evalnet_path=evalnet) for p in parts])
+    sharded = fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, seed=1, sample_features=merged, **FAST)
+    assert sharded.keys() == whole.keys()
+    for key, value in whole.items():
+        assert sharded[key] == (value if not isinstance(value, float) else pytest.approx(value, rel=1e-6, abs=1e-9))
+    assert fid_only(digits.real, digits.test, evalnet_path=evalnet, sample_features=merged) == pytest.approx(
+        fid_only(digits.real, digits.test, evalnet_path=evalnet), rel=1e-6)
+    # the features of other samples move the numbers: the merge is what is scored
+    other = torch.cat([extract_features(digits.noise_like(p), evalnet_path=evalnet) for p in parts])
+    assert fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, seed=1, sample_features=other,
+                            **FAST)["fid"] > 10 * whole["fid"]
+    with pytest.raises(PipelineError, match="sample features for"):
+        fidelity_metrics(digits.real, digits.test, evalnet_path=evalnet, sample_features=merged[:-1], **FAST)

@@ -192,3 +192,38 @@ def test_clip_adds_its_two_columns_moves_nothing_else_and_tells_digits_from_nois
     assert set(b) - set(a) == {"clip_fd", "clip_zero_shot_acc"}
     assert {k: v for k, v in b.items() if k in a and k != "wall_s"} == {k: v for k, v in a.items() if k != "wall_s"}
     assert b["clip_zero_shot_acc"] > 0.5 > n["clip_zero_shot_acc"] and b["clip_fd"] < n["clip_fd"]
+
+
+def test_a_sharded_runs_features_score_its_joined_samples_as_its_own_would(split_files, evalnet, tmp_path, digits,
+                                                                          capsys):
+    """extract_features on two shards of the samples, handed to evaluate_samples as features_0, features_1: every
+    column equals the unsharded evaluation's (FID/KID/precision-recall to 1e-6); features of another feature space
+    and a gap in the shard numbering are one-line errors."""
+    real = digits.real
+    shard_inputs = []
+    for k, (a, b) in enumerate([(0, 250), (250, len(real))]):
+        part = tmp_path / f"shard{k}.npz"
+        save_split(part, real.subset(np.arange(a, b)), name="shard", source="test", seed=0)
+        feats = tmp_path / f"shard{k}.features.npz"
+        assert main(["extract_features", "--in", f"samples={part}", f"evalnet={evalnet}", "--out", f"features={feats}",
+                     "--params", json.dumps({"evaluation": EVALUATION, "device": "cpu"})]) == 0
+        shard_inputs.append(f"features_{k}={feats}")
+    params = json.dumps({"evaluation": EVALUATION, "seed": 0, "device": "cpu", "name": "real"})
+    plain, merged = tmp_path / "plain.json", tmp_path / "merged.json"
+    assert _run(split_files, evalnet, plain) == 0
+    assert main(["evaluate_samples", "--in", f"samples={split_files['real']}", f"test={split_files['test']}",
+                 f"evalnet={evalnet}", *shard_inputs, "--out", f"metrics={merged}", "--params", params]) == 0
+    a, b = read_json(plain), read_json(merged)
+    assert a.keys() == b.keys()
+    for key in a.keys() - {"wall_s"}:
+        assert b[key] == (pytest.approx(a[key], rel=1e-6, abs=1e-9) if isinstance(a[key], float) else a[key]), key
+    inception = {**EVALUATION, "feature_extractor": "inception-v3-compat"}
+    assert main(["evaluate_samples", "--in", f"samples={split_files['real']}", f"test={split_files['test']}",
+                 f"evalnet={evalnet}", shard_inputs[1].replace("features_1", "features_0"), "--out",
+                 f"metrics={tmp_path / 'x.json'}", "--params",
+                 json.dumps({"evaluation": inception, "seed": 0, "device": "cpu"})]) == 2
+    assert main(["evaluate_samples", "--in", f"samples={split_files['real']}", f"test={split_files['test']}",
+                 f"evalnet={evalnet}", shard_inputs[1], "--out", f"metrics={tmp_path / 'y.json'}",
+                 "--params", params]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "expected dpgen-features/1 in 'inception-v3-compat'" in errors[0] and "features_0 .." in errors[1]

@@ -8,10 +8,12 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
 
+from pipeline.config import ConfigError
 from pipeline.methods.accounting.wiring import GRID_KEYS
 from pipeline.methods.empden.wiring import FIGURE2, LABELS, Wiring
-from pipeline.sampling.empden_grid import grid_cells
+from pipeline.sampling.empden_grid import Cell, grid_cells
 from pipeline.wiring import House
 from tests.methods import house
 
@@ -163,3 +165,75 @@ def test_all_runs_records_every_cell_and_draws_all_but_full_batch(tmp_path):
     assert {c.split("/")[0] for c, r in recs.items() if r.headline} == {"hybrid"}
     pub = recs["public_only/s0"]
     assert not pub.private and pub.ledgers == () and pub.in_figure and pub.label == "public denoiser only (EMPDEN)"
+
+
+def sharded(tmp_path, shards: int = 3) -> Wiring:
+    """EMPDEN's wiring with sampling.shards (batches of 100 outputs: the quick tour's 250 are 3 batches)."""
+    return Wiring(house(tmp_path, lambda c: c.update(sampling={"shards": shards},
+                                                      empden={**c["empden"], "batch_size": 100})))
+
+
+def test_unsharded_a_cell_is_one_job_writing_the_cells_own_files(tmp_path):
+    em = Wiring(house(tmp_path))
+    assert not em.sharded and em.shards == 1
+    exp = tmp_path / "r" / "digits"
+    assert em.sample_outputs("{method}/p{p}_s{seed}") == {
+        "samples": exp / "samples" / "empden" / "{method}" / "p{p}_s{seed}.npz",
+        "manifest": exp / "samples" / "empden" / "{method}" / "p{p}_s{seed}.json",
+        "ledger": exp / "ledger" / "empden_sample_{method}_p{p}_s{seed}.jsonl"}
+    assert "ledger" not in em.sample_outputs("public_only/s{seed}", private=False)
+    assert em.features_inputs({"cell": "hybrid/p50_B100_T3_beta1_s0"}) == {}
+    assert em.features_args(None, {"clip": "c.pt"}) == ""
+    cell = next(c for c in em.cells() if c.name == "hybrid/p50_B100_T3_beta1_s0")
+    assert em.sample_benchmarks(cell) == (exp / "benchmarks" / "empden_sample" / f"{cell.name}.tsv",)
+    assert "shard" not in json.loads(em.sample_params("hybrid", HYBRID))
+    assert em.sample_job("public_only/s{seed}") == "public_only/s{seed}"
+    assert em.sample_log(Path("logs"), "public_only_s{seed}") == Path("logs/empden_sample/public_only_s{seed}.log")
+
+
+def test_sharded_each_shard_writes_its_part_and_the_gather_joins_them_into_the_cells_files(tmp_path):
+    em = sharded(tmp_path)
+    exp = tmp_path / "r" / "digits"
+    out = em.sample_outputs("{method}/p{p}_s{seed}")
+    assert out["samples"] == exp / "samples" / "empden" / "shards" / "{method}" / "p{p}_s{seed}" / "{shard,[0-9]+}.npz"
+    assert out["ledger"] == exp / "ledger" / "shards" / "empden_sample_{method}_p{p}_s{seed}" / "{shard,[0-9]+}.jsonl"
+    params = json.loads(em.sample_params("hybrid", {**HYBRID, "shard": "2"}))
+    assert params["shard"] == {"index": 2, "of": 3} and params["n_out"] == 250 and params["batch_size"] == 100
+    # every shard's line is bound to the cell's run
+    assert params["ledger_binding"]["run"] == "empden_sample_hybrid_p50_B100_T3_beta1_s0"
+    ins = em.gather_inputs({"method": "hybrid", "rest": "p50_B100_T3_beta1_s0"})
+    cell = next(c for c in em.cells() if c.name == "hybrid/p50_B100_T3_beta1_s0")
+    assert ins == {**{f"shard_{k}": em.shard_path(cell, k) for k in range(3)},
+                   **{f"ledger_{k}": em.shard_ledger(cell, k) for k in range(3)}}
+    assert set(em.gather_inputs({"method": "public_only", "rest": "s0"})) == {"shard_0", "shard_1", "shard_2"}
+    gather = json.loads(em.gather_params({"method": "hybrid", "rest": "p50_B100_T3_beta1_s0"}))
+    assert gather["cell"] == cell.as_dict() and gather["n_out"] == 250 and "shard" not in gather
+    feats = em.features_inputs({"cell": cell.name})
+    assert list(feats) == ["features_0", "features_1", "features_2"]
+    assert shlex.split(em.features_args(None, {**{k: str(v) for k, v in feats.items()}, "clip": "c.pt"})) == [
+        f"features_{k}={feats[f'features_{k}']}" for k in range(3)]
+    # a shard's job: its own benchmark row, its own log, its own features
+    assert em.sample_job("public_only/s{seed}") == "public_only/s{seed}/shard{shard}"
+    assert em.sample_log(Path("logs"), "public_only_s{seed}") == Path("logs/empden_sample/public_only_s{seed}_shard{shard}.log")
+    assert em.features_path(cell, 1) == exp / "eval" / "empden" / "shards" / cell.name / "1.features.npz"
+    # the gather holds the cell's samples about twice beside the interpreter: 250 uint8 16x16 images add no MB
+    assert em.gather_mem_mb == 1000
+    bench = exp / "benchmarks"
+    assert em.sample_benchmarks(cell) == (*(bench / "empden_sample" / cell.name / f"shard{k}.tsv" for k in range(3)),
+                                          bench / "empden_gather" / f"{cell.name}.tsv")
+
+
+def test_sharded_a_cells_transcript_holds_one_claim_per_shard(tmp_path):
+    em = sharded(tmp_path)
+    specs = em.transcripts()
+    cells = [c for c in em.cells() if c.private]
+    assert all(specs[em.ledger_path(c)].claims == 3 for c in cells)
+    assert specs[em.figure2_ledger].claims == 2  # Figure 2 is one job whatever the shards
+    # all_runs reads the joined transcript, one per cell
+    assert all(r.ledgers == ((str(em.ledger_path(Cell.from_name(r.config))),) if r.private else ())
+               for r in em.records())
+
+
+def test_more_shards_than_a_cells_batches_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"sampling.shards: sampling.shards = 4 exceeds the 3 batch"):
+        sharded(tmp_path, shards=4)

@@ -56,6 +56,9 @@ def test_the_clip_training_keys_reach_an_evaluation_only_through_the_clip_file(t
     assert p == {"evaluation": ev.params(), "seed": 0, "device": h.config["device"], "threads": h.torch_threads,
                  "name": "empden/hybrid/p50_B100_T3_beta1_s0"}
     assert "config_id" not in p  # a metrics file is named by its samples, not by an id
+    # a shard's features job (sampling.shards) reads the feature space the evaluation scores in
+    assert json.loads(ev.features_params()) == {"evaluation": ev.params(), "device": h.config["device"],
+                                                "threads": h.torch_threads}
     # the config's other params leave the evaluation alone; the CLIP steps only change the CLIP file
     more_steps = variant(h, clip={**h.config["evaluation"]["clip"], "steps": 5})
     assert Wiring(more_steps).evaluate_params("x") == ev.evaluate_params("x")

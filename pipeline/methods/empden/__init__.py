@@ -9,6 +9,7 @@ METHOD = Method("empden", report_category="3 EMPDEN", report_prefixes=("empden",
 
 STAGES = {
     "empden_sample": "pipeline.sampling.empden_stage:empden_sample",
+    "empden_gather": "pipeline.sampling.empden_stage:empden_gather",
     "empden_table8_grid": "pipeline.results.empden_results:empden_table8_grid",
     "empden_table2_comparison": "pipeline.results.empden_results:empden_table2_comparison",
     "empden_table3_beta": "pipeline.results.empden_results:empden_table3_beta",

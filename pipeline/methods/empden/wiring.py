@@ -72,6 +72,94 @@ class Wiring:
         """The cell's own transcript (parallel jobs never append to the same file)."""
         return self.house.layout.ledger(cell.ledger_stem)
 
+    # ---------------------------------------------------------------- sharded cells (sampling.shards)
+
+    @property
+    def shards(self) -> int:
+        """Jobs per cell (``sampling.shards``, :mod:`pipeline.shards`); 1 samples each cell in one job."""
+        return int(self.house.config["sampling"]["shards"])
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each cell is sampled by several jobs and joined by ``empden_gather``."""
+        return self.shards > 1
+
+    def sample_outputs(self, name: str, *, private: bool = True) -> dict[str, Path]:
+        """A sampling rule's outputs for the cell name pattern ``name`` (``{method}/p{p}_..._s{seed}``): the
+        cell's samples, manifest and (``private``) transcript; sharded, one shard's (wildcard ``shard``) below
+        ``shards/``, which ``empden_gather`` joins into the cell's."""
+        stem = "empden_sample_" + name.replace("/", "_")
+        if self.sharded:
+            part = self.samples / "shards" / name / "{shard,[0-9]+}"
+            out = {"samples": Path(f"{part}.npz"), "manifest": Path(f"{part}.json")}
+            ledger = self.house.layout.expdir / "ledger" / "shards" / stem / "{shard,[0-9]+}.jsonl"
+        else:
+            out = {"samples": self.samples / f"{name}.npz", "manifest": self.samples / f"{name}.json"}
+            ledger = self.house.layout.ledger(stem)
+        return {**out, "ledger": ledger} if private else out
+
+    def sample_job(self, name: str) -> str:
+        """The name of one sampling job of the cell pattern ``name`` (its benchmark file's): the cell's, or sharded
+        one shard's (``<cell>/shard{shard}``)."""
+        return f"{name}/shard{{shard}}" if self.sharded else name
+
+    def sample_log(self, logs: Path, stem: str) -> Path:
+        """The log of one sampling job (one shard's, sharded)."""
+        return logs / "empden_sample" / (f"{stem}_shard{{shard}}.log" if self.sharded else f"{stem}.log")
+
+    @property
+    def gather_mem_mb(self) -> int:
+        """The gather holds the cell's uint8 samples about twice (the shards and their concatenation)."""
+        return cost.empden_gather_mem_mb(self.house.config)
+
+    def shard_path(self, cell: Cell, shard: int) -> Path:
+        return self.samples / "shards" / cell.name / f"{shard}.npz"
+
+    def shard_ledger(self, cell: Cell, shard: int) -> Path:
+        return self.house.layout.expdir / "ledger" / "shards" / cell.ledger_stem / f"{shard}.jsonl"
+
+    def sample_benchmarks(self, cell: Cell) -> tuple[Path, ...]:
+        """The benchmark files of the jobs that sampled ``cell``: its one job, or its shards' and the gather's."""
+        bench = self.house.layout.benchmark
+        if not self.sharded:
+            return (bench("empden_sample", cell.name),)
+        return (*(bench("empden_sample", self.sample_job(cell.name).format(shard=k)) for k in range(self.shards)),
+                bench("empden_gather", cell.name))
+
+    def gather_inputs(self, wildcards: Mapping[str, str]) -> dict[str, Path]:
+        """``empden_gather``'s inputs for the cell ``{method}/{rest}``: shard_k (samples) and, for a private cell,
+        ledger_k (transcripts), k = 0 .. S-1."""
+        cell = Cell.from_name(f"{wildcards['method']}/{wildcards['rest']}")
+        out = {f"shard_{k}": self.shard_path(cell, k) for k in range(self.shards)}
+        if cell.private:
+            out.update({f"ledger_{k}": self.shard_ledger(cell, k) for k in range(self.shards)})
+        return out
+
+    def gather_params(self, wildcards: Mapping[str, str]) -> str:
+        """``empden_gather``'s params: the cell, the accounting mechanism (its claim), the run's size."""
+        cell = Cell.from_name(f"{wildcards['method']}/{wildcards['rest']}")
+        h = self.house
+        return stage_params(cell=cell.as_dict(), accounting=mechanism(h.config["accounting"]),
+                            n_out=cost.empden_n_out(h.config), batch_size=self.section["batch_size"])
+
+    def features_path(self, cell: Cell, shard: int) -> Path:
+        """One shard's features (rule empden_features), merged by the cell's evaluation."""
+        return self.house.layout.expdir / "eval" / "empden" / "shards" / cell.name / f"{shard}.features.npz"
+
+    def features_inputs(self, wildcards: Mapping[str, str]) -> dict[str, Path]:
+        """empden_evaluate's shard features (``features_k``) for the cell ``wildcards.cell``; none unsharded (the
+        evaluation extracts the samples' own)."""
+        if not self.sharded:
+            return {}
+        cell = Cell.from_name(wildcards["cell"])
+        return {f"features_{k}": self.features_path(cell, k) for k in range(self.shards)}
+
+    @staticmethod
+    def features_args(wildcards: Any, input: Mapping[str, Any]) -> str:  # noqa: A002 - Snakemake's name
+        """`` features_0=<path> ...`` of the evaluation's stage call (empty unsharded)."""
+        keys = sorted((k for k in input.keys() if k.startswith("features_")), key=lambda k: int(k.split("_")[1]))
+        return "".join(f" {k}={shlex.quote(str(input[k]))}" for k in keys)
+
     # ---------------------------------------------------------------- the grid and its inputs
 
     def cells(self) -> list[Cell]:
@@ -106,16 +194,17 @@ class Wiring:
     # ---------------------------------------------------------------- params
 
     def sample_params(self, method: str, wildcards: Mapping[str, str]) -> str:
-        """Stage params of one cell, parsed from its target path's wildcards: the cell, the accounting mechanism
-        (not its table grids), the number of images, batch size, device, threads, the ledger binding and the
-        normaliser settings."""
+        """Stage params of one cell (or one shard of it), parsed from its target path's wildcards: the cell, the
+        accounting mechanism (not its table grids), the number of images, batch size, device, threads, the ledger
+        binding, the normaliser settings and, sharded, the shard."""
         cell = cell_from_wildcards(method, wildcards)
         h = self.house
+        shard = {"shard": {"index": int(wildcards["shard"]), "of": self.shards}} if self.sharded else {}
         return stage_params(cell=cell.as_dict(), accounting=mechanism(h.config["accounting"]),
                             n_out=cost.empden_n_out(h.config), batch_size=self.section["batch_size"],
                             device=h.config["device"], threads=h.torch_threads,
                             ledger_binding=h.ledger_binding(cell.ledger_stem), **self.normaliser_params,
-                            **h.public_model())
+                            **h.public_model(), **shard)
 
     def table8_params(self) -> str:
         """Tables 8/9 (rule empden_table8_grid): the accounting keys its eps columns read, nothing of the grid."""
@@ -201,10 +290,11 @@ class Wiring:
 
     def transcripts(self) -> dict[Path, TranscriptSpec]:
         """Each cell that reads private data writes its own transcript (parallel jobs never append to the same
-        file) with one claim, bound to the cell (its ledger stem); Figure 2 writes two (output-wise and per-step).
-        Every line at the accounting delta, on the private split."""
+        file) with one claim per shard (one unsharded), bound to the cell (its ledger stem); Figure 2 writes two
+        (output-wise and per-step). Every line at the accounting delta, on the private split."""
         common = dict(delta=self.house.config["accounting"]["delta"], data=self.house.layout.split("private_train"))
-        claims = {self.ledger_path(c): TranscriptSpec(claims=1, run=c.ledger_stem, stage="empden_sample", **common)
+        claims = {self.ledger_path(c): TranscriptSpec(claims=self.shards, run=c.ledger_stem, stage="empden_sample",
+                                                      **common)
                   for c in self.cells() if c.private}
         if self.section["figure2"]:
             claims[self.figure2_ledger] = TranscriptSpec(claims=2, run=FIGURE2, stage=FIGURE2, **common)
@@ -218,5 +308,5 @@ class Wiring:
         return [RunRecord(method="empden", config=c.name, seed=c.seed, private=c.private, metrics=self.metrics_path(c),
                           ledgers=(self.ledger_path(c),) if c.private else (), label=LABELS[c.method],
                           in_figure=c.method != "full_batch", headline=c.method == MAIN_SAMPLER,
-                          benchmarks=(bench("empden_sample", c.name), bench("empden_evaluate", c.name)))
+                          benchmarks=(*self.sample_benchmarks(c), bench("empden_evaluate", c.name)))
                 for c in self.cells()]
