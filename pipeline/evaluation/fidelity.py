@@ -20,9 +20,12 @@ Conventions: ``input1`` is the generated set, ``input2`` the real reference (tor
 precision = fraction of generated samples inside the real manifold, recall the converse).
 torch-fidelity's feature cache is keyed by input and extractor *name*, not by the eval
 net's weights, so a shared cache would serve stale features after the eval net is retrained;
-each call therefore caches into its own temporary directory, which lets the per-class FID
-reuse the features :func:`torch_fidelity.calculate_metrics` extracted instead of running
-the network twice, and is deleted afterwards.
+each call therefore caches into its own temporary directory, deleted afterwards.
+
+FID, KID and precision-recall are torch-fidelity's own functions applied to the features of
+both sets (what :func:`torch_fidelity.calculate_metrics` runs, equal to it to the last bit):
+computing them from features lets the per-class FID reuse the same features, and lets a
+sharded run (``sampling.shards``) hand in its shards' features instead of the samples' own.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from pipeline import seeds
+from pipeline import seeds, shards
 from pipeline.device import resolve_device
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.images import to_uint8 as images_to_uint8
@@ -45,7 +45,6 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
 from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
-from pipeline import shards
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
 from pipeline.stage import PipelineError, stage
@@ -373,6 +372,8 @@ def empden_gather(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
         if len(splits[i]) != ranges[i][1] - ranges[i][0]:
             raise PipelineError(f"empden_gather: {path} holds {len(splits[i])} samples, its shard {ranges[i]}")
     facts = {k: v for k, v in facts_of[0].items() if k != "shard"}
+    if {k: facts.get(k) for k in cell.as_dict()} != cell.as_dict():
+        raise PipelineError(f"empden_gather: {parts[0]} is a shard of cell {facts.get('cell')!r}, not {cell.name!r}")
     facts["n_out"] = n_run
     if cell.private:
         if "ledger" not in outputs:

@@ -123,6 +123,8 @@ def test_a_missing_shard_or_a_shard_of_another_run_is_refused(files, tmp_path): 
     swapped = {**parts, "shard_0": parts["shard_1"]}
     with pytest.raises(PipelineError, match="expected shard 0 of 3"):
         empden_gather(swapped, out, gather_params)
+    with pytest.raises(PipelineError, match="is a shard of cell 'hybrid/p55_B10_T2_beta1_s0', not 'per_step"):
+        empden_gather(parts, out, {**gather_params, "cell": CELLS[1].as_dict()})
     lines = {**parts, "ledger_1": parts["ledger_0"]}
     with pytest.raises(PipelineError, match="shard 1's one line"):
         empden_gather(lines, out, gather_params)
