@@ -149,7 +149,6 @@ if EMPDEN.sharded:
             method="public_only",
             rest="[^/]+",
 
-
     rule empden_features:
         """One shard's features in the evaluation's feature space (FID/KID/precision-recall merge them)."""
         input:

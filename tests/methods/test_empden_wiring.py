@@ -185,7 +185,8 @@ def test_unsharded_a_cell_is_one_job_writing_the_cells_own_files(tmp_path):
     assert em.features_inputs({"cell": "hybrid/p50_B100_T3_beta1_s0"}) == {}
     assert em.features_args(None, {"clip": "c.pt"}) == ""
     cell = next(c for c in em.cells() if c.name == "hybrid/p50_B100_T3_beta1_s0")
-    assert em.sample_benchmarks(cell) == (exp / "benchmarks" / "empden_sample" / f"{cell.name}.tsv",)
+    assert em.benchmarks(cell) == (exp / "benchmarks" / "empden_sample" / f"{cell.name}.tsv",
+                                   exp / "benchmarks" / "empden_evaluate" / f"{cell.name}.tsv")
     assert "shard" not in json.loads(em.sample_params("hybrid", HYBRID))
     assert em.sample_job("public_only/s{seed}") == "public_only/s{seed}"
     assert em.sample_log(Path("logs"), "public_only_s{seed}") == Path("logs/empden_sample/public_only_s{seed}.log")
@@ -219,8 +220,10 @@ def test_sharded_each_shard_writes_its_part_and_the_gather_joins_them_into_the_c
     # the gather holds the cell's samples about twice beside the interpreter: 250 uint8 16x16 images add no MB
     assert em.gather_mem_mb == 1000
     bench = exp / "benchmarks"
-    assert em.sample_benchmarks(cell) == (*(bench / "empden_sample" / cell.name / f"shard{k}.tsv" for k in range(3)),
-                                          bench / "empden_gather" / f"{cell.name}.tsv")
+    assert em.benchmarks(cell) == (*(bench / "empden_sample" / cell.name / f"shard{k}.tsv" for k in range(3)),
+                                   bench / "empden_gather" / f"{cell.name}.tsv",
+                                   *(bench / "empden_features" / cell.name / f"shard{k}.tsv" for k in range(3)),
+                                   bench / "empden_evaluate" / f"{cell.name}.tsv")
 
 
 def test_sharded_a_cells_transcript_holds_one_claim_per_shard(tmp_path):

@@ -118,13 +118,17 @@ class Wiring:
     def shard_ledger(self, cell: Cell, shard: int) -> Path:
         return self.house.layout.expdir / "ledger" / "shards" / cell.ledger_stem / f"{shard}.jsonl"
 
-    def sample_benchmarks(self, cell: Cell) -> tuple[Path, ...]:
-        """The benchmark files of the jobs that sampled ``cell``: its one job, or its shards' and the gather's."""
+    def benchmarks(self, cell: Cell) -> tuple[Path, ...]:
+        """The benchmark files of every job that made ``cell``'s row (its cost columns): its sampling job and its
+        evaluation, or sharded its shards', their gather's and features' and its evaluation's."""
         bench = self.house.layout.benchmark
         if not self.sharded:
-            return (bench("empden_sample", cell.name),)
-        return (*(bench("empden_sample", self.sample_job(cell.name).format(shard=k)) for k in range(self.shards)),
-                bench("empden_gather", cell.name))
+            return bench("empden_sample", cell.name), bench("empden_evaluate", cell.name)
+        shards = range(self.shards)
+        return (*(bench("empden_sample", self.sample_job(cell.name).format(shard=k)) for k in shards),
+                bench("empden_gather", cell.name),
+                *(bench("empden_features", f"{cell.name}/shard{k}") for k in shards),
+                bench("empden_evaluate", cell.name))
 
     def gather_inputs(self, wildcards: Mapping[str, str]) -> dict[str, Path]:
         """``empden_gather``'s inputs for the cell ``{method}/{rest}``: shard_k (samples) and, for a private cell,
@@ -304,9 +308,8 @@ class Wiring:
         """all_runs records: every evaluated cell; the figure draws the subsampled cells (hybrid, per-step) as
         points and the public-only cell as a reference (full-batch eps ~1e3-1e4 stay in the table only); the
         hybrid cells are the headline's candidates."""
-        bench = self.house.layout.benchmark
         return [RunRecord(method="empden", config=c.name, seed=c.seed, private=c.private, metrics=self.metrics_path(c),
                           ledgers=(self.ledger_path(c),) if c.private else (), label=LABELS[c.method],
                           in_figure=c.method != "full_batch", headline=c.method == MAIN_SAMPLER,
-                          benchmarks=(*self.sample_benchmarks(c), bench("empden_evaluate", c.name)))
+                          benchmarks=self.benchmarks(c))
                 for c in self.cells()]
