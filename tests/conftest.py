@@ -19,12 +19,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: the longest tests of the slow and preset tiers (minutes each; tests/presets run the STRAIGHTDP presets longest),
-#: started first: those tiers run one pytest-xdist worker per core (Makefile test-slow, .ci/run), and a long test
-#: picked up last would run alone while the other core idles
-LONGEST_FIRST = ("test_embedded_default_end_to_end_tiny", "test_preset_runs_end_to_end_at_tiny_size[straightdp_kmnist]",
-                 "test_preset_runs_end_to_end_at_tiny_size[straightdp_fashion]",
-                 "test_preset_runs_end_to_end_at_tiny_size[cifar10]")
+#: the longest tests of the slow tier (the tiny end-to-end run is most of it), started first: the tier runs one
+#: pytest-xdist worker per core (Makefile test-slow), and a long test picked up last would run alone while the
+#: other core idles
+LONGEST_FIRST = ("test_embedded_default_end_to_end_tiny",
+                 "test_a_toy_method_added_by_its_own_files_is_in_every_house_list",
+                 "test_a_missing_data_source_stops_before_any_job_and_a_finished_data_stage_survives")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
