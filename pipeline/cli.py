@@ -96,6 +96,8 @@ def _stage_parser(spec: StageSpec) -> argparse.ArgumentParser:
         lines.append("         any further KEY=PATH inputs are accepted")
     if spec.optional_inputs:
         lines.append("         optional: " + " ".join(f"{k}=PATH" for k in spec.optional_inputs))
+    if spec.numbered_inputs:
+        lines.append("         numbered: " + " ".join(f"{k}_0=PATH {k}_1=PATH ..." for k in spec.numbered_inputs))
     lines.append("outputs: " + (" ".join(f"{k}=PATH" for k in spec.outputs) or "none"))
     if spec.optional_outputs:
         lines.append("         optional: " + " ".join(f"{k}=PATH" for k in spec.optional_outputs))

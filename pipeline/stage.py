@@ -43,6 +43,8 @@ class StageSpec:
     params: Mapping[str, str] | None = None
     #: accept any ``--in`` keys (e.g. one metrics file per table row)
     any_inputs: bool = False
+    #: prefixes of numbered ``--in`` keys ``<prefix>_0``, ``<prefix>_1``, ... (one per shard), read by :func:`numbered`
+    numbered_inputs: tuple[str, ...] = ()
 
     @property
     def doc(self) -> str:
@@ -68,8 +70,9 @@ class StageSpec:
         ):
             missing = [k for k in required if k not in given]
             unknown = [k for k in given if k not in required and k not in optional]
-            if kind == "--in" and self.any_inputs:
-                unknown = []
+            if kind == "--in":
+                unknown = [] if self.any_inputs else [k for k in unknown if _prefix(k) not in self.numbered_inputs]
+                optional = optional + tuple(f"{prefix}_<n>" for prefix in self.numbered_inputs)
             if missing:
                 raise PipelineError(f"stage {self.name}: missing {kind} {', '.join(missing)} "
                                     f"(expected {kind} {' '.join(k + '=PATH' for k in required)})")
@@ -95,17 +98,34 @@ def running_stage() -> StageSpec | None:
 
 def stage(name: str, *, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = (),
           optional_inputs: tuple[str, ...] = (), optional_outputs: tuple[str, ...] = (),
-          params: Mapping[str, str] | None = None, any_inputs: bool = False) -> Callable[[StageFn], StageSpec]:
+          params: Mapping[str, str] | None = None, any_inputs: bool = False,
+          numbered_inputs: tuple[str, ...] = ()) -> Callable[[StageFn], StageSpec]:
     """Declare a function as the DAG stage ``name`` with its input/output keys.
 
-    ``params`` maps each parameter name to a one-line description for ``--help``.
+    ``params`` maps each parameter name to a one-line description for ``--help``; ``numbered_inputs``
+    names the prefixes of numbered inputs (``features`` allows ``--in features_0=... features_1=...``).
     """
 
     def wrap(fn: StageFn) -> StageSpec:
         return StageSpec(name, fn, tuple(inputs), tuple(outputs), tuple(optional_inputs),
-                         tuple(optional_outputs), params, any_inputs)
+                         tuple(optional_outputs), params, any_inputs, tuple(numbered_inputs))
 
     return wrap
+
+
+def _prefix(key: str) -> str | None:
+    """``features`` of ``features_3``; None for a key that is not numbered."""
+    prefix, _, number = key.rpartition("_")
+    return prefix if prefix and number.isdigit() else None
+
+
+def numbered(inputs: Mapping[str, Path], prefix: str, stage_name: str) -> list[Path]:
+    """The inputs ``<prefix>_0 .. <prefix>_<n-1>`` in order (none: an empty list); a gap is a one-line error."""
+    keys = [k for k in inputs if _prefix(k) == prefix]
+    expected = [f"{prefix}_{i}" for i in range(len(keys))]
+    if sorted(keys) != sorted(expected):
+        raise PipelineError(f"{stage_name}: --in {prefix}_0 .. {prefix}_<S-1> expected, got {', '.join(sorted(keys))}")
+    return [Path(inputs[k]) for k in expected]
 
 
 def reject_unknown_params(stage_name: str, params: Mapping[str, Any], known: Iterable[str]) -> None:

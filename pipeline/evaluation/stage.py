@@ -44,7 +44,7 @@ import numpy as np
 from pipeline.device import resolve_device
 from pipeline.evaluation.evalnet import evaluation_section, load_evalnet, load_labelled_split
 from pipeline.io import Split, atomic_path, read_manifest, write_json
-from pipeline.stage import PipelineError, stage
+from pipeline.stage import PipelineError, numbered, stage
 
 log = logging.getLogger(__name__)
 
@@ -111,15 +111,6 @@ def load_features(paths: list[Path], *, feature_extractor: str) -> Any:
                                 f"expected {FEATURES_FORMAT} in {feature_extractor!r} (evaluation.feature_extractor)")
         parts.append(torch.from_numpy(features))
     return torch.cat(parts)
-
-
-def features_inputs(inputs: Mapping[str, Path]) -> list[Path]:
-    """``features_0 .. features_<S-1>`` of a stage's inputs in shard order (none: the samples' own are extracted)."""
-    keys = [k for k in inputs if k.startswith("features_")]
-    expected = [f"features_{i}" for i in range(len(keys))]
-    if sorted(keys) != sorted(expected):
-        raise PipelineError(f"evaluate_samples: --in features_0 .. features_<S-1> expected, got {', '.join(keys)}")
-    return [Path(inputs[k]) for k in expected]
 
 
 @stage("extract_features", inputs=("samples", "evalnet"), outputs=("features",),
@@ -204,7 +195,7 @@ def evaluate(samples: Split, test: Split, *, evalnet_path: str | Path, evaluatio
     "evaluate_samples",
     inputs=("samples", "test", "evalnet"),
     optional_inputs=("public", "val", "clip"),
-    any_inputs=True,  # features_0 .. features_<S-1> of a sharded run (checked by features_inputs)
+    numbered_inputs=("features",),  # features_0 .. features_<S-1> of a sharded run
     outputs=("metrics",),
     params={
         "evaluation": "the evaluation config section (feature_extractor, kid_*, prc_neighborhood, downstream, ...)",
@@ -224,14 +215,9 @@ def evaluate_samples(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     test = load_labelled_split(inputs["test"], "test")
     if not Path(inputs["evalnet"]).is_file():
         raise PipelineError(f"input evalnet: {inputs['evalnet']} not found (run the train_evalnet stage)")
-    unknown = sorted(k for k in inputs if k not in ("samples", "test", "evalnet", "public", "val", "clip")
-                     and not k.startswith("features_"))
-    if unknown:
-        raise PipelineError(f"stage evaluate_samples: unknown --in key {unknown[0]!r} (allowed: samples, test, evalnet, "
-                            f"public, val, clip, features_0 ..)")
     public = load_labelled_split(inputs["public"], "public") if "public" in inputs else None
     val = load_labelled_split(inputs["val"], "val") if "val" in inputs else None
-    shard_features = features_inputs(inputs)
+    shard_features = numbered(inputs, "features", "evaluate_samples")
     features = (load_features(shard_features, feature_extractor=evaluation_section(params.get("evaluation"))[
         "feature_extractor"]) if shard_features else None)
     metrics = evaluate(samples, test, evalnet_path=inputs["evalnet"], evaluation=params.get("evaluation"),

@@ -47,7 +47,7 @@ from pipeline.privacy import ledger
 from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
-from pipeline.stage import PipelineError, stage
+from pipeline.stage import PipelineError, numbered, stage
 from pipeline.training.data import manifest_sha256
 
 log = logging.getLogger(__name__)
@@ -320,14 +320,6 @@ def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
 PER_OUTPUTS_FACTS = ("n_out", "claimed_epsilon", "mu_total")
 
 
-def _shard_parts(inputs: Mapping[str, Path], prefix: str) -> list[Path]:
-    """``<prefix>_0``, ``<prefix>_1``, ... of the inputs, in shard order."""
-    keys = sorted((k for k in inputs if k.startswith(f"{prefix}_")), key=lambda k: int(k.rsplit("_", 1)[1]))
-    if [k.rsplit("_", 1)[1] for k in keys] != [str(i) for i in range(len(keys))]:
-        raise PipelineError(f"empden_gather: inputs {prefix}_0 .. {prefix}_<S-1> expected, got {', '.join(keys)}")
-    return [Path(inputs[k]) for k in keys]
-
-
 def _check_shard_facts(path: Path, facts: Mapping[str, Any], first: Mapping[str, Any], index: int, of: int,
                        expected: tuple[int, int]) -> None:
     shard = facts.get("shard")
@@ -341,7 +333,7 @@ def _check_shard_facts(path: Path, facts: Mapping[str, Any], first: Mapping[str,
                             f"cell share everything but their outputs)")
 
 
-@stage("empden_gather", inputs=(), any_inputs=True, outputs=("samples",), optional_outputs=("ledger",),
+@stage("empden_gather", numbered_inputs=("shard", "ledger"), outputs=("samples",), optional_outputs=("ledger",),
        params={k: PARAMS_DOC[k] for k in ("cell", "accounting", "n_out", "batch_size", "config_id")})
 def empden_gather(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Join a sharded cell: shard_0 .. shard_<S-1> (samples) and, for a private cell, ledger_0 .. (their
@@ -358,7 +350,7 @@ def empden_gather(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     if not accounting:
         raise PipelineError("empden_gather: params need the config's `accounting` section")
     n_run, batch_size = _run_size(params, "empden_gather")
-    parts = _shard_parts(inputs, "shard")
+    parts = numbered(inputs, "shard", "empden_gather")
     of = len(parts)
     try:
         ranges = [shards.Shard(index=i, of=of).outputs(n_run, batch_size) for i in range(of)]
@@ -378,7 +370,7 @@ def empden_gather(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     if cell.private:
         if "ledger" not in outputs:
             raise PipelineError(f"empden_gather: a {cell.method} cell reads private data and needs --out ledger=PATH")
-        transcripts = _shard_parts(inputs, "ledger")
+        transcripts = numbered(inputs, "ledger", "empden_gather")
         if len(transcripts) != of:
             raise PipelineError(f"empden_gather: {of} shards but {len(transcripts)} transcripts (ledger_0 ..)")
         lines = b""
