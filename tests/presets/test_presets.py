@@ -18,6 +18,13 @@ samplers and the sections it switches on, with three exceptions:
   in the others: it is analytic and reads only its own config section (no dataset, no image
   size), so it is the same in every preset.
 
+Two presets are twins of another (``TWINS``): they differ from it only in where their data comes
+from (and in the CLIP prompts' class names, which no preset reads: CLIP is off in all of them).
+A twin is checked without its own end-to-end run, which would repeat its sibling's DAG job for job
+(~8 minutes of CI for the STRAIGHTDP pair): its config must differ from its sibling's in those
+keys only, its own datasets go through the real loaders (the data stages, run), and its dry run
+must plan the same jobs, rule by rule, as its sibling's.
+
 torch-fidelity's Inception weights are a download that tests never make (and no cache holds
 them here), so each Inception preset is first run without them and must stop before any job
 with the one-line config error naming the file and where to put it. Inception on a CPU costs
@@ -43,7 +50,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.config import load_schema
+from pipeline.config import load_config, load_schema
 from tests.datasets import CELEBA_ATTRS, IDX_SOURCES, write_celeba, write_cifar10, write_idx, write_image_folder
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -52,6 +59,14 @@ REPO = Path(__file__).resolve().parents[2]
 #: restored to the schema's defaults; tests/test_config.py holds it there), so the tier leaves it out
 REFERENCE_RUN = "digits_full"
 PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml") if p.stem != REFERENCE_RUN)
+#: twin -> the preset it repeats with other data (see the module docstring); the sibling runs end to end
+TWINS = {"fashion": "mnist", "straightdp_fashion": "straightdp_kmnist"}
+#: what a twin may change (dotted config keys, after config.yaml and the preset are merged): its data sources,
+#: and the CLIP prompts (``evaluation.clip``, off in every preset: ``test_twin_preset_...`` holds it off)
+TWIN_KEYS = {"experiment", "data.private.source", "data.public.source", "straightdp.public.source",
+             "evaluation.clip.class_names", "evaluation.clip.template"}
+#: the rules that read a preset's datasets (the wrong-domain public set is STRAIGHTDP's own)
+DATA_RULES = {"prepare_data": None, "straightdp_public": "straightdp"}
 SCHEMA = load_schema()
 
 #: images per official split written for a preset (12 and 9 per class where there are 10
@@ -275,11 +290,83 @@ def image_shape(preset: dict[str, Any]) -> list[int]:
 # --------------------------------------------------------------------------------------
 
 
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``config`` as dotted keys (``data.private.source``) to leaf values."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def planned_jobs(configfiles: list[str]) -> dict[str, int]:
+    """The jobs a dry run of ``all`` plans, rule by rule (Snakemake's "Job stats" table)."""
+    res = snakemake("-n", "--cores", "2", "all", "--configfile", *configfiles)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = (res.stdout + res.stderr).splitlines()
+    start = lines.index("Job stats:") + 3  # the header and its rule of dashes
+    jobs: dict[str, int] = {}
+    for line in lines[start:]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+def write_tiny(name: str, root: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The preset ``name``, its tiny overrides (datasets written under ``root``; scored in the eval
+    net's feature space) and the config files that run it."""
+    preset = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
+    overrides = tiny_overrides(preset, write_datasets(preset, root / "data"), root / "results")
+    if uses_inception(preset):
+        # no Inception weights here (the end-to-end test below checks that and uses a stand-in)
+        overrides["evaluation"]["feature_extractor"] = "evalnet"
+    cfg = root / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(overrides))
+    return preset, overrides, [f"configs/{name}.yaml", str(cfg)]
+
+
 def test_every_preset_is_covered():
     assert PRESETS == ["celeba32", "celeba64", "cifar10", "fashion", "mnist", "straightdp_fashion", "straightdp_kmnist"]
+    assert set(TWINS) | set(TWINS.values()) <= set(PRESETS) and not set(TWINS) & set(TWINS.values())
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_twin_preset_reads_its_own_data_and_plans_its_siblings_jobs(name, tmp_path):
+    sibling = TWINS[name]
+    twin_cfg = flat(load_config(REPO / "config.yaml", REPO / "configs" / f"{name}.yaml"))
+    sibling_cfg = flat(load_config(REPO / "config.yaml", REPO / "configs" / f"{sibling}.yaml"))
+    changed = {k for k in twin_cfg.keys() | sibling_cfg.keys() if twin_cfg.get(k, "absent") != sibling_cfg.get(k, "absent")}
+    assert changed <= TWIN_KEYS, f"{name} is no twin of {sibling}: it also changes {sorted(changed - TWIN_KEYS)}"
+    assert not twin_cfg["evaluation.clip.enabled"] and not sibling_cfg["evaluation.clip.enabled"]
+
+    # the same DAG as its sibling's (which runs end to end), with the methods the twin runs
+    preset, overrides, configfiles = write_tiny(name, tmp_path / name)
+    _, sibling_over, sibling_files = write_tiny(sibling, tmp_path / sibling)
+    sibling_over["methods"] = overrides.get("methods", methods(preset))
+    Path(sibling_files[1]).write_text(yaml.safe_dump(sibling_over))
+    twin_jobs = planned_jobs(configfiles)
+    assert twin_jobs and twin_jobs == planned_jobs(sibling_files)
+
+    # its own datasets, through the real loaders: the data stages of that DAG, run
+    rules = [r for r, method in DATA_RULES.items() if method is None or method in methods(preset)]
+    assert set(rules) <= set(twin_jobs)
+    res = snakemake(*RUN, "all", "--until", *rules, "--configfile", *configfiles)
+    assert res.returncode == 0, res.stderr[-5000:]
+    exp = tmp_path / name / "results" / preset["experiment"]
+    # (the toy split is 2-D points drawn from data.toy, no dataset)
+    manifests = {m.stem: json.loads(m.with_suffix(".json").read_text()) for m in exp.rglob("*.npz") if m.stem != "toy"}
+    declared = {"public": twin_cfg.get("data.public.source"), "straightdp_public": twin_cfg.get("straightdp.public.source")}
+    sources = {split: m["source"] for split, m in manifests.items()}
+    assert sources == {split: declared.get(split, twin_cfg["data.private.source"]) for split in manifests}
+    assert "private_train" in sources and set(declared) & set(sources), sources
+    assert all(m["shape"] == image_shape(preset) for m in manifests.values()), manifests
+
+
+@pytest.mark.parametrize("name", sorted(set(PRESETS) - set(TWINS)))
 def test_preset_runs_end_to_end_at_tiny_size(name, tmp_path, request):
     preset = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
     results = tmp_path / "results"
