@@ -10,12 +10,13 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install run run-full report plan test test-slow docs lint slurm-profile slurm-test bench clean help
+.PHONY: install run run-full report plan gpu-check test test-slow docs lint slurm-profile slurm-test bench clean help
 
 help:
 	@echo "make run            the quick tour: every method and table of the embedded default (snakemake --cores $(CORES) all)"
 	@echo "make run CONFIG=f   the same over a preset merged on config.yaml (e.g. CONFIG=configs/mnist.yaml; also for make report)"
 	@echo "make plan CONFIG=f  jobs, hours, GPU-hours and memory the slurm profile would request (nothing submitted)"
+	@echo "make gpu-check      this machine's device rates (one GPU, < 8 min) against the plan's; WRITE=name stores them"
 	@echo "make run-full       the reference embedded run the docs' numbers come from (+ configs/digits_full.yaml, ~2.5 h)"
 	@echo "make report         after make run: Snakemake's report of every table and figure -> $(REPORT)"
 	@echo "make test           unit tests on $(CORES) cores (CI runs this, then the slow tier)"
@@ -56,6 +57,11 @@ REPORT ?= results/report.html
 # what the slurm profile would ask a cluster for (jobs, hours, GPU-hours, memory per rule), nothing submitted
 plan: $(STAMP)
 	$(BIN)/python -m pipeline plan $(if $(strip $(CONFIG)),--configfile $(CONFIG))
+
+# each paper preset's heaviest workloads for a few steps on this machine's GPU (pipeline/gpu_check.py); WRITE=name
+# stores the measured rates in pipeline/device_rates.yaml (then slurm.device_rates: name)
+gpu-check: $(STAMP)
+	$(BIN)/python -m pipeline gpu_check $(if $(strip $(WRITE)),--write $(WRITE))
 
 report: $(STAMP)
 	$(BIN)/snakemake --report $(REPORT) --report-stylesheet report/style.css $(CONFIG_ARGS)

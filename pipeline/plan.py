@@ -8,8 +8,10 @@ predicted time; the limit is then applied here with the same functions the rules
 (:func:`pipeline.resources.segments`): a resumable training job over the limit runs as several
 segments of at most the limit, any other job over it is listed as not fitting (exit status 1).
 
-The rates behind the predictions are CPU-derived estimates (a 2-core CPU rate at 16x16, scaled by
-image area, with headroom): no GPU rate has been measured yet, and the plan says so.
+The rates behind the predictions are the entry of ``pipeline/device_rates.yaml`` that
+``slurm.device_rates`` names (:mod:`pipeline.rates`): ``estimate`` by default (2-core CPU rates and
+published GPU throughput, not a GPU measurement), or one ``make gpu-check`` measured; the plan's
+second line says which.
 
     python -m pipeline plan --configfile configs/cifar10.yaml [--max-job-hours 48]
     make plan CONFIG=configs/cifar10.yaml
@@ -26,12 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import rates
 from pipeline import resources as cost
 from pipeline.config import load_config
-
-#: what the plan says of its rates until a GPU has been measured
-RATES_NOTE = ("rates: CPU-derived estimates (pipeline/resources.py: 2-core CPU rates at 16x16 scaled by image area, "
-              "with headroom); no GPU rate measured yet")
 
 _RULE = re.compile(r"^(local)?rule (\S+?):\s*$")
 _RESOURCES = re.compile(r"^\s+resources:\s*(.*)$")
@@ -99,8 +98,8 @@ def plan_lines(jobs: Sequence[Job], max_job_minutes: int | None) -> list[RuleLin
     return sorted(out, key=lambda r: -r.hours)
 
 
-def render(lines: Sequence[RuleLine], *, title: str, max_job_minutes: int | None) -> str:
-    """The plan as a Markdown table with a totals row."""
+def render(lines: Sequence[RuleLine], *, title: str, max_job_minutes: int | None, rates_note: str) -> str:
+    """The plan as a Markdown table with a totals row, under its title and what its rates are (``rates_note``)."""
     limit = "no limit (slurm.max_job_hours unset)" if max_job_minutes is None else f"{max_job_minutes / 60:g} h"
     rows = ["| rule | jobs | GPU jobs | hours | GPU-hours | longest job (h) | segments | memory per job (GB) | fits |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -111,7 +110,7 @@ def render(lines: Sequence[RuleLine], *, title: str, max_job_minutes: int | None
                 f"{sum(r.hours for r in lines):,.1f} | {sum(r.gpu_hours for r in lines):,.1f} | "
                 f"{max((r.longest_h for r in lines), default=0):,.1f} | | {max((r.mem_gb for r in lines), default=0):.1f} "
                 f"| {'yes' if all(r.fits for r in lines) else 'NO'} |")
-    return "\n".join([f"plan of {title}: job time limit {limit}", RATES_NOTE, "", *rows])
+    return "\n".join([f"plan of {title}: job time limit {limit}", rates_note, "", *rows])
 
 
 def dry_run(configfiles: Sequence[str], *, profile: str, repo: Path) -> str:
@@ -135,11 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repo = Path(__file__).resolve().parents[1]
     files = [_located(f, repo) for f in args.configfile]
-    hours = args.max_job_hours if args.max_job_hours is not None else \
-        load_config(repo / "config.yaml", *files)["slurm"]["max_job_hours"]
+    config = load_config(repo / "config.yaml", *files)
+    hours = args.max_job_hours if args.max_job_hours is not None else config["slurm"]["max_job_hours"]
     limit = None if hours is None else cost.max_job_minutes({"slurm": {"max_job_hours": hours}})
     lines = plan_lines(parse_dry_run(dry_run(files, profile=args.profile, repo=repo)), limit)
-    print(render(lines, title=" + ".join(["config.yaml", *args.configfile]), max_job_minutes=limit))
+    print(render(lines, title=" + ".join(["config.yaml", *args.configfile]), max_job_minutes=limit,
+                 rates_note=rates.device_rates(config).describe()))
     too_long = [r.rule for r in lines if not r.fits]
     if too_long:
         print(f"\nplan: jobs of {', '.join(too_long)} need more than the limit and cannot resume", file=sys.stderr)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline import rates
 from pipeline.config import RGB_SOURCES
 
 Config = Mapping[str, Any]
@@ -34,6 +35,12 @@ def image_channels(config: Config) -> int:
 # the cost models below read them by their short private names
 _side = image_side
 _channels = image_channels
+
+
+def _rate(config: Config, workload: str) -> float:
+    """Seconds per unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on the device entry ``slurm.device_rates``
+    names in ``pipeline/device_rates.yaml`` (default ``estimate``)."""
+    return rates.device_rates(config).rate(workload)
 
 
 def torch_threads(config: Config) -> int:
@@ -72,14 +79,14 @@ def pretrain_runtime_min(config: Config) -> int:
     """The public EDM denoiser (rule pretrain_public).
 
     At <= 16x16 it runs on one CPU core at ~0.3 s per step of 64 images (x4 headroom for a shared
-    machine); paper presets run on one GPU, where EDM's DDPM++ costs ~4e-4 GPU-s per 32x32 image
-    (Karras et al. 2022 App. F: 200 Mimg in ~2 days on 8 V100s), x1.5 headroom.
+    machine); paper presets run on one GPU at the device rate ``pretrain_public`` per 32x32 image
+    (the estimate: EDM's DDPM++ at ~4e-4 GPU-s, Karras et al. 2022 App. F), x1.5 headroom.
     """
     images = config["pretrain"]["steps"] * config["pretrain"]["batch_size"]
     side = _side(config)
     if side <= 16:
         return 10 + int(4 * images / 64 * 0.3 / 60)
-    return 10 + int(1.5 * images * (side / 32) ** 2 * 4e-4 / 60)
+    return 10 + int(1.5 * images * (side / 32) ** 2 * _rate(config, "pretrain_public") / 60)
 
 
 def pretrain_mem_mb(config: Config) -> int:
@@ -120,10 +127,10 @@ def empden_n_out(config: Config) -> int:
 
 
 def empden_sample_runtime_min(config: Config) -> int:
-    """One EMPDEN sampling job: ~N_out x (steps) network calls, generous headroom; sharded (sampling.shards),
-    its shard's share of the cell's outputs."""
+    """One EMPDEN sampling job: its outputs at the device rate ``empden_sample`` per 16x16 output (all its
+    private steps), x4 headroom; sharded (sampling.shards), its shard's share of the cell's outputs."""
     n_job = math.ceil(empden_n_out(config) / config["sampling"]["shards"])
-    return max(15, int(n_job * (_side(config) / 16) ** 2 * 0.02 / 60 * 4) + 10)
+    return max(15, int(n_job * (_side(config) / 16) ** 2 * _rate(config, "empden_sample") / 60 * 4) + 10)
 
 
 def empden_sample_mem_mb(config: Config) -> int:
@@ -163,13 +170,14 @@ def empden_diagnostics_mem_mb(config: Config) -> int:
 def dpdm_train_runtime_min(config: Config) -> int:
     """One DP-SGD run: T steps x B x K example-draws.
 
-    ~2e-5 s per 16x16 example-draw with its per-example gradient on one GPU (~1e-2 s on one CPU
-    core), x4 headroom.
+    The device rate ``dpdm_dpsgd`` per 16x16 example-draw with its per-example gradient (the estimate:
+    2e-5 s on one GPU; ~1e-2 s on one CPU core), x4 headroom.
     """
     d = config["dpdm"]
     n = config["data"]["private"]["n_private_train"] or 60000
     steps = -(-int(d["epochs"] * n) // d["batch_size"])
-    return max(30, int(4 * steps * d["batch_size"] * d["K"] * (_side(config) / 16) ** 2 * 2e-5 / 60) + 10)
+    work = steps * d["batch_size"] * d["K"]
+    return max(30, int(4 * work * (_side(config) / 16) ** 2 * _rate(config, "dpdm_dpsgd") / 60) + 10)
 
 
 def dpdm_train_mem_mb(config: Config) -> int:
@@ -204,11 +212,12 @@ def straightdp_pretrain_runtime_min(config: Config) -> int:
 
 
 def straightdp_train_runtime_min(config: Config) -> int:
-    """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients (~1e-2 s each on CPU)."""
+    """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients, at the device rate
+    ``straightdp_dpsgd`` per 16x16 example-draw (the estimate: ~1e-2 s on one CPU core)."""
     s = config["straightdp"]
     work = s["dpsgd"]["steps"] * s["dpsgd"]["batch_size"] * s["dpsgd"]["noise_multiplicity"]
     work += s["distill"]["steps"] * s["distill"]["batch_size"] // 5
-    return max(10, int(4 * work * (_side(config) / 16) ** 2 * 1e-2 / 60) + 10)
+    return max(10, int(4 * work * (_side(config) / 16) ** 2 * _rate(config, "straightdp_dpsgd") / 60) + 10)
 
 
 def straightdp_sample_runtime_min(config: Config) -> int:

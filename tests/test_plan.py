@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from pipeline import rates
 from pipeline import resources as cost
 from pipeline.plan import Job, parse_dry_run, plan_lines, render
 
@@ -44,8 +45,9 @@ def test_a_resumable_job_over_the_limit_runs_in_segments_and_any_other_does_not_
     assert lines["release_moments"].gpu_hours == 0 and lines["release_moments"].fits
     assert not lines["sensgeo_table_sdp"].fits  # 66.7 h, cannot resume
     assert all(r.fits and r.segments == 1 for r in plan_lines(parse_dry_run(DRY_RUN), max_job_minutes=None))
-    table = render(list(lines.values()), title="t", max_job_minutes=48 * 60)
-    assert "job time limit 48 h" in table and "CPU-derived estimates" in table
+    note = rates.device_rates({}).describe()
+    table = render(list(lines.values()), title="t", max_job_minutes=48 * 60, rates_note=note)
+    assert "job time limit 48 h" in table and "rates: estimates, not a GPU measurement (entry estimate" in table
     assert re.search(r"\| \*\*total\*\* \| 4 \| 2 \| .* \| NO \|$", table)
 
 

@@ -1,0 +1,403 @@
+"""``make gpu-check``: measure this machine's device rates and print them against the cost models' predictions.
+
+Each workload of :data:`pipeline.rates.WORKLOADS` is the inner loop of a paper preset's heaviest rule,
+built from that preset's config (``configs/<preset>.yaml`` over ``config.yaml``) at its resolution and
+network width, with the code the rule runs, on random data of the right shape (the cost of a step does
+not depend on what the pixels are):
+
+* ``pretrain_public`` (configs/cifar10.yaml, rule pretrain_public): the public EDM UNet's loss, backward
+  and Adam step on a batch of ``pretrain.batch_size`` images;
+* ``dpdm_dpsgd`` (configs/mnist.yaml, rule train_dpdm): DP-SGD's per-example gradients of ``dpdm.K``
+  draws each (:func:`pipeline.privacy.dpsgd.per_example_gradients`), clipped and summed, over one
+  micro-batch of ``dpdm.micro_batch`` examples;
+* ``empden_sample`` (configs/cifar10.yaml, rules empden_sample_*): one private step of the clipped
+  empirical denoiser (:func:`pipeline.privacy.empirical_denoiser.private_step`, eq. 38 with the public
+  normaliser of ``empden.normaliser_n`` records) for ``empden.batch_size`` outputs over the declared
+  private set size, times ``accounting.N`` steps per output;
+* ``straightdp_dpsgd`` (configs/straightdp_kmnist.yaml, rule train_straightdp): the flow loss's
+  per-example gradients of ``dpsgd.noise_multiplicity`` time draws on the preset's MM-DiT, clipped and
+  summed, over one micro-batch;
+* ``features`` (rule evaluate_*): torch-fidelity's Inception-V3 forward at 299x299 (its architecture; the
+  weights do not change its cost and are not downloaded, so they are random here).
+
+Each runs one warm-up step and ``--steps`` timed ones (synchronised on CUDA), and reports seconds per unit,
+the same at the workload's reference side (the rate the cost models scale by image area), the rate the
+configured entry predicts, and the peak memory (CUDA: the allocator's peak for the workload; CPU: the
+process' peak resident set so far). ``--tiny`` shrinks every network and batch to run in seconds on a CPU
+(the tests run it); its numbers are not rates of any paper workload. ``--write NAME`` stores the measured
+rates as entry NAME of ``pipeline/device_rates.yaml`` (``slurm.device_rates: NAME`` then uses them).
+
+    python -m pipeline gpu_check [--device auto] [--steps 5] [--write h100]
+    make gpu-check [WRITE=h100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import platform
+import resource
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import rates
+from pipeline.config import RGB_SOURCES, deep_merge, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: the preset each workload is taken from (its heaviest instance among the paper presets that run the rule)
+PRESET_OF = {"pretrain_public": "cifar10", "dpdm_dpsgd": "mnist", "empden_sample": "cifar10",
+             "straightdp_dpsgd": "straightdp_kmnist", "features": "cifar10"}
+#: --tiny: every workload at a size a CPU runs in seconds (the tests' mode; not a paper workload)
+TINY = {
+    "data": {"image_size": 16},
+    "pretrain": {"batch_size": 4, "unet": {"block_out_channels": [16, 16], "attention": [False, True],
+                                           "layers_per_block": 1, "norm_num_groups": 8}},
+    "dpdm": {"micro_batch": 2, "K": 2, "unet": {"block_out_channels": [16, 16], "attention": [False, True],
+                                                "layers_per_block": 1, "norm_num_groups": 8}},
+    "empden": {"batch_size": 8, "normaliser_n": 64},
+    "accounting": {"n": 256, "N": 4},
+    "straightdp": {"dpsgd": {"micro_batch": 2, "noise_multiplicity": 2},
+                   "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8,
+                            "joint_attention_dim": 8, "caption_tokens": 2}},
+}
+TINY_FEATURE_IMAGES = 2
+#: images per timed step, at most: a rate is per unit and one GPU's throughput saturates well below the presets'
+#: global batches (EDM's 512 was spread over 8 GPUs), which on one GPU could run out of memory
+MAX_BATCH = {"pretrain_public": 128, "features": 250}
+#: the check stops starting workloads after this long (the issue's bound: 8 minutes on one GPU)
+BUDGET_S = 480.0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One workload's timing: ``units`` units of work per timed step at image side ``side``."""
+
+    workload: str
+    preset: str
+    side: int
+    units: float
+    step_s: float
+    peak_mem_mb: float
+
+    @property
+    def seconds_per_unit(self) -> float:
+        return self.step_s / self.units
+
+    @property
+    def rate(self) -> float:
+        """Seconds per unit at the workload's reference side (the cost models scale rates by image area)."""
+        ref = rates.WORKLOADS[self.workload].reference_side
+        return self.seconds_per_unit if ref is None else self.seconds_per_unit / (self.side / ref) ** 2
+
+    def predicted_per_unit(self, entry: rates.DeviceRates) -> float | None:
+        """What ``entry`` predicts one unit at this side costs (None: no rate for it there)."""
+        if self.workload not in entry.rates:
+            return None
+        ref = rates.WORKLOADS[self.workload].reference_side
+        return entry.rates[self.workload] * (1.0 if ref is None else (self.side / ref) ** 2)
+
+
+# ----------------------------------------------------------------------------- the workloads
+
+
+def preset_config(preset: str, *, tiny: bool) -> dict[str, Any]:
+    """``config.yaml`` + ``configs/<preset>.yaml`` (validated, defaults filled), shrunk by :data:`TINY` in tiny mode."""
+    config = load_config(REPO / "config.yaml", REPO / "configs" / f"{preset}.yaml")
+    return deep_merge(config, TINY) if tiny else config
+
+
+def _channels(config: Mapping[str, Any]) -> int:
+    return 3 if config["data"]["private"]["source"] in RGB_SOURCES else 1
+
+
+def _random_split(n: int, config: Mapping[str, Any], seed: int = 0) -> Any:
+    import numpy as np
+
+    from pipeline.io import Split
+
+    rng = np.random.default_rng(seed)
+    side = int(config["data"]["image_size"])
+    return Split(rng.integers(0, 256, (n, _channels(config), side, side), dtype=np.uint8),
+                 (np.arange(n) % 10).astype(np.int64))
+
+
+def _pretrain_public(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
+    import torch
+
+    from pipeline.models.edm import EDMPrecond, edm_draw_loss, edm_sigma_sampler
+    from pipeline.models.unet import build_unet
+    from pipeline.training.data import to_model_scale, unet_spec_for
+
+    cfg = config["pretrain"]
+    batch = min(int(cfg["batch_size"]), MAX_BATCH["pretrain_public"])
+    split = _random_split(batch, config)
+    spec = unet_spec_for(cfg["unet"], split, class_conditional=cfg["class_conditional"])
+    torch.manual_seed(0)
+    model = EDMPrecond(build_unet(spec), sigma_data=cfg["sigma_data"]).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
+    x = to_model_scale(split.images).to(device)
+    cond = (torch.from_numpy(split.labels).to(device),) if spec.num_classes else ()
+    sampler, gen = edm_sigma_sampler(cfg["p_mean"], cfg["p_std"]), torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        sigma = sampler(batch, gen).to(device)
+        noise = torch.randn(x.shape, generator=gen).to(device)
+        loss = edm_draw_loss(model, x, sigma, noise, *cond, sigma_data=cfg["sigma_data"]).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step, batch
+
+
+def _per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond: tuple, clip: float
+                      ) -> Callable[[], None]:
+    """One micro-batch of a DP-SGD step: K draws per example, per-example gradients, clipped and summed."""
+    import torch
+
+    from pipeline.privacy import dpsgd
+
+    params = dpsgd.trainable_parameters(model)
+    gen = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        sigma, noise = multiplicity.draw(x, gen)
+        grads, _ = dpsgd.per_example_gradients(model, loss_fn, (x, sigma, noise, *cond), params)
+        dpsgd.clip_and_sum(grads, clip)
+
+    return step
+
+
+def _dpdm_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
+    import torch
+
+    from pipeline.models.precond import parameterisation
+    from pipeline.models.unet import build_unet
+    from pipeline.privacy import dpsgd
+    from pipeline.training.data import to_model_scale, unet_spec_for
+
+    d = config["dpdm"]
+    b, K = int(d["micro_batch"]), int(d["K"])
+    split = _random_split(b, config)
+    spec = unet_spec_for(d["unet"], split, class_conditional=d["class_conditional"], num_classes=10)
+    param = parameterisation(d["parameterisation"])
+    torch.manual_seed(0)
+    model = param.build(build_unet(spec)).to(device)
+    cond = (torch.from_numpy(split.labels).to(device),) if spec.num_classes else ()
+    step = _per_example_step(model, dpsgd.multiplicity_loss(param.draw_loss), to_model_scale(split.images).to(device),
+                             dpsgd.NoiseMultiplicity(K, param.sigma_sampler), cond, float(d["clip"]))
+    return step, b * K
+
+
+def _empden_sample(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], float]:
+    import torch
+
+    from pipeline.privacy import empirical_denoiser as emp
+
+    e, acc = config["empden"], config["accounting"]
+    n = int(acc["n"] or config["data"]["private"]["n_private_train"] or 50000)
+    side, ch = int(config["data"]["image_size"]), _channels(config)
+    d, b, m = ch * side * side, int(e["batch_size"]), int(e["normaliser_n"] or 10000)
+    gen = torch.Generator(device=device).manual_seed(0)
+    records = emp.prepare_records(torch.rand((n, d), generator=gen, device=device, dtype=torch.float64) * 2 - 1)
+    public = emp.prepare_records(torch.rand((m, d), generator=gen, device=device, dtype=torch.float64) * 2 - 1)
+    x = torch.randn((b, d), generator=gen, device=device, dtype=torch.float64)
+    steps_per_output = int(acc["N"])
+
+    def step() -> None:
+        # one step of every output of the batch; the per-output figure multiplies by the N steps each takes
+        t, t_next = 1.0, 0.9
+        log_z = emp.log_public_marginal(x, public, t)
+        emp.private_step(x, records, t, t_next, C=1.0, beta=1.0, generator=gen, log_normaliser=log_z)
+
+    return step, b / steps_per_output  # a timed step is 1/N of the work of each of its b outputs
+
+
+def _straightdp_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
+    import torch
+
+    from pipeline.flow.backbone import build_flow_model
+    from pipeline.flow.rectified import flow_loss
+    from pipeline.flow.straightdp import flow_spec
+    from pipeline.privacy import dpsgd, tha
+    from pipeline.training.data import to_model_scale
+
+    s = config["straightdp"]
+    b, K = int(s["dpsgd"]["micro_batch"]), int(s["dpsgd"]["noise_multiplicity"])
+    split = _random_split(b, config)
+    torch.manual_seed(0)
+    model = build_flow_model(flow_spec(s, split, 10)).to(device)
+    step = _per_example_step(model, dpsgd.multiplicity_loss(flow_loss), to_model_scale(split.images).to(device),
+                             dpsgd.NoiseMultiplicity(K, tha.uniform_time_sampler),
+                             (torch.from_numpy(split.labels).to(device),), float(s["dpsgd"]["clip_ref"]))
+    return step, b * K
+
+
+def _inception_architecture() -> Any:
+    """torch-fidelity's Inception-V3 feature network with random weights: its constructor reads a weights file,
+    which machines here do not have and nothing may download; the cost of a forward pass is its architecture's."""
+    from unittest import mock
+
+    import torch
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    with mock.patch.object(torch, "load", return_value={}), \
+            mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict"):
+        return FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path="-")
+
+
+def _features(config: Mapping[str, Any], device: Any, *, tiny: bool = False) -> tuple[Callable[[], None], int]:
+    import torch
+
+    b = TINY_FEATURE_IMAGES if tiny else min(int(config["evaluation"]["batch_size"]), MAX_BATCH["features"])
+    side = int(config["data"]["image_size"])
+    net = _inception_architecture().to(device).eval()
+    images = torch.randint(0, 256, (b, 3, side, side), dtype=torch.uint8, device=device)
+
+    def step() -> None:
+        with torch.no_grad():
+            net(images)
+
+    return step, b
+
+
+BUILDERS: dict[str, Callable[..., tuple[Callable[[], None], float]]] = {
+    "pretrain_public": _pretrain_public, "dpdm_dpsgd": _dpdm_dpsgd, "empden_sample": _empden_sample,
+    "straightdp_dpsgd": _straightdp_dpsgd, "features": _features,
+}
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_mb(device: Any) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def measure(workload: str, *, device: Any, steps: int, tiny: bool) -> Measurement:
+    """Time ``steps`` steps of ``workload`` (after one warm-up step) on ``device``."""
+    import torch
+
+    preset = PRESET_OF[workload]
+    config = preset_config(preset, tiny=tiny)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    builder = BUILDERS[workload]
+    step, units = builder(config, device, tiny=tiny) if workload == "features" else builder(config, device)
+    step()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    elapsed = (time.perf_counter() - start) / steps
+    side = 299 if workload == "features" else int(config["data"]["image_size"])
+    return Measurement(workload, preset, side, units, elapsed, _peak_mb(device))
+
+
+def device_name(device: Any) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def render(measured: Sequence[Measurement], entry: rates.DeviceRates, *, device: str, tiny: bool) -> str:
+    """The measurements beside ``entry``'s predictions, as a Markdown table."""
+    head = [f"gpu-check on {device}{' (tiny mode: not a paper workload)' if tiny else ''}; predictions from "
+            f"entry {entry.name!r} ({entry.kind})", "",
+            "| workload | preset | side | s per unit | predicted s per unit | measured / predicted | rate (s per unit at "
+            "reference side) | peak memory (MB) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m in measured:
+        pred = m.predicted_per_unit(entry)
+        ratio = "" if pred is None else f"{m.seconds_per_unit / pred:.3g}"
+        head.append(f"| {m.workload} | {m.preset} | {m.side} | {m.seconds_per_unit:.3g} | "
+                    f"{'not in the cost models' if pred is None else f'{pred:.3g}'} | {ratio} | {m.rate:.3g} | "
+                    f"{m.peak_mem_mb:,.0f} |")
+    return "\n".join(head)
+
+
+def measured_entry(name: str, measured: Sequence[Measurement], *, device: str, tiny: bool) -> rates.DeviceRates:
+    """The rates-file entry of these measurements."""
+    import torch
+
+    note = (f"make gpu-check, torch {torch.__version__}" + (" (tiny mode: networks and batches shrunk, not paper "
+                                                            "workloads)" if tiny else ""))
+    return rates.DeviceRates(name=name, kind="measured", note=note, measured_on=device,
+                             date=datetime.date.today().isoformat(),
+                             rates={m.workload: m.rate for m in measured},
+                             peak_mem_mb={m.workload: round(m.peak_mem_mb, 1) for m in measured})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.device import resolve_device
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline gpu_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", help="auto (CUDA when visible), cpu, cuda or cuda:N")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per workload after one warm-up (default 5)")
+    parser.add_argument("--tiny", action="store_true", help="shrunk networks and batches (seconds on a CPU; tests)")
+    parser.add_argument("--workloads", nargs="+", default=list(BUILDERS), choices=list(BUILDERS), metavar="W",
+                        help=f"which to run (default all: {', '.join(BUILDERS)})")
+    parser.add_argument("--entry", default=rates.DEFAULT_ENTRY, help="the rates entry to compare with (default "
+                        f"{rates.DEFAULT_ENTRY})")
+    parser.add_argument("--write", metavar="NAME", help="store the measured rates as entry NAME of the rates file")
+    parser.add_argument("--rates-file", type=Path, default=rates.RATES_FILE, help="default pipeline/device_rates.yaml")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"start no workload after this many seconds "
+                        f"(default {BUDGET_S:g})")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    device = resolve_device(args.device)
+    entries = rates.load_rates(args.rates_file)
+    if args.entry not in entries:
+        parser.error(f"--entry {args.entry}: no such entry in {args.rates_file} (entries: {', '.join(sorted(entries))})")
+    import torch
+
+    name = device_name(device)
+    measured, skipped, start = [], [], time.perf_counter()
+    for workload in args.workloads:
+        if time.perf_counter() - start > args.budget_s:
+            skipped.append(f"{workload} (the {args.budget_s:g} s budget was spent)")
+            continue
+        t0 = time.perf_counter()
+        try:
+            m = measure(workload, device=device, steps=args.steps, tiny=args.tiny)
+        except torch.OutOfMemoryError:
+            skipped.append(f"{workload} (out of memory on {name})")
+            continue
+        print(f"gpu-check: {workload} ({m.preset}) {m.seconds_per_unit:.3g} s per unit, "
+              f"{time.perf_counter() - t0:.1f} s in all", file=sys.stderr, flush=True)
+        measured.append(m)
+    print(render(measured, entries[args.entry], device=name, tiny=args.tiny))
+    for line in skipped:
+        print(f"gpu-check: not measured: {line}")
+    missing = sorted(set(rates.WORKLOADS) - {m.workload for m in measured})
+    if args.write and missing:
+        # an entry the cost models read must hold every rate they ask for
+        print(f"gpu-check: entry {args.write!r} not written: not measured: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    if args.write:
+        path = rates.write_entry(measured_entry(args.write, measured, device=name, tiny=args.tiny), args.rates_file)
+        print(f"\ngpu-check: wrote entry {args.write!r} to {path} (use it: slurm.device_rates: {args.write})")
+    return 0 if all(math.isfinite(m.step_s) for m in measured) else 1

@@ -1,0 +1,159 @@
+"""Device rates: the seconds one unit of each heavy workload costs on a device, read by the cost models.
+
+``pipeline/device_rates.yaml`` holds one entry per device (``estimate``, the default, is not a
+measurement: see its note); ``slurm.device_rates`` names the entry a configuration's runtime requests
+and plan use (:mod:`pipeline.resources`). ``make gpu-check`` (:mod:`pipeline.gpu_check`) measures the
+same workloads on the machine it runs on and writes a ``measured`` entry. Each rate is seconds per unit
+at the workload's reference image side; the cost models scale it by image area, as the measurements
+are converted to it. Pure Python (no torch, no Snakemake).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.io import atomic_path
+from pipeline.stage import PipelineError
+
+RATES_FILE = Path(__file__).with_name("device_rates.yaml")
+FORMAT = "dpgen-device-rates/1"
+DEFAULT_ENTRY = "estimate"
+KINDS = ("estimate", "measured")
+HEADER = """\
+# Device rates: what one unit of each heavy workload costs on a device (seconds), the numbers behind every
+# runtime request of the slurm profile and the plan (pipeline/resources.py, python -m pipeline plan).
+# slurm.device_rates names the entry a run uses (default: estimate). `make gpu-check` measures an entry on the
+# machine it runs on and, with WRITE=name, stores it here (pipeline/rates.py; units and sizes: rates.WORKLOADS).
+"""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One measured workload: what its unit is, the image side its rate is stated at, the cost model reading it."""
+
+    unit: str
+    reference_side: int | None
+    cost_model: str | None
+
+
+#: every workload a rate may be given for (``None`` cost model: measured and printed, not yet in a cost model)
+WORKLOADS: dict[str, Workload] = {
+    "pretrain_public": Workload("image: EDM loss forward, backward and Adam step of the public UNet", 32,
+                                "pretrain_runtime_min"),
+    "dpdm_dpsgd": Workload("example-draw: one of an example's K noise draws, per-example gradient clipped and summed",
+                           16, "dpdm_train_runtime_min"),
+    "empden_sample": Workload("output: every private step of EMPDEN's sampler (accounting.N of them) for one output",
+                              16, "empden_sample_runtime_min"),
+    "straightdp_dpsgd": Workload("example-draw: the flow loss's per-example gradient of one time draw, clipped and "
+                                 "summed", 16, "straightdp_train_runtime_min"),
+    "features": Workload("image: the evaluation's feature network forward at 299x299 (Inception-V3)", None, None),
+}
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """One entry of the rates file."""
+
+    name: str
+    kind: str
+    note: str
+    rates: dict[str, float]
+    measured_on: str | None = None
+    date: str | None = None
+    peak_mem_mb: dict[str, float] = field(default_factory=dict)
+
+    def rate(self, workload: str) -> float:
+        """Seconds per unit of ``workload`` at its reference side."""
+        if workload not in self.rates:
+            raise PipelineError(f"config error at slurm.device_rates: entry {self.name!r} of {RATES_FILE.name} has no "
+                                f"rate for {workload} (run make gpu-check WRITE={self.name}, or pick another entry)")
+        return self.rates[workload]
+
+    def describe(self) -> str:
+        """One line for the plan: what the rates are and where they come from."""
+        if self.kind == "measured":
+            return f"rates: measured on {self.measured_on} ({self.date}, make gpu-check; entry {self.name})"
+        return (f"rates: estimates, not a GPU measurement (entry {self.name} of pipeline/{RATES_FILE.name}: "
+                f"{self.note.strip()})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "measured_on": self.measured_on, "date": self.date, "note": self.note,
+                "rates": dict(self.rates), "peak_mem_mb": dict(self.peak_mem_mb)}
+
+
+def _entry(name: str, blob: Any, where: str) -> DeviceRates:
+    if not isinstance(blob, Mapping):
+        raise PipelineError(f"{where}: entry {name!r} must be a mapping")
+    if blob.get("kind") not in KINDS:
+        raise PipelineError(f"{where}: entry {name!r}: kind must be one of {', '.join(KINDS)}, got {blob.get('kind')!r}")
+    rates = blob.get("rates")
+    if not isinstance(rates, Mapping) or not rates:
+        raise PipelineError(f"{where}: entry {name!r}: rates must be a non-empty mapping of workload to seconds")
+    for workload, value in rates.items():
+        if workload not in WORKLOADS:
+            raise PipelineError(f"{where}: entry {name!r}: unknown workload {workload!r} "
+                                f"(known: {', '.join(WORKLOADS)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise PipelineError(f"{where}: entry {name!r}: rate of {workload} must be seconds > 0, got {value!r}")
+    if blob["kind"] == "measured" and not (blob.get("measured_on") and blob.get("date")):
+        raise PipelineError(f"{where}: entry {name!r}: a measured entry names its device (measured_on) and date")
+    return DeviceRates(name=name, kind=blob["kind"], note=str(blob.get("note") or ""),
+                       rates={k: float(v) for k, v in rates.items()}, measured_on=blob.get("measured_on"),
+                       date=None if blob.get("date") is None else str(blob["date"]),
+                       peak_mem_mb={k: float(v) for k, v in (blob.get("peak_mem_mb") or {}).items()})
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: Path, mtime_ns: int) -> dict[str, DeviceRates]:
+    where = str(path)
+    try:
+        blob = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise PipelineError(f"{where}: not a readable YAML rates file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(blob, Mapping) or blob.get("format") != FORMAT:
+        raise PipelineError(f"{where}: not a device rates file (expected format: {FORMAT})")
+    devices = blob.get("devices")
+    if not isinstance(devices, Mapping) or DEFAULT_ENTRY not in devices:
+        raise PipelineError(f"{where}: devices must be a mapping holding at least the {DEFAULT_ENTRY!r} entry")
+    return {str(name): _entry(str(name), entry, where) for name, entry in devices.items()}
+
+
+def load_rates(path: str | Path | None = None) -> dict[str, DeviceRates]:
+    """Every entry of the rates file (default :data:`RATES_FILE`), checked."""
+    p = Path(path) if path is not None else RATES_FILE
+    return _load(p, p.stat().st_mtime_ns if p.exists() else 0)
+
+
+def entry_name(config: Mapping[str, Any]) -> str:
+    """The entry ``config`` uses: ``slurm.device_rates``, else :data:`DEFAULT_ENTRY`."""
+    return str((config.get("slurm") or {}).get("device_rates") or DEFAULT_ENTRY)
+
+
+def device_rates(config: Mapping[str, Any], path: str | Path | None = None) -> DeviceRates:
+    """The entry ``config`` names; a one-line config error when the file has none of that name."""
+    entries = load_rates(path)
+    name = entry_name(config)
+    if name not in entries:
+        raise PipelineError(f"config error at slurm.device_rates: no entry {name!r} in {RATES_FILE.name} "
+                            f"(entries: {', '.join(sorted(entries))}; make gpu-check WRITE={name} measures one)")
+    return entries[name]
+
+
+def write_entry(entry: DeviceRates, path: str | Path | None = None) -> Path:
+    """Add or replace ``entry`` in the rates file (atomically; the other entries kept)."""
+    p = Path(path) if path is not None else RATES_FILE
+    entries = load_rates(p) if p.exists() else {}
+    entries[entry.name] = entry
+    if DEFAULT_ENTRY not in entries:
+        raise PipelineError(f"{p}: a rates file needs the {DEFAULT_ENTRY!r} entry; write into a copy of {RATES_FILE}")
+    blob = {"devices": {name: e.to_json() for name, e in entries.items()}, "format": FORMAT}
+    with atomic_path(p, suffix=".yaml") as tmp:
+        tmp.write_text(HEADER + yaml.safe_dump(blob, sort_keys=False, width=110))
+    return p

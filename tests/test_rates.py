@@ -1,0 +1,89 @@
+"""Device rates (pipeline.rates): one versioned file of seconds per unit of work per device, read by every cost model."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import yaml
+
+import pipeline.resources as cost
+from pipeline import rates
+from pipeline.config import ConfigError, check_sizes, validate_config
+from pipeline.stage import PipelineError
+
+COST_MODELED = {w: spec for w, spec in rates.WORKLOADS.items() if spec.cost_model}
+
+
+def write(path, devices, **top):
+    path.write_text(yaml.safe_dump({"format": rates.FORMAT, "devices": devices, **top}))
+    return path
+
+
+def estimate(**rates_):
+    return {"kind": "estimate", "note": "n", "rates": rates_ or {w: 1.0 for w in COST_MODELED}}
+
+
+def test_the_shipped_file_has_the_default_estimate_with_a_rate_for_every_cost_model():
+    entry = rates.load_rates()[rates.DEFAULT_ENTRY]
+    assert entry.kind == "estimate" and set(COST_MODELED) <= set(entry.rates)
+    assert rates.device_rates(validate_config({})) == entry
+    for workload, spec in COST_MODELED.items():
+        # the cost model named for a workload exists and reads its rate
+        assert f'rate(config, "{workload}")' in inspect.getsource(getattr(cost, spec.cost_model))
+
+
+@pytest.mark.parametrize("workload, fn, extra", [
+    ("dpdm_dpsgd", cost.dpdm_train_runtime_min, {"data": {"image_size": 32}, "dpdm": {"epochs": 1000}}),
+    ("straightdp_dpsgd", cost.straightdp_train_runtime_min, {"data": {"image_size": 28}}),
+    ("empden_sample", cost.empden_sample_runtime_min, {"empden": {"n_out": 50000}, "data": {"image_size": 32}}),
+    ("pretrain_public", cost.pretrain_runtime_min, {"data": {"image_size": 32}, "pretrain": {"steps": 390625}}),
+])
+def test_a_cost_model_scales_with_the_rate_of_the_entry_the_config_names(workload, fn, extra, tmp_path, monkeypatch):
+    base = rates.load_rates()[rates.DEFAULT_ENTRY].rates
+    slower = {**base, workload: base[workload] * 10}
+    monkeypatch.setattr(rates, "RATES_FILE", write(tmp_path / "r.yaml", {
+        "estimate": estimate(**base),
+        "slow": {"kind": "measured", "measured_on": "GPU X", "date": "2026-12-05", "note": "", "rates": slower}}))
+    fast, slow = (fn(validate_config({**extra, "slurm": {"device_rates": name}})) for name in ("estimate", "slow"))
+    assert fast == fn(validate_config(extra))  # the default entry is the estimate
+    # every model is a fixed overhead plus headroom x work x rate: ten times the rate, ~ten times the variable part
+    assert slow > 5 * fast
+
+
+def test_a_config_naming_no_entry_of_the_file_fails_in_one_line_before_any_job():
+    with pytest.raises(ConfigError, match=r"^config error at slurm.device_rates: no entry 'h100' in device_rates.yaml"):
+        check_sizes(validate_config({"slurm": {"device_rates": "h100"}}))
+
+
+@pytest.mark.parametrize("devices, top, message", [
+    ({"estimate": estimate()}, {"format": "other/1"}, "not a device rates file"),
+    ({"gpu": estimate()}, {}, "at least the 'estimate' entry"),
+    ({"estimate": estimate(dpdm_dpsgd=-1.0)}, {}, "rate of dpdm_dpsgd must be seconds > 0"),
+    ({"estimate": estimate(warp_drive=1.0)}, {}, "unknown workload 'warp_drive'"),
+    ({"estimate": {**estimate(), "kind": "guess"}}, {}, "kind must be one of estimate, measured"),
+    ({"estimate": estimate(), "h100": {**estimate(), "kind": "measured"}}, {}, "names its device"),
+])
+def test_a_malformed_rates_file_is_refused_with_the_entry_and_key(devices, top, message, tmp_path):
+    path = write(tmp_path / "r.yaml", devices, **top)
+    with pytest.raises(PipelineError, match=message):
+        rates.load_rates(path)
+
+
+def test_an_entry_without_a_rate_a_cost_model_needs_names_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(rates, "RATES_FILE", write(tmp_path / "r.yaml", {
+        "estimate": estimate(), "part": {"kind": "measured", "measured_on": "X", "date": "d", "rates": {"features": 1}}}))
+    with pytest.raises(PipelineError, match="entry 'part' of r.yaml has no rate for dpdm_dpsgd"):
+        cost.dpdm_train_runtime_min(validate_config({"slurm": {"device_rates": "part"}}))
+
+
+def test_writing_an_entry_keeps_the_others_and_reads_back_equal(tmp_path):
+    path = write(tmp_path / "r.yaml", {"estimate": estimate()})
+    entry = rates.DeviceRates(name="h200", kind="measured", note="make gpu-check", measured_on="NVIDIA H200",
+                              date="2026-12-05", rates={w: 0.5 for w in rates.WORKLOADS}, peak_mem_mb={"features": 12.5})
+    rates.write_entry(entry, path)
+    back = rates.load_rates(path)
+    assert back["h200"] == entry and back["estimate"].rates == estimate()["rates"]
+    assert path.read_text().startswith(rates.HEADER)
+    assert back["h200"].describe() == "rates: measured on NVIDIA H200 (2026-12-05, make gpu-check; entry h200)"
+    assert "not a GPU measurement" in back["estimate"].describe()
