@@ -1,6 +1,6 @@
 """``make gpu-check``: measure this machine's device rates and print them against the cost models' predictions.
 
-Each workload of :data:`pipeline.rates.WORKLOADS` is the inner loop of a paper preset's heaviest rule,
+Each workload of :data:`pipeline.rates.WORKLOADS` is the inner loop of one of the heaviest rules of a paper preset,
 built from that preset's config (``configs/<preset>.yaml`` over ``config.yaml``) at its resolution and
 network width, with the code the rule runs, on random data of the right shape (the cost of a step does
 not depend on what the pixels are):
@@ -50,7 +50,8 @@ from pipeline.config import RGB_SOURCES, deep_merge, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: the preset each workload is taken from (its heaviest instance among the paper presets that run the rule)
+#: the preset each workload is built from: one paper preset that runs the rule (a rate is per unit at a reference
+#: side and the cost models scale it by image area, so the other presets' jobs are predicted from the same rate)
 PRESET_OF = {"pretrain_public": "cifar10", "dpdm_dpsgd": "mnist", "empden_sample": "cifar10",
              "straightdp_dpsgd": "straightdp_kmnist", "features": "cifar10"}
 #: --tiny: every workload at a size a CPU runs in seconds (the tests' mode; not a paper workload)
