@@ -392,7 +392,7 @@ def dpsgd_flow_training(model: torch.nn.Module, plan: tha.THAPlan, images: Tenso
     res = loop.run_training(model=model, optimizer=optimizer, step_fn=step, total_steps=plan.steps,
                             state_path=state_path, run_hash=run_hash, ema_decay=float(sgd["ema_decay"]),
                             checkpoint_every_s=checkpoint_every_s, generators={"draws": gen, "mechanism": noise_gen},
-                            desc=desc, show_loss=False)
+                            desc=desc, show_loss=False, history=grad_norms)
     return res, grad_norms
 
 

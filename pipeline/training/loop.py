@@ -227,7 +227,7 @@ def load_state(path: Path, run_hash: str) -> dict[str, Any] | None:
 def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn: Callable[[int], float],
                  total_steps: int, state_path: Path | None, run_hash: str, ema_decay: float,
                  checkpoint_every_s: float = 300.0, generators: Mapping[str, torch.Generator] | None = None,
-                 desc: str = "train", show_loss: bool = True) -> TrainResult:
+                 desc: str = "train", show_loss: bool = True, history: list[Any] | None = None) -> TrainResult:
     """Run ``step_fn(step)`` for steps ``0 .. total_steps - 1``, resuming from ``state_path`` if possible.
 
     ``step_fn`` does one optimisation step (forward, backward, ``optimizer.step()``) and
@@ -236,7 +236,9 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
     ``state_path=None`` disables checkpointing (tests, throw-away runs). ``show_loss=False`` keeps
     the loss off the progress bar (a private run's loss is an unaccounted function of its data).
     SIGINT/SIGTERM during the loop end the step in flight, save the state and raise
-    :class:`TrainingInterrupted` (see the module docstring).
+    :class:`TrainingInterrupted` (see the module docstring). ``history``, when given, is a list ``step_fn``
+    appends its per-step records to (e.g. gradient-norm quantiles): it is saved with the state and
+    restored on resume, so a resumed run reports the records of every step, as an uninterrupted one does.
     """
     if not (isinstance(total_steps, int) and total_steps >= 0):
         raise ValueError(f"total_steps must be an integer >= 0, got {total_steps!r}")
@@ -253,6 +255,8 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
         _set_rng_state(state["rng"], generators)
         step = resumed_from = int(state["step"])
         losses = list(state["losses"])
+        if history is not None:
+            history[:] = list((state.get("extra") or {}).get("history", []))
         log.info("%s: resumed from %s at step %d/%d", desc, state_path, step, total_steps)
 
     written = 0
@@ -261,7 +265,8 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
         nonlocal written
         if state_path is not None:
             save_state(Path(state_path), model=model, optimizer=optimizer, ema=ema, step=step, losses=losses,
-                       run_hash=run_hash, generators=generators)
+                       run_hash=run_hash, generators=generators,
+                       extra=None if history is None else {"history": list(history)})
             written += 1
 
     start = last = time.monotonic()

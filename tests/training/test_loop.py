@@ -198,3 +198,30 @@ def test_the_command_line_reports_an_interrupted_stage_in_one_line_with_128_plus
     assert code == 143
     line, = err.splitlines()  # one line on the console, no traceback
     assert line.startswith("interrupted: ") and str(state) in line and "step 7/10" in line and "rerun" in line
+
+
+def test_a_resumed_run_reports_the_per_step_history_of_an_uninterrupted_one(tmp_path):
+    # a step function's own per-step records (STRAIGHTDP's gradient-norm quantiles) survive a resume whole
+    def run(total_steps, state_path, history):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(i: int) -> float:
+            loss = model(torch.ones(1, 3)).pow(2).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            history.append({"step": i, "w": float(model.weight.sum())})
+            return float("nan")
+
+        return loop.run_training(model=model, optimizer=optimizer, step_fn=step, total_steps=total_steps,
+                                 state_path=state_path, run_hash="h", ema_decay=0.9, history=history)
+
+    whole: list = []
+    _isolated(lambda: run(10, None, whole))
+    state = tmp_path / "state.pt"
+    _isolated(lambda: run(4, state, []))
+    resumed: list = []
+    res = _isolated(lambda: run(10, state, resumed))
+    assert res.resumed_from == 4 and resumed == whole and len(whole) == 10
