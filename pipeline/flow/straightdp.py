@@ -517,8 +517,8 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
                                  "decoupled_attention": spec.decoupled_attention, "post_hoc": spec.post_hoc},
         "grad_norms_non_private_diagnostic": {
             "note": "per-sample gradient-norm quantiles of the private batches (STRAIGHTDP App. D.3): NOT DP, a "
-                    "function of the private data like a training loss; medians over the steps of this process "
-                    "(a resumed run logs only the steps after its resume)",
+                    "function of the private data like a training loss; medians over every step of the run "
+                    "(a resumed run's earlier steps come from its saved training state)",
             "per_bucket": dpsgd.summarise_norm_quantiles(grad_norms)}})
 
 
