@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import rates
-from pipeline.config import RGB_SOURCES, deep_merge, load_config
+from pipeline.config import deep_merge, load_config
+from pipeline.resources import image_channels
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,12 +63,12 @@ TINY = {
     "dpdm": {"micro_batch": 2, "K": 2, "unet": {"block_out_channels": [16, 16], "attention": [False, True],
                                                 "layers_per_block": 1, "norm_num_groups": 8}},
     "empden": {"batch_size": 8, "normaliser_n": 64},
+    "evaluation": {"batch_size": 2},
     "accounting": {"n": 256, "N": 4},
     "straightdp": {"dpsgd": {"micro_batch": 2, "noise_multiplicity": 2},
                    "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8,
                             "joint_attention_dim": 8, "caption_tokens": 2}},
 }
-TINY_FEATURE_IMAGES = 2
 #: images per timed step, at most: a rate is per unit and one GPU's throughput saturates well below the presets'
 #: global batches (EDM's 512 was spread over 8 GPUs), which on one GPU could run out of memory
 MAX_BATCH = {"pretrain_public": 128, "features": 250}
@@ -113,10 +114,6 @@ def preset_config(preset: str, *, tiny: bool) -> dict[str, Any]:
     return deep_merge(config, TINY) if tiny else config
 
 
-def _channels(config: Mapping[str, Any]) -> int:
-    return 3 if config["data"]["private"]["source"] in RGB_SOURCES else 1
-
-
 def _random_split(n: int, config: Mapping[str, Any], seed: int = 0) -> Any:
     import numpy as np
 
@@ -124,7 +121,7 @@ def _random_split(n: int, config: Mapping[str, Any], seed: int = 0) -> Any:
 
     rng = np.random.default_rng(seed)
     side = int(config["data"]["image_size"])
-    return Split(rng.integers(0, 256, (n, _channels(config), side, side), dtype=np.uint8),
+    return Split(rng.integers(0, 256, (n, image_channels(config), side, side), dtype=np.uint8),
                  (np.arange(n) % 10).astype(np.int64))
 
 
@@ -203,7 +200,7 @@ def _empden_sample(config: Mapping[str, Any], device: Any) -> tuple[Callable[[],
 
     e, acc = config["empden"], config["accounting"]
     n = int(acc["n"] or config["data"]["private"]["n_private_train"] or 50000)
-    side, ch = int(config["data"]["image_size"]), _channels(config)
+    side, ch = int(config["data"]["image_size"]), image_channels(config)
     d, b, m = ch * side * side, int(e["batch_size"]), int(e["normaliser_n"] or 10000)
     gen = torch.Generator(device=device).manual_seed(0)
     records = emp.prepare_records(torch.rand((n, d), generator=gen, device=device, dtype=torch.float64) * 2 - 1)
@@ -253,10 +250,10 @@ def _inception_architecture() -> Any:
         return FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path="-")
 
 
-def _features(config: Mapping[str, Any], device: Any, *, tiny: bool = False) -> tuple[Callable[[], None], int]:
+def _features(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
     import torch
 
-    b = TINY_FEATURE_IMAGES if tiny else min(int(config["evaluation"]["batch_size"]), MAX_BATCH["features"])
+    b = min(int(config["evaluation"]["batch_size"]), MAX_BATCH["features"])
     side = int(config["data"]["image_size"])
     net = _inception_architecture().to(device).eval()
     images = torch.randint(0, 256, (b, 3, side, side), dtype=torch.uint8, device=device)
@@ -268,7 +265,7 @@ def _features(config: Mapping[str, Any], device: Any, *, tiny: bool = False) -> 
     return step, b
 
 
-BUILDERS: dict[str, Callable[..., tuple[Callable[[], None], float]]] = {
+BUILDERS: dict[str, Callable[[Mapping[str, Any], Any], tuple[Callable[[], None], float]]] = {
     "pretrain_public": _pretrain_public, "dpdm_dpsgd": _dpdm_dpsgd, "empden_sample": _empden_sample,
     "straightdp_dpsgd": _straightdp_dpsgd, "features": _features,
 }
@@ -302,8 +299,7 @@ def measure(workload: str, *, device: Any, steps: int, tiny: bool) -> Measuremen
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    builder = BUILDERS[workload]
-    step, units = builder(config, device, tiny=tiny) if workload == "features" else builder(config, device)
+    step, units = BUILDERS[workload](config, device)
     step()
     _sync(device)
     start = time.perf_counter()

@@ -19,6 +19,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def planned_jobs(output: str) -> dict[str, int]:
+    """rule -> job count from the 'Job stats' table of a dry run (empty when nothing is to be done)."""
+    lines = output.splitlines()
+    if "Job stats:" not in lines:
+        return {}
+    jobs = {}
+    for line in lines[lines.index("Job stats:") + 3:]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
 #: the longest tests of the slow tier (the tiny end-to-end run is most of it), started first: the tier runs one
 #: pytest-xdist worker per core (Makefile test-slow), and a long test picked up last would run alone while the
 #: other core idles

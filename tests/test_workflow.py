@@ -23,6 +23,7 @@ from pipeline.models.checkpoint import read_denoiser_meta
 from pipeline.training.public import folder_sha256
 from pipeline.reporting.tables import unmeasured_columns
 from pipeline.training.straightdp_runs import ROWS
+from tests.conftest import planned_jobs
 from tests.public_models import save_unet
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -165,20 +166,6 @@ TINY = {
                   "dp_merf": {"n_features": 64, "steps": 5, "batch_size": 20, "hidden": 16},
                   "pe": {"iterations": 2, "n_per_class": 2, "sampler_steps": 3}},
 }
-
-
-def planned_jobs(output: str) -> dict[str, int]:
-    """rule -> job count from the 'Job stats' table of a dry run (empty when nothing is to be done)."""
-    lines = output.splitlines()
-    if "Job stats:" not in lines:
-        return {}
-    jobs = {}
-    for line in lines[lines.index("Job stats:") + 3:]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        jobs[parts[0]] = int(parts[1])
-    return jobs
 
 
 #: edits of one method's config key -> (a rule the edit must replan, every rule it may replan: the

@@ -51,6 +51,7 @@ import pytest
 import yaml
 
 from pipeline.config import load_config, load_schema
+from tests.conftest import planned_jobs
 from tests.datasets import CELEBA_ATTRS, IDX_SOURCES, write_celeba, write_cifar10, write_idx, write_image_folder
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -301,19 +302,11 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def planned_jobs(configfiles: list[str]) -> dict[str, int]:
-    """The jobs a dry run of ``all`` plans, rule by rule (Snakemake's "Job stats" table)."""
+def dry_run_jobs(configfiles: list[str]) -> dict[str, int]:
+    """The jobs a dry run of ``all`` plans, rule by rule."""
     res = snakemake("-n", "--cores", "2", "all", "--configfile", *configfiles)
     assert res.returncode == 0, res.stderr[-3000:]
-    lines = (res.stdout + res.stderr).splitlines()
-    start = lines.index("Job stats:") + 3  # the header and its rule of dashes
-    jobs: dict[str, int] = {}
-    for line in lines[start:]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        jobs[parts[0]] = int(parts[1])
-    return jobs
+    return planned_jobs(res.stdout + res.stderr)
 
 
 def write_tiny(name: str, root: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
@@ -348,8 +341,8 @@ def test_twin_preset_reads_its_own_data_and_plans_its_siblings_jobs(name, tmp_pa
     _, sibling_over, sibling_files = write_tiny(sibling, tmp_path / sibling)
     sibling_over["methods"] = overrides.get("methods", methods(preset))
     Path(sibling_files[1]).write_text(yaml.safe_dump(sibling_over))
-    twin_jobs = planned_jobs(configfiles)
-    assert twin_jobs and twin_jobs == planned_jobs(sibling_files)
+    twin_jobs = dry_run_jobs(configfiles)
+    assert twin_jobs and twin_jobs == dry_run_jobs(sibling_files)
 
     # its own datasets, through the real loaders: the data stages of that DAG, run
     rules = [r for r, method in DATA_RULES.items() if method is None or method in methods(preset)]
