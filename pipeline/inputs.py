@@ -65,6 +65,8 @@ def input_checks(cfg: Mapping[str, Any]) -> list[Check]:
         checks.append(("evaluation.inception_weights", lambda: _inception_weights(evaluation["inception_weights"])))
     if cfg["pretrain"].get("source") == "diffusers":
         checks.append(("pretrain.path", lambda: _public_model(cfg)))
+    if "straightdp" in methods and cfg["straightdp"]["pretrain"].get("source") == "diffusers":
+        checks.append(("straightdp.pretrain.path", lambda: _public_flow(cfg)))
     zero_shot = cfg["empden_diagnostics"]["clip"]
     if "empden_diagnostics" in methods and zero_shot["model"] and zero_shot["checkpoint"]:  # used only when both set
         checks.append(("empden_diagnostics.clip.checkpoint", lambda: _zero_shot_checkpoint(zero_shot)))
@@ -93,6 +95,15 @@ def _public_model(cfg: Mapping[str, Any]) -> None:
     data = cfg["data"]
     check_folder(cfg["pretrain"].get("path"), image_size=int(data["image_size"]),
                  channels=3 if data["private"]["source"] in RGB_SOURCES else 1)
+
+
+def _public_flow(cfg: Mapping[str, Any]) -> None:
+    from pipeline.config import declared_private
+    from pipeline.flow.public import check_public_flow  # torch: only when a public flow is imported
+    from pipeline.methods.straightdp.wiring import sample_shape
+
+    c, side, _ = sample_shape(cfg, cfg["straightdp"])
+    check_public_flow(cfg["straightdp"]["pretrain"], shape=(c, side, side), n_classes=declared_private(cfg)["n_classes"])
 
 
 def _clip_weights(clip: Mapping[str, Any]) -> None:

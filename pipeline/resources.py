@@ -93,12 +93,22 @@ def pretrain_mem_mb(config: Config) -> int:
     return 4000 if _side(config) <= 16 else 16000
 
 
+def _folder_mb(path: str | None) -> float:
+    """MB of every file under the folder ``path`` (0 when it is not one: the input check names that)."""
+    folder = Path(os.path.expanduser(str(path or "")))
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20 if folder.is_dir() else 0
+
+
 def import_public_mem_mb(config: Config) -> int:
     """Loading the user's public UNet2DModel (rule import_public): the weights in memory about three times over
     (diffusers' load, the state dict copied out, torch.save's buffer) and 2 GB for torch and diffusers."""
-    folder = Path(os.path.expanduser(str(config["pretrain"].get("path") or "")))
-    size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20 if folder.is_dir() else 0
-    return 2000 + int(3 * size_mb)
+    return 2000 + int(3 * _folder_mb(config["pretrain"].get("path")))
+
+
+def import_straightdp_mem_mb(config: Config) -> int:
+    """Loading the user's SD3Transformer2DModel (rule import_straightdp): diffusers' fp32 load, the backbone it is
+    copied into and torch.save's buffer, each up to twice a half-precision folder's size, and 2 GB for the libraries."""
+    return 2000 + int(6 * _folder_mb(config["straightdp"]["pretrain"].get("path")))
 
 
 # ----------------------------------------------------------------------------- EMPDEN accounting

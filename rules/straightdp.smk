@@ -1,7 +1,8 @@
 # STRAIGHTDP (Che, Xu & Wu 2026): a wrong-domain public set, the moment release (Stage 1), a
 # rectified flow trained by uniform or THA DP-SGD (Stage 2), the shared evaluation, Tables 1, 5,
 # 6, 7 and Figures 2a, 3, 5, 6 (the 2-D toy: pipeline/results/straightdp_toy.py). Code:
-# pipeline/flow/straightdp.py (stages), pipeline/results/straightdp.py (tables, figures). Runs and
+# pipeline/flow/straightdp.py (stages), pipeline/flow/public.py (import_straightdp: the user's SD3 folder),
+# pipeline/results/straightdp.py (tables, figures). Runs and
 # their names: pipeline/training/straightdp_runs.py; a run's files and params, the targets, transcripts
 # and all_runs records: pipeline/methods/straightdp/wiring.py (STRAIGHTDP, unit-tested in
 # tests/methods/test_straightdp_wiring.py).
@@ -141,6 +142,35 @@ rule pretrain_straightdp:
     shell:
         "python -m pipeline pretrain_straightdp --in public={input.public:q} --out model={output.model:q}"
         " --params {params.p:q} --log {log:q}"
+
+
+if STRAIGHTDP.imports_public_flow:
+
+    rule import_straightdp:
+        """The user's public flow (straightdp.pretrain.source diffusers): an SD3Transformer2DModel folder and its label
+        embeddings, local files only (pipeline/flow/public.py); the arms still pretrain their own."""
+        input:
+            public=STRAIGHTDP.public_data(),
+        output:
+            model=STRAIGHTDP.public_flow(),
+        params:
+            p=lambda wildcards: STRAIGHTDP.import_params(),
+        benchmark:
+            benchmark_path("import_straightdp")
+        log:
+            LOGS / "import_straightdp.log",
+        threads: 1
+        resources:
+            mem_mb=cost.import_straightdp_mem_mb(config),
+            runtime=10,
+        conda:
+            CPU_ENV
+        shell:
+            "python -m pipeline import_straightdp --in public={input.public:q} --out model={output.model:q}"
+            " --params {params.p:q} --log {log:q}"
+
+    # pretrain_straightdp stays defined (its arm variant below is built from it) but never makes the main flow
+    ruleorder: import_straightdp > pretrain_straightdp
 
 
 # An arm's own public files (straightdp.arms; its runs are <arm>-<row>_eps<eps>_seed<seed>): the same rules

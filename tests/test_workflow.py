@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.config import deep_merge
 from pipeline.data.layout import idx_names
 from pipeline.io import CorruptFileError, load_split
 from pipeline.models.checkpoint import read_denoiser_meta
@@ -24,7 +25,7 @@ from pipeline.training.public import folder_sha256
 from pipeline.reporting.tables import unmeasured_columns
 from pipeline.training.straightdp_runs import ROWS
 from tests.conftest import planned_jobs
-from tests.public_models import save_unet
+from tests.public_models import save_label_tables, save_sd3, save_unet
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -243,7 +244,16 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     public_model = tmp_path / "public unet"
     save_unet(public_model, sample_size=12, num_class_embeds=11, norm_num_groups=8)
     pretrain = {"source": "diffusers", "path": str(public_model)}
-    cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(results), "pretrain": pretrain}))
+    # and STRAIGHTDP's public flow (Table 3's frozen-model route starts from it) a tiny random SD3Transformer2DModel
+    # with caption/pooled tables for the 10 digits + the null caption (the arms still pretrain their own)
+    save_sd3(tmp_path / "public sd3", sample_size=12, patch_size=2, pos_embed_max_size=6, num_layers=1,
+             joint_attention_dim=8, pooled_projection_dim=8)
+    save_label_tables(tmp_path / "labels.safetensors", n_classes=10, tokens=2, pooled_projection_dim=8)
+    straightdp = deep_merge(TINY["straightdp"], {"pretrain": {
+        "source": "diffusers", "path": str(tmp_path / "public sd3"),
+        "label_embeddings": str(tmp_path / "labels.safetensors")}})
+    cfg.write_text(yaml.safe_dump({**TINY, "results_dir": str(results), "pretrain": pretrain,
+                                   "straightdp": straightdp}))
     # ~15 min on 2 cores beside the rest of the slow tier (every method at a toy size, ~130 jobs; make test-slow
     # runs two tests at once): the guard against a hang is wider, for a slower CI machine
     res = snakemake(repo, "--cores", "2", "all", "--configfile", str(cfg), timeout=2700)
@@ -340,6 +350,12 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     public_meta = read_denoiser_meta(results / "tiny" / "models" / "public_edm.pt")
     assert public_meta["stage"] == "import_public" and public_meta["sha256"] == folder_sha256(public_model)
     assert not (results / "tiny" / "train" / "pretrain_public").exists()
+    # STRAIGHTDP's main flow is the user's SD3 (every Table 1 and Table 3 run of the main grid started from it); the
+    # arms pretrained their own
+    flow_meta = read_denoiser_meta(results / "tiny" / "models" / "straightdp" / "public_flow.pt")
+    assert flow_meta["stage"] == "import_straightdp" and flow_meta["sha256"] == folder_sha256(tmp_path / "public sd3")
+    pretrained = sorted(p.stem for p in (results / "tiny" / "benchmarks" / "pretrain_straightdp").glob("*.tsv"))
+    assert "import_straightdp" in set(runtime["rule"]) and pretrained == ["latent", "low_b0"]
     dpdm_metrics = [json.loads(p.read_text()) for p in (results / "tiny" / "train" / "dpdm").glob("*.json")]
     from_public = [m for m in dpdm_metrics if m.get("init")]
     assert from_public and all(m["init_fresh_tensors"] == [] for m in from_public)  # every tensor from the user's

@@ -87,6 +87,10 @@ class FlowSpec:
     #: True when the constraints were imposed on weights pretrained without them (Sec. 3.3's collapse
     #: ablation, :func:`impose_post_hoc`); a model trained inside its constraints from step 0 has False.
     post_hoc: bool = False
+    #: SD3.5's transformer options, set only by an imported model (:mod:`pipeline.flow.public`): the norm of the
+    #: attention queries and keys ("rms_norm") and the blocks with a second, image-only attention
+    qk_norm: str | None = None
+    dual_attention_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("image_size", "channels", "patch_size", "num_layers", "attention_head_dim",
@@ -118,6 +122,13 @@ class FlowSpec:
         if self.caption_projection_dim != self.width:
             raise ValueError(f"flow backbone: caption_projection_dim must equal the width num_attention_heads x "
                              f"attention_head_dim = {self.width}, got {self.caption_projection_dim}")
+        if self.qk_norm not in (None, "rms_norm", "layer_norm"):
+            raise ValueError(f"flow backbone: qk_norm must be null, rms_norm or layer_norm, got {self.qk_norm!r}")
+        layers = tuple(self.dual_attention_layers)  # JSON gives a list
+        if not all(isinstance(i, int) and 0 <= i < self.num_layers for i in layers):
+            raise ValueError(f"flow backbone: dual_attention_layers must be block indices in [0, {self.num_layers}), "
+                             f"got {list(layers)}")
+        object.__setattr__(self, "dual_attention_layers", layers)
 
     @property
     def width(self) -> int:
@@ -140,7 +151,15 @@ class FlowSpec:
         return range(first, self.num_layers)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        # SD3.5's options only when set: the files (and resume hashes) of every other spec stay as they were
+        if self.qk_norm is None:
+            del d["qk_norm"]
+        if self.dual_attention_layers:
+            d["dual_attention_layers"] = list(self.dual_attention_layers)
+        else:
+            del d["dual_attention_layers"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FlowSpec:
@@ -240,7 +259,8 @@ class MMDiTBackbone(nn.Module):
             out_channels=spec.channels, num_layers=spec.num_layers, attention_head_dim=spec.attention_head_dim,
             num_attention_heads=spec.num_attention_heads, joint_attention_dim=spec.joint_attention_dim,
             caption_projection_dim=spec.caption_projection_dim, pooled_projection_dim=spec.pooled_projection_dim,
-            pos_embed_max_size=spec.pos_embed_max_size)
+            pos_embed_max_size=spec.pos_embed_max_size, qk_norm=spec.qk_norm,
+            dual_attention_layers=spec.dual_attention_layers)
         self.transformer.set_attn_processor(MatmulJointAttnProcessor())
         cross = spec.cross_blocks()
         for i, block in enumerate(self.transformer.transformer_blocks):
@@ -310,7 +330,7 @@ def impose_post_hoc(model: RectifiedFlowVelocity, **constraints: Any) -> Rectifi
     if spec.constrained:
         raise ValueError("impose_post_hoc: the model already has constraints; post-hoc means imposing them on "
                          "an unconstrained model")
-    new = RectifiedFlowVelocity(MMDiTBackbone(replace(spec, **constraints, post_hoc=True)), model.timestep_scale)
+    new = RectifiedFlowVelocity(MMDiTBackbone(replace(spec, **constraints, post_hoc=True)), **model.precond_kwargs())
     new.load_state_dict(model.state_dict())
     return new
 
@@ -320,28 +340,50 @@ def _per_example_t(t: Tensor | float, x: Tensor) -> Tensor:
     return t.expand(x.shape[0]) if t.ndim == 0 else t
 
 
+#: what a backbone's output is along x_t = (1 - t) xi + t z: ours is the velocity z - xi (every flow trained here);
+#: SD3's is xi - z (Esser et al. 2024 regress the noise minus the data), so an imported SD3 model's is negated
+PREDICTIONS = {"data_minus_noise": 1.0, "noise_minus_data": -1.0}
+DEFAULT_PREDICTION = "data_minus_noise"
+
+
 class RectifiedFlowVelocity(nn.Module):
     """v(x, t, class_labels) of the ``rectified_flow_t`` convention around a backbone in SD3's time units.
 
     The backbone gets timestep = ``timestep_scale`` (1 - t) (SD3's sigma = 1 - t, timestep 1000
     sigma) and the labels, ``null_label`` when ``class_labels`` is None. ``t`` is a float or ``[B]``.
+    ``prediction`` (a key of :data:`PREDICTIONS`) is what the backbone outputs; the wrapper always
+    returns the velocity z - xi.
     """
 
     convention: ClassVar[str] = "rectified_flow_t"
 
-    def __init__(self, net: nn.Module, timestep_scale: float = SD3_TIMESTEP_SCALE) -> None:
+    def __init__(self, net: nn.Module, timestep_scale: float = SD3_TIMESTEP_SCALE,
+                 prediction: str = DEFAULT_PREDICTION) -> None:
         super().__init__()
-        self.net, self.timestep_scale = net, float(timestep_scale)
+        if prediction not in PREDICTIONS:
+            raise ValueError(f"flow prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
+        self.net, self.timestep_scale, self.prediction = net, float(timestep_scale), prediction
 
     @property
     def null_label(self) -> int:
         return self.net.spec.null_label
 
+    def precond_kwargs(self) -> dict[str, Any]:
+        """What :func:`pipeline.models.checkpoint.save_denoiser` records to rebuild this wrapper (the defaults
+        are left out: files of flows trained here stay as they were)."""
+        out: dict[str, Any] = {}
+        if self.timestep_scale != SD3_TIMESTEP_SCALE:
+            out["timestep_scale"] = self.timestep_scale
+        if self.prediction != DEFAULT_PREDICTION:
+            out["prediction"] = self.prediction
+        return out
+
     def forward(self, x: Tensor, t: Tensor | float, class_labels: Tensor | None = None) -> Tensor:
         t = _per_example_t(t, x)
         if class_labels is None:
             class_labels = torch.full((x.shape[0],), self.null_label, dtype=torch.long, device=x.device)
-        return self.net(x, self.timestep_scale * (1 - t), class_labels)
+        out = self.net(x, self.timestep_scale * (1 - t), class_labels)
+        return out if self.prediction == DEFAULT_PREDICTION else PREDICTIONS[self.prediction] * out
 
 
 def build_flow_model(spec: FlowSpec) -> RectifiedFlowVelocity:

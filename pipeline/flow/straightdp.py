@@ -91,6 +91,8 @@ COMMON_DOC = {
     "threads": "torch CPU threads (default 1)",
     "private": PRIVATE_DOC + " (release_moments, train_straightdp)",
     ledger.BINDING_PARAM: ledger.BINDING_DOC + " (release_moments, train_straightdp)",
+    "public_model": "the imported public flow's hashes (train_straightdp, sample_straightdp of a main run; "
+                    "pipeline/flow/public.py): in the config id only",
 }
 
 
@@ -215,6 +217,10 @@ def pretrain_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
     """Public pretraining of the class-conditional MM-DiT flow by eq. 1 (App. E, Table 9)."""
     cfg, seed, device = _setup(params)
     pre = cfg["pretrain"]
+    if pre.get("source") == "diffusers":
+        raise PipelineError("stage pretrain_straightdp: straightdp.pretrain.source is diffusers: rule "
+                            "import_straightdp loads the public flow instead")
+    pre = {k: v for k, v in pre.items() if k != "source"}  # "train", as absent: the resume hash stays as it was
     public, sha = load_training_split(inputs["public"], "public")
     n_classes = int(params.get("n_classes", int(public.labels.max()) + 1))
     if int(public.labels.max()) >= n_classes:
@@ -506,7 +512,8 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
 
         final = merge_lora(final)
         meta = {**meta, "lora": dict(cfg["lora"])}
-    save_denoiser(outputs["model"], final, backbone=spec, precond=FLOW_PRECOND, meta=meta)
+    save_denoiser(outputs["model"], final, backbone=spec, precond=FLOW_PRECOND, precond_kwargs=final.precond_kwargs(),
+                  meta=meta)
     write_json(outputs["metrics"], {
         "format": "dpgen-train-metrics/1", **meta, "clips": list(plan.clips), "noise_std": plan.noise_std,
         "noise_multipliers": list(plan.noise_multipliers), "edges": list(plan.edges), "steps": plan.steps,

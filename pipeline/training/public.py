@@ -52,16 +52,18 @@ DEFAULT_PRECOND = "edm"
 PATH_KEY = "pretrain.path"
 
 
-def resolve_folder(path: str | os.PathLike[str] | None, *, where: str = PATH_KEY) -> Path:
-    """The model folder of ``path`` (``~`` expanded), or a one-line error naming ``where``."""
+def resolve_folder(path: str | os.PathLike[str] | None, *, where: str = PATH_KEY,
+                   expected_class: str = UNET_CLASS) -> Path:
+    """The model folder of ``path`` (``~`` expanded), or a one-line error naming ``where`` (``<section>.path``)."""
     if not path:
-        raise PipelineError(f"config error at {where}: pretrain.source diffusers needs the path of a local diffusers "
+        section = where.rpartition(".")[0]
+        raise PipelineError(f"config error at {where}: {section}.source diffusers needs the path of a local diffusers "
                             "model folder (what save_pretrained writes: config.json and the weights)")
     folder = Path(os.path.expanduser(str(path)))
     if not folder.is_dir():
         raise PipelineError(f"config error at {where}: {folder} is not a folder: expected a local diffusers "
-                            f"{UNET_CLASS} folder (config.json and diffusion_pytorch_model.safetensors); nothing is "
-                            "downloaded")
+                            f"{expected_class} folder (config.json and diffusion_pytorch_model.safetensors); nothing "
+                            "is downloaded")
     return folder
 
 

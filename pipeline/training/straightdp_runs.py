@@ -162,9 +162,14 @@ def arm_runs(straightdp: Mapping[str, Any], table: str | None = None) -> list[St
             if table is None or table in section["tables"] for run in runs(straightdp, arm)]
 
 
+#: straightdp.pretrain keys of an imported public flow (pipeline/flow/public.py): the main configuration's only
+PUBLIC_IMPORT_KEYS = ("source", "path", "label_embeddings", "prediction")
+
+
 def arm_section(straightdp: Mapping[str, Any], arm: str) -> dict[str, Any]:
     """The straightdp section an arm's jobs read: the main one with the arm's ``space``, ``autoencoder``
-    and ``flow`` switches over it (the flow key by key), less ``arms``; its listing keys are the arm's."""
+    and ``flow`` switches over it (the flow key by key), less ``arms`` and an imported flow's keys
+    (:data:`PUBLIC_IMPORT_KEYS`); its listing keys are the arm's."""
     if not arm:
         return {k: v for k, v in straightdp.items() if k != "arms"}
     try:
@@ -174,6 +179,9 @@ def arm_section(straightdp: Mapping[str, Any], arm: str) -> dict[str, Any]:
                          f"({', '.join(straightdp.get('arms') or {}) or 'none configured'})") from None
     out = {k: v for k, v in straightdp.items() if k != "arms"}
     out["flow"] = {**straightdp["flow"], **own.get("flow", {})}
+    # an arm pretrains its own flow (its switches act from pretraining on): the imported flow is the main one's
+    if "pretrain" in straightdp:
+        out["pretrain"] = {k: v for k, v in straightdp["pretrain"].items() if k not in PUBLIC_IMPORT_KEYS}
     for key in ("space", "autoencoder", "rows", "epsilons", "seeds"):
         if key in own:
             out[key] = own[key]

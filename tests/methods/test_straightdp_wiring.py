@@ -406,3 +406,41 @@ def test_all_runs_records_every_run_with_its_transcripts_and_benchmarks(w):
     assert recs["released_only_eps1_seed0"].ledgers == (str(w.release_ledger("released_only_eps1_seed0")),)
     arm = recs["low_b0-uniform_moments_eps1_seed0"]
     assert not arm.in_figure and not arm.headline and arm.label.startswith("STRAIGHTDP [low_b0]: ")
+
+
+# ---------------------------------------------------------------------------------------------- an imported flow
+
+def imported(tmp_path: Path, **files) -> dict:
+    """config.yaml whose main public flow is the user's SD3 folder (straightdp.pretrain.source: diffusers)."""
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    return validate_config(deep_merge(cfg, {"results_dir": str(tmp_path / "r"),
+                                            "straightdp": {"pretrain": {"source": "diffusers", **files}}}))
+
+
+def test_the_files_hashes_are_in_the_config_id_of_every_main_run_that_reads_the_flow(tmp_path):
+    from tests.public_models import save_label_tables, save_sd3
+
+    def ids(cfg):
+        w = Wiring(House.from_config(cfg))
+        return {"train": json.loads(w.private_run_params(wc("tha_moments_eps1_seed0"), train=True))["config_id"],
+                "lora": json.loads(w.private_run_params(wc("lora_uniform_eps1_seed0"), train=True))["config_id"],
+                "guided": json.loads(w.sample_params(wc("public_guidance_eps1_seed0")))["config_id"],
+                "import": json.loads(w.import_params())["config_id"]}
+
+    save_sd3(tmp_path / "m", sample_size=16)
+    save_label_tables(tmp_path / "l.safetensors", n_classes=10)
+    files = {"path": str(tmp_path / "m"), "label_embeddings": str(tmp_path / "l.safetensors")}
+    w = Wiring(House.from_config(imported(tmp_path, **files)))
+    assert w.imports_public_flow and set(w.public_model()["public_model"]) == {"source", "sha256",
+                                                                              "label_embeddings_sha256"}
+    # a release reads no flow, an arm pretrains its own: neither moves with the imported files
+    assert "public_model" not in json.loads(w.private_run_params(wc("released_only_eps1_seed0")))
+    arm = json.loads(w.private_run_params(wc("low_b0-uniform_moments_eps1_seed0"), train=True))
+    assert "public_model" not in arm and set(arm["straightdp"]["pretrain"]) == {"steps", "batch_size", "lr",
+                                                                                "ema_decay", "p_uncond"}
+    first = ids(imported(tmp_path, **files))
+    save_label_tables(tmp_path / "l.safetensors", n_classes=10, seed=1)
+    second = ids(imported(tmp_path, **files))
+    assert all(first[k] != second[k] for k in first), (first, second)
+    trained = Wiring(House.from_config(validate_config({"results_dir": str(tmp_path / "r")})))
+    assert not trained.imports_public_flow and trained.public_model() == {}

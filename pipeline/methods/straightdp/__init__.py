@@ -12,6 +12,7 @@ STAGES = {
     "prepare_public": "pipeline.flow.straightdp:prepare_public",
     "straightdp_geometry": "pipeline.flow.straightdp:straightdp_geometry",
     "pretrain_straightdp": "pipeline.flow.straightdp:pretrain_straightdp",
+    "import_straightdp": "pipeline.flow.public:import_straightdp",
     "release_moments": "pipeline.flow.straightdp:release_moments",
     "train_straightdp": "pipeline.flow.straightdp:train_straightdp",
     "sample_straightdp": "pipeline.flow.straightdp:sample_straightdp",

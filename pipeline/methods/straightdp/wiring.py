@@ -42,6 +42,18 @@ TABLE4_KEYS = ("delta", "release", "table4")
 GRID_PER_CLASS = 8
 
 
+def sample_shape(config: Mapping[str, Any], section: Mapping[str, Any]) -> list[int]:
+    """[C, H, W] of what a straightdp ``section``'s flow and release model: the images, or in latent space the
+    codes (code_channels x side/4 x side/4)."""
+    side = cost.image_side(config)
+    if section.get("space", "pixel") == "latent":
+        from pipeline.config import schema_defaults
+
+        ae = {**schema_defaults("straightdp", "autoencoder"), **(section.get("autoencoder") or {})}
+        return [ae["code_channels"], side // 4, side // 4]
+    return [cost.image_channels(config), side, side]
+
+
 class Wildcards(Protocol):
     """A run rule's wildcards (Snakemake's, or any object with the run name)."""
 
@@ -59,6 +71,7 @@ class Wiring:
         self.house = house
         self.config = house.config
         self.layout = house.layout
+        self._public_model: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ the method's directories and public files
 
@@ -233,6 +246,31 @@ class Wiring:
         """The horizon tau (and Fig. 2a's cosine curve) an arm's runs read."""
         return self.arm_geometry(arm)[1] if self.own_geometry(arm) else self.root / "horizon.json"
 
+    @property
+    def imports_public_flow(self) -> bool:
+        """straightdp.pretrain.source diffusers: rule import_straightdp loads the main public flow from the user's
+        SD3Transformer2DModel folder (pipeline/flow/public.py) instead of pretrain_straightdp training it."""
+        return self.config["straightdp"]["pretrain"].get("source") == "diffusers"
+
+    def public_model(self) -> dict[str, Any]:
+        """``{"public_model": {source, sha256, label_embeddings_sha256}}`` when the main public flow is imported,
+        else ``{}``: spread into the params of import_straightdp and of every main run that reads the flow, so a
+        changed model reruns exactly those; a trained flow's readers keep their config ids."""
+        if not self.imports_public_flow:
+            return {}
+        if self._public_model is None:  # once: Snakemake asks every reading job's params, hashing reads the folder
+            from pipeline.flow.public import public_model
+
+            self._public_model = {"public_model": public_model(self.config["straightdp"]["pretrain"])}
+        return self._public_model
+
+    def import_params(self) -> str:
+        """rule import_straightdp's params: the pretrain keys it reads, the files' hashes, the declared classes."""
+        pretrain = {k: v for k, v in self.config["straightdp"]["pretrain"].items()
+                    if k in straightdp_runs.PUBLIC_IMPORT_KEYS}
+        return stage_params(straightdp={"pretrain": pretrain}, n_classes=self.house.private["n_classes"],
+                            **self.public_model())
+
     def public_flow(self, arm: str = "") -> Path:
         """The public flow a run starts from (or is guided on): the main one, or the arm's (its backbone, its
         space); ``arm`` may be the rule wildcard "{arm}"."""
@@ -249,13 +287,7 @@ class Wiring:
 
     def sample_shape(self, arm: str = "") -> list[int]:
         """[C, H, W] of what the release models: the images, or the codes (code_channels x side/4 x side/4)."""
-        side = cost.image_side(self.config)
-        if self.latent(arm):
-            from pipeline.config import schema_defaults
-
-            ae = {**schema_defaults("straightdp", "autoencoder"), **(self.arm_section(arm).get("autoencoder") or {})}
-            return [ae["code_channels"], side // 4, side // 4]
-        return [cost.image_channels(self.config), side, side]
+        return sample_shape(self.config, self.arm_section(arm))
 
     # ------------------------------------------------------------------ params
 
@@ -270,10 +302,13 @@ class Wiring:
         return stage_params(straightdp=self.section(keep=keep, arm=arm), device=self.config["device"],
                             threads=self.house.torch_threads, **extra)
 
-    def run_params(self, wildcards: Wildcards, *, train: bool = False, **extra: Any) -> str:
+    def run_params(self, wildcards: Wildcards, *, train: bool = False, reads_flow: bool = False, **extra: Any) -> str:
         """A run's job params: its arm's section; a LoRA row's training (Table 3) also reads straightdp.lora (no
-        other job's id moves with it)."""
+        other job's id moves with it); a job that reads the main public flow (``train`` or ``reads_flow``) the
+        imported flow's hashes (:meth:`public_model`)."""
         run = self.run(wildcards)
+        if (train or reads_flow) and not run.arm:
+            extra = {**self.public_model(), **extra}
         return self.params(keep=("lora",) if train and run.lora else (), arm=run.arm, run=run.name, **extra)
 
     def private_run_params(self, wildcards: Wildcards, *, train: bool = False) -> str:
@@ -284,7 +319,8 @@ class Wiring:
 
     def sample_params(self, wildcards: Wildcards) -> str:
         """rule sample_straightdp's params: the run's, with the shape of what its release models."""
-        return self.run_params(wildcards, shape=self.sample_shape(self.run(wildcards).arm))
+        run = self.run(wildcards)
+        return self.run_params(wildcards, reads_flow=run.samples_from != "release", shape=self.sample_shape(run.arm))
 
     def public_params(self) -> str:
         """rule straightdp_public's params: the data section, straightdp.public, its seed and random stream."""
