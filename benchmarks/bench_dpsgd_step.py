@@ -1,15 +1,20 @@
-"""One DP-SGD step with noise multiplicity: torch.func (ours) vs Opacus hooks vs non-private.
+"""One DP-SGD step with noise multiplicity: ours (vmap, ghost) vs Opacus (hooks, ghost clipping) vs non-private.
 
-All three arms train the same small diffusers ``UNet2DModel`` (16x16, one channel, one
-attention block, as the embedded default would) on the same logical batch (default 256
-examples x K = 4 noise draws = 1024 denoiser evaluations), in the same physical
+Every arm trains the same diffusers ``UNet2DModel`` (16x16, one channel, one attention block, as
+the embedded default would; ``--channels 128 256`` for a paper width) on the same logical batch
+(default 256 examples x K = 4 noise draws = 1024 denoiser evaluations), in the same physical
 micro-batches, with the same denoising loss:
 
 * ``nonprivate``: plain ``loss.backward()`` on each micro-batch, gradients accumulated;
-* ``torch.func``: :class:`pipeline.privacy.dpsgd.DPSGD` -- ``vmap(grad(...))`` per example
-  (K draws as an inner batch), clip, sum, one Gaussian noise draw;
+* ``torch.func``: :class:`pipeline.privacy.dpsgd.DPSGD` with ``clipping="vmap"`` --
+  ``vmap(grad(...))`` per example (K draws as an inner batch), clip, sum, one Gaussian noise draw;
+* ``ghost``: the same engine with ``clipping="ghost"`` (:mod:`pipeline.privacy.ghost`: mixed ghost
+  norms and book-keeping, one forward and one backward, no per-example gradients);
 * ``opacus``: ``opacus.GradSampleModule`` hooks on the B*K rows, per-row gradients summed
-  over each example's K rows, then the same clip/sum/noise (the hooks are what is compared).
+  over each example's K rows, then the same clip/sum/noise (the hooks are what is compared);
+* ``opacus-ghost``: ``GradSampleModuleFastGradientClipping`` (Opacus' ghost clipping, two backward
+  passes). Its privacy unit is the ROW: it cannot add up an example's K rows before clipping, so
+  it clips B*K rows -- a cost comparison only, not DPDM's mechanism.
 
 Every arm runs in its own child process so that its peak memory is its own: on CUDA the
 peak allocated memory of the step, on the CPU the growth of the process' peak RSS during
@@ -41,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-ARMS = ("nonprivate", "torch.func", "opacus")
+ARMS = ("nonprivate", "torch.func", "ghost", "opacus", "opacus-ghost")
 
 
 def build_unet(channels: tuple[int, int]):
@@ -106,12 +111,39 @@ def run_arm(arm: str, args, queue) -> None:
                 sigma, noise = mult.draw(x, g)
                 xk = x.unsqueeze(1).expand(-1, args.K, -1, -1, -1).reshape(-1, *x.shape[1:])
                 draw_loss(model, xk, sigma.reshape(-1), noise.reshape(-1, *x.shape[1:])).sum().backward()
-    elif arm == "torch.func":
+    elif arm in ("torch.func", "ghost"):
         engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(draw_loss), plan, microbatch_size=args.microbatch,
-                             multiplicity=mult, generator=torch.Generator().manual_seed(0))
+                             multiplicity=mult, generator=torch.Generator().manual_seed(0),
+                             clipping="vmap" if arm == "torch.func" else "ghost")
 
         def step(rows: int):
             engine.privatised_gradient((data,), idx[:rows])
+    elif arm == "opacus-ghost":
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
+        gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
+                                                   max_grad_norm=plan.max_grad_norm, use_ghost_clipping=True)
+        params = dpsgd.trainable_parameters(model)
+
+        def step(rows: int):
+            total = {k: torch.zeros_like(p) for k, p in params.items()}
+            g = torch.Generator().manual_seed(0)
+            for s in range(0, rows, args.microbatch):
+                x = data[s:s + args.microbatch]
+                sigma, noise = mult.draw(x, g)
+                xk = x.unsqueeze(1).expand(-1, args.K, -1, -1, -1).reshape(-1, *x.shape[1:])
+                loss = draw_loss(gsm, xk, sigma.reshape(-1), noise.reshape(-1, *x.shape[1:]))  # per row
+                loss.sum().backward(retain_graph=True)  # pass 1: the hooks' per-row norms
+                coeff = gsm.get_clipping_coef()
+                gsm.zero_grad(set_to_none=True)
+                gsm.disable_hooks()
+                (coeff.to(loss.device) * loss).sum().backward()  # pass 2: the clipped sum
+                gsm.enable_hooks()
+                for k, p in params.items():
+                    total[k].add_(p.grad)
+                    p.grad = None
+            for t in total.values():
+                t.add_(torch.randn_like(t), alpha=plan.noise_std).div_(plan.expected_batch_size)
     else:
         from opacus import GradSampleModule
 
@@ -175,12 +207,12 @@ def main() -> None:
           f"logical batch {args.batch} x K={args.K}, micro-batch {args.microbatch}, device {args.device}, "
           f"{args.threads} threads, best of {args.rounds} alternating rounds x {args.repeats} steps")
     arms = list(args.arms)
-    if "opacus" in arms:
-        try:
-            import opacus  # noqa: F401
-        except ImportError:
-            print("opacus: not installed, skipped (pip install opacus==1.6.0)")
-            arms.remove("opacus")
+    if {"opacus", "opacus-ghost"} & set(arms):
+        import importlib.util
+
+        if importlib.util.find_spec("opacus") is None:
+            print("opacus: not installed, both arms skipped (pip install opacus==1.6.0)")
+            arms = [a for a in arms if not a.startswith("opacus")]
     ctx = mp.get_context("spawn")
     results: dict[str, tuple[float, float, float]] = {}
     for _ in range(args.rounds):
@@ -197,12 +229,11 @@ def main() -> None:
             results[arm] = (min(old[0], wall), min(old[1], cpu), max(old[2], peak))
             print(f"  {arm}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
     base_wall, base_cpu, _ = results.get("nonprivate", (math.nan, math.nan, 0.0))
-    print(f"{'arm':<12}{'wall s':>9}{'x nonpriv':>11}{'CPU s':>9}{'x nonpriv':>11}{'peak MiB':>10}")
+    _, _, base_peak = results.get("nonprivate", (0.0, 0.0, math.nan))
+    print(f"{'arm':<14}{'wall s':>9}{'x nonpriv':>11}{'CPU s':>9}{'x nonpriv':>11}{'peak MiB':>10}{'x nonpriv':>11}")
     for arm, (wall, cpu, peak) in results.items():
-        print(f"{arm:<12}{wall:>9.2f}{wall / base_wall:>11.2f}{cpu:>9.2f}{cpu / base_cpu:>11.2f}{peak / 2 ** 20:>10.0f}")
-    if "torch.func" in results and "opacus" in results:
-        f, o = results["torch.func"], results["opacus"]
-        print(f"opacus / torch.func: wall {o[0] / f[0]:.2f}, CPU {o[1] / f[1]:.2f}")
+        print(f"{arm:<14}{wall:>9.2f}{wall / base_wall:>11.2f}{cpu:>9.2f}{cpu / base_cpu:>11.2f}"
+              f"{peak / 2 ** 20:>10.0f}{peak / base_peak if base_peak else math.nan:>11.2f}")
 
 
 if __name__ == "__main__":

@@ -154,20 +154,26 @@ def _pretrain_public(config: Mapping[str, Any], device: Any) -> tuple[Callable[[
     return step, batch
 
 
-def _per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond: tuple, clip: float
-                      ) -> Callable[[], None]:
-    """One micro-batch of a DP-SGD step: K draws per example, per-example gradients, clipped and summed."""
+def _per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond: tuple, clip: float,
+                      clipping: str = "auto") -> Callable[[], None]:
+    """One micro-batch of a DP-SGD step: K draws per example, each example's gradient clipped and summed, by the
+    route the engine takes for ``clipping`` (:func:`pipeline.privacy.dpsgd.resolve_clipping`)."""
     import torch
 
     from pipeline.privacy import dpsgd
+    from pipeline.privacy.ghost import ghost_clip_and_sum
 
     params = dpsgd.trainable_parameters(model)
     gen = torch.Generator().manual_seed(0)
+    route = dpsgd.resolve_clipping(clipping, model, loss_fn)
 
     def step() -> None:
         sigma, noise = multiplicity.draw(x, gen)
-        grads, _ = dpsgd.per_example_gradients(model, loss_fn, (x, sigma, noise, *cond), params)
-        dpsgd.clip_and_sum(grads, clip)
+        if route == "ghost":
+            ghost_clip_and_sum(model, loss_fn.batched, (x, sigma, noise, *cond), clip)
+        else:
+            grads, _ = dpsgd.per_example_gradients(model, loss_fn, (x, sigma, noise, *cond), params)
+            dpsgd.clip_and_sum(grads, clip)
 
     return step
 
@@ -189,7 +195,8 @@ def _dpdm_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], No
     model = param.build(build_unet(spec)).to(device)
     cond = (torch.from_numpy(split.labels).to(device),) if spec.num_classes else ()
     step = _per_example_step(model, dpsgd.multiplicity_loss(param.draw_loss), to_model_scale(split.images).to(device),
-                             dpsgd.NoiseMultiplicity(K, param.sigma_sampler), cond, float(d["clip"]))
+                             dpsgd.NoiseMultiplicity(K, param.sigma_sampler), cond, float(d["clip"]),
+                             str(d.get("clipping", "auto")))
     return step, b * K
 
 
@@ -233,7 +240,8 @@ def _straightdp_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[
     model = build_flow_model(flow_spec(s, split, 10)).to(device)
     step = _per_example_step(model, dpsgd.multiplicity_loss(flow_loss), to_model_scale(split.images).to(device),
                              dpsgd.NoiseMultiplicity(K, tha.uniform_time_sampler),
-                             (torch.from_numpy(split.labels).to(device),), float(s["dpsgd"]["clip_ref"]))
+                             (torch.from_numpy(split.labels).to(device),), float(s["dpsgd"]["clip_ref"]),
+                             str(s["dpsgd"].get("clipping", "auto")))
     return step, b * K
 
 

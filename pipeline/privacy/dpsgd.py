@@ -63,6 +63,7 @@ from torch.func import functional_call, grad, vmap
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
+from pipeline.privacy.ghost import ghost_clip_and_sum, unsupported_parameters
 
 #: default PLD settings for DP-SGD runs (thousands of compositions): h = 1e-4 keeps a
 #: calibration to seconds; the value is recorded on the ledger line and the replay uses it.
@@ -392,21 +393,39 @@ class NoiseMultiplicity:
         return sigma, noise
 
 
-def multiplicity_loss(draw_loss: Callable[..., Tensor]) -> ExampleLoss:
-    """Example loss l_i = (1/K) sum_k draw_loss(x_i; sigma_ik, n_ik) (DPDM Sec. 3).
+class MultiplicityLoss:
+    """Example loss l_i = (1/K) sum_k draw_loss(x_i; sigma_ik, n_ik) (DPDM Sec. 3), per example and batched.
 
-    ``draw_loss(model_fn, x[K,...], sigma[K], noise[K,...], *cond[K,...]) -> [K]`` is the
-    per-draw diffusion loss; the K draws run as one inner batch of the model. The mean is
-    taken BEFORE the gradient is clipped, so the example's sensitivity stays C for any K.
+    ``draw_loss(model_fn, x[K,...], sigma[K], noise[K,...], *cond[K,...]) -> [K]`` is the per-draw
+    diffusion loss. Called as ``loss(model_fn, x, sigma[K], noise[K,...], *cond)`` it is one example's
+    loss (what ``vmap`` differentiates: the K draws run as one inner batch of the model);
+    :meth:`batched` gives every example's loss from one forward over the B*K rows, example-major (what
+    ghost clipping differentiates, :mod:`pipeline.privacy.ghost`). The mean is taken BEFORE the gradient
+    is clipped, so the example's sensitivity stays C for any K.
     """
-    def example_loss(model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, noise: Tensor,
-                     *cond: Tensor) -> Tensor:
+
+    def __init__(self, draw_loss: Callable[..., Tensor]) -> None:
+        self.draw_loss = draw_loss
+
+    def __call__(self, model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, noise: Tensor,
+                 *cond: Tensor) -> Tensor:
         k = sigma.shape[0]
         xk = x.unsqueeze(0).expand(k, *x.shape)
         condk = tuple(c.unsqueeze(0).expand(k, *c.shape) for c in cond)
-        return draw_loss(model_fn, xk, sigma, noise, *condk).mean()
+        return self.draw_loss(model_fn, xk, sigma, noise, *condk).mean()
 
-    return example_loss
+    def batched(self, model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, noise: Tensor,
+                *cond: Tensor) -> Tensor:
+        """Every example's loss ``[B]``: ``x [B,...]``, ``sigma [B, K]``, ``noise [B, K, ...]``, ``cond [B, ...]``."""
+        b, k = sigma.shape
+        rows = self.draw_loss(model_fn, x.repeat_interleave(k, dim=0), sigma.reshape(b * k),
+                              noise.reshape(b * k, *noise.shape[2:]), *(c.repeat_interleave(k, dim=0) for c in cond))
+        return rows.reshape(b, k).mean(1)
+
+
+def multiplicity_loss(draw_loss: Callable[..., Tensor]) -> MultiplicityLoss:
+    """The example loss of ``draw_loss`` under noise multiplicity (:class:`MultiplicityLoss`)."""
+    return MultiplicityLoss(draw_loss)
 
 
 # --------------------------------------------------------------------------- the private step
@@ -451,6 +470,31 @@ def summarise_norm_quantiles(rows: Sequence[Mapping[str, float] | None]) -> dict
     return out
 
 
+Clipping = Literal["vmap", "ghost", "auto"]
+CLIPPING: tuple[str, ...] = ("vmap", "ghost", "auto")
+
+
+def resolve_clipping(clipping: str, model: nn.Module, loss_fn: ExampleLoss) -> str:
+    """How the clipped sum is computed: ``vmap`` (per-example gradients, :func:`per_example_gradients`) or
+    ``ghost`` (:mod:`pipeline.privacy.ghost`: norms and the clipped sum without them). ``auto`` takes ghost when
+    every trainable parameter is of a layer it handles and the loss has a batched form, else vmap; ``ghost``
+    asked for where it cannot run is a one-line error. Both give the same clipped sum: the mechanism, and so
+    the ledger line, is the same."""
+    if clipping not in CLIPPING:
+        raise DPSGDError(f"dpsgd clipping must be one of {', '.join(CLIPPING)}, got {clipping!r}")
+    if clipping == "vmap":
+        return "vmap"
+    why = ("the loss has no batched form (dpsgd.multiplicity_loss gives one)" if not hasattr(loss_fn, "batched")
+           else None)
+    if why is None and (bad := unsupported_parameters(model)):
+        why = f"parameter {bad[0]} is of a layer it does not handle"
+    if why is None:
+        return "ghost"
+    if clipping == "ghost":
+        raise DPSGDError(f"dpsgd clipping ghost: {why}; use vmap or auto")
+    return "vmap"
+
+
 class DPSGD:
     """Privatised gradients for ``model`` under ``plan``, with physical micro-batching.
 
@@ -463,15 +507,17 @@ class DPSGD:
     (use :func:`multiplicity_loss`); the draws fall in the step's ``plan.time_range_at(step)``.
 
     ``plan`` is any :class:`StepPlan`: step i (``steps_taken`` when it runs) clips at
-    ``plan.clip_at(i)`` and adds noise of std ``plan.noise_std_at(i)``.
+    ``plan.clip_at(i)`` and adds noise of std ``plan.noise_std_at(i)``. ``clipping``: how the clipped sum
+    is formed (:func:`resolve_clipping`; the resolved route is ``self.clipping``).
     """
 
     def __init__(self, model: nn.Module, loss_fn: ExampleLoss, plan: StepPlan, *, microbatch_size: int = 64,
                  multiplicity: NoiseMultiplicity | None = None, generator: torch.Generator | None = None,
-                 noise_generator: torch.Generator | None = None) -> None:
+                 noise_generator: torch.Generator | None = None, clipping: Clipping = "auto") -> None:
         if not (isinstance(microbatch_size, int) and microbatch_size >= 1):
             raise DPSGDError(f"micro-batch size must be an integer >= 1, got {microbatch_size!r}")
         self.model, self.loss_fn, self.plan = model, loss_fn, plan
+        self.clipping = resolve_clipping(clipping, model, loss_fn)
         self.microbatch_size, self.multiplicity = microbatch_size, multiplicity
         self.generator = generator  # sampling and diffusion draws (CPU)
         self.noise_generator = noise_generator  # the Gaussian mechanism's noise (on the parameters' device)
@@ -501,13 +547,17 @@ class DPSGD:
         total = {k: torch.zeros_like(p) for k, p in params.items()}
         norms, losses = [], []
         for chunk in self._microbatches(data, indices, self.plan.time_range_at(i)):
-            grads, loss = per_example_gradients(self.model, self.loss_fn, chunk, params)
-            summed, n = clip_and_sum(grads, clip)
+            if self.clipping == "ghost":
+                summed, n, loss = ghost_clip_and_sum(self.model, self.loss_fn.batched, chunk, clip)
+            else:
+                grads, loss = per_example_gradients(self.model, self.loss_fn, chunk, params)
+                summed, n = clip_and_sum(grads, clip)
+                del grads
             for k in total:
                 total[k].add_(summed[k])
             norms.append(n.detach())
             losses.append(loss.detach())
-            del grads, summed
+            del summed
         divisor = self.plan.expected_batch_size if self.plan.sampling == "poisson" else float(self.plan.batch_size)
         for k, t in total.items():
             noise = torch.randn(t.shape, generator=self.noise_generator, device=t.device, dtype=t.dtype)

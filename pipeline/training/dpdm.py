@@ -65,7 +65,7 @@ from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_privat
 log = logging.getLogger(__name__)
 
 STAGE = "train_dpdm"
-RESUME_INSENSITIVE = ("checkpoint_every_s", "device", "threads", "micro_batch", "config_id")
+RESUME_INSENSITIVE = ("checkpoint_every_s", "device", "threads", "micro_batch", "clipping", "config_id")
 
 PARAMS_DOC = {
     "parameterisation": "edm | vpred | vp | ve: the diffusion configuration (DPDM App. C)",
@@ -84,6 +84,8 @@ PARAMS_DOC = {
             "dropout); image size, channels and classes come from the data",
     "checkpoint_every_s": "wall-clock seconds between resumable checkpoints",
     "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only",
+    "clipping": "vmap | ghost | auto (default auto): how the clipped sum is formed (pipeline.privacy.dpsgd."
+                "resolve_clipping); the same mechanism",
     "trainable": "glob patterns of the parameter names DP-SGD updates (e.g. ['*attentions*', "
                  "'unet.class_embedding.*']); null = every parameter",
     "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise; default 0)",
@@ -127,6 +129,7 @@ class DPDMConfig:
     trainable: tuple[str, ...] | None
     steps: int | None = None
     seed: int = 0
+    clipping: str = "auto"
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DPDMConfig:
@@ -182,6 +185,8 @@ class DPDMConfig:
             raise bad("micro_batch", "an integer >= 1")
         if not self.checkpoint_every_s > 0:
             raise bad("checkpoint_every_s", "> 0")
+        if self.clipping not in dpsgd.CLIPPING:
+            raise bad("clipping", f"one of {', '.join(dpsgd.CLIPPING)}")
 
     def n_steps(self, n: int) -> int:
         return self.steps if self.steps is not None else max(1, math.ceil(self.epochs * n / self.batch_size))
@@ -299,7 +304,8 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     noise_gen = seeds.torch_generator("dpdm.mechanism_noise", cfg.seed, device=device)  # the Gaussian mechanism
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
                          multiplicity=dpsgd.NoiseMultiplicity(cfg.K, config.sigma_sampler), generator=gen,
-                         noise_generator=noise_gen)
+                         noise_generator=noise_gen, clipping=cfg.clipping)
+    log.info("%s: clipped sums by %s (dpdm.clipping %s)", STAGE, engine.clipping, cfg.clipping)
     images = to_model_scale(split.images).to(device)
     labels = torch.from_numpy(split.labels.astype(np.int64)).to(device) if spec.num_classes else None
 

@@ -22,6 +22,8 @@ from pipeline.wiring import House, params_json, stage_params
 #: the dpdm keys a training run depends on besides its run name (parameterisation, eps, K, seed) and ``trainable``
 TRAIN_KEYS = ("delta", "clip", "batch_size", "epochs", "lr", "ema_decay", "label_dropout", "class_conditional",
               "unet", "checkpoint_every_s", "micro_batch")
+#: dpdm keys with no schema default (absent: the stage's own), passed only when set: configs without them keep their ids
+OPTIONAL_TRAIN_KEYS = ("clipping",)
 #: the table whose val columns choose the main sampler (it never waits for the choice it feeds)
 SAMPLER_TABLE = "dpdm_table_samplers"
 #: the table whose rows are the privacy-utility figure's DPDM line
@@ -183,7 +185,8 @@ class Wiring:
         return stage_params(parameterisation=run.parameterisation, epsilon=run.epsilon, K=run.K, seed=run.seed,
                             device=h.device, threads=h.torch_threads, trainable=trainable,
                             ledger_binding=h.ledger_binding(run.name), private=h.private,
-                            **{k: d[k] for k in TRAIN_KEYS}, **(h.public_model() if from_public else {}))
+                            **{k: d[k] for k in TRAIN_KEYS}, **{k: d[k] for k in OPTIONAL_TRAIN_KEYS if k in d},
+                            **(h.public_model() if from_public else {}))
 
     def sample_params(self, wildcards: Any) -> str:
         """sample_dpdm params of one (run, sampler): the named sampler, generated with the run's seed."""
