@@ -107,62 +107,27 @@ def _saved_input(module: nn.Module, x: Tensor) -> Tensor:
     return x
 
 
-def _per_example(t: Tensor, B: int) -> Tensor:
-    """``[B*K, ...]`` rows -> ``[B, K*...]`` tokens of each example (K consecutive rows per example)."""
-    return t.reshape(B, -1, *t.shape[2:]) if t.ndim > 2 else t.reshape(B, -1)
-
-
-def _tokens(module: nn.Module, a: Tensor, g: Tensor, B: int) -> tuple[Tensor, Tensor]:
-    """A Linear or Conv2d's (activations ``[B, T_i, p]``, output gradients ``[B, T_i, d]``) per example."""
-    if isinstance(module, nn.Conv2d):
-        a = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=module.padding,
-                     stride=module.stride).transpose(1, 2)  # [N, L, C_in kh kw]
-        g = g.flatten(2).transpose(1, 2)  # [N, L, C_out]
+def _linear_tokens(a: Tensor, g: Tensor, B: int) -> tuple[Tensor, Tensor]:
+    """A Linear's (inputs ``[B, T_i, p]``, output gradients ``[B, T_i, d]``) per example (K rows each)."""
     return a.reshape(B, -1, a.shape[-1]), g.reshape(B, -1, g.shape[-1])
 
 
-def _combined(module: nn.Module, calls: list[tuple[Tensor, Tensor]], B: int) -> tuple[Tensor, ...]:
-    """One layer's per-example book-keeping over ALL its calls in the forward (a layer called twice, e.g. a
-    time embedding reused, has as per-example gradient the SUM over the calls): Linear/Conv2d and Embedding
-    (activations or indices, output gradients) with the calls' tokens side by side; a norm layer its summed
-    per-example (dL/dw, dL/db)."""
-    if isinstance(module, (nn.Linear, nn.Conv2d)):
-        pairs = [_tokens(module, a, g, B) for a, g in calls]
-        return torch.cat([a for a, _ in pairs], 1), torch.cat([g for _, g in pairs], 1)
-    if isinstance(module, nn.Embedding):
-        return (torch.cat([a.reshape(B, -1) for a, _ in calls], 1),
-                torch.cat([g.reshape(B, -1, g.shape[-1]) for _, g in calls], 1))
-    grads = [_norm_layer_grads(module, a, g, B) for a, g in calls]
-    return sum(gw for gw, _ in grads), sum(gb for _, gb in grads)
+def _conv_tokens(module: nn.Conv2d, a: Tensor, g: Tensor, B: int) -> tuple[Tensor, Tensor]:
+    """A Conv2d's (unfolded patches ``[B, T_i, C_in kh kw]``, output gradients ``[B, T_i, C_out]``) per example."""
+    u = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=module.padding, stride=module.stride)
+    return u.transpose(1, 2).reshape(B, -1, u.shape[1]), g.flatten(2).transpose(1, 2).reshape(B, -1, g.shape[1])
 
 
-def _sq_norms(module: nn.Module, book: tuple[Tensor, ...], B: int) -> Tensor:
-    """Per-example squared gradient norm ``[B]`` of the module's trainable parameters, from :func:`_combined`."""
-    w, b = module.weight, getattr(module, "bias", None)
-    sq = torch.zeros(B, dtype=book[-1].dtype, device=book[-1].device)
-    if isinstance(module, (nn.Linear, nn.Conv2d)):
-        a, g = book
-        if w.requires_grad:
-            if ghost_is_cheaper(a.shape[1], a.shape[2], g.shape[2]):
-                sq = sq + ((a @ a.transpose(1, 2)) * (g @ g.transpose(1, 2))).sum((1, 2))
-            else:
-                sq = sq + torch.einsum("bto,bti->boi", g, a).pow(2).sum((1, 2))
-        if b is not None and b.requires_grad:
-            sq = sq + g.sum(1).pow(2).sum(1)
-    elif isinstance(module, nn.Embedding):
-        idx, g = book
-        same = idx[:, :, None] == idx[:, None, :]
-        if module.padding_idx is not None:  # PyTorch gives the padding row no gradient
-            keep = idx != module.padding_idx
-            same = same & keep[:, :, None] & keep[:, None, :]
-        sq = sq + (same.to(g.dtype) * (g @ g.transpose(1, 2))).sum((1, 2))
-    else:  # GroupNorm / LayerNorm: per-example (dL/dw, dL/db)
-        gw, gb = book
-        if w is not None and w.requires_grad:
-            sq = sq + gw.flatten(1).pow(2).sum(1)
-        if b is not None and b.requires_grad:
-            sq = sq + gb.flatten(1).pow(2).sum(1)
-    return sq
+def _conv_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor, B: int) -> Tensor:
+    """Per-example conv weight gradients ``[B, *weight.shape]``: torch's own weight-gradient convolution per
+    example (batched by vmap: no unfolded copy of the input, which costs more than the convolution)."""
+    from torch.func import vmap
+
+    def one(a_i: Tensor, g_i: Tensor) -> Tensor:
+        return torch.nn.grad.conv2d_weight(a_i, module.weight.shape, g_i, stride=module.stride,
+                                           padding=module.padding, dilation=module.dilation)
+
+    return vmap(one)(a.reshape(B, -1, *a.shape[1:]), g.reshape(B, -1, *g.shape[1:]))
 
 
 def _norm_layer_grads(module: nn.Module, x_hat: Tensor, g: Tensor, B: int) -> tuple[Tensor, Tensor]:
@@ -172,35 +137,75 @@ def _norm_layer_grads(module: nn.Module, x_hat: Tensor, g: Tensor, B: int) -> tu
         gw, gb = (g * x_hat).sum(dims), g.sum(dims)  # [N, C]
         return gw.reshape(B, -1, gw.shape[1]).sum(1), gb.reshape(B, -1, gb.shape[1]).sum(1)
     shape = tuple(module.normalized_shape)
-    gw = (g * x_hat).reshape(B, -1, *shape).sum(1)
-    gb = g.reshape(B, -1, *shape).sum(1)
-    return gw, gb
+    return (g * x_hat).reshape(B, -1, *shape).sum(1), g.reshape(B, -1, *shape).sum(1)
 
 
-def _clipped_sums(module: nn.Module, book: tuple[Tensor, ...], c: Tensor) -> dict[str, Tensor]:
-    """sum_i c_i dL_i/dp for the module's trainable parameters ``p`` (book-keeping: from :func:`_combined`)."""
+def _cat(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+#: ``finish(c [B]) -> {parameter name: sum_i c_i dL_i/dp}``: a layer's clipped sums once the norms are known
+Finish = Callable[[Tensor], dict[str, Tensor]]
+
+
+def _instantiated(grads: dict[str, Tensor]) -> tuple[Tensor, Finish]:
+    """Per-example gradients ``{name: [B, ...]}`` formed: their squared norms, and the clipped sums from them."""
+    sq = sum(t.flatten(1).pow(2).sum(1) for t in grads.values())
+    return sq, lambda c: {k: torch.einsum("b,b...->...", c.to(t.dtype), t) for k, t in grads.items()}
+
+
+def _book(module: nn.Module, calls: list[tuple[Tensor, Tensor]], B: int) -> tuple[Tensor, Finish]:
+    """One layer's per-example squared norms ``[B]`` and its :data:`Finish`, over ALL its calls in the forward (a
+    layer called twice, e.g. a reused time embedding, has as per-example gradient the SUM over the calls)."""
     w, b = module.weight, getattr(module, "bias", None)
-    out: dict[str, Tensor] = {}
-    if isinstance(module, (nn.Linear, nn.Conv2d)):
-        a, g = book
-        gc = g * c[:, None, None]
-        if w.requires_grad:
-            out["weight"] = torch.einsum("bto,bti->oi", gc, a).reshape(w.shape)
-        if b is not None and b.requires_grad:
-            out["bias"] = gc.sum((0, 1))
-    elif isinstance(module, nn.Embedding):
-        idx, g = book
-        idx, g = idx.reshape(-1), (g * c[:, None, None]).reshape(-1, g.shape[-1])
-        if module.padding_idx is not None:
-            g = g * (idx != module.padding_idx).to(g.dtype)[:, None]
-        out["weight"] = torch.zeros_like(w).index_add_(0, idx, g)
-    else:
-        gw, gb = book
-        if w is not None and w.requires_grad:
-            out["weight"] = torch.einsum("b,b...->...", c, gw)
-        if b is not None and b.requires_grad:
-            out["bias"] = torch.einsum("b,b...->...", c, gb)
-    return out
+    train_w, train_b = w is not None and w.requires_grad, b is not None and b.requires_grad
+    if isinstance(module, nn.Embedding):
+        idx = _cat([a.reshape(B, -1) for a, _ in calls])
+        g = _cat([gg.reshape(B, -1, gg.shape[-1]) for _, gg in calls])
+        same = idx[:, :, None] == idx[:, None, :]
+        keep = None
+        if module.padding_idx is not None:  # PyTorch gives the padding row no gradient
+            keep = idx != module.padding_idx
+            same = same & keep[:, :, None] & keep[:, None, :]
+        sq = (same.to(g.dtype) * (g @ g.transpose(1, 2))).sum((1, 2))
+
+        def finish_embedding(c: Tensor) -> dict[str, Tensor]:
+            gc = (g * c.to(g.dtype)[:, None, None]).reshape(-1, g.shape[-1])
+            if keep is not None:
+                gc = gc * keep.reshape(-1, 1).to(gc.dtype)
+            return {"weight": torch.zeros_like(w).index_add_(0, idx.reshape(-1), gc)}
+
+        return sq, finish_embedding
+    if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
+        grads = [_norm_layer_grads(module, a, g, B) for a, g in calls]
+        return _instantiated({**({"weight": sum(gw for gw, _ in grads)} if train_w else {}),
+                              **({"bias": sum(gb for _, gb in grads)} if train_b else {})})
+    # Linear / Conv2d: the bias's per-example gradient is the output gradient summed over the example's tokens
+    conv = isinstance(module, nn.Conv2d)
+    per_ex: dict[str, Tensor] = {}
+    if train_b:
+        per_ex["bias"] = sum((g.flatten(2).sum(2) if conv else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)
+                              ).reshape(B, -1, g.shape[1] if conv else g.shape[-1]).sum(1) for _, g in calls)
+    if not train_w:
+        return _instantiated(per_ex)
+    d_out, d_in = w.shape[0], w[0].numel()
+    tokens = sum((a.shape[0] // B) * (g[0, 0].numel() if conv else g[0].numel() // d_out) for a, g in calls)
+    if not ghost_is_cheaper(tokens, d_in, d_out):
+        per_ex["weight"] = sum((_conv_weight_grads(module, a, g, B) if conv else
+                                torch.einsum("bto,bti->boi", *reversed(_linear_tokens(a, g, B))))
+                               for a, g in calls)
+        return _instantiated(per_ex)
+    pairs = [_conv_tokens(module, a, g, B) if conv else _linear_tokens(a, g, B) for a, g in calls]
+    A, G = _cat([a for a, _ in pairs]), _cat([g for _, g in pairs])  # [B, T_i, p], [B, T_i, d]
+    sq_b, finish_b = _instantiated(per_ex)
+    sq = sq_b + ((A @ A.transpose(1, 2)) * (G @ G.transpose(1, 2))).sum((1, 2))  # Bu et al. eq. 3
+
+    def finish_ghost(c: Tensor) -> dict[str, Tensor]:
+        out = finish_b(c)
+        out["weight"] = torch.einsum("bto,bti->oi", G * c.to(G.dtype)[:, None, None], A).reshape(w.shape)
+        return out
+
+    return sq, finish_ghost
 
 
 def ghost_clip_and_sum(model: nn.Module, batched_loss: BatchedLoss, chunk: Sequence[Tensor], max_grad_norm: float
@@ -243,9 +248,9 @@ def ghost_clip_and_sum(model: nn.Module, batched_loss: BatchedLoss, chunk: Seque
     outputs = [o for layer in layers.values() for o in layer.outputs]
     grads = torch.autograd.grad(losses.sum(), outputs, allow_unused=True) if outputs else ()
     it = iter(grads)
-    books: list[tuple[_Layer, tuple[Tensor, ...]]] = []
+    finishes: list[tuple[str, Finish]] = []
     sq = torch.zeros(B, dtype=losses.dtype, device=losses.device)
-    for layer in layers.values():
+    for name, layer in layers.items():
         calls = []
         for a in layer.inputs:
             g = next(it)
@@ -256,16 +261,16 @@ def ghost_clip_and_sum(model: nn.Module, batched_loss: BatchedLoss, chunk: Seque
                                  f"multiple of the {B} examples")
             calls.append((a, g.detach()))
         if calls:
-            book = _combined(layer.module, calls, B)
-            sq = sq + _sq_norms(layer.module, book, B).to(sq.dtype)
-            books.append((layer, book))
+            layer_sq, finish = _book(layer.module, calls, B)
+            sq = sq + layer_sq.to(sq.dtype)
+            finishes.append((name, finish))
+        layer.inputs.clear()
+        layer.outputs.clear()
     norms = sq.sqrt()
     c = max_grad_norm / torch.clamp(norms, min=max_grad_norm)
-    names = {id(m): n for n, m in model.named_modules()}
     summed: dict[str, Tensor] = {}
-    for layer, book in books:
-        prefix = names[id(layer.module)]
-        for pname, t in _clipped_sums(layer.module, book, c.to(book[-1].dtype)).items():
+    for prefix, finish in finishes:
+        for pname, t in finish(c).items():
             summed[f"{prefix}.{pname}" if prefix else pname] = t
     for name, p in model.named_parameters():  # parameters whose layer did not reach the loss: zero gradient
         if p.requires_grad and name not in summed:
