@@ -118,12 +118,32 @@ def run_arm(arm: str, args, queue) -> None:
 
         def step(rows: int):
             engine.privatised_gradient((data,), idx[:rows])
-    elif arm == "opacus-ghost":
+    else:
+        from opacus import GradSampleModule
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
 
-        gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
-                                                   max_grad_norm=plan.max_grad_norm, use_ghost_clipping=True)
         params = dpsgd.trainable_parameters(model)
+        if arm == "opacus-ghost":
+            gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
+                                                       max_grad_norm=plan.max_grad_norm, use_ghost_clipping=True)
+
+            def clipped_sum(b: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+                loss.sum().backward(retain_graph=True)  # pass 1: the hooks' per-ROW norms
+                coeff = gsm.get_clipping_coef()
+                gsm.zero_grad(set_to_none=True)
+                gsm.disable_hooks()
+                (coeff.to(loss.device) * loss).sum().backward()  # pass 2: the clipped sum
+                gsm.enable_hooks()
+                return {k: p.grad for k, p in params.items()}
+        else:
+            gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+
+            def clipped_sum(b: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+                (loss.reshape(b, args.K).mean(1)).sum().backward()  # the example loss: mean over K
+                per_example = {k: p.grad_sample.reshape(b, args.K, *p.shape).sum(1) for k, p in params.items()}
+                for p in params.values():
+                    p.grad_sample = None
+                return dpsgd.clip_and_sum(per_example, plan.max_grad_norm)[0]
 
         def step(rows: int):
             total = {k: torch.zeros_like(p) for k, p in params.items()}
@@ -133,39 +153,9 @@ def run_arm(arm: str, args, queue) -> None:
                 sigma, noise = mult.draw(x, g)
                 xk = x.unsqueeze(1).expand(-1, args.K, -1, -1, -1).reshape(-1, *x.shape[1:])
                 loss = draw_loss(gsm, xk, sigma.reshape(-1), noise.reshape(-1, *x.shape[1:]))  # per row
-                loss.sum().backward(retain_graph=True)  # pass 1: the hooks' per-row norms
-                coeff = gsm.get_clipping_coef()
-                gsm.zero_grad(set_to_none=True)
-                gsm.disable_hooks()
-                (coeff.to(loss.device) * loss).sum().backward()  # pass 2: the clipped sum
-                gsm.enable_hooks()
-                for k, p in params.items():
-                    total[k].add_(p.grad)
-                    p.grad = None
-            for t in total.values():
-                t.add_(torch.randn_like(t), alpha=plan.noise_std).div_(plan.expected_batch_size)
-    else:
-        from opacus import GradSampleModule
-
-        gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
-        params = dpsgd.trainable_parameters(model)
-
-        def step(rows: int):
-            total = {k: torch.zeros_like(p) for k, p in params.items()}
-            g = torch.Generator().manual_seed(0)
-            for s in range(0, rows, args.microbatch):
-                x = data[s:s + args.microbatch]
-                b = x.shape[0]
-                sigma, noise = mult.draw(x, g)
-                xk = x.unsqueeze(1).expand(-1, args.K, -1, -1, -1).reshape(-1, *x.shape[1:])
-                loss = draw_loss(gsm, xk, sigma.reshape(-1), noise.reshape(-1, *x.shape[1:]))
-                (loss.reshape(b, args.K).mean(1)).sum().backward()  # the example loss: mean over K
-                per_example = {k: p.grad_sample.reshape(b, args.K, *p.shape).sum(1) for k, p in params.items()}
-                summed, _ = dpsgd.clip_and_sum(per_example, plan.max_grad_norm)
-                for k in total:
-                    total[k].add_(summed[k])
+                for k, t in clipped_sum(x.shape[0], loss).items():
+                    total[k].add_(t)
                 for p in params.values():
-                    p.grad_sample = None
                     p.grad = None
             for t in total.values():
                 t.add_(torch.randn_like(t), alpha=plan.noise_std).div_(plan.expected_batch_size)
