@@ -91,6 +91,7 @@ class _Layer:
     module: nn.Module
     inputs: list[Tensor] = field(default_factory=list)  # what the layer's weight multiplies (or x_hat, indices)
     outputs: list[Tensor] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # each output's version counter when it was made
 
 
 def _trainable(module: nn.Module) -> bool:
@@ -232,6 +233,7 @@ def ghost_clip_and_sum(model: nn.Module, batched_loss: BatchedLoss, chunk: Seque
             layer = layers.setdefault(name, _Layer(module))
             layer.inputs.append(_saved_input(module, args[0]))
             layer.outputs.append(output)
+            layer.versions.append(output._version)
         return capture
 
     for name, module in model.named_modules():
@@ -246,6 +248,11 @@ def ghost_clip_and_sum(model: nn.Module, batched_loss: BatchedLoss, chunk: Seque
         raise ValueError(f"ghost clipping: the batched loss must be one value per example, shape [{B}], "
                          f"got {list(losses.shape)}")
     outputs = [o for layer in layers.values() for o in layer.outputs]
+    for name, layer in layers.items():
+        # the gradient would be taken at the tensor's later value (torch.autograd.grad follows the tensor object)
+        if any(o._version != v for o, v in zip(layer.outputs, layer.versions)):
+            raise ValueError(f"ghost clipping: the output of {name or 'the model'} ({type(layer.module).__name__}) "
+                             "is modified in place later in the forward; use dpsgd.clipping: vmap")
     grads = torch.autograd.grad(losses.sum(), outputs, allow_unused=True) if outputs else ()
     it = iter(grads)
     finishes: list[tuple[str, Finish]] = []

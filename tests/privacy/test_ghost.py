@@ -188,3 +188,24 @@ def test_thas_per_bucket_clips_and_noise_multiplicity_release_the_same_gradient_
         assert c_v == c_g and ((g_v - g_g).norm() / g_v.norm()).item() < 1e-5
         torch.testing.assert_close(n_g, n_v, rtol=1e-4, atol=1e-7)
     assert {c for _, _, c in released["ghost"]} == {0.05, 2.0}
+
+
+class InPlace(nn.Module):
+    """A forward that modifies a layer's output in place: its captured output is no longer what the loss saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, sigma):
+        h = self.lin(x.flatten(1))
+        h.mul_(2.0)
+        return h.reshape(x.shape)
+
+
+def test_a_layer_output_modified_in_place_is_refused_not_silently_wrong():
+    loss = dpsgd.multiplicity_loss(_square_loss)
+    x = torch.randn(3, 1, 2, 2)
+    chunk = (x, torch.ones(3, 2), torch.randn(3, 2, 1, 2, 2))
+    with pytest.raises(ValueError, match=r"the output of lin \(Linear\) is modified in place later in the forward"):
+        ghost_clip_and_sum(InPlace(), loss.batched, chunk, 1.0)
