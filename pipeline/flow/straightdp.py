@@ -30,7 +30,6 @@ whose defaults live in the schema only (:func:`pipeline.config.schema_defaults`)
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
