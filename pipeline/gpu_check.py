@@ -161,7 +161,6 @@ def _per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond:
     import torch
 
     from pipeline.privacy import dpsgd
-    from pipeline.privacy.ghost import ghost_clip_and_sum
 
     params = dpsgd.trainable_parameters(model)
     gen = torch.Generator().manual_seed(0)
@@ -169,11 +168,7 @@ def _per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond:
 
     def step() -> None:
         sigma, noise = multiplicity.draw(x, gen)
-        if route == "ghost":
-            ghost_clip_and_sum(model, loss_fn.batched, (x, sigma, noise, *cond), clip)
-        else:
-            grads, _ = dpsgd.per_example_gradients(model, loss_fn, (x, sigma, noise, *cond), params)
-            dpsgd.clip_and_sum(grads, clip)
+        dpsgd.clipped_sum(model, loss_fn, (x, sigma, noise, *cond), clip, route, params)
 
     return step
 

@@ -32,7 +32,6 @@ files' sha256 are in the params of the stage and of every main-configuration run
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Mapping
@@ -44,7 +43,7 @@ import torch
 from pipeline.flow.backbone import FLOW_PRECOND, PREDICTIONS, FlowSpec, RectifiedFlowVelocity, build_backbone
 from pipeline.io import atomic_path
 from pipeline.stage import PipelineError, reject_unknown_params, stage
-from pipeline.training.public import folder_sha256, read_model_config, resolve_folder
+from pipeline.training.public import file_sha256, folder_sha256, read_model_config, resolve_folder
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +119,10 @@ def check_embeddings(shapes: Mapping[str, list[int]], *, config: Mapping[str, An
                             f"{config.get('pooled_projection_dim')}] (the transformer's pooled_projection_dim)")
 
 
-def check_public_flow(pretrain: Mapping[str, Any], *, shape: tuple[int, int, int], n_classes: int) -> Path:
-    """Everything :func:`import_straightdp` can check from the config alone (run before any job is scheduled)."""
+def check_public_flow(pretrain: Mapping[str, Any], *, shape: tuple[int, int, int], n_classes: int
+                      ) -> tuple[Path, dict[str, Any]]:
+    """Everything :func:`import_straightdp` can check from the config alone (run before any job is scheduled); the
+    folder and its diffusers config."""
     folder = resolve_folder(pretrain.get("path"), where=PATH_KEY, expected_class=TRANSFORMER_CLASS)
     config = read_model_config(folder, where=PATH_KEY, expected_class=TRANSFORMER_CLASS)
     check_transformer(config, shape=shape, folder=folder)
@@ -131,16 +132,7 @@ def check_public_flow(pretrain: Mapping[str, Any], *, shape: tuple[int, int, int
     if prediction not in PREDICTIONS:
         raise PipelineError(f"config error at straightdp.pretrain.prediction: {prediction!r} (known: "
                             f"{', '.join(PREDICTIONS)})")
-    return folder
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of one file's bytes."""
-    digest = hashlib.sha256()
-    with open(os.path.expanduser(str(path)), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return folder, config
 
 
 def public_model(pretrain: Mapping[str, Any]) -> dict[str, str]:
@@ -179,8 +171,7 @@ def load_public_flow(pretrain: Mapping[str, Any], *, shape: tuple[int, int, int]
     from diffusers import SD3Transformer2DModel
     from safetensors.torch import load_file
 
-    folder = check_public_flow(pretrain, shape=shape, n_classes=n_classes)
-    config = read_model_config(folder, where=PATH_KEY, expected_class=TRANSFORMER_CLASS)
+    folder, config = check_public_flow(pretrain, shape=shape, n_classes=n_classes)
     tables = load_file(os.path.expanduser(str(pretrain["label_embeddings"])))
     caption, pooled = tables[CAPTION].float(), tables[POOLED].float()
     spec = spec_of(config, shape=shape, caption_tokens=int(caption.shape[1]), n_classes=n_classes)

@@ -495,6 +495,17 @@ def resolve_clipping(clipping: str, model: nn.Module, loss_fn: ExampleLoss) -> s
     return "vmap"
 
 
+def clipped_sum(model: nn.Module, loss_fn: ExampleLoss, chunk: Sequence[Tensor], max_grad_norm: float, route: str,
+                params: Mapping[str, Tensor] | None = None) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """One micro-batch's sum_i clip_C(g_i), the norms ||g_i|| before clipping and the losses, by ``route`` (a value of
+    :func:`resolve_clipping`): ghost clipping, or per-example gradients clipped and summed."""
+    if route == "ghost":
+        return ghost_clip_and_sum(model, loss_fn.batched, chunk, max_grad_norm)
+    grads, losses = per_example_gradients(model, loss_fn, chunk, params)
+    summed, norms = clip_and_sum(grads, max_grad_norm)
+    return summed, norms, losses
+
+
 class DPSGD:
     """Privatised gradients for ``model`` under ``plan``, with physical micro-batching.
 
@@ -547,12 +558,7 @@ class DPSGD:
         total = {k: torch.zeros_like(p) for k, p in params.items()}
         norms, losses = [], []
         for chunk in self._microbatches(data, indices, self.plan.time_range_at(i)):
-            if self.clipping == "ghost":
-                summed, n, loss = ghost_clip_and_sum(self.model, self.loss_fn.batched, chunk, clip)
-            else:
-                grads, loss = per_example_gradients(self.model, self.loss_fn, chunk, params)
-                summed, n = clip_and_sum(grads, clip)
-                del grads
+            summed, n, loss = clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
             for k in total:
                 total[k].add_(summed[k])
             norms.append(n.detach())

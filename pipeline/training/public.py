@@ -134,6 +134,15 @@ def folder_sha256(folder: Path) -> str:
     return _hash_listing(str(folder), listing)
 
 
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of one file's bytes (``~`` expanded), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(os.path.expanduser(str(path)), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 _HASHES: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
 
 
@@ -142,11 +151,7 @@ def _hash_listing(folder: str, listing: tuple[tuple[str, int, int], ...]) -> str
     if key not in _HASHES:
         outer = hashlib.sha256()
         for rel, _, _ in listing:
-            inner = hashlib.sha256()
-            with open(Path(folder) / rel, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    inner.update(block)
-            outer.update(f"{rel}\0{inner.hexdigest()}\n".encode())
+            outer.update(f"{rel}\0{file_sha256(Path(folder) / rel)}\n".encode())
         _HASHES[key] = outer.hexdigest()
     return _HASHES[key]
 

@@ -12,6 +12,7 @@ The paper's outputs (Che, Xu & Wu 2026): Tables 1 (main), 2 (noise sweep, ablati
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,7 +72,6 @@ class Wiring:
         self.house = house
         self.config = house.config
         self.layout = house.layout
-        self._public_model: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ the method's directories and public files
 
@@ -256,13 +256,16 @@ class Wiring:
         """``{"public_model": {source, sha256, label_embeddings_sha256}}`` when the main public flow is imported,
         else ``{}``: spread into the params of import_straightdp and of every main run that reads the flow, so a
         changed model reruns exactly those; a trained flow's readers keep their config ids."""
+        return self._public_model
+
+    @cached_property
+    def _public_model(self) -> dict[str, Any]:
+        # once per Wiring: Snakemake asks every reading job's params, and hashing reads the whole folder
         if not self.imports_public_flow:
             return {}
-        if self._public_model is None:  # once: Snakemake asks every reading job's params, hashing reads the folder
-            from pipeline.flow.public import public_model
+        from pipeline.flow.public import public_model
 
-            self._public_model = {"public_model": public_model(self.config["straightdp"]["pretrain"])}
-        return self._public_model
+        return {"public_model": public_model(self.config["straightdp"]["pretrain"])}
 
     def import_params(self) -> str:
         """rule import_straightdp's params: the pretrain keys it reads, the files' hashes, the declared classes."""
