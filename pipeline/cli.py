@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from pipeline import distributed
 from pipeline.config import ConfigError
 from pipeline.methods import merge_stages, method_stages
 from pipeline.stage import PipelineError, StageSpec
@@ -47,6 +48,9 @@ CORE_STAGES: dict[str, str] = {
 
 #: every stage: the core ones, then each method's own (listed by pipeline/methods/<method>/__init__.py)
 STAGES: dict[str, str] = merge_stages(CORE_STAGES, method_stages())
+
+#: the stages that run as N data-parallel processes under ``--nproc N`` (DP-SGD; :mod:`pipeline.distributed`)
+DATA_PARALLEL_STAGES: tuple[str, ...] = ("train_dpdm", "train_straightdp")
 
 #: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".
 EXTRA_COMMANDS: dict[str, str] = {
@@ -113,14 +117,32 @@ def _stage_parser(spec: StageSpec) -> argparse.ArgumentParser:
     return p
 
 
-def _split_log(argv: list[str]) -> tuple[list[str], Path | None]:
-    """Remove ``--log PATH`` from ``argv`` (anywhere after the stage name)."""
-    if "--log" not in argv:
+def _split_option(argv: list[str], option: str, expected: str) -> tuple[list[str], str | None]:
+    """Remove ``option VALUE`` from ``argv`` (anywhere after the stage name)."""
+    if option not in argv:
         return argv, None
-    i = argv.index("--log")
+    i = argv.index(option)
     if i + 1 >= len(argv):
-        raise PipelineError("--log: expected a file path")
-    return argv[:i] + argv[i + 2:], Path(argv[i + 1])
+        raise PipelineError(f"{option}: expected {expected}")
+    return argv[:i] + argv[i + 2:], argv[i + 1]
+
+
+def _split_log(argv: list[str]) -> tuple[list[str], Path | None]:
+    """Remove ``--log PATH`` from ``argv``; under torchrun, rank r > 0 logs beside it (``.rank<r>``)."""
+    argv, path = _split_option(argv, "--log", "a file path")
+    return argv, None if path is None else Path(distributed.rank_log_path(path))
+
+
+def _split_nproc(argv: list[str]) -> tuple[list[str], int]:
+    """Remove ``--nproc N`` from ``argv``: N data-parallel processes (default 1)."""
+    argv, value = _split_option(argv, "--nproc", "an integer >= 1")
+    try:
+        nproc = 1 if value is None else int(value)
+    except ValueError:
+        nproc = 0
+    if nproc < 1:
+        raise PipelineError(f"--nproc: expected an integer >= 1, got {value!r}")
+    return argv, nproc
 
 
 @contextlib.contextmanager
@@ -195,15 +217,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}")
         print("\n`python -m pipeline STAGE --help` shows a stage's inputs, outputs and params.")
         print("--log FILE sends the stage's output to FILE; an error's one-line cause is printed on the console too.")
+        print("--nproc N runs a DP-SGD training stage as N data-parallel processes (torchrun; one GPU each under "
+              "CUDA, gloo CPU processes otherwise).")
         return 0
     if argv[0] in EXTRA_COMMANDS:
         module, attr = EXTRA_COMMANDS[argv[0]].split(":")
         return int(getattr(importlib.import_module(module), attr)(argv[1:]) or 0)
     try:
+        argv, nproc = _split_nproc(argv)
         argv, log_path = _split_log(argv)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if nproc > 1 and argv[0] not in DATA_PARALLEL_STAGES:
+        print(f"error: --nproc {nproc}: stage {argv[0]} does not run data-parallel (only "
+              f"{', '.join(DATA_PARALLEL_STAGES)})", file=sys.stderr)
+        return 2
+    if nproc > 1 and distributed.launched_size() == 1:
+        # torchrun's agent takes this process's place: SLURM's and Snakemake's signals reach it, and it
+        # forwards them to the ranks (each finishes its step and rank 0 saves the state)
+        argv_ranks = argv + ([] if log_path is None else ["--log", str(log_path)])
+        command = distributed.launch_argv(nproc, argv_ranks)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(command[0], command)
     with _logging_to(log_path) as console:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         return _run_stage(argv, console, log_path)

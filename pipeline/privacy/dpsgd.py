@@ -43,6 +43,14 @@ DPDM run is the same computation as before; STRAIGHTDP's time-heterogeneous plan
 (:class:`pipeline.privacy.tha.THAPlan`, Sec. 3.2) gives bucket k its own clip C_k under one
 shared noise std s. Which step is running is the engine's ``steps_taken``.
 
+**Data parallel** (:mod:`pipeline.distributed`, N processes under torchrun): every rank draws the same
+logical batch (one Poisson sample over the GLOBAL dataset from the run's one named stream) and the same
+diffusion draws, in the same order as one process; rank r computes the clipped sums of micro-batches
+r, r + N, r + 2N, ...; one all-reduce sums them, and rank 0 adds the Gaussian noise to its share before the
+sum, so the noise is drawn once per logical step from the one mechanism stream. The released gradient is the
+single process's (to float summation order), and so is the ledger line. The draws of the micro-batches a rank
+does not compute are still made (and discarded), to keep the stream aligned: that is CPU work every rank repeats.
+
 Randomness: ``torch.Generator`` (Mersenne twister) is not a cryptographically secure source;
 like Opacus without ``secure_mode`` this is adequate for research reproducibility, not for a
 deployment that must resist an attacker who can predict the noise.
@@ -61,6 +69,7 @@ from dp_accounting import dp_event
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from pipeline import distributed
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.ghost import ghost_clip_and_sum, unsupported_parameters
@@ -377,20 +386,30 @@ class NoiseMultiplicity:
 
         With ``time_range = (lo, hi)`` every sigma lies in [lo, hi) (checked in x's dtype).
         """
-        b = x.shape[0]
-        if time_range is None:
-            sigma = self.sample_sigma(b * self.K, generator)
-        else:
-            sigma = self.sample_sigma(b * self.K, generator, time_range)
-        sigma = sigma.reshape(b, self.K).to(x.device, x.dtype)
+        sigma, noise = self._draw(x.shape[0], x.shape[1:], x.dtype, generator, time_range)
+        sigma = sigma.to(x.device, x.dtype)
         if time_range is not None and sigma.numel():
             lo, hi = time_range
             if not bool(((sigma >= lo) & (sigma < hi)).all()):
                 # a draw outside the bucket would train a time the declared workload excludes
                 raise DPSGDError(f"time draws must lie in the step's range [{lo}, {hi}), got "
                                  f"[{sigma.min().item()}, {sigma.max().item()}]")
-        noise = torch.randn((b, self.K, *x.shape[1:]), generator=generator, dtype=x.dtype).to(x.device)
-        return sigma, noise
+        return sigma, noise.to(x.device)
+
+    def skip(self, b: int, shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator | None = None,
+             time_range: tuple[float, float] | None = None) -> None:
+        """Consume the random numbers :meth:`draw` would for ``b`` examples of ``shape`` (another data-parallel
+        rank's micro-batch: the stream stays aligned with one process's)."""
+        self._draw(b, shape, dtype, generator, time_range)
+
+    def _draw(self, b: int, shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator | None,
+              time_range: tuple[float, float] | None) -> tuple[Tensor, Tensor]:
+        if time_range is None:
+            sigma = self.sample_sigma(b * self.K, generator)
+        else:
+            sigma = self.sample_sigma(b * self.K, generator, time_range)
+        noise = torch.randn((b, self.K, *shape), generator=generator, dtype=dtype)
+        return sigma.reshape(b, self.K), noise
 
 
 class MultiplicityLoss:
@@ -520,19 +539,26 @@ class DPSGD:
     ``plan`` is any :class:`StepPlan`: step i (``steps_taken`` when it runs) clips at
     ``plan.clip_at(i)`` and adds noise of std ``plan.noise_std_at(i)``. ``clipping``: how the clipped sum
     is formed (:func:`resolve_clipping`; the resolved route is ``self.clipping``).
+
+    ``world`` (default: the initialised process group, else one process): the data-parallel ranks this
+    engine is one of (module docstring, "Data parallel"); every rank must construct it with the same
+    arguments. Rank 0's weights are broadcast to the others here.
     """
 
     def __init__(self, model: nn.Module, loss_fn: ExampleLoss, plan: StepPlan, *, microbatch_size: int = 64,
                  multiplicity: NoiseMultiplicity | None = None, generator: torch.Generator | None = None,
-                 noise_generator: torch.Generator | None = None, clipping: Clipping = "auto") -> None:
+                 noise_generator: torch.Generator | None = None, clipping: Clipping = "auto",
+                 world: distributed.World | None = None) -> None:
         if not (isinstance(microbatch_size, int) and microbatch_size >= 1):
             raise DPSGDError(f"micro-batch size must be an integer >= 1, got {microbatch_size!r}")
         self.model, self.loss_fn, self.plan = model, loss_fn, plan
         self.clipping = resolve_clipping(clipping, model, loss_fn)
         self.microbatch_size, self.multiplicity = microbatch_size, multiplicity
-        self.generator = generator  # sampling and diffusion draws (CPU)
-        self.noise_generator = noise_generator  # the Gaussian mechanism's noise (on the parameters' device)
+        self.generator = generator  # sampling and diffusion draws (CPU; the same stream on every rank)
+        self.noise_generator = noise_generator  # the Gaussian mechanism's noise (on the parameters' device; rank 0)
+        self.world = world or distributed.current()
         self.steps_taken = 0
+        distributed.broadcast_module(model)
 
     def sample(self) -> Tensor:
         n = self.plan.dataset_size
@@ -541,14 +567,20 @@ class DPSGD:
         return fixed_size_sample(n, self.plan.batch_size, self.generator)
 
     def _microbatches(self, data: Sequence[Tensor], indices: Tensor,
-                      time_range: tuple[float, float] | None = None) -> Iterator[tuple[Tensor, ...]]:
-        for start in range(0, len(indices), self.microbatch_size):
+                      time_range: tuple[float, float] | None = None) -> Iterator[tuple[int, tuple[Tensor, ...]]]:
+        """This rank's micro-batches (j, chunk): j = rank, rank + N, ...; the others' draws are skipped."""
+        rank, size = self.world.rank, self.world.size
+        for j, start in enumerate(range(0, len(indices), self.microbatch_size)):
             idx = indices[start:start + self.microbatch_size]
+            if j % size != rank:
+                if self.multiplicity is not None:
+                    self.multiplicity.skip(len(idx), data[0].shape[1:], data[0].dtype, self.generator, time_range)
+                continue
             chunk = tuple(t[idx.to(t.device)] for t in data)
             if self.multiplicity is not None:
                 sigma, noise = self.multiplicity.draw(chunk[0], self.generator, time_range)
                 chunk = (chunk[0], sigma, noise, *chunk[1:])
-            yield chunk
+            yield j, chunk
 
     def privatised_gradient(self, data: Sequence[Tensor], indices: Tensor) -> tuple[dict[str, Tensor], StepInfo]:
         """The released gradient of step ``steps_taken`` over the logical batch ``indices``."""
@@ -556,22 +588,26 @@ class DPSGD:
         clip, std = self.plan.clip_at(i), self.plan.noise_std_at(i)
         params = trainable_parameters(self.model)
         total = {k: torch.zeros_like(p) for k, p in params.items()}
-        norms, losses = [], []
-        for chunk in self._microbatches(data, indices, self.plan.time_range_at(i)):
-            summed, n, loss = clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
+        norms: dict[int, Tensor] = {}
+        losses: dict[int, Tensor] = {}
+        for j, chunk in self._microbatches(data, indices, self.plan.time_range_at(i)):
+            summed, norms[j], losses[j] = clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
             for k in total:
                 total[k].add_(summed[k])
-            norms.append(n.detach())
-            losses.append(loss.detach())
             del summed
         divisor = self.plan.expected_batch_size if self.plan.sampling == "poisson" else float(self.plan.batch_size)
-        for k, t in total.items():
-            noise = torch.randn(t.shape, generator=self.noise_generator, device=t.device, dtype=t.dtype)
-            t.add_(noise, alpha=std).div_(divisor)
+        if self.world.main:  # the noise is drawn once per logical step, by rank 0, before the ranks' sum
+            for t in total.values():
+                t.add_(torch.randn(t.shape, generator=self.noise_generator, device=t.device, dtype=t.dtype), alpha=std)
+        distributed.all_reduce_sum(list(total.values()))
+        for t in total.values():
+            t.div_(divisor)
         device = next(iter(total.values())).device if total else torch.device("cpu")
+        norm_parts = distributed.gather_ordered({j: n.detach() for j, n in norms.items()})
+        loss_parts = distributed.gather_ordered({j: v.detach() for j, v in losses.items()})
         info = StepInfo(batch_size=int(len(indices)),
-                        grad_norms=torch.cat(norms) if norms else torch.zeros(0, device=device),
-                        losses=torch.cat(losses) if losses else torch.zeros(0, device=device),
+                        grad_norms=torch.cat(norm_parts) if norm_parts else torch.zeros(0, device=device),
+                        losses=torch.cat(loss_parts) if loss_parts else torch.zeros(0, device=device),
                         bucket=self.plan.bucket_of(i), clip=float(clip))
         return total, info
 

@@ -32,6 +32,12 @@ Nothing computed from the private data other than the DP-SGD updates leaves this
 training losses are not logged, shown or written (they would be an unaccounted release).
 Resumable after a kill through :mod:`pipeline.training.loop` (the mechanism's noise generator
 is checkpointed with the rest, so a resumed run releases exactly the run that was accounted).
+
+Data parallel: launched as N processes (``python -m pipeline --nproc N train_dpdm ...``, the rule's ``gpu``
+resource from ``dpdm.gpus``), every rank runs this stage; the engine splits each logical batch's micro-batches
+over the ranks (:mod:`pipeline.distributed`) and rank 0 alone writes the state, the model, the ledger line and
+the metrics. The run is the single process's (same sample, draws and noise; weights equal to float summation
+order), so the number of processes is not part of the run's identity (its params hash or config id).
 """
 
 from __future__ import annotations
@@ -49,9 +55,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline import seeds
+from pipeline import distributed, seeds
 from pipeline.config import schema_defaults
-from pipeline.device import resolve_device
 from pipeline.io import atomic_path, read_json, write_json
 from pipeline.models.checkpoint import read_denoiser_meta, save_denoiser
 from pipeline.models.precond import parameterisation as get_parameterisation
@@ -233,12 +238,14 @@ def init_from_public(model: nn.Module, path: Path) -> dict[str, Any]:
             "fresh": fresh, "meta": blob.get("meta", {})}
 
 
-def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str) -> dpsgd.DPSGDPlan:
+def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str, *,
+                    write: bool = True) -> dpsgd.DPSGDPlan:
     """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training).
 
     The calibrated sigma is kept beside the resumable state (``plan.json``, keyed by the run's
     params hash) so a resumed run continues with the SAME mechanism it started with, without
-    repeating the bisection (minutes at paper scale); its eps is recomputed by the caller.
+    repeating the bisection (minutes at paper scale); its eps is recomputed by the caller. ``write=False``
+    (data-parallel ranks other than 0, which calibrate the same sigma) leaves the file to rank 0.
     """
     plan_kw = dict(max_grad_norm=cfg.clip, sampling_rate=cfg.batch_size / n, dataset_size=n, steps=steps,
                    delta=cfg.delta)
@@ -252,7 +259,8 @@ def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: 
                                      batch_size=cfg.batch_size, dataset_size=n, steps=steps)
     except dpsgd.DPSGDError as exc:
         raise PipelineError(f"stage {STAGE}: {exc}") from None
-    write_json(cache, {"params_hash": run_hash, "noise_multiplier": plan.noise_multiplier, **plan_kw})
+    if write:
+        write_json(cache, {"params_hash": run_hash, "noise_multiplier": plan.noise_multiplier, **plan_kw})
     return plan
 
 
@@ -261,8 +269,13 @@ def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: 
 def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """DP-SGD training of a (class-conditional) diffusion denoiser with noise multiplicity (DPDM)."""
     cfg = DPDMConfig.from_params(params)
+    with distributed.data_parallel(str(params.get("device", "auto"))) as (world, device):
+        _train_dpdm(cfg, inputs, outputs, params, world, device)
+
+
+def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any],
+                world: distributed.World, device: torch.device) -> None:
     config_id = str(params.get("config_id", "unknown"))
-    device = resolve_device(str(params.get("device", "auto")))
     if device.type == "cpu":
         torch.set_num_threads(int(params.get("threads", 1)))
     n, n_classes = declared_private(params, STAGE)
@@ -285,7 +298,7 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     # 1. the mechanism, fixed before any private record is used
     total_steps = cfg.n_steps(n)
     t0 = time.perf_counter()
-    plan = calibrated_plan(cfg, n, total_steps, ck_dir / "plan.json", run_hash)
+    plan = calibrated_plan(cfg, n, total_steps, ck_dir / "plan.json", run_hash, write=world.main)
     certified = plan.epsilon()
     if certified > cfg.epsilon:  # cannot happen for a fresh calibration; guards an edited plan.json
         raise PipelineError(f"stage {STAGE}: plan certifies eps {certified:.6g} > target {cfg.epsilon}")
@@ -304,8 +317,9 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     noise_gen = seeds.torch_generator("dpdm.mechanism_noise", cfg.seed, device=device)  # the Gaussian mechanism
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
                          multiplicity=dpsgd.NoiseMultiplicity(cfg.K, config.sigma_sampler), generator=gen,
-                         noise_generator=noise_gen, clipping=cfg.clipping)
-    log.info("%s: clipped sums by %s (dpdm.clipping %s)", STAGE, engine.clipping, cfg.clipping)
+                         noise_generator=noise_gen, clipping=cfg.clipping, world=world)
+    log.info("%s: clipped sums by %s (dpdm.clipping %s), process %d of %d", STAGE, engine.clipping, cfg.clipping,
+             world.rank + 1, world.size)
     images = to_model_scale(split.images).to(device)
     labels = torch.from_numpy(split.labels.astype(np.int64)).to(device) if spec.num_classes else None
 
@@ -319,6 +333,8 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
                             state_path=ck_dir / loop.STATE_FILE, run_hash=run_hash, ema_decay=cfg.ema_decay,
                             checkpoint_every_s=cfg.checkpoint_every_s,
                             generators={"draws": gen, "mechanism": noise_gen}, desc=STAGE, show_loss=False)
+    if not world.main:
+        return  # rank 0 writes the release
 
     # 3. the release: weights + the ledger line of the mechanism that produced them
     entry = dpsgd.ledger_entry(plan, stage=STAGE, config_id=config_id, seed=cfg.seed,
@@ -337,6 +353,7 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     write_json(outputs["metrics"], {
         "format": "dpgen-train-metrics/1", "stage": STAGE, **meta, "resumed_from": res.resumed_from,
         "wall_s_this_run": res.wall_s, "calibration_s": calibration_s, "device": str(device),
+        "processes": world.size,
         "s_per_step": res.wall_s / max(1, res.steps - res.resumed_from), "unet": spec.to_json(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "init_fresh_tensors": None if init_info is None else init_info["fresh"],

@@ -26,6 +26,11 @@ state, restores the previous handlers and raises :class:`TrainingInterrupted`, w
 command line reports in one line with exit status 128 + signal (130, 143). Only SIGKILL
 loses the steps since the last timed checkpoint.
 
+Data-parallel runs (:mod:`pipeline.distributed`): every rank runs the loop; only rank 0 writes the state
+(the ranks hold the same weights, optimizer state and streams) and every rank loads it on a resume; a stop
+signal seen by any rank stops all of them after the same step (one all-reduce of the flag per step), so no
+rank waits forever in the next step's collective.
+
 State files live under ``results/<experiment>/checkpoints/<stage>/<run>/`` and are never a
 declared Snakemake output, so a killed job's state survives Snakemake's clean-up of
 incomplete outputs (it deletes the outputs of a job it reruns, never this folder) and the
@@ -52,6 +57,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from pipeline import distributed
 from pipeline.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -260,10 +266,11 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
         log.info("%s: resumed from %s at step %d/%d", desc, state_path, step, total_steps)
 
     written = 0
+    main = distributed.is_main()
 
     def checkpoint() -> None:
         nonlocal written
-        if state_path is not None:
+        if state_path is not None and main:
             save_state(Path(state_path), model=model, optimizer=optimizer, ema=ema, step=step, losses=losses,
                        run_hash=run_hash, generators=generators,
                        extra=None if history is None else {"history": list(history)})
@@ -271,9 +278,9 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
 
     start = last = time.monotonic()
     model.train()
-    bar = tqdm(total=total_steps, initial=step, desc=desc, unit="step", mininterval=1.0)
+    bar = tqdm(total=total_steps, initial=step, desc=desc, unit="step", mininterval=1.0, disable=not main)
     with _StopRequest(desc).installed() as stop:
-        while step < total_steps and stop.signum is None:
+        while step < total_steps and not distributed.any_rank(stop.signum is not None):
             loss = float(step_fn(step))
             ema.update(model, step)
             losses.append(loss)
@@ -287,8 +294,8 @@ def run_training(*, model: nn.Module, optimizer: torch.optim.Optimizer, step_fn:
         bar.close()
         # still under the handlers: a second signal must not cut this write short
         checkpoint()
-    if stop.signum is not None:
-        raise TrainingInterrupted(stop.signum, step, total_steps, None if state_path is None else Path(state_path),
-                                  desc)
+    if stop.signum is not None or step < total_steps:  # stopped: by a signal here, or by another rank's
+        raise TrainingInterrupted(stop.signum or signal.SIGTERM, step, total_steps,
+                                  None if state_path is None else Path(state_path), desc)
     return TrainResult(model=model, ema=ema.model, losses=losses, steps=step, resumed_from=resumed_from,
                        wall_s=time.monotonic() - start, checkpoints_written=written)

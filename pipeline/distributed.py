@@ -1,0 +1,158 @@
+"""Data-parallel processes for DP-SGD: one process per GPU (NCCL), or per CPU slot (gloo), launched by torchrun.
+
+A training rule whose ``gpu`` resource is N > 1 calls its stage as ``python -m pipeline --nproc N STAGE ...``;
+the command line replaces itself with ``python -m torch.distributed.run --standalone --nproc-per-node N -m
+pipeline STAGE ...`` (:func:`launch_argv`), which starts N copies of the stage with ``RANK``, ``WORLD_SIZE``
+and ``LOCAL_RANK`` in their environment. The stage joins the process group with :func:`data_parallel`:
+NCCL and ``cuda:LOCAL_RANK`` when the stage's device is CUDA, gloo on the CPU (how the tests run two
+processes on a machine without a GPU).
+
+What each rank does in DP-SGD (:class:`pipeline.privacy.dpsgd.DPSGD`): every rank draws the SAME logical batch
+and the same diffusion draws from the run's one named stream (so the sample is the one Poisson sample over
+the global dataset that the ledger line accounts for), computes the clipped sums of its share of the
+micro-batches, and the shares are summed by one all-reduce; rank 0 adds the Gaussian noise once, before the
+sum. Only rank 0 writes checkpoints and outputs (:func:`is_main`); a stop signal seen by any rank stops
+every rank after the same step (:func:`any_rank`).
+
+torch.distributed does the communication; what is written here is only the glue the stages share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from pipeline.device import resolve_device
+from pipeline.stage import PipelineError
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the data-parallel processes (rank 0 of 1 outside torchrun)."""
+
+    rank: int = 0
+    size: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def current() -> World:
+    """The world of the initialised default process group, else a single process."""
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size())
+    return World()
+
+
+def is_main() -> bool:
+    """Whether this process writes checkpoints and outputs (rank 0, or the only process)."""
+    return current().main
+
+
+def launched_size() -> int:
+    """``WORLD_SIZE`` as torchrun set it (1 outside torchrun)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise PipelineError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}: expected an integer") from None
+
+
+def launch_argv(nproc: int, argv: Sequence[str]) -> list[str]:
+    """The command that runs ``python -m pipeline *argv`` as ``nproc`` data-parallel processes on this node.
+
+    ``--standalone`` gives each job its own rendezvous on a free local port, so several such jobs can
+    share a node. One node: the processes are this job's (SLURM: one task with N GPUs).
+    """
+    if not (isinstance(nproc, int) and nproc >= 1):
+        raise PipelineError(f"--nproc: expected an integer >= 1, got {nproc!r}")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "pipeline", *argv]
+
+
+def _collective_device() -> torch.device:
+    """Where a collective's tensors must live: this rank's GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def data_parallel(device_name: str) -> Iterator[tuple[World, torch.device]]:
+    """Join the process group torchrun describes and yield (world, this rank's device).
+
+    Outside torchrun (``WORLD_SIZE`` unset or 1) nothing is initialised: (rank 0 of 1, the resolved device).
+    Under torchrun a CUDA device becomes ``cuda:LOCAL_RANK`` with NCCL (a one-line error when the node has
+    fewer GPUs than processes), a CPU device stays the CPU with gloo. The group is destroyed on the way out.
+    """
+    size = launched_size()
+    device = resolve_device(device_name)
+    if size <= 1:
+        yield World(), device
+        return
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local >= torch.cuda.device_count():
+            raise PipelineError(f"{size} data-parallel processes but only {torch.cuda.device_count()} CUDA "
+                                f"device(s) visible (gpus must not exceed the node's GPUs)")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    try:
+        yield current(), device
+    finally:
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensors: Sequence[Tensor]) -> None:
+    """Sum ``tensors`` over the ranks, in place, with ONE collective (flattened into one buffer)."""
+    if current().size == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank (every rank must call it; a single process returns ``flag``)."""
+    if current().size == 1:
+        return flag
+    t = torch.tensor([int(flag)], device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast_module(model: nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank (the ranks must start DP-SGD from the same weights)."""
+    if current().size == 1:
+        return
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+
+
+def gather_ordered(parts: Mapping[int, Tensor]) -> list[Tensor]:
+    """Every rank's ``{index: tensor}`` gathered on every rank, as one list in index order (diagnostics)."""
+    if current().size == 1:
+        return [parts[k] for k in sorted(parts)]
+    gathered: list[dict[int, Tensor] | None] = [None] * current().size
+    dist.all_gather_object(gathered, {k: v.detach().cpu() for k, v in parts.items()})
+    merged = {k: v for g in gathered for k, v in (g or {}).items()}
+    return [merged[k] for k in sorted(merged)]
+
+
+def rank_log_path(path: os.PathLike[str] | str) -> str:
+    """Where rank r > 0 of a torchrun-launched stage writes its log: beside rank 0's, ``.rank<r>`` added."""
+    rank = int(os.environ.get("RANK", "0"))
+    return str(path) if rank == 0 else f"{path}.rank{rank}"

@@ -1,0 +1,136 @@
+"""Data-parallel DP-SGD (pipeline.privacy.dpsgd.DPSGD over pipeline.distributed): two gloo processes release, step
+by step, the gradient one process releases (same Poisson sample, diffusion draws and Gaussian noise, drawn once),
+and end at the same weights, with either clipping route and a THA plan's per-bucket clips."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pipeline import distributed
+from pipeline.models.edm import EDMPrecond, edm_draw_loss, edm_sigma_sampler
+from pipeline.models.unet import UNetSpec, build_unet
+from pipeline.privacy import dpsgd, tha
+
+STEPS = 3
+N = 24
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    spec = UNetSpec(image_size=8, channels=1, num_classes=3, block_out_channels=(8, 16), attention=(False, True),
+                    norm_num_groups=4)
+    return EDMPrecond(build_unet(spec))
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(N, 1, 8, 8, generator=g), torch.arange(N) % 3
+
+
+def plan(kind: str) -> dpsgd.StepPlan:
+    if kind == "dpsgd":
+        return dpsgd.DPSGDPlan(noise_multiplier=0.8, max_grad_norm=0.5, sampling_rate=0.5, dataset_size=N,
+                               steps=STEPS, delta=1e-5)
+    # two buckets with their own clips, one shared noise std (STRAIGHTDP Sec. 3.2)
+    return tha.THAPlan(edges=(0.05, 0.5, 1.0), clips=(0.3, 0.7), noise_std=0.9, sampling_rate=0.5, dataset_size=N,
+                       steps=STEPS, delta=1e-5)
+
+
+def train(route: str, kind: str, world: distributed.World | None = None):
+    """STEPS steps of the engine; per step the released gradient and the gathered norms; the final weights."""
+    model = tiny_model()
+    if world is not None and world.rank == 1:
+        with torch.no_grad():  # rank 0's weights must reach the other ranks (the engine broadcasts them)
+            for p in model.parameters():
+                p.add_(1.0)
+    x, y = data()
+    sampler = edm_sigma_sampler() if kind == "dpsgd" else tha.uniform_time_sampler
+    engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(edm_draw_loss), plan(kind), microbatch_size=3,
+                         multiplicity=dpsgd.NoiseMultiplicity(2, sampler), generator=torch.Generator().manual_seed(1),
+                         noise_generator=torch.Generator().manual_seed(2), clipping=route, world=world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    released, norms = [], []
+    for _ in range(STEPS):
+        grads, info = engine.privatised_gradient((x, y), engine.sample())
+        for name, p in dpsgd.trainable_parameters(model).items():
+            p.grad = grads[name]
+        opt.step()
+        engine.steps_taken += 1
+        released.append({k: v.clone() for k, v in grads.items()})
+        norms.append(info.grad_norms.cpu())
+    return released, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+CASES = [("vmap", "dpsgd"), ("ghost", "dpsgd"), ("ghost", "tha")]
+
+
+def _rank(rank: int, size: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size)
+    try:
+        results = {case: train(*case, world=distributed.current()) for case in CASES}
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gloo")
+    mp.start_processes(_rank, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, start_method="spawn")
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    torch.set_num_threads(1)
+    return {case: train(*case) for case in CASES}
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+def test_two_gloo_processes_release_the_single_process_gradient_every_step(two_processes, one_process, case):
+    ref_released, ref_norms, _ = one_process[case]
+    for rank in (0, 1):
+        released, norms, _ = two_processes[rank][case]
+        for step in range(STEPS):
+            assert all(close(released[step][k], ref_released[step][k]) for k in ref_released[step]), (rank, step)
+            # every example's norm once, in the single process's order: the same Poisson sample and draws
+            assert close(norms[step], ref_norms[step]), (rank, step)
+
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+def test_two_gloo_processes_end_at_the_single_process_weights(two_processes, one_process, case):
+    _, _, ref = one_process[case]
+    for rank in (0, 1):
+        _, _, weights = two_processes[rank][case]
+        assert all(close(weights[k], ref[k]) for k in ref), rank
+    # and on both ranks the same to the last bit (one all-reduce result, one broadcast start)
+    assert all(torch.equal(two_processes[0][case][2][k], two_processes[1][case][2][k]) for k in ref)
+
+
+def test_a_rank_that_also_drew_the_noise_would_be_caught(one_process):
+    """The equality above is sensitive to the noise: a second draw of std s moves the released gradient."""
+    released, _, _ = one_process[("vmap", "dpsgd")]
+    p = plan("dpsgd")
+    extra = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(9)) * p.noise_std / p.expected_batch_size
+             for k, v in released[0].items()}
+    assert not all(close(released[0][k] + extra[k], released[0][k]) for k in released[0])
+
+
+def test_the_single_process_world_changes_nothing():
+    assert distributed.current() == distributed.World(0, 1) and distributed.is_main()
+    t = [torch.ones(3)]
+    distributed.all_reduce_sum(t)
+    assert torch.equal(t[0], torch.ones(3))
+    assert distributed.gather_ordered({2: torch.tensor([2.0]), 0: torch.tensor([0.0])}) == [torch.tensor([0.0]),
+                                                                                              torch.tensor([2.0])]
+    assert distributed.any_rank(True) and not distributed.any_rank(False)
