@@ -127,9 +127,16 @@ def _split_option(argv: list[str], option: str, expected: str) -> tuple[list[str
     return argv[:i] + argv[i + 2:], argv[i + 1]
 
 
+#: the log path a ``--nproc`` launch hands its ranks (torchrun's own parser takes ``--log`` for an ambiguous
+#: abbreviation of its options, so it cannot travel on the ranks' command line)
+RANK_LOG_ENV = "DPGEN_STAGE_LOG"
+
+
 def _split_log(argv: list[str]) -> tuple[list[str], Path | None]:
     """Remove ``--log PATH`` from ``argv``; under torchrun, rank r > 0 logs beside it (``.rank<r>``)."""
     argv, path = _split_option(argv, "--log", "a file path")
+    if path is None and distributed.launched_size() > 1:
+        path = os.environ.get(RANK_LOG_ENV) or None
     return argv, None if path is None else Path(distributed.rank_log_path(path))
 
 
@@ -236,11 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     if nproc > 1 and distributed.launched_size() == 1:
         # torchrun's agent takes this process's place: SLURM's and Snakemake's signals reach it, and it
         # forwards them to the ranks (each finishes its step and rank 0 saves the state)
-        argv_ranks = argv + ([] if log_path is None else ["--log", str(log_path)])
-        command = distributed.launch_argv(nproc, argv_ranks)
+        command = distributed.launch_argv(nproc, argv)
+        env = {**os.environ, **({} if log_path is None else {RANK_LOG_ENV: str(log_path)})}
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(command[0], command)
+        os.execve(command[0], command, env)
     with _logging_to(log_path) as console:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         return _run_stage(argv, console, log_path)
