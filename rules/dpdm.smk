@@ -44,16 +44,18 @@ rule train_dpdm:
         LOGS / "train_dpdm" / "{run}.log",
     benchmark:
         benchmark_path("train_dpdm", "{run}")
-    threads: TORCH_THREADS
+    threads: DPDM.train_threads
     resources:
-        gpu=1,
+        # dpdm.gpus data-parallel processes in one SLURM task (torchrun starts them: pipeline/distributed.py)
+        gpu=DPDM.train_gpus,
+        tasks=1,
         mem_mb=DPDM.train_mem_mb,
         runtime=cost.segment_runtime_min(config, DPDM.train_runtime_min),
     retries: cost.segment_retries(config, DPDM.train_runtime_min)
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline train_dpdm {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
+        "python -m pipeline --nproc {resources.gpu} train_dpdm {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
         " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 

@@ -279,16 +279,18 @@ rule train_straightdp:
         LOGS / "train_straightdp" / "{run}.log",
     benchmark:
         benchmark_path("train_straightdp", "{run}")
-    threads: TORCH_THREADS
+    threads: STRAIGHTDP.train_threads
     resources:
-        gpu=1,
-        mem_mb=6000,
+        # straightdp.gpus data-parallel processes in one SLURM task (torchrun starts them: pipeline/distributed.py)
+        gpu=STRAIGHTDP.train_gpus,
+        tasks=1,
+        mem_mb=STRAIGHTDP.train_mem_mb,
         runtime=cost.segment_runtime_min(config, cost.straightdp_train_runtime_min(config)),
     retries: cost.segment_retries(config, cost.straightdp_train_runtime_min(config))
     conda:
         GPU_ENV
     shell:
-        "python -m pipeline train_straightdp {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
+        "python -m pipeline --nproc {resources.gpu} train_straightdp {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
         " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 

@@ -35,6 +35,10 @@ def test_top_level_help_lists_stages(capsys):
         (["prepare_data", "--out", "private_train=a", "eval_train=b", "reference=r", "val=v", "test=c", "extra=d"],
          "error: stage prepare_data: unknown --out key 'extra'"),
         (["collect_table", "--out", "table=t.parquet", "--params", "{bad json"], "error: --params: not valid JSON"),
+        (["train_dpdm", "--nproc", "two"], "error: --nproc: expected an integer >= 1, got 'two'"),
+        (["train_dpdm", "--nproc", "0"], "error: --nproc: expected an integer >= 1, got '0'"),
+        (["sample_dpdm", "--nproc", "2"], "error: --nproc 2: stage sample_dpdm does not run data-parallel (only "
+                                          "train_dpdm, train_straightdp)"),
     ],
 )
 def test_usage_errors_are_one_line(argv, message, capsys):

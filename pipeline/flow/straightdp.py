@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline import seeds
+from pipeline import distributed, seeds
 from pipeline.config import deep_merge, schema_defaults, schema_keys
 from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: see STREAMS below)
 from pipeline.device import resolve_device
@@ -407,8 +407,18 @@ def dpsgd_flow_training(model: torch.nn.Module, plan: tha.THAPlan, images: Tenso
        params={**COMMON_DOC, "run": "the run's name (row, total eps, seed)",
                "checkpoint_dir": "optional folder of the resumable state"})
 def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """Stage 2 (Sec. 3.2): [distillation of the release for t < tau], then uniform / THA DP-SGD of the flow."""
-    cfg, _, device = _setup(params)
+    """Stage 2 (Sec. 3.2): [distillation of the release for t < tau], then uniform / THA DP-SGD of the flow.
+
+    Data parallel under ``--nproc N`` (``straightdp.gpus``; :mod:`pipeline.distributed`): every rank repeats the
+    distillation and the planning (public, deterministic), the DP-SGD steps are split over the ranks, rank 0
+    writes the state and the outputs."""
+    with distributed.data_parallel(str(params.get("device", "auto"))) as (world, device):
+        _train_straightdp(inputs, outputs, params, world, device)
+
+
+def _train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any],
+                      world: distributed.World, device: torch.device) -> None:
+    cfg, _, _ = _setup(params)
     run = _run(params)
     if not run.trains:
         raise PipelineError(f"stage train_straightdp: row {run.row} trains no flow")
@@ -495,6 +505,8 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
                                           state_path=ck_dir / loop.STATE_FILE, run_hash=run_hash,
                                           checkpoint_every_s=float(cfg["checkpoint_every_s"]),
                                           desc=f"train_straightdp {run.name}")
+    if not world.main:
+        return  # rank 0 writes the release
 
     config_id = str(params.get("config_id", "unknown"))
     entry = tha.ledger_entry(plan, stage="train_straightdp", config_id=config_id, seed=run.seed,
@@ -519,7 +531,8 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         "noise_multipliers": list(plan.noise_multipliers), "edges": list(plan.edges), "steps": plan.steps,
         "sampling_rate": plan.sampling_rate, "proxy_scores": {str(k): v for k, v in scores.items()},
         "planning_s": planning_s, "wall_s_this_run": res.wall_s, "resumed_from": res.resumed_from,
-        "device": str(device), "note": "no training loss is reported: it is a function of the private data",
+        "device": str(device), "processes": world.size,
+        "note": "no training loss is reported: it is a function of the private data",
         "backbone_constraints": {"stream_clamp": spec.stream_clamp, "late_injection": spec.late_injection,
                                  "decoupled_attention": spec.decoupled_attention, "post_hoc": spec.post_hoc},
         "grad_norms_non_private_diagnostic": {

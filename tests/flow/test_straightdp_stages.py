@@ -266,3 +266,47 @@ def test_the_latent_variant_releases_codes_and_samples_decoded_images(world, tmp
     assert np.array_equal(images.labels, raw.labels)
     decoded = ae.decode(model, to_model_scale(raw.images))
     assert np.abs(decoded.astype(int) - images.images.astype(int)).max() <= 2  # same codes, up to 8-bit rounding
+
+
+@pytest.mark.slow  # torchrun and two fresh Python processes
+def test_stage2_as_two_data_parallel_processes_releases_the_single_process_flow_and_line(world, tmp_path):
+    """``python -m pipeline --nproc 2 train_straightdp`` (two gloo processes): rank 0 writes the one ledger line and
+    the model of one process (float summation order); App. D.3's diagnostic counts every example once."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    run = "tha_moments_eps1_seed0"
+    cfg = {**TINY, "dpsgd": {**TINY["dpsgd"], "micro_batch": 8}}  # several micro-batches per step to share
+    rel = release(world, tmp_path, run)
+    inputs = {**{k: world[k] for k in ("data", "public", "init", "geometry", "horizon")},
+              "moments": rel["moments"], "release_ledger": rel["ledger"]}
+    params = {"straightdp": cfg, "run": run, "device": "cpu", "private": PRIVATE, "ledger_binding": BINDING}
+    outs = {}
+    for name in ("one", "two"):
+        out = {"model": tmp_path / name / "m.pt", "ledger": tmp_path / name / "train.jsonl",
+               "metrics": tmp_path / name / "metrics.json"}
+        p = {**params, "checkpoint_dir": str(tmp_path / name / "ck")}
+        if name == "one":
+            with one_thread():
+                sdp.train_straightdp(inputs, out, p)
+        else:
+            cmd = [sys.executable, "-m", "pipeline", "--nproc", "2", "train_straightdp", "--in",
+                   *(f"{k}={v}" for k, v in inputs.items()), "--out", *(f"{k}={v}" for k, v in out.items()),
+                   "--params", json.dumps(p), "--log", str(tmp_path / "two.log")]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1",
+                                      "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+            assert res.returncode == 0, (res.stderr[-3000:], (tmp_path / "two.log").read_text()[-3000:])
+        outs[name] = out
+    one, two = (torch.load(outs[n]["model"], weights_only=True)["state_dict"] for n in ("one", "two"))
+    assert all(torch.allclose(one[k], two[k], rtol=1e-4, atol=1e-6) for k in one)
+    one_line, two_line = ({k: v for k, v in json.loads(only_line(outs[n]["ledger"]).to_json()).items()
+                           if k != "time_utc"} for n in ("one", "two"))
+    assert one_line == two_line
+    m1, m2 = read_json(outs["one"]["metrics"]), read_json(outs["two"]["metrics"])
+    assert (m1["processes"], m2["processes"]) == (1, 2)
+    d1, d2 = (m["grad_norms_non_private_diagnostic"]["per_bucket"] for m in (m1, m2))
+    assert d1.keys() == d2.keys() and all(d1[b]["steps"] == d2[b]["steps"] and
+                                          abs(d1[b]["p50"] - d2[b]["p50"]) <= 1e-4 * d1[b]["p50"] for b in d1)

@@ -204,6 +204,14 @@ def test_the_jobs_costs_come_from_the_cost_models(w):
     assert w.train_mem_mb > 0 and w.train_runtime_min > 0 and w.sample_runtime_min > 0
 
 
+def test_dpdm_gpus_sets_a_training_jobs_processes_cores_and_memory_but_not_its_params(w, tmp_path):
+    assert (w.train_gpus, w.train_threads) == (1, w.house.torch_threads)
+    four = Wiring(house(tmp_path, lambda cfg: cfg["dpdm"].update(gpus=4)))
+    assert (four.train_gpus, four.train_threads, four.train_mem_mb) == (4, 4 * w.train_threads, 4 * w.train_mem_mb)
+    # the same mechanism, sample and noise on any number of processes: no rerun, no new config id
+    assert four.train_params(wc("edm_eps1_K1_seed0")) == w.train_params(wc("edm_eps1_K1_seed0"))
+
+
 # ---------------------------------------------------------------------------------------------- tables, choice, grids
 
 

@@ -194,6 +194,14 @@ def test_a_jobs_section_leaves_out_the_listing_keys_and_other_rules_subsections(
     assert "toy" in w.section(keep=("toy",)) and "lora" not in w.section(keep=("toy",))
 
 
+def test_straightdp_gpus_sets_a_training_jobs_processes_cores_and_memory_but_no_jobs_params(tmp_path, w):
+    assert (w.train_gpus, w.train_threads) == (1, w.house.torch_threads)
+    four = replaced(tmp_path, gpus=4)
+    assert (four.train_gpus, four.train_threads, four.train_mem_mb) == (4, 4 * w.train_threads, 4 * w.train_mem_mb)
+    assert four.private_run_params(wc("tha_moments_eps1_seed0"), train=True) == w.private_run_params(
+        wc("tha_moments_eps1_seed0"), train=True)
+
+
 def test_adding_an_eps_seed_or_arm_moves_no_jobs_params(tmp_path, w):
     more = replaced(tmp_path, epsilons=[0.3, 1, 3], seeds=[0, 1], arms={})
     assert more.params(seed=0) == w.params(seed=0)

@@ -124,13 +124,3 @@ def test_a_rank_that_also_drew_the_noise_would_be_caught(one_process):
     extra = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(9)) * p.noise_std / p.expected_batch_size
              for k, v in released[0].items()}
     assert not all(close(released[0][k] + extra[k], released[0][k]) for k in released[0])
-
-
-def test_the_single_process_world_changes_nothing():
-    assert distributed.current() == distributed.World(0, 1) and distributed.is_main()
-    t = [torch.ones(3)]
-    distributed.all_reduce_sum(t)
-    assert torch.equal(t[0], torch.ones(3))
-    assert distributed.gather_ordered({2: torch.tensor([2.0]), 0: torch.tensor([0.0])}) == [torch.tensor([0.0]),
-                                                                                              torch.tensor([2.0])]
-    assert distributed.any_rank(True) and not distributed.any_rank(False)

@@ -201,8 +201,19 @@ class Wiring:
         return self.evaluation.evaluate_params(f"dpdm/{wildcards.run}/{wildcards.sampler}")
 
     @property
+    def train_gpus(self) -> int:
+        """dpdm.gpus: a training job's data-parallel processes (its ``gpu`` resource and the stage's ``--nproc``)."""
+        return int(self.section["gpus"])
+
+    @property
+    def train_threads(self) -> int:
+        """A training job's cores: each process's torch threads."""
+        return self.house.torch_threads * self.train_gpus
+
+    @property
     def train_mem_mb(self) -> int:
-        return cost.dpdm_train_mem_mb(self.house.config)
+        """A training job's host memory: every process holds the data, the model and its micro-batch."""
+        return cost.dpdm_train_mem_mb(self.house.config) * self.train_gpus
 
     @property
     def train_runtime_min(self) -> int:

@@ -33,6 +33,8 @@ FIGURES = ("figure2_horizon", "figure3_accuracy", "figure5_samples")
 #: keys that list which runs exist, not how one is made: left out of a job's params so that adding
 #: an eps, a seed or an arm reruns nothing already built
 LISTING = ("epsilons", "seeds", "rows", "arms")
+#: how a job runs, not what it computes: in no job's params (a changed value reruns nothing)
+LAUNCH = ("gpus",)
 #: subsections only some rules read (the toy's, Table 4's, LoRA's): left out of every other job's params
 OWN_SECTIONS = ("toy", "table4", "lora")
 #: data.toy keys the Fig. 6 toy reads (the mixture it was drawn from)
@@ -292,12 +294,29 @@ class Wiring:
         """[C, H, W] of what the release models: the images, or the codes (code_channels x side/4 x side/4)."""
         return sample_shape(self.config, self.arm_section(arm))
 
+    # ------------------------------------------------------------------ Stage 2's training jobs
+
+    @property
+    def train_gpus(self) -> int:
+        """straightdp.gpus: a train_straightdp job's data-parallel processes (its ``gpu`` resource and ``--nproc``)."""
+        return int(self.config["straightdp"]["gpus"])
+
+    @property
+    def train_threads(self) -> int:
+        """A train_straightdp job's cores: each process's torch threads."""
+        return self.house.torch_threads * self.train_gpus
+
+    @property
+    def train_mem_mb(self) -> int:
+        """A train_straightdp job's host memory: 6 GB per process (data, flow, distillation and one micro-batch)."""
+        return 6000 * self.train_gpus
+
     # ------------------------------------------------------------------ params
 
     def section(self, *, keep: tuple[str, ...] = (), arm: str = "") -> dict[str, Any]:
         """The straightdp section (an arm's: :meth:`arm_section`) less its listing keys and the subsections
         of OWN_SECTIONS not in ``keep``."""
-        dropped = set(LISTING + OWN_SECTIONS) - set(keep)
+        dropped = set(LISTING + LAUNCH + OWN_SECTIONS) - set(keep)
         return {k: v for k, v in self.arm_section(arm).items() if k not in dropped}
 
     def params(self, *, keep: tuple[str, ...] = (), arm: str = "", **extra: Any) -> str:
