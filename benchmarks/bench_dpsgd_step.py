@@ -14,7 +14,11 @@ micro-batches, with the same denoising loss:
   over each example's K rows, then the same clip/sum/noise (the hooks are what is compared);
 * ``opacus-ghost``: ``GradSampleModuleFastGradientClipping`` (Opacus' ghost clipping, two backward
   passes). Its privacy unit is the ROW: it cannot add up an example's K rows before clipping, so
-  it clips B*K rows -- a cost comparison only, not DPDM's mechanism.
+  it clips B*K rows -- a cost comparison only, not DPDM's mechanism;
+* ``ghost-2proc``: the ghost engine as two data-parallel gloo processes (:mod:`pipeline.distributed`: the same
+  sample and draws on both, each computes half the micro-batches, one all-reduce), ``--threads`` each. Wall time
+  is the slower rank's (barriers around the step), CPU time the two ranks' sum, peak memory the larger rank's.
+  Its speed-up over ``ghost`` needs two free cores.
 
 Every arm runs in its own child process so that its peak memory is its own: on CUDA the
 peak allocated memory of the step, on the CPU the growth of the process' peak RSS during
@@ -38,6 +42,7 @@ import multiprocessing as mp
 import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-ARMS = ("nonprivate", "torch.func", "ghost", "opacus", "opacus-ghost")
+ARMS = ("nonprivate", "torch.func", "ghost", "opacus", "opacus-ghost", "ghost-2proc")
 
 
 def build_unet(channels: tuple[int, int]):
@@ -89,10 +94,14 @@ def _peak_end(device, start):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
 
 
-def run_arm(arm: str, args, queue) -> None:
+def run_arm(arm: str, args, queue, rank: int = 0, init_file: str = "") -> None:
     from pipeline.privacy import dpsgd
 
     torch.set_num_threads(args.threads)
+    if init_file:  # one of two data-parallel ranks
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     device = torch.device(args.device)
     model = build_unet(tuple(args.channels)).to(device)
     n = args.batch
@@ -111,10 +120,10 @@ def run_arm(arm: str, args, queue) -> None:
                 sigma, noise = mult.draw(x, g)
                 xk = x.unsqueeze(1).expand(-1, args.K, -1, -1, -1).reshape(-1, *x.shape[1:])
                 draw_loss(model, xk, sigma.reshape(-1), noise.reshape(-1, *x.shape[1:])).sum().backward()
-    elif arm in ("torch.func", "ghost"):
+    elif arm in ("torch.func", "ghost", "ghost-2proc"):
         engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(draw_loss), plan, microbatch_size=args.microbatch,
                              multiplicity=mult, generator=torch.Generator().manual_seed(0),
-                             clipping="vmap" if arm == "torch.func" else "ghost")
+                             clipping="vmap" if arm == "torch.func" else "ghost")  # ghost-2proc: world from the group
 
         def step(rows: int):
             engine.privatised_gradient((data,), idx[:rows])
@@ -166,13 +175,19 @@ def run_arm(arm: str, args, queue) -> None:
     start_mem = _peak_start(device)
     wall, cpu = [], []
     for _ in range(args.repeats):
+        if init_file:
+            dist.barrier()
         t, c = time.perf_counter(), time.process_time()
         step(n)
         if device.type == "cuda":
             torch.cuda.synchronize()
+        if init_file:
+            dist.barrier()  # the step ends when the slower rank's does
         wall.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     queue.put((arm, min(wall), min(cpu), _peak_end(device, start_mem)))
+    if init_file:
+        dist.destroy_process_group()
 
 
 def main() -> None:
@@ -208,13 +223,19 @@ def main() -> None:
     for _ in range(args.rounds):
         for arm in arms:
             queue = ctx.Queue()
-            proc = ctx.Process(target=run_arm, args=(arm, args, queue))
-            proc.start()
-            proc.join()
-            if proc.exitcode != 0:
-                print(f"{arm}: FAILED (exit code {proc.exitcode})")
+            ranks = 2 if arm == "ghost-2proc" else 1
+            with tempfile.TemporaryDirectory() as tmp:
+                init = os.path.join(tmp, "init") if ranks > 1 else ""
+                procs = [ctx.Process(target=run_arm, args=(arm, args, queue, r, init)) for r in range(ranks)]
+                for proc in procs:
+                    proc.start()
+                got = [queue.get() for _ in procs]  # before join: a child cannot exit with its queue unread
+                for proc in procs:
+                    proc.join()
+            if any(proc.exitcode != 0 for proc in procs):
+                print(f"{arm}: FAILED (exit codes {[proc.exitcode for proc in procs]})")
                 continue
-            _, wall, cpu, peak = queue.get()
+            wall, cpu, peak = max(g[1] for g in got), sum(g[2] for g in got), max(g[3] for g in got)
             old = results.get(arm, (math.inf, math.inf, 0.0))
             results[arm] = (min(old[0], wall), min(old[1], cpu), max(old[2], peak))
             print(f"  {arm}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
