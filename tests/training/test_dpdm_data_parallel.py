@@ -1,6 +1,6 @@
-"""train_dpdm as two data-parallel gloo processes (``python -m pipeline --nproc 2 train_dpdm``, torchrun): the single
-process's model (float summation order) and its ledger line, written once by rank 0; a run killed mid-way (every
-process, SIGKILL) resumes from rank 0's last checkpoint to the same model."""
+"""train_dpdm as two data-parallel gloo processes (``python -m pipeline --nproc 2 train_dpdm``, torchrun), killed
+mid-way (every process, SIGKILL) and rerun: it resumes from rank 0's last checkpoint and releases the single
+process's model (float summation order) and ledger line, written once by rank 0."""
 
 from __future__ import annotations
 
@@ -69,31 +69,9 @@ def one_process(private_split, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def two_processes(private_split, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("two")
-    out = outputs(tmp)
-    res = subprocess.run(command(private_split, out, tmp / "train.log"), env=env(), capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, (res.stderr[-3000:], (tmp / "train.log").read_text()[-3000:])
-    return tmp, out
-
-
 def same_model(a: Path, b: Path) -> bool:
     wa, wb = weights(a), weights(b)
     return wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-6) for k in wa)
-
-
-def test_two_processes_release_the_single_process_model_and_ledger_line(one_process, two_processes):
-    tmp, out = two_processes
-    assert same_model(out["model"], one_process["model"])
-    assert mechanism(out["ledger"]) == mechanism(one_process["ledger"])  # one line: rank 0 alone wrote it
-    metrics = json.loads(out["metrics"].read_text())
-    assert metrics["processes"] == 2 and json.loads(one_process["metrics"].read_text())["processes"] == 1
-    # rank 1 logged beside rank 0's log, and wrote no output of its own
-    assert "process 2 of 2" in (tmp / "train.log.rank1").read_text()
-    assert "process 1 of 2" in (tmp / "train.log").read_text()
-    assert sorted(p.name for p in out["model"].parent.iterdir()) == ["run.json", "run.pt"]
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -108,11 +86,12 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-def test_a_run_killed_mid_way_resumes_from_rank_0s_checkpoint_to_the_same_model(private_split, one_process,
-                                                                                  tmp_path):
+def test_two_processes_killed_mid_way_resume_to_the_single_process_model_and_ledger_line(private_split, one_process,
+                                                                                        tmp_path):
     out = outputs(tmp_path)
+    log = tmp_path / "train.log"
     state = tmp_path / "checkpoints" / "train_dpdm" / "run" / "state.pt"
-    proc = subprocess.Popen(command(private_split, out, tmp_path / "train.log"), env=env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command(private_split, out, log), env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not state.is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -124,9 +103,14 @@ def test_a_run_killed_mid_way_resumes_from_rank_0s_checkpoint_to_the_same_model(
     proc.wait(timeout=60)
     saved = torch.load(state, weights_only=False)["step"]
     assert 0 < saved < PARAMS["steps"] and not out["model"].exists()
-    res = subprocess.run(command(private_split, out, tmp_path / "train.log"), env=env(), capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, (res.stderr[-3000:], (tmp_path / "train.log").read_text()[-3000:])
-    assert json.loads(out["metrics"].read_text())["resumed_from"] >= saved
+    res = subprocess.run(command(private_split, out, log), env=env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, (res.stderr[-3000:], log.read_text()[-3000:])
+    metrics = json.loads(out["metrics"].read_text())
+    assert metrics["resumed_from"] >= saved and metrics["processes"] == 2
+    assert json.loads(one_process["metrics"].read_text())["processes"] == 1
+    # the single process's model (float summation order) and ledger line, which rank 0 alone wrote
     assert same_model(out["model"], one_process["model"])
     assert mechanism(out["ledger"]) == mechanism(one_process["ledger"])
+    assert sorted(p.name for p in out["model"].parent.iterdir()) == ["run.json", "run.pt"]
+    # rank 1 logged beside rank 0's log
+    assert "process 2 of 2" in (tmp_path / "train.log.rank1").read_text() and "process 1 of 2" in log.read_text()
