@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -55,21 +56,23 @@ def test_dry_run_local(repo, tmp_path, how):
 
 
 def _gpu_rules(stdout: str) -> dict[str, str]:
+    """Each rule that asks for GPUs: its (last) resources line of the dry run."""
     rules, current = {}, None
     for line in stdout.splitlines():
         if line.startswith(("rule ", "localrule ")):
             current = line.split()[1].rstrip(":")
         elif line.strip().startswith("resources:") and current:
             rules[current] = line
-    return {r: res for r, res in rules.items() if "gpu=1" in res}
+    return {r: res for r, res in rules.items() if re.search(r"\bgpu=[1-9]", res)}
 
 
 def test_dry_run_slurm_profile_requests_gpus(repo, tmp_path):
     """GPU jobs go to the GPU partition; with EMPDEN's cells sharded (sampling.shards: 3, batches of 100 of the
-    quick tour's 250 outputs), each cell is three sampling and three feature jobs on GPUs and a CPU gather."""
+    quick tour's 250 outputs), each cell is three sampling and three feature jobs on GPUs and a CPU gather; with
+    dpdm.gpus 2 a DPDM training job asks for two GPUs in one task and runs its stage as two processes."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "sampling": {"shards": 3},
-                                   "empden": {"batch_size": 100}}))
+                                   "empden": {"batch_size": 100}, "dpdm": {"gpus": 2}}))
     res = snakemake(repo, "-n", "--profile", "profiles/slurm", "all", "--configfile", str(cfg),
                     env={"DPGEN_SLURM_PARTITION": "gpu_part"})
     assert res.returncode == 0, res.stderr
@@ -82,6 +85,8 @@ def test_dry_run_slurm_profile_requests_gpus(repo, tmp_path):
     assert jobs["empden_features"] == 3 * cells
     assert sum(jobs[f"empden_sample_{m}"] for m in ("subsampled", "full_batch", "public_only")) == 3 * cells
     assert "empden_features" in gpu and "empden_sample_subsampled" in gpu and "empden_gather" not in gpu
+    assert "gpu=2" in gpu["train_dpdm"] and "tasks=1" in gpu["train_dpdm"] and "gpu=1" in gpu["train_straightdp"]
+    assert "python -m pipeline --nproc 2 train_dpdm " in res.stdout
 
 
 def test_profile_by_name_after_make_slurm_profile(repo, tmp_path):
