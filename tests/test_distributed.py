@@ -1,6 +1,6 @@
 """pipeline.distributed: the torchrun command a --nproc launch becomes, where each rank logs, and a single process
 untouched by it (the two-process behaviour: tests/privacy/test_dpsgd_data_parallel.py,
-tests/training/test_dpdm_data_parallel.py)."""
+tests/training/test_dpdm.py)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,9 +38,13 @@ def private_split(tmp_path_factory):
     return path
 
 
+def outputs(tmp: Path) -> dict[str, Path]:
+    return {"model": tmp / "models" / "dpdm" / "run.pt", "ledger": tmp / "ledger" / "train_dpdm.jsonl",
+            "metrics": tmp / "models" / "dpdm" / "run.json"}
+
+
 def run(tmp, data, **params):
-    out = {"model": tmp / "models" / "dpdm" / "run.pt", "ledger": tmp / "ledger" / "train_dpdm.jsonl",
-           "metrics": tmp / "models" / "dpdm" / "run.json"}
+    out = outputs(tmp)
     train_dpdm({"data": data}, out, {**BASE, **params})
     return out
 
@@ -160,8 +170,6 @@ def test_a_run_interrupted_after_a_checkpoint_resumes_to_the_uninterrupted_model
 
 def test_sigterm_mid_run_saves_the_state_and_the_rerun_releases_the_uninterrupted_model_and_ledger(
         k1_and_k4, private_split, tmp_path, monkeypatch):
-    import signal
-
     from pipeline.training import loop
 
     original = loop.run_training
@@ -234,3 +242,68 @@ def test_a_trainable_pattern_that_matches_nothing_is_one_line(private_split, tmp
     with pytest.raises(PipelineError, match="trainable pattern 'unet.nothing.*' matches no parameter") as err:
         run(tmp_path, private_split, trainable=["unet.nothing.*"])
     assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- data parallel
+
+#: several micro-batches per step to share, enough steps for a timed checkpoint before the kill
+DATA_PARALLEL = {"steps": 12, "K": 2, "micro_batch": 2, "checkpoint_every_s": 0.2,
+                 "unet": {**TINY_UNET, "attention": [False, True]}}
+
+
+def command(data: Path, out: dict[str, Path], log: Path) -> list[str]:
+    return [sys.executable, "-m", "pipeline", "--nproc", "2", "train_dpdm", "--in", f"data={data}", "--out",
+            *(f"{k}={v}" for k, v in out.items()), "--params", json.dumps({**BASE, **DATA_PARALLEL}),
+            "--log", str(log)]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow  # starts torchrun and two fresh Python processes, twice
+def test_two_processes_killed_mid_way_resume_to_the_single_process_model_and_ledger_line(private_split, tmp_path):
+    """``python -m pipeline --nproc 2 train_dpdm`` (torchrun, two gloo processes), killed mid-way (every process,
+    SIGKILL) and rerun: it resumes from rank 0's last checkpoint and releases the single process's model (float
+    summation order) and ledger line, written once by rank 0."""
+    one_process = run(tmp_path / "one", private_split, **DATA_PARALLEL)
+    out = outputs(tmp_path / "two")
+    log = tmp_path / "two" / "train.log"
+    state = tmp_path / "two" / "checkpoints" / "train_dpdm" / "run" / "state.pt"
+    proc = subprocess.Popen(command(private_split, out, log), env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not state.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before its first checkpoint"
+    # the whole job dies at once (a node failure): torchrun's agent and both ranks, no state saved on the way out
+    for pid in _processes_with(str(tmp_path / "two")):
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    saved = torch.load(state, weights_only=False)["step"]
+    assert 0 < saved < DATA_PARALLEL["steps"] and not out["model"].exists()
+    res = subprocess.run(command(private_split, out, log), env=env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, (res.stderr[-3000:], log.read_text()[-3000:])
+    metrics = json.loads(out["metrics"].read_text())
+    assert metrics["resumed_from"] >= saved and metrics["processes"] == 2
+    assert json.loads(one_process["metrics"].read_text())["processes"] == 1
+    # the single process's model (float summation order) and ledger line, which rank 0 alone wrote
+    w1, w2 = (torch.load(o["model"], weights_only=True)["state_dict"] for o in (one_process, out))
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-6) for k in w1)
+    assert mechanism_fields(out["ledger"]) == mechanism_fields(one_process["ledger"])
+    assert sorted(p.name for p in out["model"].parent.iterdir()) == ["run.json", "run.pt"]
+    # rank 1 logged beside rank 0's log
+    assert "process 1 of 2" in log.read_text()
+    assert "process 2 of 2" in (tmp_path / "two" / "train.log.rank1").read_text()
