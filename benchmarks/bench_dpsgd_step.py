@@ -169,7 +169,8 @@ def run_arm(arm: str, args, queue, rank: int = 0, init_file: str = "") -> None:
             for t in total.values():
                 t.add_(torch.randn_like(t), alpha=plan.noise_std).div_(plan.expected_batch_size)
 
-    step(min(n, args.microbatch))  # warm-up (allocations, kernels)
+    # warm-up (allocations, kernels): one micro-batch per process, so every rank of ghost-2proc has computed one
+    step(min(n, args.microbatch * (2 if init_file else 1)))
     if device.type == "cuda":
         torch.cuda.synchronize()
     start_mem = _peak_start(device)
