@@ -24,6 +24,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -142,12 +143,21 @@ def broadcast_module(model: nn.Module) -> None:
             dist.broadcast(t.data, src=0)
 
 
-def gather_ordered(parts: Mapping[int, Tensor]) -> list[Tensor]:
-    """Every rank's ``{index: tensor}`` gathered on every rank, as one list in index order (diagnostics)."""
+#: what :func:`gather_ordered` gathers per index: a tensor or a tuple of tensors
+Part = TypeVar("Part", Tensor, tuple[Tensor, ...])
+
+
+def _on_cpu(part: Part) -> Part:
+    return tuple(t.detach().cpu() for t in part) if isinstance(part, tuple) else part.detach().cpu()
+
+
+def gather_ordered(parts: Mapping[int, Part]) -> list[Part]:
+    """Every rank's ``{index: part}`` gathered on every rank (ONE collective), as one list in index order
+    (diagnostics; on the CPU when gathered from several ranks)."""
     if current().size == 1:
         return [parts[k] for k in sorted(parts)]
-    gathered: list[dict[int, Tensor] | None] = [None] * current().size
-    dist.all_gather_object(gathered, {k: v.detach().cpu() for k, v in parts.items()})
+    gathered: list[dict[int, Part] | None] = [None] * current().size
+    dist.all_gather_object(gathered, {k: _on_cpu(v) for k, v in parts.items()})
     merged = {k: v for g in gathered for k, v in (g or {}).items()}
     return [merged[k] for k in sorted(merged)]
 

@@ -588,10 +588,10 @@ class DPSGD:
         clip, std = self.plan.clip_at(i), self.plan.noise_std_at(i)
         params = trainable_parameters(self.model)
         total = {k: torch.zeros_like(p) for k, p in params.items()}
-        norms: dict[int, Tensor] = {}
-        losses: dict[int, Tensor] = {}
+        rows: dict[int, tuple[Tensor, Tensor]] = {}  # micro-batch j: its examples' (norms, losses)
         for j, chunk in self._microbatches(data, indices, self.plan.time_range_at(i)):
-            summed, norms[j], losses[j] = clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
+            summed, norms, losses = clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
+            rows[j] = norms.detach(), losses.detach()
             for k in total:
                 total[k].add_(summed[k])
             del summed
@@ -603,8 +603,8 @@ class DPSGD:
         for t in total.values():
             t.div_(divisor)
         device = next(iter(total.values())).device if total else torch.device("cpu")
-        norm_parts = distributed.gather_ordered({j: n.detach() for j, n in norms.items()})
-        loss_parts = distributed.gather_ordered({j: v.detach() for j, v in losses.items()})
+        parts = distributed.gather_ordered(rows)  # every rank's micro-batches, in the single process's order
+        norm_parts, loss_parts = [n for n, _ in parts], [v for _, v in parts]
         info = StepInfo(batch_size=int(len(indices)),
                         grad_norms=torch.cat(norm_parts) if norm_parts else torch.zeros(0, device=device),
                         losses=torch.cat(loss_parts) if loss_parts else torch.zeros(0, device=device),

@@ -141,6 +141,13 @@ def _norm_layer_grads(module: nn.Module, x_hat: Tensor, g: Tensor, B: int) -> tu
     return (g * x_hat).reshape(B, -1, *shape).sum(1), g.reshape(B, -1, *shape).sum(1)
 
 
+def _bias_grads(g: Tensor, conv: bool, B: int) -> Tensor:
+    """Per-example bias gradients ``[B, d]`` of a Linear or Conv2d: its output gradients summed over each row's
+    positions (``[N rows, d]``), then over the example's K rows."""
+    rows = g.flatten(2).sum(2) if conv else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)
+    return rows.reshape(B, -1, rows.shape[-1]).sum(1)
+
+
 def _cat(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
@@ -185,8 +192,7 @@ def _book(module: nn.Module, calls: list[tuple[Tensor, Tensor]], B: int) -> tupl
     conv = isinstance(module, nn.Conv2d)
     per_ex: dict[str, Tensor] = {}
     if train_b:
-        per_ex["bias"] = sum((g.flatten(2).sum(2) if conv else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1)
-                              ).reshape(B, -1, g.shape[1] if conv else g.shape[-1]).sum(1) for _, g in calls)
+        per_ex["bias"] = sum(_bias_grads(g, conv, B) for _, g in calls)
     if not train_w:
         return _instantiated(per_ex)
     d_out, d_in = w.shape[0], w[0].numel()
