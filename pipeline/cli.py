@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from pipeline import distributed
+from pipeline import launch
 from pipeline.config import ConfigError
 from pipeline.methods import merge_stages, method_stages
 from pipeline.stage import PipelineError, StageSpec
@@ -135,9 +135,9 @@ RANK_LOG_ENV = "DPGEN_STAGE_LOG"
 def _split_log(argv: list[str]) -> tuple[list[str], Path | None]:
     """Remove ``--log PATH`` from ``argv``; under torchrun, rank r > 0 logs beside it (``.rank<r>``)."""
     argv, path = _split_option(argv, "--log", "a file path")
-    if path is None and distributed.launched_size() > 1:
+    if path is None and launch.launched_size() > 1:
         path = os.environ.get(RANK_LOG_ENV) or None
-    return argv, None if path is None else Path(distributed.rank_log_path(path))
+    return argv, None if path is None else Path(launch.rank_log_path(path))
 
 
 def _split_nproc(argv: list[str]) -> tuple[list[str], int]:
@@ -240,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --nproc {nproc}: stage {argv[0]} does not run data-parallel (only "
               f"{', '.join(DATA_PARALLEL_STAGES)})", file=sys.stderr)
         return 2
-    if nproc > 1 and distributed.launched_size() == 1:
+    if nproc > 1 and launch.launched_size() == 1:
         # torchrun's agent takes this process's place: SLURM's and Snakemake's signals reach it, and it
         # forwards them to the ranks (each finishes its step and rank 0 saves the state)
-        command = distributed.launch_argv(nproc, argv)
+        command = launch.launch_argv(nproc, argv)
         env = {**os.environ, **({} if log_path is None else {RANK_LOG_ENV: str(log_path)})}
         sys.stdout.flush()
         sys.stderr.flush()

@@ -2,7 +2,7 @@
 
 A training rule whose ``gpu`` resource is N > 1 calls its stage as ``python -m pipeline --nproc N STAGE ...``;
 the command line replaces itself with ``python -m torch.distributed.run --standalone --nproc-per-node N -m
-pipeline STAGE ...`` (:func:`launch_argv`), which starts N copies of the stage with ``RANK``, ``WORLD_SIZE``
+pipeline STAGE ...`` (:func:`pipeline.launch.launch_argv`), which starts N copies of the stage with ``RANK``, ``WORLD_SIZE``
 and ``LOCAL_RANK`` in their environment. The stage joins the process group with :func:`data_parallel`:
 NCCL and ``cuda:LOCAL_RANK`` when the stage's device is CUDA, gloo on the CPU (how the tests run two
 processes on a machine without a GPU).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -31,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from pipeline.device import resolve_device
+from pipeline.launch import launched_size
 from pipeline.stage import PipelineError
 
 
@@ -56,26 +56,6 @@ def current() -> World:
 def is_main() -> bool:
     """Whether this process writes checkpoints and outputs (rank 0, or the only process)."""
     return current().main
-
-
-def launched_size() -> int:
-    """``WORLD_SIZE`` as torchrun set it (1 outside torchrun)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise PipelineError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}: expected an integer") from None
-
-
-def launch_argv(nproc: int, argv: Sequence[str]) -> list[str]:
-    """The command that runs ``python -m pipeline *argv`` as ``nproc`` data-parallel processes on this node.
-
-    ``--standalone`` gives each job its own rendezvous on a free local port, so several such jobs can
-    share a node. One node: the processes are this job's (SLURM: one task with N GPUs).
-    """
-    if not (isinstance(nproc, int) and nproc >= 1):
-        raise PipelineError(f"--nproc: expected an integer >= 1, got {nproc!r}")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "pipeline", *argv]
 
 
 def _collective_device() -> torch.device:
@@ -160,9 +140,3 @@ def gather_ordered(parts: Mapping[int, Part]) -> list[Part]:
     dist.all_gather_object(gathered, {k: _on_cpu(v) for k, v in parts.items()})
     merged = {k: v for g in gathered for k, v in (g or {}).items()}
     return [merged[k] for k in sorted(merged)]
-
-
-def rank_log_path(path: os.PathLike[str] | str) -> str:
-    """Where rank r > 0 of a torchrun-launched stage writes its log: beside rank 0's, ``.rank<r>`` added."""
-    rank = int(os.environ.get("RANK", "0"))
-    return str(path) if rank == 0 else f"{path}.rank{rank}"

@@ -1,10 +1,7 @@
-"""pipeline.distributed: the torchrun command a --nproc launch becomes, where each rank logs, and a single process
-untouched by it (the two-process behaviour: tests/privacy/test_dpsgd_data_parallel.py,
-tests/training/test_dpdm.py)."""
+"""pipeline.distributed: a single process untouched by it, and a group that cannot be joined (the two-process
+behaviour: tests/privacy/test_dpsgd_data_parallel.py, tests/training/test_dpdm.py; the launch: tests/test_launch.py)."""
 
 from __future__ import annotations
-
-import sys
 
 import pytest
 import torch
@@ -13,29 +10,14 @@ from pipeline import distributed
 from pipeline.stage import PipelineError
 
 
-def test_a_launch_is_torchrun_of_the_same_interpreter_on_this_node():
-    argv = distributed.launch_argv(4, ["train_dpdm", "--in", "data=x.npz"])
-    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in argv and "--nproc-per-node=4" in argv
-    assert argv[-5:] == ["-m", "pipeline", "train_dpdm", "--in", "data=x.npz"]
-    with pytest.raises(PipelineError, match="--nproc: expected an integer >= 1"):
-        distributed.launch_argv(0, ["train_dpdm"])
-
-
-def test_rank_0_logs_to_the_rules_log_and_the_others_beside_it(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    assert distributed.rank_log_path("logs/train.log") == "logs/train.log"
-    monkeypatch.setenv("RANK", "3")
-    assert distributed.rank_log_path("logs/train.log") == "logs/train.log.rank3"
-
-
 def test_outside_torchrun_a_stage_is_one_process_on_its_device(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with distributed.data_parallel("cpu") as (world, device):
         assert world == distributed.World(0, 1) and world.main and device == torch.device("cpu")
     monkeypatch.setenv("WORLD_SIZE", "x")
     with pytest.raises(PipelineError, match="WORLD_SIZE='x'"):
-        distributed.launched_size()
+        with distributed.data_parallel("cpu"):
+            pass
 
 
 def test_more_processes_than_gpus_is_one_line_before_any_group_is_joined(monkeypatch):
