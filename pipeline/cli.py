@@ -44,6 +44,7 @@ CORE_STAGES: dict[str, str] = {
     "replay": "pipeline.privacy.replay:replay",
     "pretrain_public": "pipeline.training.pretrain:pretrain_public",
     "import_public": "pipeline.training.public:import_public",
+    "export_bundle": "pipeline.bundles.bundle:export_bundle",
 }
 
 #: every stage: the core ones, then each method's own (listed by pipeline/methods/<method>/__init__.py)
@@ -58,6 +59,8 @@ EXTRA_COMMANDS: dict[str, str] = {
     "which": "pipeline.reporting.tables:which_main",
     "plan": "pipeline.plan:main",
     "gpu_check": "pipeline.gpu_check:main",
+    "verify_bundle": "pipeline.bundles.cli:verify_main",
+    "sample_bundle": "pipeline.bundles.cli:sample_main",
 }
 
 

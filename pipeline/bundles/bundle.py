@@ -1,0 +1,286 @@
+"""A private run's certified bundle: its output (weights or synthetic set) with the transcripts that certify it.
+
+Layout of ``results/bundles/<method>/<run>/`` (``dpgen-bundle/1``):
+
+* ``certificate.json``: method, run, experiment, kind (``model`` or ``synthetic``), the certified eps (the run's
+  lines composed and recomputed by the accountant they name: :func:`pipeline.results.all_runs.run_privacy`, the
+  function all_runs.parquet's column comes from), delta, accountant, adjacency, the private split's sha256, what
+  each transcript must be (its registration), the code version at export, what the eps covers and what it does
+  not, and the sha256 of every other file of the bundle;
+* ``README.md``: the model card (Hugging Face metadata block, :mod:`pipeline.bundles.card`);
+* ``ledger/<transcript>.jsonl``: the run's transcripts, and ``replay.json``: their replay at export;
+* ``weights/`` (kind ``model``): safetensors in diffusers' layout (:mod:`pipeline.bundles.weights`) and
+  ``sampling.json``, how the run sampled (so :func:`sample` redraws the run's own samples);
+* ``samples.npz`` (+ its manifest ``samples.json``) and ``samples.png``: the run's synthetic set (for EMPDEN cells and Private Evolution the
+  private output itself) and ``metrics.json``, its scores on the test split.
+
+:func:`verify` is what a reader runs: every file against its sha256, the card against the certificate, every
+transcript replayed against its registration, the composed eps against the stated one, the weights' training
+metadata against the lines. What it cannot show: that the weights were trained by the mechanism the lines
+describe (a forger who writes consistent lines and reruns nothing would pass); the one-run audit
+(:mod:`pipeline.audit.one_run`) and the membership attacks are this project's evidence for that, and the
+certificate is unsigned (publish its sha256 where readers can find it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.io import read_json
+from pipeline.stage import PipelineError, stage
+
+BUNDLE_FORMAT = "dpgen-bundle/1"
+CERTIFICATE = "certificate.json"
+CARD = "README.md"
+SAMPLES = "samples.npz"
+KINDS = ("model", "synthetic")
+#: relative tolerance of the stated eps against the recomputed one (the certificate stores a float)
+EPS_RTOL = 1e-9
+#: how far the training stage's own eps (its meta) may be from the certified recompute of its lines
+META_EPS_RTOL = 1e-2
+
+
+class BundleError(PipelineError):
+    """A bundle that does not verify: one line saying which file or claim failed."""
+
+
+# --------------------------------------------------------------------------- hashes
+
+def _sha256(path: Path) -> str:
+    from pipeline.training.public import file_sha256
+
+    return file_sha256(path)
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under ``root`` but the certificate."""
+    return {p.relative_to(root).as_posix(): _sha256(p)
+            for p in sorted(root.rglob("*")) if p.is_file() and p != root / CERTIFICATE}
+
+
+# --------------------------------------------------------------------------- export
+
+def _registered(expected: Mapping[str, Any], experiment: str) -> dict[str, Any]:
+    from pipeline.privacy.replay import registered_from_params
+
+    return registered_from_params(dict(expected), experiment)
+
+
+def _transcripts_of(certificate: Mapping[str, Any]) -> dict[str, Any]:
+    """The replay's registration of each transcript, from the certificate (the private split by its sha256)."""
+    from pipeline.privacy.replay import Registered
+
+    return {name: Registered(claims=int(t["claims"]), run=t["run"], experiment=certificate["experiment"],
+                             stage=t["stage"], delta=float(t["delta"]), data_sha256=t["data_sha256"],
+                             configuration=bool(t.get("configuration", False)))
+            for name, t in certificate["transcripts"].items()}
+
+
+def _replay(root: Path, registered: Mapping[str, Any]) -> dict[str, Any]:
+    """Replay the bundle's transcripts against their registration (raises ReplayError); the verdict, paths relative."""
+    from pipeline.privacy.replay import audit
+
+    paths = {name: root / "ledger" / f"{name}.jsonl" for name in registered}
+    claims, summaries = audit(paths, registered)
+    for c in (*claims, *summaries):
+        c["transcript"] = Path(c["transcript"]).relative_to(root).as_posix()
+    return {"format": "dpgen-replay/3", "all_ok": True, "n_claims": len(claims), "transcripts": summaries,
+            "claims": claims}
+
+
+def _privacy(root: Path, names: list[str]) -> dict[str, Any]:
+    from pipeline.results.all_runs import run_privacy
+
+    return run_privacy([root / "ledger" / f"{name}.jsonl" for name in names])
+
+
+def _lines(root: Path, names: list[str]) -> list[Any]:
+    from pipeline.privacy import ledger
+
+    return [e for name in names for _, e in ledger.read_ledger(root / "ledger" / f"{name}.jsonl")]
+
+
+def check_model_binding(meta: Mapping[str, Any], certificate: Mapping[str, Any], lines: list[Any]) -> None:
+    """The weights' training metadata belongs to the certified lines: a private model, the lines' seed, the run
+    (STRAIGHTDP records it) and private split (DPDM records it), an eps within the certified one."""
+    name = f"{certificate['method']}/{certificate['run']}"
+    if meta.get("private") is not True:
+        raise BundleError(f"bundle {name}: weights/denoiser.json's meta does not say private: true")
+    seeds = {int(e.seed) for e in lines}
+    if "seed" in meta and seeds != {int(meta["seed"])}:
+        raise BundleError(f"bundle {name}: the weights were trained with seed {meta['seed']}, the lines name "
+                          f"{sorted(seeds)}")
+    if "run" in meta and meta["run"] != certificate["ledger_run"]:
+        raise BundleError(f"bundle {name}: the weights are run {meta['run']!r}, the lines {certificate['ledger_run']!r}")
+    if "data_sha256" in meta and meta["data_sha256"] != certificate["data_sha256"]:
+        raise BundleError(f"bundle {name}: the weights were trained on data {meta['data_sha256'][:12]}..., the "
+                          f"certificate names {str(certificate['data_sha256'])[:12]}...")
+    eps = meta.get("epsilon")
+    # the training stage recorded its own claim (fast accountant); the certificate's is the reference recompute of
+    # the same lines: equal up to the accountants' discretisation, far apart for weights of another eps's run
+    if eps is not None and not math.isclose(float(eps), float(certificate["epsilon"]), rel_tol=META_EPS_RTOL):
+        raise BundleError(f"bundle {name}: the weights were trained for eps {float(eps):.6g}, the lines certify "
+                          f"{float(certificate['epsilon']):.6g}")
+
+
+def _grid_png(samples: Path, png: Path, title: str) -> None:
+    from pipeline.io import load_split
+    from pipeline.sampling.dpdm_stage import sample_grid_figure
+
+    fig = sample_grid_figure({title: load_split(samples)}, per_class=8)
+    fig.savefig(png, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+#: the test-split metrics a card reports (evaluate_samples' keys, as all_runs.parquet copies them)
+def _test_metrics(metrics_json: Path) -> dict[str, float]:
+    from pipeline.results.all_runs import METRICS
+
+    m = read_json(metrics_json)
+    return {k: float(m[k]) for k in METRICS if m.get(k) is not None and math.isfinite(float(m[k]))}
+
+
+@stage("export_bundle", inputs=("samples", "metrics"), optional_inputs=("model",), outputs=("bundle",),
+       any_inputs=True,
+       params={"method": "the method", "run": "the run's name (the bundle's folder)",
+               "experiment": "the experiment every ledger line names",
+               "kind": "model (weights + how it samples) or synthetic (the synthetic set is the private output)",
+               "dataset": "the private data's name (the card's datasets)",
+               "epsilon_target": "the eps the run was calibrated to",
+               "expected": "transcript name -> {claims, run, stage, delta, data, configuration}: the method's "
+                           "registration (pipeline.registry.TranscriptSpec); its --in is ledger_<name>",
+               "sampling": "kind model: how the run sampled (the sampler, steps, guidance, batch size, seed, n)",
+               "covers": "what the eps covers (sentences)", "not_covered": "what it does not cover (sentences)"})
+def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+    """Write a private run's bundle (weights or synthetic set, transcripts, replay verdict, certificate, card);
+    refuses a run whose transcripts do not replay or whose weights do not belong to them."""
+    from pipeline.bundles import card as cards
+    from pipeline.bundles.weights import export_weights
+    from pipeline.reporting.review import code_commit
+
+    kind = params.get("kind")
+    if kind not in KINDS:
+        raise PipelineError(f"stage export_bundle: params.kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if (kind == "model") != ("model" in inputs):
+        raise PipelineError("stage export_bundle: a model bundle needs --in model=..., a synthetic one takes none")
+    expected = dict(params.get("expected") or {})
+    if not expected:
+        raise PipelineError("stage export_bundle: params.expected names no transcript (a private run has one)")
+    missing = [n for n in expected if f"ledger_{n}" not in inputs]
+    if missing:
+        raise PipelineError(f"stage export_bundle: transcript {missing[0]} needs --in ledger_{missing[0]}=...")
+    experiment = str(params["experiment"])
+    registered = _registered(expected, experiment)
+    out = Path(outputs["bundle"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (root / "ledger").mkdir()
+        for name in expected:
+            shutil.copyfile(inputs[f"ledger_{name}"], root / "ledger" / f"{name}.jsonl")
+        verdict = _replay(root, registered)
+        (root / "replay.json").write_text(json.dumps(verdict, indent=1, sort_keys=True) + "\n")
+        names = list(expected)
+        privacy = _privacy(root, names)
+        runs = sorted({r.run for r in registered.values()})
+        shas = sorted({r.data_sha256 for r in registered.values() if r.data_sha256})
+        certificate: dict[str, Any] = {
+            "format": BUNDLE_FORMAT, "method": str(params["method"]), "run": str(params["run"]),
+            "ledger_run": runs[0] if len(runs) == 1 else runs, "experiment": experiment, "kind": kind,
+            "dataset": str(params.get("dataset", "")), "epsilon": float(privacy["eps_certified"]),
+            "epsilon_target": params.get("epsilon_target"), "delta": float(privacy["delta"]),
+            "accountant": privacy["accountant"], "adjacency": privacy["adjacency"],
+            "mechanisms": privacy["mechanisms"], "data_sha256": shas[0] if len(shas) == 1 else shas,
+            "transcripts": {n: {"claims": r.claims, "run": r.run, "stage": r.stage, "delta": r.delta,
+                                "data_sha256": r.data_sha256, "configuration": r.configuration}
+                            for n, r in registered.items()},
+            "code_version": code_commit(),
+            "code_version_note": "the commit that exported the bundle; the training job ran earlier, from the "
+                                 "code its Snakemake run had (Snakemake reruns a job whose code changed)",
+            "covers": list(params.get("covers") or []), "not_covered": list(params.get("not_covered") or [])}
+        if kind == "model":
+            spec = export_weights(inputs["model"], root / "weights")
+            check_model_binding(spec["meta"], certificate, _lines(root, names))
+            (root / "sampling.json").write_text(json.dumps(dict(params.get("sampling") or {}), indent=1,
+                                                           sort_keys=True) + "\n")
+        from pipeline.io import load_split, save_split
+
+        # checked against the run's manifest; the bundle's own (samples.json, what load_split reads) names no path
+        # or training fact of the run
+        split = load_split(inputs["samples"])
+        save_split(root / SAMPLES, split, name=f"{params['method']}/{params['run']}", source="export_bundle",
+                   seed=int(_lines(root, names)[0].seed))
+        _grid_png(root / SAMPLES, root / "samples.png", f"{params['method']} {params['run']}")
+        metrics = _test_metrics(inputs["metrics"])
+        (root / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+        (root / CARD).write_text(cards.render(certificate, metrics))
+        certificate["files"] = file_hashes(root)
+        (root / CERTIFICATE).write_text(json.dumps(certificate, indent=1, sort_keys=True) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(root, out)
+    finally:
+        if root.exists():
+            shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- verify
+
+def read_certificate(path: str | Path) -> dict[str, Any]:
+    root = Path(path)
+    file = root / CERTIFICATE
+    if not file.is_file():
+        raise BundleError(f"{root}: no {CERTIFICATE} (not a bundle folder)")
+    try:
+        certificate = json.loads(file.read_text())
+    except ValueError as exc:
+        raise BundleError(f"{file}: not JSON ({exc})") from None
+    if not isinstance(certificate, dict) or certificate.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{file}: not a {BUNDLE_FORMAT} certificate")
+    return certificate
+
+
+def verify(path: str | Path) -> dict[str, Any]:
+    """Check a bundle end to end (see the module docstring); its certificate, or :class:`BundleError` in one line."""
+    from pipeline.bundles import card as cards
+    from pipeline.privacy.replay import ReplayError
+
+    root = Path(path)
+    certificate = read_certificate(root)
+    listed = certificate.get("files") or {}
+    present = file_hashes(root)
+    missing, added = sorted(set(listed) - set(present)), sorted(set(present) - set(listed))
+    if missing:
+        raise BundleError(f"{root}: {missing[0]} is missing (the certificate lists it)")
+    if added:
+        raise BundleError(f"{root}: {added[0]} is not in the certificate (added after export)")
+    altered = [rel for rel, sha in sorted(listed.items()) if present[rel] != sha]
+    if altered:
+        raise BundleError(f"{root}: {altered[0]} differs from the certificate's sha256 (altered after export)")
+    cards.check(root / CARD, certificate)
+    try:
+        _replay(root, _transcripts_of(certificate))
+    except ReplayError as exc:
+        raise BundleError(f"{root}: {exc}") from None
+    names = list(certificate["transcripts"])
+    privacy = _privacy(root, names)
+    if privacy["eps_certified"] > float(certificate["epsilon"]) * (1 + EPS_RTOL):
+        raise BundleError(f"{root}: the transcripts certify eps {privacy['eps_certified']:.6g}, the certificate "
+                          f"states {certificate['epsilon']:.6g}")
+    if privacy["delta"] != float(certificate["delta"]) or privacy["accountant"] != certificate["accountant"]:
+        raise BundleError(f"{root}: the transcripts' delta/accountant ({privacy['delta']}, {privacy['accountant']}) "
+                          f"are not the certificate's")
+    if certificate["kind"] == "model":
+        from pipeline.bundles.weights import read_weights_spec
+
+        check_model_binding(read_weights_spec(root / "weights")["meta"], certificate, _lines(root, names))
+    return certificate

@@ -1,0 +1,70 @@
+"""Samples from a model bundle, offline: the run's own sampler, settings and generator stream (``sampling.json``).
+
+With the run's seed, ``n`` and batch size this redraws the run's own samples (the shipped ``samples.npz``), on
+the device they were drawn on: the DPDM samplers of :func:`pipeline.sampling.dpdm.generate` and STRAIGHTDP's
+Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`). Sampling is
+post-processing of the released weights: it spends no privacy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.bundles.bundle import BundleError, read_certificate, verify
+from pipeline.bundles.weights import load_weights
+from pipeline.io import Split
+
+#: sampling.json's ``sampler``: the run's sampling code
+SAMPLERS = ("dpdm", "straightdp_flow")
+
+
+def sampling_settings(root: Path) -> dict[str, Any]:
+    path = root / "sampling.json"
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: not readable ({exc})") from None
+    if settings.get("sampler") not in SAMPLERS:
+        raise BundleError(f"{path}: sampler must be one of {', '.join(SAMPLERS)}, got {settings.get('sampler')!r}")
+    return settings
+
+
+def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int | None = None,
+           device: str = "cpu", check: bool = True) -> Split:
+    """``n`` labelled samples (uint8 images, balanced labels) of a verified model bundle; ``seed`` and
+    ``batch_size`` default to the run's own."""
+    from pipeline.device import resolve_device
+    from pipeline.images import to_uint8
+
+    root = Path(path)
+    certificate = verify(root) if check else read_certificate(root)
+    if certificate["kind"] != "model":
+        raise BundleError(f"{root}: a synthetic-set bundle: its private output is samples.npz itself (drawing more "
+                          f"would be a new release, not post-processing)")
+    if n < 1:
+        raise BundleError(f"--n: expected an integer >= 1, got {n}")
+    settings = sampling_settings(root)
+    seed = int(settings["seed"] if seed is None else seed)
+    batch = int(settings["batch_size"] if batch_size is None else batch_size)
+    dev = resolve_device(device)
+    model, _ = load_weights(root / "weights", dev)
+    if settings["sampler"] == "dpdm":
+        from pipeline.sampling.dpdm import SamplerConfig, generate
+        from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes
+
+        x, labels = generate(model, n, shape=denoiser_image_shape(model), config=SamplerConfig.from_params(
+            settings["settings"]), num_classes=denoiser_num_classes(model), seed=seed, batch_size=batch, device=dev)
+        return Split(to_uint8(x), labels)
+    from pipeline import seeds
+    from pipeline.flow.backbone import FlowSpec
+    from pipeline.flow.straightdp import balanced_labels, flow_samples
+
+    spec = FlowSpec.from_json(json.loads((root / "weights" / "denoiser.json").read_text())["spec"])
+    y = balanced_labels(n, spec.num_classes)
+    x = flow_samples(model, y, shape=(spec.channels, spec.image_size, spec.image_size),
+                     steps=int(settings["steps"]), guidance=float(settings["guidance"]), batch_size=batch,
+                     generator=seeds.torch_generator("straightdp.sampling", seed), null_label=spec.null_label,
+                     device=dev)
+    return Split(to_uint8(x.clamp(-1, 1)), y.numpy().astype("int64"))

@@ -1,0 +1,171 @@
+"""A certified bundle of a private run: exported from the run's own files, verified end to end, and refused in one
+line when its weights, a transcript or its card is altered after export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.bundles.bundle import CERTIFICATE, BundleError, export_bundle, file_hashes, verify
+from pipeline.bundles.sample import sample
+from pipeline.io import Split, load_split, save_split
+from pipeline.sampling.dpdm_stage import sample_dpdm
+from pipeline.training.dpdm import train_dpdm
+
+RUN = "edm_eps1_K1_seed3"
+TRANSCRIPT = f"train_dpdm_{RUN}"
+SAMPLER = {"name": "stochastic_ddim", "steps": 3, "eta": 1.0}
+TRAIN = {"epsilon": 1.0, "delta": 1e-5, "batch_size": 8, "steps": 2, "lr": 3e-4, "K": 1, "micro_batch": 4,
+         "unet": {"block_out_channels": [8, 16], "attention": [False, False], "norm_num_groups": 4},
+         "device": "cpu", "seed": 3, "config_id": "test", "ledger_binding": {"run": RUN, "experiment": "tiny"},
+         "private": {"N": 40, "n_classes": 3}}
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    """A tiny DPDM run's own files: the private split, the model, its ledger line, its samples and their scores."""
+    tmp = tmp_path_factory.mktemp("run")
+    rng = np.random.default_rng(0)
+    data = tmp / "data" / "private_train.npz"
+    save_split(data, Split(rng.integers(0, 256, (40, 1, 8, 8), dtype=np.uint8), np.arange(40) % 3),
+               name="private_train", source="test", seed=0)
+    files = {"data": data, "model": tmp / "models" / f"{RUN}.pt", "ledger": tmp / "ledger" / f"{TRANSCRIPT}.jsonl",
+             "samples": tmp / "samples" / f"{RUN}.npz", "metrics": tmp / "eval" / "metrics.json"}
+    train_dpdm({"data": data}, {"model": files["model"], "ledger": files["ledger"],
+                                "metrics": tmp / "train.json"}, TRAIN)
+    sample_dpdm({"denoiser": files["model"]}, {"samples": files["samples"]},
+                {"sampler": SAMPLER, "n_samples": 12, "seed": 3, "batch_size": 12, "device": "cpu"})
+    files["metrics"].parent.mkdir(parents=True)
+    files["metrics"].write_text(json.dumps({"fid": 321.5, "acc_cnn": 0.4, "n_samples": 12}))
+    return files
+
+
+def export(files: dict[str, Path], out: Path, **params) -> Path:
+    expected = {TRANSCRIPT: {"claims": 1, "run": RUN, "stage": "train_dpdm", "delta": 1e-5, "data": str(files["data"]),
+                             "configuration": False}}
+    export_bundle({"model": files["model"], "samples": files["samples"], "metrics": files["metrics"],
+                   f"ledger_{TRANSCRIPT}": files["ledger"]}, {"bundle": out},
+                  {"method": "dpdm", "run": RUN, "experiment": "tiny", "kind": "model", "dataset": "tiny digits",
+                   "epsilon_target": 1.0, "expected": expected,
+                   "sampling": {"sampler": "dpdm", "settings": SAMPLER, "seed": 3, "batch_size": 12, "n_samples": 12},
+                   "covers": ["DP-SGD training on the private split"], "not_covered": ["public pretraining"],
+                   **params})
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(run_files, tmp_path_factory):
+    return export(run_files, tmp_path_factory.mktemp("bundles") / "dpdm" / RUN)
+
+
+def copy(bundle: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(bundle, tmp_path / "copy"))
+
+
+def rehash(root: Path) -> None:
+    """What a forger who also edits the certificate does: every file's sha256 made current."""
+    cert = json.loads((root / CERTIFICATE).read_text())
+    cert["files"] = file_hashes(root)
+    (root / CERTIFICATE).write_text(json.dumps(cert))
+
+
+def test_a_bundle_verifies_and_states_the_runs_certified_claim(bundle, run_files):
+    from huggingface_hub import ModelCard
+
+    cert = verify(bundle)
+    assert cert["kind"] == "model" and cert["run"] == RUN and cert["ledger_run"] == RUN
+    assert 0 < cert["epsilon"] <= 1.0 and cert["delta"] == 1e-5 and cert["accountant"]
+    assert cert["data_sha256"] == json.loads(run_files["data"].with_suffix(".json").read_text())["sha256"]
+    assert {"weights/denoiser.json", "samples.npz", "samples.png", "README.md", f"ledger/{TRANSCRIPT}.jsonl",
+            "replay.json", "sampling.json", "metrics.json"} <= set(cert["files"])
+    assert not list(bundle.rglob("*.pt")) and not list(bundle.rglob("*.pkl"))
+    card = ModelCard.load(bundle / "README.md")
+    assert card.data.differential_privacy["epsilon"] == cert["epsilon"]
+    assert [(r.metric_type, r.metric_value, r.dataset_split) for r in card.data.eval_results] == [
+        ("fid", 321.5, "test"), ("acc_cnn", 0.4, "test")]
+    assert json.loads((bundle / "replay.json").read_text())["all_ok"]
+
+
+def test_the_bundle_samples_the_runs_own_samples(bundle, run_files):
+    own = load_split(run_files["samples"])
+    again = sample(bundle, 12)
+    assert np.array_equal(again.images, own.images) and np.array_equal(again.labels, own.labels)
+    shipped = np.load(bundle / "samples.npz", allow_pickle=False)
+    assert np.array_equal(shipped["images"], own.images)
+    other = sample(bundle, 12, seed=4)
+    assert not np.array_equal(other.images, own.images)
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _weights_file(root: Path) -> Path:
+    (f,) = (root / "weights" / "unet").glob("*.safetensors")
+    return f
+
+
+def _lower_the_claim(root: Path) -> None:
+    path = root / "ledger" / f"{TRANSCRIPT}.jsonl"
+    line = json.loads(path.read_text())
+    line["claimed_epsilon"] = line["claimed_epsilon"] / 4
+    path.write_text(json.dumps(line, sort_keys=True) + "\n")
+
+
+def _lower_the_cards_eps(root: Path) -> None:
+    card = root / "README.md"
+    text = card.read_text()
+    cert = json.loads((root / CERTIFICATE).read_text())
+    assert f"epsilon: {cert['epsilon']}" in text
+    card.write_text(text.replace(f"epsilon: {cert['epsilon']}", "epsilon: 0.01", 1))
+
+
+@pytest.mark.parametrize("tamper, rehashed, match", [
+    (lambda r: _flip_a_byte(_weights_file(r)), False, r"weights/unet/.*differs from the certificate's sha256"),
+    (_lower_the_claim, False, rf"ledger/{TRANSCRIPT}.jsonl differs from the certificate's sha256"),
+    (_lower_the_claim, True, "replay FAILED"),
+    (_lower_the_cards_eps, False, "README.md differs from the certificate's sha256"),
+    (_lower_the_cards_eps, True, r"differential_privacy.epsilon \(0.01\) is not the certificate's"),
+    (lambda r: (r / "extra.bin").write_bytes(b"x"), False, "extra.bin is not in the certificate"),
+], ids=["weights", "transcript", "transcript-rehashed", "card", "card-rehashed", "added-file"])
+def test_an_altered_bundle_is_refused_in_one_line(bundle, tmp_path, repo, tamper, rehashed, match):
+    root = copy(bundle, tmp_path)
+    tamper(root)
+    if rehashed:
+        rehash(root)
+    with pytest.raises(BundleError, match=match):
+        verify(root)
+    res = subprocess.run([sys.executable, "-m", "pipeline", "verify_bundle", str(root)], cwd=repo,
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("FAILED ")
+
+
+def test_weights_of_another_seed_are_refused_even_rehashed(bundle, tmp_path):
+    root = copy(bundle, tmp_path)
+    spec = json.loads((root / "weights" / "denoiser.json").read_text())
+    spec["meta"]["seed"] = 4
+    (root / "weights" / "denoiser.json").write_text(json.dumps(spec))
+    rehash(root)
+    with pytest.raises(BundleError, match="trained with seed 4"):
+        verify(root)
+
+
+def test_verify_and_sample_from_the_command_line(bundle, tmp_path, repo):
+    res = subprocess.run([sys.executable, "-m", "pipeline", "verify_bundle", str(bundle)], cwd=repo,
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.startswith("ok ") and f"dpdm/{RUN}" in res.stdout, res.stderr
+    out = tmp_path / "x.npz"
+    res = subprocess.run([sys.executable, "-m", "pipeline", "sample_bundle", str(bundle), "--n", "6", "--out",
+                          str(out)], cwd=repo, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert load_split(out).images.shape == (6, 1, 8, 8)
