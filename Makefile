@@ -10,13 +10,14 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install run run-full report plan gpu-check test test-slow docs lint slurm-profile slurm-test bench clean help
+.PHONY: install run run-full bundles report plan gpu-check test test-slow docs lint slurm-profile slurm-test bench clean help
 
 help:
 	@echo "make run            the quick tour: every method and table of the embedded default (snakemake --cores $(CORES) all)"
 	@echo "make run CONFIG=f   the same over a preset merged on config.yaml (e.g. CONFIG=configs/mnist.yaml; also for make report)"
 	@echo "make plan CONFIG=f  jobs, hours, GPU-hours and memory the slurm profile would request (nothing submitted)"
 	@echo "make gpu-check      this machine's device rates (one GPU, < 8 min) against the plan's; WRITE=name stores them"
+	@echo "make bundles        after make run: every private run's certified bundle -> results/bundles/ (also in all)"
 	@echo "make run-full       the reference embedded run the docs' numbers come from (+ configs/digits_full.yaml, ~2.5 h)"
 	@echo "make report         after make run: Snakemake's report of every table and figure -> $(REPORT)"
 	@echo "make test           unit tests on $(CORES) cores (CI runs this, then the slow tier)"
@@ -51,6 +52,10 @@ run: $(STAMP)
 # more seeds and samples over the same DAG (same results tree: its jobs rerun where params differ)
 run-full: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) all --configfile configs/digits_full.yaml
+
+# every private run's certified bundle (weights or synthetic set + transcripts, certificate, model card; pipeline/bundles)
+bundles: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) export_bundles $(CONFIG_ARGS)
 
 # the report of a finished run (runs no job): summary first, every table and figure with its caption
 REPORT ?= results/report.html

@@ -28,6 +28,7 @@ include: "rules/baselines.smk"
 include: "rules/audit.smk"
 include: "rules/pretrain.smk"
 include: "rules/review.smk"
+include: "rules/bundles.smk"
 
 # every method `methods:` chooses has its rule file included above: one line now, not rule all's traceback
 try:
@@ -39,6 +40,7 @@ except ValueError as _exc:
 localrules:
     all,
     index_html,
+    export_bundles,
 
 
 rule all:

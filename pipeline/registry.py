@@ -24,6 +24,10 @@ TargetsFn = Callable[[], Iterable[str | PathLike[str]]]
 TranscriptsFn = Callable[[], Mapping[str | PathLike[str], "TranscriptSpec"]]
 #: what a method registers for all_runs.parquet: one record per (configuration, seed) it ran
 RunsFn = Callable[[], Iterable["RunRecord"]]
+#: what a method registers for its certified bundles: the names of its private runs (no checkpoint read), and the
+#: bundle of one of them (read when its job is planned: DPDM's main sampler comes from a checkpoint)
+BundleRunsFn = Callable[[], Iterable[str]]
+BundleFn = Callable[[str], "BundleSpec"]
 
 #: the suffixes the index page shows: tables and figures (a figure's PDF is written beside its PNG)
 REPORT_SUFFIXES = (".parquet", ".png")
@@ -96,6 +100,46 @@ class RunRecord:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class BundleSpec:
+    """One private run's certified bundle (:mod:`pipeline.bundles`), as its method registers it.
+
+    ``samples`` / ``metrics``: the run's synthetic set and its evaluate_samples JSON (the card's test-split
+    metrics); ``transcripts``: the ledger transcripts that certify it (each registered with ``register_transcripts``);
+    ``model``: its trained denoiser file, for a bundle of weights (None: the synthetic set is the private output,
+    or its sampler needs more than the weights); ``sampling``: how the run sampled from it
+    (:mod:`pipeline.bundles.sample`); ``covers`` / ``not_covered``: what its eps covers and what it does not.
+    """
+
+    run: str
+    samples: str
+    metrics: str
+    transcripts: tuple[str, ...]
+    epsilon_target: float | None = None
+    model: str | None = None
+    sampling: Mapping[str, Any] | None = None
+    covers: tuple[str, ...] = ()
+    not_covered: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "metrics"):
+            object.__setattr__(self, name, str(getattr(self, name)))
+        object.__setattr__(self, "transcripts", tuple(str(p) for p in self.transcripts))
+        if self.model is not None:
+            object.__setattr__(self, "model", str(self.model))
+        if not self.transcripts:
+            raise ValueError(f"bundle of run {self.run!r}: a private run's bundle needs its ledger transcripts")
+        if (self.model is None) != (self.sampling is None):
+            raise ValueError(f"bundle of run {self.run!r}: a bundle of weights says how it samples, a synthetic set "
+                             f"does not")
+        if "/" in self.run:
+            raise ValueError(f"bundle of run {self.run!r}: a run name is one folder (no '/')")
+
+    @property
+    def kind(self) -> str:
+        return "synthetic" if self.model is None else "model"
+
+
 class MethodRegistry:
     """Each method's targets, ledger transcripts and evaluated runs, as registered by its rule file."""
 
@@ -103,6 +147,7 @@ class MethodRegistry:
         self._targets: dict[str, list[TargetsFn]] = {}
         self._transcripts: dict[str, list[TranscriptsFn]] = {}
         self._runs: dict[str, list[RunsFn]] = {}
+        self._bundles: dict[str, tuple[BundleRunsFn, BundleFn]] = {}
 
     def register_targets(self, method: str, targets: TargetsFn) -> None:
         """``targets()`` lists the method's outputs in ``rule all``: its tables (.parquet) and figures
@@ -119,6 +164,13 @@ class MethodRegistry:
     def register_runs(self, method: str, runs: RunsFn) -> None:
         """``runs()`` lists the method's evaluated (configuration, seed) records: the rows of all_runs.parquet."""
         self._runs.setdefault(method, []).append(runs)
+        self._targets.setdefault(method, [])
+        self._transcripts.setdefault(method, [])
+
+    def register_bundles(self, method: str, runs: BundleRunsFn, bundle: BundleFn) -> None:
+        """``runs()`` names the method's private runs that get a certified bundle, ``bundle(run)`` is its
+        :class:`BundleSpec` (the files it is made of)."""
+        self._bundles[method] = (runs, bundle)
         self._targets.setdefault(method, [])
         self._transcripts.setdefault(method, [])
 
@@ -170,3 +222,14 @@ class MethodRegistry:
                 for run in fn():
                     out.setdefault(run.metrics, run)
         return list(out.values())
+
+    def bundle_runs(self, methods: Sequence[str]) -> list[tuple[str, str]]:
+        """(method, run) of every bundle of the chosen ``methods``, in their order."""
+        self.check(methods)
+        return [(m, str(run)) for m in methods if m in self._bundles for run in dict.fromkeys(self._bundles[m][0]())]
+
+    def bundle(self, method: str, run: str) -> BundleSpec:
+        """The bundle ``method`` registered for ``run``; a KeyError naming the method's bundles otherwise."""
+        if method not in self._bundles:
+            raise KeyError(f"method {method!r} registers no bundles (registered: {', '.join(self._bundles) or 'none'})")
+        return self._bundles[method][1](run)

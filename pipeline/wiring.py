@@ -73,6 +73,11 @@ class Layout:
         return self.expdir / "ledger" / "replay.json"
 
     @property
+    def bundles(self) -> Path:
+        """Every private run's certified bundle, ``bundles/<method>/<run>/`` (rule export_bundle, pipeline/bundles)."""
+        return self.results / "bundles"
+
+    @property
     def report_dir(self) -> Path:
         """Where the report's readable table views go (rule report_tables)."""
         return self.results / "report"

@@ -16,6 +16,7 @@ BASELINES = _BaselinesWiring(HOUSE, EVALUATION)
 register_targets("baselines", BASELINES.targets)
 register_transcripts("baselines", BASELINES.transcripts)
 register_runs("baselines", BASELINES.records)
+register_bundles("baselines", BASELINES.bundle_runs, BASELINES.bundle)
 
 
 rule dp_merf:

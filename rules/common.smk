@@ -86,6 +86,8 @@ register_targets = REGISTRY.register_targets
 register_transcripts = REGISTRY.register_transcripts
 #: ``runs()``: the method's evaluated runs (pipeline.registry.RunRecord), the rows of all_runs.parquet
 register_runs = REGISTRY.register_runs
+#: ``runs()`` and ``bundle(run)``: the method's private runs that get a certified bundle (pipeline.registry.BundleSpec)
+register_bundles = REGISTRY.register_bundles
 
 #: captions of the report's tables and figures (reStructuredText, one file per table or figure)
 #: (this file's directory is rules/: the workflow's own basedir would be a wrapping Snakefile's when one

@@ -25,6 +25,7 @@ except ConfigError as _exc:
 register_targets("dpdm", DPDM.targets)
 register_transcripts("dpdm", DPDM.transcripts)
 register_runs("dpdm", DPDM.records)
+register_bundles("dpdm", DPDM.bundle_runs, DPDM.bundle)
 
 
 rule train_dpdm:

@@ -17,6 +17,7 @@ EMPDEN = _EmpdenWiring(HOUSE)
 register_targets("empden", EMPDEN.targets)
 register_transcripts("empden", EMPDEN.transcripts)
 register_runs("empden", EMPDEN.records)
+register_bundles("empden", EMPDEN.bundle_runs, EMPDEN.bundle)
 
 
 rule empden_sample_subsampled:

@@ -22,6 +22,7 @@ STRAIGHTDP = _StraightdpWiring(HOUSE)
 register_targets("straightdp", STRAIGHTDP.targets)
 register_transcripts("straightdp", STRAIGHTDP.transcripts)
 register_runs("straightdp", STRAIGHTDP.records)
+register_bundles("straightdp", STRAIGHTDP.bundle_runs, STRAIGHTDP.bundle)
 
 
 rule straightdp_public:

@@ -84,3 +84,33 @@ def test_a_transcript_is_registered_with_what_the_replay_binds_it_to():
 def test_a_bad_transcript_spec_is_a_one_line_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TranscriptSpec(**{**SPEC.as_dict(), **kwargs})
+
+
+def test_a_methods_bundles_are_listed_without_reading_them_and_each_read_when_asked():
+    from pipeline.registry import BundleSpec
+
+    reg, read = registry(), []
+
+    def bundle(run: str) -> BundleSpec:
+        read.append(run)
+        return BundleSpec(run=run, samples="s.npz", metrics="m.json", transcripts=("l/alpha_run.jsonl",))
+
+    reg.register_bundles("alpha", lambda: ["r1", "r2", "r1"], bundle)
+    assert reg.bundle_runs(["alpha", "beta"]) == [("alpha", "r1"), ("alpha", "r2")] and read == []
+    assert reg.bundle("alpha", "r2").kind == "synthetic" and read == ["r2"]
+    assert reg.bundle_runs(["beta"]) == []
+    with pytest.raises(KeyError, match="registers no bundles"):
+        reg.bundle("beta", "r1")
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"transcripts": ()}, "needs its ledger transcripts"),
+    ({"model": "m.pt"}, "says how it samples"),
+    ({"sampling": {"sampler": "dpdm"}}, "says how it samples"),
+    ({"run": "a/b"}, "one folder"),
+])
+def test_a_bundle_without_its_claim_or_with_half_a_model_is_refused(fields, match):
+    from pipeline.registry import BundleSpec
+
+    with pytest.raises(ValueError, match=match):
+        BundleSpec(**{"run": "r", "samples": "s.npz", "metrics": "m.json", "transcripts": ("l.jsonl",), **fields})

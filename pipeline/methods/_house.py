@@ -123,10 +123,14 @@ class Outputs:
         return list(self.ledger_claims())
 
     def all_targets(self) -> list[Path]:
-        """Every output of the target ``all``: data, tables, figures, the ledger replay, the summary page and the
-        report's table views. The public denoiser is built whenever a method that uses it is chosen."""
+        """Every output of the target ``all``: data, tables, figures, the private runs' verified bundles, the ledger
+        replay, the summary page and the report's table views. The public denoiser is built whenever a method that
+        uses it is chosen."""
+        from pipeline.bundles.wiring import Wiring as BundleWiring
+
         layout = self.house.layout
         return [*self.house.data_splits().values(), *self.core_report, *self.registry.targets(self.chosen),
+                *BundleWiring(self.house, self.registry).paths(),
                 layout.replay_report, layout.results / "index.html", layout.report_dir / "tables"]
 
     # ---------------------------------------------------------------- the report

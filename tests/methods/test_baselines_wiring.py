@@ -9,6 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 
+import pytest
+
 from pipeline.methods.baselines.wiring import LISTING, Wiring
 from pipeline.wiring import House
 from tests.methods import house
@@ -83,3 +85,16 @@ def test_all_runs_records_one_per_run_with_its_cost(tmp_path):
     assert [Path(p) for p in recs[2].benchmarks] == [exp / "benchmarks" / "private_evolution" / "pe_eps1_seed0.tsv",
                                                      exp / "benchmarks" / "evaluate_baseline" / "pe_eps1_seed0.tsv"]
     assert recs[2].label == "Private Evolution" and recs[2].private
+
+
+def test_every_run_has_a_bundle_of_its_synthetic_set(tmp_path):
+    bl = Wiring(house(tmp_path))
+    assert bl.bundle_runs() == [r.name for r in bl.runs()]
+    b = bl.bundle("pe_eps10_seed0")
+    assert b.kind == "synthetic" and b.model is None and b.sampling is None and b.epsilon_target == 10
+    assert (b.samples, b.metrics, b.transcripts) == (str(bl.samples_path("pe_eps10_seed0")),
+                                                     str(bl.metrics_path("pe_eps10_seed0")),
+                                                     (str(bl.ledger_path("pe_eps10_seed0")),))
+    assert "histogram" in b.covers[0] and "mean embedding" in bl.bundle("dp_merf_eps1_seed0").covers[0]
+    with pytest.raises(ValueError, match="no run 'pe_eps3_seed0'"):
+        bl.bundle("pe_eps3_seed0")

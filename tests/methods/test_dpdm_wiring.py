@@ -241,3 +241,20 @@ def test_the_sample_grids_show_the_main_sampler_per_eps_and_every_sampler_at_the
     assert w.sampler_grid_eps == 10
     assert w.sampler_grid_inputs() == {s: w.samples_path("edm_eps10_K1_seed0", s) for s in ("ddim", "churn", "guided")}
     assert json.loads(w.sampler_grid_params())["title"] == "DPDM samplers at eps = 10"
+
+
+# ---------------------------------------------------------------------------------------------- bundles
+
+def test_every_training_run_has_a_bundle_of_its_weights_sampled_as_the_main_sampler_samples(w, exp):
+    assert w.bundle_runs() == [r.name for r in w.runs()]
+    b = w.bundle("edm_eps1_K1_seed0")
+    assert b.kind == "model" and b.model == str(exp / "models" / "dpdm" / "edm_eps1_K1_seed0.pt")
+    assert b.samples == str(w.samples_path("edm_eps1_K1_seed0", "churn"))  # the sampler val chose
+    assert b.metrics == str(w.metrics_path("edm_eps1_K1_seed0", "churn"))
+    assert b.transcripts == (str(w.ledger_path("edm_eps1_K1_seed0")),) and b.epsilon_target == 1.0
+    s = w.section["sampling"]
+    assert b.sampling == {"sampler": "dpdm", "sampler_name": "churn", "settings": w.sampler_settings("churn"),
+                          "seed": 0, "batch_size": s["batch_size"], "n_samples": s["n_samples"]}
+    # a run that starts from the public denoiser says its pretraining is outside the eps; one from scratch does not
+    assert any("public pretraining" in c for c in b.not_covered)
+    assert not any("public pretraining" in c for c in w.bundle("vpred_eps0p2_K1_seed0").not_covered)

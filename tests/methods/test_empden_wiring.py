@@ -240,3 +240,14 @@ def test_sharded_a_cells_transcript_holds_one_claim_per_shard(tmp_path):
 def test_more_shards_than_a_cells_batches_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"sampling.shards: sampling.shards = 4 exceeds the 3 batch"):
         sharded(tmp_path, shards=4)
+
+
+def test_every_private_cell_has_a_bundle_of_its_synthetic_set_and_the_public_only_cell_none(tmp_path):
+    em = Wiring(house(tmp_path))
+    private = [c for c in em.cells() if c.private]
+    assert em.bundle_runs() == [c.name.replace("/", "_") for c in private] and len(private) < len(em.cells())
+    cell = next(c for c in private if c.name == "hybrid/p50_B100_T3_beta1_s0")
+    b = em.bundle("hybrid_p50_B100_T3_beta1_s0")
+    assert b.kind == "synthetic" and b.model is None and b.epsilon_target is None
+    assert (b.samples, b.metrics, b.transcripts) == (str(em.sample_path(cell)), str(em.metrics_path(cell)),
+                                                     (str(em.ledger_path(cell)),))

@@ -33,6 +33,7 @@ def registry(tmp_path: Path) -> MethodRegistry:
     reg.register_targets("dpdm", lambda: [tmp_path / "dpdm_t.parquet", tmp_path / "dpdm_f.png", tmp_path / "x.json"])
     reg.register_transcripts("dpdm", lambda: {tmp_path / "l.jsonl": spec})
     reg.register_runs("dpdm", lambda: [run])
+    reg.register_bundles("dpdm", lambda: ["r1"], lambda name: None)
     reg.register_targets("sensgeo", lambda: [tmp_path / "sensgeo_t.parquet"])
     return reg
 
@@ -42,12 +43,15 @@ def out(tmp_path) -> Outputs:
     return Outputs(choosing(tmp_path, ["dpdm", "sensgeo"]), registry(tmp_path), CAPTIONS)
 
 
-def test_rule_all_is_the_splits_the_core_report_every_chosen_target_the_replay_and_the_summary(out, tmp_path):
+def test_rule_all_is_the_splits_the_core_report_every_chosen_target_and_bundle_the_replay_and_the_summary(out,
+                                                                                                       tmp_path):
     r = tmp_path / "r"
     targets = out.all_targets()
     assert targets[:len(out.house.data_splits())] == list(out.house.data_splits().values())
     assert targets[-3:] == [r / "digits" / "ledger" / "replay.json", r / "index.html", r / "report" / "tables"]
     assert tmp_path / "x.json" in targets and tmp_path / "sensgeo_t.parquet" in targets
+    # every private run's bundle (a folder), before the replay and the summary
+    assert targets[-4] == r / "bundles" / "dpdm" / "r1"
     assert out.core_report == [r / "figures" / "privacy_utility.png", r / "tables" / "all_runs.parquet",
                                r / "tables" / "runtime.parquet", r / "figures" / "runtime.png",
                                r / "tables" / "reference_real.parquet", r / "figures" / "data_samples.png"]

@@ -12,7 +12,7 @@ from typing import Any
 from pipeline.baselines import runs as baseline_runs
 from pipeline.baselines.runs import BaselineRun
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
-from pipeline.registry import RunRecord, TranscriptSpec
+from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.wiring import House, stage_params
 
 #: keys that list which runs exist, not how one is made: left out of a run's params, so adding an eps or a seed
@@ -90,6 +90,25 @@ class Wiring:
                                                          delta=self.section["delta"],
                                                          data=self.house.layout.split("private_train"))
                 for r in self.runs()}
+
+    def bundle_runs(self) -> list[str]:
+        return [run.name for run in self.runs()]
+
+    def bundle(self, run: str) -> BundleSpec:
+        """A run's synthetic set: Private Evolution's samples are its release; DP-MERF's generator is not kept (its
+        samples, post-processing of the released embedding, are)."""
+        r = next((x for x in self.runs() if x.name == run), None)
+        if r is None:
+            raise ValueError(f"baselines: no run {run!r} in the configuration")
+        mechanism = {"dp_merf": "the noisy mean embedding of the private set (DP-MERF: one Gaussian release of its "
+                                "random-feature mean)",
+                     "pe": "every Private Evolution iteration's noisy nearest-neighbour histogram of the private set"}
+        return BundleSpec(run=run, samples=self.samples_path(run), metrics=self.metrics_path(run),
+                          transcripts=(self.ledger_path(run),), epsilon_target=r.epsilon,
+                          covers=(mechanism[r.method],),
+                          not_covered=("the public data and features the method starts from",
+                                       "the hyperparameters, set in the configuration",
+                                       "the declared size of the private set (a public constant)"))
 
     def records(self) -> list[RunRecord]:
         """One all_runs record per baseline run: its metrics, its one transcript, its jobs' benchmarks."""

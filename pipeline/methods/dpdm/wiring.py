@@ -14,7 +14,7 @@ from typing import Any
 
 import pipeline.resources as cost
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
-from pipeline.registry import RunRecord, TranscriptSpec
+from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training import dpdm_runs
 from pipeline.training.dpdm_runs import DpdmRun, fmt_num
 from pipeline.wiring import House, params_json, stage_params
@@ -161,6 +161,30 @@ class Wiring:
                                                  *(bench(rule, f"{run}/{sampler}")
                                                    for rule in ("sample_dpdm", "evaluate_dpdm")))))
         return out
+
+    # ---------------------------------------------------------------- certified bundles (pipeline/bundles)
+
+    def bundle_runs(self) -> list[str]:
+        """Every training run: each gets a bundle of its weights."""
+        return [r.name for r in self.runs()]
+
+    def bundle(self, run: str) -> BundleSpec:
+        """One run's bundle: its EMA weights, and its samples with the main sampler (chosen on val under auto)."""
+        r, s = DpdmRun.from_name(run), self.section["sampling"]
+        sampler = self.main_sampler()
+        public = self.init_of(r.parameterisation) == "public"
+        return BundleSpec(
+            run=run, samples=self.samples_path(run, sampler), metrics=self.metrics_path(run, sampler),
+            transcripts=(self.ledger_path(run),), epsilon_target=r.epsilon, model=self.model_path(run),
+            sampling={"sampler": "dpdm", "sampler_name": sampler, "settings": self.sampler_settings(sampler),
+                      "seed": r.seed, "batch_size": s["batch_size"], "n_samples": s["n_samples"]},
+            covers=("every DP-SGD step of the denoiser's training on the private split: Poisson-subsampled, "
+                    f"per-example clipped gradients (the K = {r.K} noise draws of an example clipped together), "
+                    "Gaussian noise (DPDM Alg. 1), composed over all steps",),
+            not_covered=(*(("the public pretraining of the initial denoiser (public data only)",) if public else ()),
+                         "the choice of the main sampler among the configured ones, made on the validation split",
+                         "the hyperparameters, set in the configuration (not tuned on the private data here)",
+                         "the declared size of the private set (a public constant)"))
 
     # ---------------------------------------------------------------- training and sampling jobs
 

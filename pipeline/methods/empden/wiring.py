@@ -14,7 +14,7 @@ from typing import Any
 
 import pipeline.resources as cost
 from pipeline.methods.accounting.wiring import EPS_KEYS, mechanism
-from pipeline.registry import RunRecord, TranscriptSpec
+from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.sampling.empden_grid import Cell, cell_from_wildcards, grid_cells
 from pipeline.wiring import House, io_args, stage_params
 
@@ -303,6 +303,25 @@ class Wiring:
         if self.section["figure2"]:
             claims[self.figure2_ledger] = TranscriptSpec(claims=2, run=FIGURE2, stage=FIGURE2, **common)
         return claims
+
+    def bundle_runs(self) -> list[str]:
+        """Every private cell (its name with '/' -> '_': one folder)."""
+        return list(self._private_cells())
+
+    def bundle(self, run: str) -> BundleSpec:
+        """A cell's synthetic set: the samples are EMPDEN's private output (more would be a new release)."""
+        cell = self._private_cells()[run]
+        return BundleSpec(run=run, samples=self.sample_path(cell), metrics=self.metrics_path(cell),
+                          transcripts=(self.ledger_path(cell),),
+                          covers=("every private sampling step of the cell: the empirical denoiser's outputs on the "
+                                  "private set, noised as the cell's mechanism declares (EMPDEN Sec. 4), composed over "
+                                  "its steps and samples",),
+                          not_covered=("the public denoiser the hybrid sampler hands over to, and its pretraining "
+                                       "(public data)", "the grid's settings, set in the configuration",
+                                       "the declared size of the private set (a public constant)"))
+
+    def _private_cells(self) -> dict[str, Cell]:
+        return {c.name.replace("/", "_"): c for c in self.cells() if c.private}
 
     def records(self) -> list[RunRecord]:
         """all_runs records: every evaluated cell; the figure draws the subsampled cells (hybrid, per-step) as

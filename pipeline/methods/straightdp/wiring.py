@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import pipeline.resources as cost
 from pipeline.config import ConfigError
-from pipeline.registry import RunRecord, TranscriptSpec
+from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training import straightdp_runs
 from pipeline.training.straightdp_runs import StraightRun
 from pipeline.wiring import House, params_json, stage_params
@@ -497,6 +497,35 @@ class Wiring:
                                                      stage="straightdp_table4_text", delta=delta,
                                                      data=self.layout.split("private_train"))
         return out
+
+    def bundle_runs(self) -> list[str]:
+        """Every run ``all`` builds (each releases, trains or both)."""
+        return [run.name for run in self.all_runs()]
+
+    def bundle(self, name: str) -> BundleSpec:
+        """One run's bundle: the trained flow's weights when its samples come from it alone (pixel space), else its
+        synthetic set (samples from the release, from the release-guided public flow, or decoded by the latent
+        variant's autoencoder: their sampler needs more than the weights)."""
+        run = StraightRun.from_name(name)
+        ledgers = ((self.release_ledger(name),) if run.releases else ()) + \
+                  ((self.train_ledger(name),) if run.trains else ())
+        weights = run.samples_from == "model" and not self.latent(run.arm)
+        smp = self.arm_section(run.arm)["sampling"]
+        covers = (*(("Stage 1: the noisy release of the private class moments",) if run.releases else ()),
+                  *((f"Stage 2: every DP-SGD step of the flow's training ({'LoRA adapters' if run.lora else 'all weights'}"
+                     ", Poisson-subsampled, clipped, Gaussian noise)",) if run.trains else ()),
+                  *(("the two stages composed in one accountant",) if run.releases and run.trains else ()))
+        return BundleSpec(
+            run=name, samples=self.samples_path(name), metrics=self.metrics_path(name), transcripts=ledgers,
+            epsilon_target=run.epsilon, model=self.model_path(name) if weights else None,
+            sampling={"sampler": "straightdp_flow", "steps": smp["steps"], "guidance": smp["guidance"],
+                      "batch_size": smp["batch_size"], "n_samples": smp["n_samples"], "seed": run.seed}
+            if weights else None,
+            covers=covers,
+            not_covered=("the public flow the runs start from or are guided by, and its pretraining (public data)",
+                         "the release geometry and training horizon, computed from public data",
+                         "the hyperparameters, set in the configuration (not tuned on the private data here)",
+                         "the declared size and classes of the private set (public constants)"))
 
     def records(self) -> list[RunRecord]:
         """all_runs records: every run ``all`` builds, its release and/or train transcript; the main grid's runs
