@@ -213,7 +213,33 @@ RERUN_SCOPE = {
                                                 "empden_figure6_critical_window"}),
 }
 SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utility_figure", "runtime_table",
-                "runtime_figure", "report_tables"}
+                "runtime_figure", "report_tables", "export_bundle"}
+
+
+def check_bundles(repo: Path, results: Path, all_runs: pd.DataFrame) -> None:
+    """Every private row of all_runs has its bundle (a DPDM run's samplers share one); a DPDM and a STRAIGHTDP bundle
+    of weights verify from the command line and redraw their run's own samples."""
+    private = all_runs[all_runs["private"]]
+    folder = {"dpdm": lambda c: c.split("/")[0], "empden": lambda c: c.replace("/", "_")}
+    house = {"dp_merf": "baselines", "pe": "baselines"}
+    expected = {f"{house.get(m, m)}/{folder.get(m, str)(c)}" for m, c in zip(private["method"], private["config"])}
+    found = {p.relative_to(results / "bundles").as_posix() for p in (results / "bundles").glob("*/*") if p.is_dir()}
+    assert found == expected
+    for method in ("dpdm", "straightdp"):
+        certs = {p.parent: json.loads(p.read_text()) for p in (results / "bundles" / method).glob("*/certificate.json")}
+        bundle, cert = next((b, c) for b, c in sorted(certs.items()) if c["kind"] == "model")
+        res = subprocess.run([sys.executable, "-m", "pipeline", "verify_bundle", str(bundle)], cwd=repo,
+                             capture_output=True, text=True)
+        assert res.returncode == 0 and res.stdout.startswith("ok "), res.stderr
+        own = np.load(bundle / "samples.npz", allow_pickle=False)
+        n = json.loads((bundle / "sampling.json").read_text())["n_samples"]
+        res = subprocess.run([sys.executable, "-m", "pipeline", "sample_bundle", str(bundle), "--n", str(n),
+                              "--out", str(bundle.parent / "again.npz")], cwd=repo, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        again = np.load(bundle.parent / "again.npz", allow_pickle=False)
+        assert np.array_equal(again["images"], own["images"]) and np.array_equal(again["labels"], own["labels"])
+        for p in (bundle.parent / "again.npz", bundle.parent / "again.json"):
+            p.unlink()
 
 
 def check_report(page: str, results: Path, tmp_path: Path) -> None:
@@ -385,6 +411,7 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert unmeasured_columns(tables) == []
     assert index.index("One row per method") < index.index("real held-out data")
     assert (results / "tiny" / "logs" / "train_evalnet.log").stat().st_size > 0
+    check_bundles(repo, results, all_runs)
     # the reviewer's report from the finished run (runs no job): summary first, every table and figure with
     # its caption; then headless Chromium opens it (a broken page fails here rather than for a reader)
     report = tmp_path / "report.html"

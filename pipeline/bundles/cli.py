@@ -52,12 +52,14 @@ def sample_main(argv: Sequence[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=None, help="images at once (default: the run's own; "
                         "with the seed it fixes the output)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda[:N] | auto (default cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the run's own)")
     args = parser.parse_args(list(argv))
     if not args.out.endswith(".npz"):
         parser.error(f"--out {args.out}: expected a path ending in .npz")
     _quiet()
     try:
-        split = sample(args.path, args.n, seed=args.seed, batch_size=args.batch_size, device=args.device)
+        split = sample(args.path, args.n, seed=args.seed, batch_size=args.batch_size, device=args.device,
+                       threads=args.threads)
         save_split(args.out, split, name=str(args.path), source="sample_bundle",
                    seed=-1 if args.seed is None else args.seed)
     except PipelineError as exc:

@@ -1,6 +1,6 @@
 """Samples from a model bundle, offline: the run's own sampler, settings and generator stream (``sampling.json``).
 
-With the run's seed, ``n`` and batch size this redraws the run's own samples (the shipped ``samples.npz``), on
+With the run's seed, ``n``, batch size and CPU threads this redraws the run's own samples (the shipped ``samples.npz``), on
 the device they were drawn on: the DPDM samplers of :func:`pipeline.sampling.dpdm.generate` and STRAIGHTDP's
 Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`). Sampling is
 post-processing of the released weights: it spends no privacy.
@@ -32,9 +32,11 @@ def sampling_settings(root: Path) -> dict[str, Any]:
 
 
 def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int | None = None,
-           device: str = "cpu", check: bool = True) -> Split:
-    """``n`` labelled samples (uint8 images, balanced labels) of a verified model bundle; ``seed`` and
-    ``batch_size`` default to the run's own."""
+           device: str = "cpu", threads: int | None = None, check: bool = True) -> Split:
+    """``n`` labelled samples (uint8 images, balanced labels) of a verified model bundle; ``seed``, ``batch_size``
+    and the torch CPU ``threads`` default to the run's own (another thread count may round a pixel differently)."""
+    import torch
+
     from pipeline.device import resolve_device
     from pipeline.images import to_uint8
 
@@ -48,6 +50,7 @@ def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int
     settings = sampling_settings(root)
     seed = int(settings["seed"] if seed is None else seed)
     batch = int(settings["batch_size"] if batch_size is None else batch_size)
+    torch.set_num_threads(int(settings.get("threads", 1) if threads is None else threads))
     dev = resolve_device(device)
     model, _ = load_weights(root / "weights", dev)
     if settings["sampler"] == "dpdm":

@@ -169,3 +169,59 @@ def test_verify_and_sample_from_the_command_line(bundle, tmp_path, repo):
                           str(out)], cwd=repo, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert load_split(out).images.shape == (6, 1, 8, 8)
+
+
+# --------------------------------------------------------------------------- a STRAIGHTDP run: two composed lines
+
+from tests.flow.test_straightdp_stages import PRIVATE, TINY, world  # noqa: E402,F401 (the tiny STRAIGHTDP world)
+
+SDP_RUN = "tha_moments_eps1_seed0"
+
+
+@pytest.fixture(scope="module")
+def straightdp_bundle(world, tmp_path_factory):  # noqa: F811 -- the fixture imported above
+    """A tiny STRAIGHTDP run (Stage 1 release, Stage 2 THA DP-SGD distilled from it), its samples, its bundle."""
+    from pipeline.config import schema_defaults
+    from pipeline.flow import straightdp as sdp
+    from tests.conftest import one_thread
+
+    tmp, binding = tmp_path_factory.mktemp("sdp"), {"run": SDP_RUN, "experiment": "tiny"}
+    rel = {"moments": tmp / "release.npz", "ledger": tmp / f"straightdp_release_{SDP_RUN}.jsonl"}
+    common = {"straightdp": TINY, "run": SDP_RUN, "private": PRIVATE, "ledger_binding": binding}
+    out = {"model": tmp / "model.pt", "ledger": tmp / f"straightdp_train_{SDP_RUN}.jsonl", "metrics": tmp / "t.json"}
+    with one_thread():
+        sdp.release_moments({"data": world["data"], "geometry": world["geometry"]}, rel, common)
+        sdp.train_straightdp({**{k: world[k] for k in ("data", "public", "init", "geometry", "horizon")},
+                              "moments": rel["moments"], "release_ledger": rel["ledger"]}, out,
+                             {**common, "device": "cpu", "checkpoint_dir": str(tmp / "ck")})
+        sdp.sample_straightdp({"model": out["model"]}, {"samples": tmp / "samples.npz"},
+                              {"straightdp": TINY, "device": "cpu", "run": SDP_RUN, "shape": [1, 8, 8]})
+    (tmp / "metrics.json").write_text(json.dumps({"fid": 400.0}))
+    line = {"claims": 1, "run": SDP_RUN, "delta": 1e-5, "data": str(world["data"]), "configuration": False}
+    guidance = {**schema_defaults("straightdp", "sampling"), **TINY["sampling"]}["guidance"]
+    bundle = tmp / "bundles" / "straightdp" / SDP_RUN
+    export_bundle({"model": out["model"], "samples": tmp / "samples.npz", "metrics": tmp / "metrics.json",
+                   f"ledger_straightdp_release_{SDP_RUN}": rel["ledger"], f"ledger_straightdp_train_{SDP_RUN}": out["ledger"]},
+                  {"bundle": bundle},
+                  {"method": "straightdp", "run": SDP_RUN, "experiment": "tiny", "kind": "model", "dataset": "blobs",
+                   "epsilon_target": 1.0,
+                   "expected": {f"straightdp_release_{SDP_RUN}": {**line, "stage": "release_moments"},
+                                f"straightdp_train_{SDP_RUN}": {**line, "stage": "train_straightdp"}},
+                   "sampling": {"sampler": "straightdp_flow", "steps": TINY["sampling"]["steps"], "guidance": guidance,
+                                "batch_size": 12, "n_samples": 12, "seed": 0}})
+    return bundle, tmp / "samples.npz"
+
+
+def test_a_straightdp_bundle_certifies_both_stages_composed_and_samples_the_runs_own_samples(straightdp_bundle):
+    from tests.conftest import one_thread
+
+    bundle, own_path = straightdp_bundle
+    cert = verify(bundle)
+    assert len(cert["transcripts"]) == 2 and cert["mechanisms"] == "moment_release,tha_dpsgd"
+    assert 0 < cert["epsilon"] <= 1.0 and cert["ledger_run"] == SDP_RUN
+    # the flow's label tables are outside the diffusers transformer: they travel as house tensors
+    assert (bundle / "weights" / "house.safetensors").is_file()
+    own = load_split(own_path)
+    with one_thread():
+        again = sample(bundle, 12)
+    assert np.array_equal(again.images, own.images) and np.array_equal(again.labels, own.labels)

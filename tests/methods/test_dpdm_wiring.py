@@ -254,7 +254,8 @@ def test_every_training_run_has_a_bundle_of_its_weights_sampled_as_the_main_samp
     assert b.transcripts == (str(w.ledger_path("edm_eps1_K1_seed0")),) and b.epsilon_target == 1.0
     s = w.section["sampling"]
     assert b.sampling == {"sampler": "dpdm", "sampler_name": "churn", "settings": w.sampler_settings("churn"),
-                          "seed": 0, "batch_size": s["batch_size"], "n_samples": s["n_samples"]}
+                          "seed": 0, "batch_size": s["batch_size"], "n_samples": s["n_samples"],
+                          "threads": w.house.torch_threads}
     # a run that starts from the public denoiser says its pretraining is outside the eps; one from scratch does not
     assert any("public pretraining" in c for c in b.not_covered)
     assert not any("public pretraining" in c for c in w.bundle("vpred_eps0p2_K1_seed0").not_covered)

@@ -462,7 +462,8 @@ def test_a_run_whose_samples_come_from_its_weights_alone_has_a_bundle_of_them_th
                                str(w.train_ledger("tha_moments_eps1_seed0")))
     smp = w.arm_section()["sampling"]
     assert tha.sampling == {"sampler": "straightdp_flow", "steps": smp["steps"], "guidance": smp["guidance"],
-                            "batch_size": smp["batch_size"], "n_samples": smp["n_samples"], "seed": 0}
+                            "batch_size": smp["batch_size"], "n_samples": smp["n_samples"], "seed": 0,
+                            "threads": w.house.torch_threads}
     assert len(tha.covers) == 3 and "composed" in tha.covers[-1]
     lora = w.bundle("lora_uniform_eps1_seed0")
     assert lora.kind == "model" and lora.transcripts == (str(w.train_ledger("lora_uniform_eps1_seed0")),)

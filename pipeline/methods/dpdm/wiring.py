@@ -177,7 +177,8 @@ class Wiring:
             run=run, samples=self.samples_path(run, sampler), metrics=self.metrics_path(run, sampler),
             transcripts=(self.ledger_path(run),), epsilon_target=r.epsilon, model=self.model_path(run),
             sampling={"sampler": "dpdm", "sampler_name": sampler, "settings": self.sampler_settings(sampler),
-                      "seed": r.seed, "batch_size": s["batch_size"], "n_samples": s["n_samples"]},
+                      "seed": r.seed, "batch_size": s["batch_size"], "n_samples": s["n_samples"],
+                      "threads": self.house.torch_threads},
             covers=("every DP-SGD step of the denoiser's training on the private split: Poisson-subsampled, "
                     f"per-example clipped gradients (the K = {r.K} noise draws of an example clipped together), "
                     "Gaussian noise (DPDM Alg. 1), composed over all steps",),

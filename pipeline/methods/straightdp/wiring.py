@@ -519,7 +519,8 @@ class Wiring:
             run=name, samples=self.samples_path(name), metrics=self.metrics_path(name), transcripts=ledgers,
             epsilon_target=run.epsilon, model=self.model_path(name) if weights else None,
             sampling={"sampler": "straightdp_flow", "steps": smp["steps"], "guidance": smp["guidance"],
-                      "batch_size": smp["batch_size"], "n_samples": smp["n_samples"], "seed": run.seed}
+                      "batch_size": smp["batch_size"], "n_samples": smp["n_samples"], "seed": run.seed,
+                      "threads": self.house.torch_threads}
             if weights else None,
             covers=covers,
             not_covered=("the public flow the runs start from or are guided by, and its pretraining (public data)",
