@@ -29,6 +29,7 @@ rule dp_merf:
         manifest=BASELINES.manifest_path("{run}"),
         ledger=BASELINES.ledger_path("{run}"),
         metrics=BASELINES.train_metrics_path("{run}"),
+        generator=BASELINES.generator_path("{run}"),
     wildcard_constraints:
         run=_baseline_runs.method_pattern("dp_merf"),
     params:
@@ -46,7 +47,8 @@ rule dp_merf:
         GPU_ENV
     shell:
         "python -m pipeline dp_merf --in data={input.data:q} public={input.public:q} --out samples={output.samples:q}"
-        " ledger={output.ledger:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+        " ledger={output.ledger:q} metrics={output.metrics:q} generator={output.generator:q} --params {params.p:q}"
+        " --log {log:q}"
 
 
 rule private_evolution:

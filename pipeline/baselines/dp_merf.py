@@ -17,6 +17,7 @@ unbalanced split would want its class counts released too, at a privacy cost).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -114,7 +115,40 @@ def generate(G: Generator, n: int, *, generator: torch.Generator, device: torch.
     return Split(images, labels)
 
 
-@stage("dp_merf", inputs=("data", "public"), outputs=("samples", "ledger", "metrics"),
+#: the generator file (safetensors; its spec and training facts in the metadata): a certified bundle's weights
+GENERATOR_FORMAT = "dpgen-dp-merf-generator/1"
+
+
+def save_generator(path: str | Path, G: Generator, meta: Mapping[str, Any]) -> None:
+    """G's weights as safetensors (no pickle), its architecture and ``meta`` (JSON) in the file's metadata."""
+    from safetensors.torch import save_file
+
+    spec = {"z_dim": G.z_dim, "n_classes": G.n_classes, "hidden": G.net[0].out_features,
+            "out_shape": list(G.out_shape)}
+    with atomic_path(path, suffix=".safetensors") as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in G.state_dict().items()}, str(tmp),
+                  metadata={"format": GENERATOR_FORMAT, "spec": json.dumps(spec), "meta": json.dumps(dict(meta))})
+
+
+def load_generator(path: str | Path, device: torch.device | str = "cpu") -> tuple[Generator, dict[str, Any]]:
+    """The generator of :func:`save_generator` in eval mode, and its meta; a one-line error for another file."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+    except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same one-line refusal
+        raise PipelineError(f"{path}: not a safetensors file ({exc})") from None
+    if header.get("format") != GENERATOR_FORMAT:
+        raise PipelineError(f"{path}: not a {GENERATOR_FORMAT} file")
+    spec = json.loads(header["spec"])
+    G = Generator(int(spec["z_dim"]), int(spec["n_classes"]), int(spec["hidden"]), tuple(spec["out_shape"]))
+    G.load_state_dict(load_file(str(path)))
+    return G.to(device).eval(), json.loads(header["meta"])
+
+
+@stage("dp_merf", inputs=("data", "public"), outputs=("samples", "ledger", "metrics"), optional_outputs=("generator",),
        params={"run": "the run's name, dp_merf_eps<eps>_seed<seed>", "baselines": "the baselines section",
                "config_id": "id of the settings", "device": "auto/cpu/cuda", "threads": "CPU threads",
                "private": PRIVATE_DOC, ledger.BINDING_PARAM: ledger.BINDING_DOC})
@@ -167,6 +201,10 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
     wall_s = time.perf_counter() - start
     save_split(outputs["samples"], samples, name=f"baselines/{run.name}", source="dp_merf", seed=run.seed,
                extra={"run": run.name, "wall_s": wall_s})
+    if "generator" in outputs:  # post-processing of the release: what a certified bundle ships
+        save_generator(outputs["generator"], G, {"stage": "dp_merf", "private": True, "run": run.name,
+                                                 "epsilon": entry.claimed_epsilon, "delta": entry.delta,
+                                                 "seed": run.seed, "data_sha256": sha})
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
         ledger.append_entry(tmp, entry, binding)
     write_json(outputs["metrics"], {"run": run.name, "method": "dp_merf", "epsilon_target": run.epsilon,

@@ -9,8 +9,8 @@ Layout of ``results/bundles/<method>/<run>/`` (``dpgen-bundle/1``):
   not, and the sha256 of every other file of the bundle;
 * ``README.md``: the model card (Hugging Face metadata block, :mod:`pipeline.bundles.card`);
 * ``ledger/<transcript>.jsonl``: the run's transcripts, and ``replay.json``: their replay at export;
-* ``weights/`` (kind ``model``): safetensors in diffusers' layout (:mod:`pipeline.bundles.weights`) and
-  ``sampling.json``, how the run sampled (so :func:`sample` redraws the run's own samples);
+* ``weights/`` (kind ``model``): safetensors in diffusers' layout, or DP-MERF's generator
+  (:mod:`pipeline.bundles.weights`), and ``sampling.json``, how the run sampled (so :func:`sample` redraws the run's own samples);
 * ``samples.npz`` (+ its manifest ``samples.json``) and ``samples.png``: the run's synthetic set (for EMPDEN cells and Private Evolution the
   private output itself) and ``metrics.json``, its scores on the test split.
 
@@ -112,7 +112,7 @@ def check_model_binding(meta: Mapping[str, Any], certificate: Mapping[str, Any],
     (STRAIGHTDP records it) and private split (DPDM records it), an eps within the certified one."""
     name = f"{certificate['method']}/{certificate['run']}"
     if meta.get("private") is not True:
-        raise BundleError(f"bundle {name}: weights/denoiser.json's meta does not say private: true")
+        raise BundleError(f"bundle {name}: the weights' training metadata does not say private: true")
     seeds = {int(e.seed) for e in lines}
     if "seed" in meta and seeds != {int(meta["seed"])}:
         raise BundleError(f"bundle {name}: the weights were trained with seed {meta['seed']}, the lines name "
@@ -131,18 +131,18 @@ def check_model_binding(meta: Mapping[str, Any], certificate: Mapping[str, Any],
 
 
 def _grid_png(samples: Path, png: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
     from pipeline.io import load_split
     from pipeline.sampling.dpdm_stage import sample_grid_figure
 
     fig = sample_grid_figure({title: load_split(samples)}, per_class=8)
     fig.savefig(png, dpi=120)
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
 
 
-#: the test-split metrics a card reports (evaluate_samples' keys, as all_runs.parquet copies them)
 def _test_metrics(metrics_json: Path) -> dict[str, float]:
+    """The test-split metrics a card reports: evaluate_samples' keys that all_runs.parquet copies, where finite."""
     from pipeline.results.all_runs import METRICS
 
     m = read_json(metrics_json)
@@ -280,7 +280,7 @@ def verify(path: str | Path) -> dict[str, Any]:
         raise BundleError(f"{root}: the transcripts' delta/accountant ({privacy['delta']}, {privacy['accountant']}) "
                           f"are not the certificate's")
     if certificate["kind"] == "model":
-        from pipeline.bundles.weights import read_weights_spec
+        from pipeline.bundles.weights import weights_meta
 
-        check_model_binding(read_weights_spec(root / "weights")["meta"], certificate, _lines(root, names))
+        check_model_binding(weights_meta(root / "weights"), certificate, _lines(root, names))
     return certificate

@@ -2,7 +2,9 @@
 
 With the run's seed, ``n``, batch size and CPU threads this redraws the run's own samples (the shipped ``samples.npz``), on
 the device they were drawn on: the DPDM samplers of :func:`pipeline.sampling.dpdm.generate` and STRAIGHTDP's
-Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`). Sampling is
+Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`). DP-MERF's generator
+samples from a fresh ``dp_merf.generator`` stream of the seed: the run drew its own samples from that stream after
+training had advanced it, so a bundle draws new ones rather than redrawing those. Sampling is
 post-processing of the released weights: it spends no privacy.
 """
 
@@ -17,7 +19,7 @@ from pipeline.bundles.weights import load_weights
 from pipeline.io import Split
 
 #: sampling.json's ``sampler``: the run's sampling code
-SAMPLERS = ("dpdm", "straightdp_flow")
+SAMPLERS = ("dpdm", "straightdp_flow", "dp_merf")
 
 
 def sampling_settings(root: Path) -> dict[str, Any]:
@@ -52,6 +54,14 @@ def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int
     batch = int(settings["batch_size"] if batch_size is None else batch_size)
     torch.set_num_threads(int(settings.get("threads", 1) if threads is None else threads))
     dev = resolve_device(device)
+    if settings["sampler"] == "dp_merf":
+        from pipeline import seeds
+        from pipeline.baselines.dp_merf import generate as merf_generate
+        from pipeline.baselines.dp_merf import load_generator
+        from pipeline.bundles.weights import GENERATOR_FILE
+
+        G, _ = load_generator(root / "weights" / GENERATOR_FILE, dev)
+        return merf_generate(G, n, generator=seeds.torch_generator("dp_merf.generator", seed), device=dev)
     model, _ = load_weights(root / "weights", dev)
     if settings["sampler"] == "dpdm":
         from pipeline.sampling.dpdm import SamplerConfig, generate

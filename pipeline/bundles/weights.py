@@ -14,6 +14,9 @@ holds the same network as
 
 Loading reads safetensors only (no pickle is ever opened) and rebuilds the network from the JSON, the way
 :func:`pipeline.models.checkpoint.load_denoiser` does; the state dict must match key for key.
+
+A DP-MERF generator (already a safetensors file, :func:`pipeline.baselines.dp_merf.save_generator`) is copied as
+``weights/generator.safetensors`` with ``weights/generator.json`` (its metadata: architecture and training facts).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from pipeline.models.checkpoint import BACKBONES, DENOISERS, _load_blob, convent
 from pipeline.stage import PipelineError
 
 WEIGHTS_FORMAT = "dpgen-bundle-denoiser/1"
+#: a DP-MERF generator's file and its description in a bundle
+GENERATOR_FILE = "generator.safetensors"
 #: the file of the tensors outside every diffusers model
 HOUSE_TENSORS = "house.safetensors"
 
@@ -50,9 +55,12 @@ def diffusers_parts(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def export_weights(model_file: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Write the denoiser of a ``dpgen-denoiser/1`` file as safetensors under ``out_dir``; returns denoiser.json's
-    content."""
+    """Write the denoiser of a ``dpgen-denoiser/1`` file as safetensors under ``out_dir`` (or copy a DP-MERF
+    generator); returns the description written beside it (denoiser.json / generator.json)."""
     from safetensors.torch import save_file
+
+    if Path(model_file).suffix == ".safetensors":
+        return _export_generator(Path(model_file), Path(out_dir))
 
     _register_flows()
     blob = _load_blob(model_file)
@@ -78,6 +86,29 @@ def export_weights(model_file: str | Path, out_dir: str | Path) -> dict[str, Any
             "house_tensors": HOUSE_TENSORS if rest else None, "meta": blob["meta"]}
     (out_dir / "denoiser.json").write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
     return spec
+
+
+def _export_generator(model_file: Path, out_dir: Path) -> dict[str, Any]:
+    import shutil
+
+    from pipeline.baselines.dp_merf import GENERATOR_FORMAT, load_generator
+
+    _, meta = load_generator(model_file)  # refuses any other file
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_file, out_dir / GENERATOR_FILE)
+    spec = {"format": GENERATOR_FORMAT, "file": GENERATOR_FILE, "meta": meta}
+    (out_dir / "generator.json").write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    return spec
+
+
+def weights_meta(weights_dir: str | Path) -> dict[str, Any]:
+    """The training facts of a bundle's weights (a denoiser's or a DP-MERF generator's)."""
+    weights_dir = Path(weights_dir)
+    if (weights_dir / "generator.json").is_file():
+        from pipeline.baselines.dp_merf import load_generator
+
+        return load_generator(weights_dir / GENERATOR_FILE)[1]
+    return read_weights_spec(weights_dir)["meta"]
 
 
 def read_weights_spec(weights_dir: str | Path) -> dict[str, Any]:

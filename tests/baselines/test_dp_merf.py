@@ -30,7 +30,8 @@ def splits(tmp_path_factory):
 
 
 def run(splits, tmp, run="dp_merf_eps2_seed0", **section):
-    out = {"samples": tmp / "s.npz", "ledger": tmp / "l.jsonl", "metrics": tmp / "m.json"}
+    out = {"samples": tmp / "s.npz", "ledger": tmp / "l.jsonl", "metrics": tmp / "m.json",
+           "generator": tmp / "g.safetensors"}
     with one_thread():
         dp_merf({"data": splits / "private.npz", "public": splits / "public.npz"}, out,
                 {"run": run, "baselines": {**SMALL, **section}, "device": "cpu", "config_id": "t",
@@ -48,6 +49,25 @@ def test_a_run_writes_balanced_samples_and_one_certified_line_within_its_target(
     assert results[0]["ok"] and results[0]["recomputed_epsilon"] <= 2.0
     metrics = json.loads(out["metrics"].read_text())
     assert metrics["noise_multiplier"] == pytest.approx(entry.noise_multiplier)
+
+
+def test_the_generator_is_kept_as_safetensors_with_its_training_facts(splits, tmp_path):
+    import torch
+
+    from pipeline.baselines.dp_merf import generate, load_generator
+
+    out = run(splits, tmp_path)
+    G, meta = load_generator(out["generator"])
+    entry = ledger.only_line(out["ledger"], "dp_merf_embedding")
+    assert meta["private"] and meta["epsilon"] == entry.claimed_epsilon and meta["seed"] == 0
+    assert meta["data_sha256"] == json.loads((splits / "private.json").read_text())["sha256"]
+    s = generate(G, 6, generator=torch.Generator().manual_seed(1), device=torch.device("cpu"))
+    assert s.images.shape == (6, 1, 8, 8) and s.images.dtype == np.uint8
+    with pytest.raises(PipelineError, match="not a dpgen-dp-merf-generator/1 file"):
+        from safetensors.torch import save_file
+
+        save_file({"x": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+        load_generator(tmp_path / "other.safetensors")
 
 
 def test_the_length_scale_is_the_median_public_distance(splits):

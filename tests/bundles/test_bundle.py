@@ -225,3 +225,40 @@ def test_a_straightdp_bundle_certifies_both_stages_composed_and_samples_the_runs
     with one_thread():
         again = sample(bundle, 12)
     assert np.array_equal(again.images, own.images) and np.array_equal(again.labels, own.labels)
+
+
+# --------------------------------------------------------------------------- DP-MERF: the generator
+
+from tests.baselines.test_dp_merf import SMALL, splits  # noqa: E402,F401 (the tiny DP-MERF data)
+
+MERF_RUN = "dp_merf_eps2_seed0"
+
+
+def test_a_dp_merf_bundle_ships_its_generator_verifies_and_samples(splits, tmp_path):  # noqa: F811
+    from pipeline.baselines.dp_merf import dp_merf
+    from tests.conftest import one_thread
+
+    out = {"samples": tmp_path / "s.npz", "ledger": tmp_path / f"baselines_{MERF_RUN}.jsonl",
+           "metrics": tmp_path / "train.json", "generator": tmp_path / f"{MERF_RUN}.safetensors"}
+    with one_thread():
+        dp_merf({"data": splits / "private.npz", "public": splits / "public.npz"}, out,
+                {"run": MERF_RUN, "baselines": SMALL, "device": "cpu", "config_id": "t", "private": {"N": 30, "n_classes": 3},
+                 "ledger_binding": {"run": MERF_RUN, "experiment": "tiny"}})
+    (tmp_path / "metrics.json").write_text(json.dumps({"fid": 500.0}))
+    bundle = tmp_path / "bundles" / "baselines" / MERF_RUN
+    export_bundle({"model": out["generator"], "samples": out["samples"], "metrics": tmp_path / "metrics.json",
+                   f"ledger_baselines_{MERF_RUN}": out["ledger"]}, {"bundle": bundle},
+                  {"method": "baselines", "run": MERF_RUN, "experiment": "tiny", "kind": "model", "epsilon_target": 2.0,
+                   "expected": {f"baselines_{MERF_RUN}": {"claims": 1, "run": MERF_RUN, "stage": "dp_merf",
+                                                          "delta": 1e-5, "data": str(splits / "private.npz"),
+                                                          "configuration": False}},
+                   "sampling": {"sampler": "dp_merf", "seed": 0, "n_samples": 12, "batch_size": 12, "threads": 1}})
+    cert = verify(bundle)
+    assert cert["mechanisms"] == "dp_merf_embedding" and cert["epsilon"] <= 2.0
+    assert (bundle / "weights" / "generator.safetensors").is_file() and not list(bundle.rglob("*.pt"))
+    a, b = sample(bundle, 9), sample(bundle, 9)
+    assert a.images.shape == (9, 1, 8, 8) and np.array_equal(a.images, b.images)
+    assert np.bincount(a.labels).tolist() == [3, 3, 3]
+    _flip_a_byte(bundle / "weights" / "generator.safetensors")
+    with pytest.raises(BundleError, match="generator.safetensors differs"):
+        verify(bundle)

@@ -87,14 +87,20 @@ def test_all_runs_records_one_per_run_with_its_cost(tmp_path):
     assert recs[2].label == "Private Evolution" and recs[2].private
 
 
-def test_every_run_has_a_bundle_of_its_synthetic_set(tmp_path):
-    bl = Wiring(house(tmp_path))
+def test_dp_merf_ships_its_generator_and_private_evolution_its_synthetic_set(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
     assert bl.bundle_runs() == [r.name for r in bl.runs()]
     b = bl.bundle("pe_eps10_seed0")
     assert b.kind == "synthetic" and b.model is None and b.sampling is None and b.epsilon_target == 10
     assert (b.samples, b.metrics, b.transcripts) == (str(bl.samples_path("pe_eps10_seed0")),
                                                      str(bl.metrics_path("pe_eps10_seed0")),
                                                      (str(bl.ledger_path("pe_eps10_seed0")),))
-    assert "histogram" in b.covers[0] and "mean embedding" in bl.bundle("dp_merf_eps1_seed0").covers[0]
+    merf = bl.bundle("dp_merf_eps1_seed0")
+    assert bl.generator_path("dp_merf_eps1_seed0") == exp / "models" / "baselines" / "dp_merf_eps1_seed0.safetensors"
+    assert merf.kind == "model" and merf.model == str(bl.generator_path("dp_merf_eps1_seed0"))
+    n = bl.section["n_samples"]
+    assert merf.sampling == {"sampler": "dp_merf", "seed": 0, "n_samples": n, "batch_size": n,
+                             "threads": bl.house.torch_threads}
+    assert "histogram" in b.covers[0] and "mean embedding" in merf.covers[0]
     with pytest.raises(ValueError, match="no run 'pe_eps3_seed0'"):
         bl.bundle("pe_eps3_seed0")

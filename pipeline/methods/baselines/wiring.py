@@ -57,6 +57,10 @@ class Wiring:
         """What the private stage reports of its own run (noise, steps, time), beside the samples."""
         return self.house.layout.expdir / "train" / "baselines" / f"{run}.json"
 
+    def generator_path(self, run: str) -> Path:
+        """DP-MERF's trained generator (safetensors): its bundle's weights."""
+        return self.house.layout.expdir / "models" / "baselines" / f"{run}.safetensors"
+
     def ledger_path(self, run: str) -> Path:
         """The run's own transcript: parallel jobs never append to the same file."""
         return self.house.layout.ledger(f"baselines_{run}")
@@ -95,16 +99,21 @@ class Wiring:
         return [run.name for run in self.runs()]
 
     def bundle(self, run: str) -> BundleSpec:
-        """A run's synthetic set: Private Evolution's samples are its release; DP-MERF's generator is not kept (its
-        samples, post-processing of the released embedding, are)."""
+        """A run's bundle: DP-MERF's generator (trained on the released embedding: post-processing), Private
+        Evolution's synthetic set (its samples are its release)."""
         r = next((x for x in self.runs() if x.name == run), None)
         if r is None:
             raise ValueError(f"baselines: no run {run!r} in the configuration")
+        merf = r.method == "dp_merf"
         mechanism = {"dp_merf": "the noisy mean embedding of the private set (DP-MERF: one Gaussian release of its "
                                 "random-feature mean)",
                      "pe": "every Private Evolution iteration's noisy nearest-neighbour histogram of the private set"}
+        n = int(self.section["n_samples"])
         return BundleSpec(run=run, samples=self.samples_path(run), metrics=self.metrics_path(run),
                           transcripts=(self.ledger_path(run),), epsilon_target=r.epsilon,
+                          model=self.generator_path(run) if merf else None,
+                          sampling={"sampler": "dp_merf", "seed": r.seed, "n_samples": n, "batch_size": n,
+                                    "threads": self.house.torch_threads} if merf else None,
                           covers=(mechanism[r.method],),
                           not_covered=("the public data and features the method starts from",
                                        "the hyperparameters, set in the configuration",
