@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline.bundles.errors import BundleError
 from pipeline.io import read_json
 from pipeline.stage import PipelineError, stage
 
@@ -45,10 +46,6 @@ KINDS = ("model", "synthetic")
 EPS_RTOL = 1e-9
 #: how far the training stage's own eps (its meta) may be from the certified recompute of its lines
 META_EPS_RTOL = 1e-2
-
-
-class BundleError(PipelineError):
-    """A bundle that does not verify: one line saying which file or claim failed."""
 
 
 # --------------------------------------------------------------------------- hashes

@@ -77,7 +77,7 @@ def check(path: str | Path, certificate: Mapping[str, Any]) -> dict[str, Any]:
     from huggingface_hub import ModelCard
     from huggingface_hub.repocard_data import model_index_to_eval_results
 
-    from pipeline.bundles.bundle import BundleError
+    from pipeline.bundles.errors import BundleError
 
     path = Path(path)
     try:

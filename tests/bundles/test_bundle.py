@@ -137,17 +137,24 @@ def _lower_the_cards_eps(root: Path) -> None:
     (_lower_the_cards_eps, True, r"differential_privacy.epsilon \(0.01\) is not the certificate's"),
     (lambda r: (r / "extra.bin").write_bytes(b"x"), False, "extra.bin is not in the certificate"),
 ], ids=["weights", "transcript", "transcript-rehashed", "card", "card-rehashed", "added-file"])
-def test_an_altered_bundle_is_refused_in_one_line(bundle, tmp_path, repo, tamper, rehashed, match):
+def test_an_altered_bundle_is_refused_in_one_line(bundle, tmp_path, tamper, rehashed, match):
     root = copy(bundle, tmp_path)
     tamper(root)
     if rehashed:
         rehash(root)
-    with pytest.raises(BundleError, match=match):
+    with pytest.raises(BundleError, match=match) as refused:
         verify(root)
-    res = subprocess.run([sys.executable, "-m", "pipeline", "verify_bundle", str(root)], cwd=repo,
+    assert "\n" not in str(refused.value)
+
+
+def test_the_command_line_refuses_an_altered_bundle_in_one_line_and_exits_1(bundle, tmp_path, repo):
+    root = copy(bundle, tmp_path)
+    _flip_a_byte(_weights_file(root))
+    res = subprocess.run([sys.executable, "-m", "pipeline", "verify_bundle", str(bundle), str(root)], cwd=repo,
                          capture_output=True, text=True)
-    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert res.stderr.startswith("FAILED ")
+    assert res.returncode == 1 and res.stdout.startswith(f"ok {bundle}"), res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"FAILED {root}: weights/unet/") and "differs from the certificate's sha256" in line
 
 
 def test_weights_of_another_seed_are_refused_even_rehashed(bundle, tmp_path):
