@@ -37,8 +37,12 @@ class Wiring:
         return self.registry.bundle_runs(list(self.house.config["methods"]))
 
     def paths(self) -> list[Path]:
-        """Every bundle folder of the chosen methods."""
+        """Every bundle folder of the chosen methods (rule export_bundles)."""
         return [self.path(m, r) for m, r in self.runs()]
+
+    def targets(self) -> list[Path]:
+        """What ``all`` asks for: every bundle folder, unless config ``bundles`` is false."""
+        return self.paths() if self.house.config["bundles"] else []
 
     def spec(self, wildcards: Wildcards) -> BundleSpec:
         return self.registry.bundle(wildcards.method, wildcards.run)

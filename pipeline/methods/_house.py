@@ -130,7 +130,7 @@ class Outputs:
 
         layout = self.house.layout
         return [*self.house.data_splits().values(), *self.core_report, *self.registry.targets(self.chosen),
-                *BundleWiring(self.house, self.registry).paths(),
+                *BundleWiring(self.house, self.registry).targets(),
                 layout.replay_report, layout.results / "index.html", layout.report_dir / "tables"]
 
     # ---------------------------------------------------------------- the report

@@ -32,7 +32,14 @@ def only_dpdm(tmp_path: Path):
 def test_every_bundle_is_a_folder_under_results_bundles(tmp_path):
     w = wiring(tmp_path, model=True)
     assert w.root == tmp_path / "r" / "bundles" and w.runs() == [("dpdm", "a1")]
-    assert w.paths() == [tmp_path / "r" / "bundles" / "dpdm" / "a1"] == [w.path("dpdm", "a1")]
+    assert w.paths() == [tmp_path / "r" / "bundles" / "dpdm" / "a1"] == [w.path("dpdm", "a1")] == w.targets()
+
+
+def test_bundles_false_leaves_them_out_of_all_but_not_out_of_export_bundles(tmp_path):
+    reg = MethodRegistry()
+    reg.register_bundles("dpdm", lambda: ["a1"], lambda run: None)
+    w = Wiring(house(tmp_path, lambda cfg: cfg.update(methods=["dpdm"], bundles=False)), reg)
+    assert w.targets() == [] and w.paths() == [tmp_path / "r" / "bundles" / "dpdm" / "a1"]
 
 
 @pytest.mark.parametrize("model", [True, False])

@@ -227,6 +227,9 @@ def tiny_overrides(preset: dict[str, Any], data: dict[str, Any], results: Path) 
     chosen = methods(preset)
     over: dict[str, Any] = {
         "results_dir": str(results),
+        # the bundles' export and verification run in the tiny end-to-end DAG (tests/test_workflow.py); here ~15
+        # export jobs per preset would add minutes of CI to a tier that proves each preset's own DAG
+        "bundles": False,
         "data": {**data, "toy": {"n": 200}},
         "evaluation": {"batch_size": 50, "kid_subsets": 10, "kid_subset_size": 20, "evalnet": {"epochs": 1},
                        "downstream": {"cnn_epochs": 1, "repeats": 1, "mlp_hidden": 16}},
