@@ -129,7 +129,8 @@ rule privacy_utility_figure:
 
 rule runtime_table:
     """Table runtime: one row per job (rule, wildcards, wall s, CPU s, max RSS MB) from every benchmark file,
-    built after every other job of `all` but the comparison and the index page (they read it)."""
+    built after every other job of `all` (the bundles' included) but the comparison and the index page (they read
+    it)."""
     input:
         lambda wildcards: OUTPUTS.before_runtime(),
         replay=REPLAY_REPORT,

@@ -56,10 +56,14 @@ def _sha256(path: Path) -> str:
     return file_sha256(path)
 
 
+#: files of a bundle folder that are not the bundle's: Snakemake marks a finished directory output with this one
+NOT_BUNDLE = (".snakemake_timestamp",)
+
+
 def file_hashes(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file under ``root`` but the certificate."""
-    return {p.relative_to(root).as_posix(): _sha256(p)
-            for p in sorted(root.rglob("*")) if p.is_file() and p != root / CERTIFICATE}
+    """Relative path -> sha256 of every file under ``root`` but the certificate (and Snakemake's marker)."""
+    return {p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p != root / CERTIFICATE and p.relative_to(root).as_posix() not in NOT_BUNDLE}
 
 
 # --------------------------------------------------------------------------- export

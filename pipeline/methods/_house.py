@@ -111,8 +111,12 @@ class Outputs:
         return [*self.core_report, *self.registry.report_targets(self.chosen)]
 
     def before_runtime(self) -> list[Path]:
-        """What the runtime table waits for: every report input but those made after it."""
-        return [p for p in self.report_inputs() if p not in self.after_all]
+        """What the runtime table waits for: every report input but those made after it, and the bundles ``all``
+        exports (so their jobs' cost is in the table, and which rows it has does not depend on job order)."""
+        from pipeline.bundles.wiring import Wiring as BundleWiring
+
+        return [*(p for p in self.report_inputs() if p not in self.after_all),
+                *BundleWiring(self.house, self.registry).targets()]
 
     def ledger_claims(self) -> dict[Path, TranscriptSpec]:
         """Ledger transcript -> its TranscriptSpec, of every chosen method: the replay's inputs."""

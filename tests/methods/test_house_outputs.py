@@ -58,11 +58,14 @@ def test_rule_all_is_the_splits_the_core_report_every_chosen_target_and_bundle_t
     assert out.after_all == out.core_report[:4]
 
 
-def test_the_report_shows_tables_and_figures_and_the_runtime_table_waits_for_all_but_the_comparison(out, tmp_path):
+def test_the_report_shows_tables_and_figures_and_the_runtime_table_waits_for_all_but_the_comparison(out,
+                                                                                                   tmp_path):
     inputs = out.report_inputs()
     assert tmp_path / "x.json" not in inputs and tmp_path / "dpdm_f.png" in inputs
     before = out.before_runtime()
-    assert not set(before) & set(out.after_all) and set(before) | set(out.after_all) == set(inputs)
+    bundles = [tmp_path / "r" / "bundles" / "dpdm" / "r1"]  # each export_bundle job's cost is a row of the table
+    assert before[-1:] == bundles and not set(before) & set(out.after_all)
+    assert set(before) | set(out.after_all) == set(inputs) | set(bundles)
     tables = out.report_table_inputs()
     assert tables["dpdm_t"] == tmp_path / "dpdm_t.parquet" and "all_runs" in tables and "dpdm_f" not in tables
     # each view's inputs: the tables and, keyed caption_of_<table>, the caption its view shows above it
