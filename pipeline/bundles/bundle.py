@@ -10,9 +10,10 @@ Layout of ``results/bundles/<method>/<run>/`` (``dpgen-bundle/1``):
 * ``README.md``: the model card (Hugging Face metadata block, :mod:`pipeline.bundles.card`);
 * ``ledger/<transcript>.jsonl``: the run's transcripts, and ``replay.json``: their replay at export;
 * ``weights/`` (kind ``model``): safetensors in diffusers' layout, or DP-MERF's generator
-  (:mod:`pipeline.bundles.weights`), and ``sampling.json``, how the run sampled (so :func:`sample` redraws the run's own samples);
-* ``samples.npz`` (+ its manifest ``samples.json``) and ``samples.png``: the run's synthetic set (for EMPDEN cells and Private Evolution the
-  private output itself) and ``metrics.json``, its scores on the test split.
+  (:mod:`pipeline.bundles.weights`), and ``sampling.json``, how the run sampled (so
+  :func:`pipeline.bundles.sample.sample` redraws the run's own samples);
+* ``samples.npz`` (+ its manifest ``samples.json``) and ``samples.png``: the run's synthetic set (for EMPDEN cells
+  and Private Evolution the private output itself) and ``metrics.json``, its scores on the test split.
 
 :func:`verify` is what a reader runs: every file against its sha256, the card against the certificate, every
 transcript replayed against its registration, the composed eps against the stated one, the weights' training
@@ -119,7 +120,8 @@ def check_model_binding(meta: Mapping[str, Any], certificate: Mapping[str, Any],
         raise BundleError(f"bundle {name}: the weights were trained with seed {meta['seed']}, the lines name "
                           f"{sorted(seeds)}")
     if "run" in meta and meta["run"] != certificate["ledger_run"]:
-        raise BundleError(f"bundle {name}: the weights are run {meta['run']!r}, the lines {certificate['ledger_run']!r}")
+        raise BundleError(f"bundle {name}: the weights are run {meta['run']!r}, the lines "
+                          f"{certificate['ledger_run']!r}")
     if "data_sha256" in meta and meta["data_sha256"] != certificate["data_sha256"]:
         raise BundleError(f"bundle {name}: the weights were trained on data {meta['data_sha256'][:12]}..., the "
                           f"certificate names {str(certificate['data_sha256'])[:12]}...")

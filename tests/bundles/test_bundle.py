@@ -208,7 +208,8 @@ def straightdp_bundle(world, tmp_path_factory):  # noqa: F811 -- the fixture imp
     guidance = {**schema_defaults("straightdp", "sampling"), **TINY["sampling"]}["guidance"]
     bundle = tmp / "bundles" / "straightdp" / SDP_RUN
     export_bundle({"model": out["model"], "samples": tmp / "samples.npz", "metrics": tmp / "metrics.json",
-                   f"ledger_straightdp_release_{SDP_RUN}": rel["ledger"], f"ledger_straightdp_train_{SDP_RUN}": out["ledger"]},
+                   f"ledger_straightdp_release_{SDP_RUN}": rel["ledger"],
+                   f"ledger_straightdp_train_{SDP_RUN}": out["ledger"]},
                   {"bundle": bundle},
                   {"method": "straightdp", "run": SDP_RUN, "experiment": "tiny", "kind": "model", "dataset": "blobs",
                    "epsilon_target": 1.0,
@@ -249,7 +250,8 @@ def test_a_dp_merf_bundle_ships_its_generator_verifies_and_samples(splits, tmp_p
            "metrics": tmp_path / "train.json", "generator": tmp_path / f"{MERF_RUN}.safetensors"}
     with one_thread():
         dp_merf({"data": splits / "private.npz", "public": splits / "public.npz"}, out,
-                {"run": MERF_RUN, "baselines": SMALL, "device": "cpu", "config_id": "t", "private": {"N": 30, "n_classes": 3},
+                {"run": MERF_RUN, "baselines": SMALL, "device": "cpu", "config_id": "t",
+                 "private": {"N": 30, "n_classes": 3},
                  "ledger_binding": {"run": MERF_RUN, "experiment": "tiny"}})
     (tmp_path / "metrics.json").write_text(json.dumps({"fid": 500.0}))
     bundle = tmp_path / "bundles" / "baselines" / MERF_RUN

@@ -46,7 +46,8 @@ def test_bundles_false_leaves_them_out_of_all_but_not_out_of_export_bundles(tmp_
 def test_the_export_job_reads_the_runs_files_and_each_transcripts_registration(tmp_path, model):
     w, wc = wiring(tmp_path, model), SimpleNamespace(method="dpdm", run="a1")
     assert w.inputs(wc) == {"samples": Path("s/a1.npz"), "metrics": Path("e/a1.json"),
-                            "ledger_train_a1": Path("l/train_a1.jsonl"), **({"model": Path("m/a1.pt")} if model else {})}
+                            "ledger_train_a1": Path("l/train_a1.jsonl"),
+                            **({"model": Path("m/a1.pt")} if model else {})}
     p = json.loads(w.params(wc))
     assert p["kind"] == ("model" if model else "synthetic") and p["expected"] == {"train_a1": SPEC.as_dict()}
     assert (p["method"], p["run"], p["experiment"], p["epsilon_target"]) == ("dpdm", "a1", "digits", 1.0)
