@@ -3,8 +3,8 @@
 With the run's seed, ``n``, batch size and CPU threads this redraws the run's own samples (the shipped
 ``samples.npz``), on the device they were drawn on: the DPDM samplers of :func:`pipeline.sampling.dpdm.generate`
 and STRAIGHTDP's Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`).
-DP-MERF's generator samples from a fresh ``dp_merf.generator`` stream of the seed: the run drew its own samples from that stream after
-training had advanced it, so a bundle draws new ones rather than redrawing those. Sampling is
+DP-MERF's generator samples from a fresh ``dp_merf.generator`` stream of the seed: the run drew its own samples
+from that stream after training had advanced it, so a bundle draws new ones rather than redrawing those. Sampling is
 post-processing of the released weights: it spends no privacy.
 """
 
