@@ -69,12 +69,6 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- export
 
-def _registered(expected: Mapping[str, Any], experiment: str) -> dict[str, Any]:
-    from pipeline.privacy.replay import registered_from_params
-
-    return registered_from_params(dict(expected), experiment)
-
-
 def _transcripts_of(certificate: Mapping[str, Any]) -> dict[str, Any]:
     """The replay's registration of each transcript, from the certificate (the private split by its sha256)."""
     from pipeline.privacy.replay import Registered
@@ -181,8 +175,10 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     missing = [n for n in expected if f"ledger_{n}" not in inputs]
     if missing:
         raise PipelineError(f"stage export_bundle: transcript {missing[0]} needs --in ledger_{missing[0]}=...")
+    from pipeline.privacy.replay import registered_from_params
+
     experiment = str(params["experiment"])
-    registered = _registered(expected, experiment)
+    registered = registered_from_params(expected, experiment)
     out = Path(outputs["bundle"])
     out.parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -193,6 +189,7 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
         verdict = _replay(root, registered)
         (root / "replay.json").write_text(json.dumps(verdict, indent=1, sort_keys=True) + "\n")
         names = list(expected)
+        lines = _lines(root, names)
         privacy = _privacy(root, names)
         runs = sorted({r.run for r in registered.values()})
         shas = sorted({r.data_sha256 for r in registered.values() if r.data_sha256})
@@ -212,7 +209,7 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
             "covers": list(params.get("covers") or []), "not_covered": list(params.get("not_covered") or [])}
         if kind == "model":
             spec = export_weights(inputs["model"], root / "weights")
-            check_model_binding(spec["meta"], certificate, _lines(root, names))
+            check_model_binding(spec["meta"], certificate, lines)
             (root / "sampling.json").write_text(json.dumps(dict(params.get("sampling") or {}), indent=1,
                                                            sort_keys=True) + "\n")
         from pipeline.io import load_split, save_split
@@ -221,7 +218,7 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
         # or training fact of the run
         split = load_split(inputs["samples"])
         save_split(root / SAMPLES, split, name=f"{params['method']}/{params['run']}", source="export_bundle",
-                   seed=int(_lines(root, names)[0].seed))
+                   seed=int(lines[0].seed))
         _grid_png(root / SAMPLES, root / "samples.png", f"{params['method']} {params['run']}")
         metrics = _test_metrics(inputs["metrics"])
         (root / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")

@@ -62,7 +62,7 @@ def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int
 
         G, _ = load_generator(root / "weights" / GENERATOR_FILE, dev)
         return merf_generate(G, n, generator=seeds.torch_generator("dp_merf.generator", seed), device=dev)
-    model, _ = load_weights(root / "weights", dev)
+    model, described = load_weights(root / "weights", dev)
     if settings["sampler"] == "dpdm":
         from pipeline.sampling.dpdm import SamplerConfig, generate
         from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes
@@ -74,7 +74,7 @@ def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int
     from pipeline.flow.backbone import FlowSpec
     from pipeline.flow.straightdp import balanced_labels, flow_samples
 
-    spec = FlowSpec.from_json(json.loads((root / "weights" / "denoiser.json").read_text())["spec"])
+    spec = FlowSpec.from_json(described["spec"])
     y = balanced_labels(n, spec.num_classes)
     x = flow_samples(model, y, shape=(spec.channels, spec.image_size, spec.image_size),
                      steps=int(settings["steps"]), guidance=float(settings["guidance"]), batch_size=batch,

@@ -104,10 +104,9 @@ def _export_generator(model_file: Path, out_dir: Path) -> dict[str, Any]:
 def weights_meta(weights_dir: str | Path) -> dict[str, Any]:
     """The training facts of a bundle's weights (a denoiser's or a DP-MERF generator's)."""
     weights_dir = Path(weights_dir)
-    if (weights_dir / "generator.json").is_file():
-        from pipeline.baselines.dp_merf import load_generator
-
-        return load_generator(weights_dir / GENERATOR_FILE)[1]
+    described = weights_dir / "generator.json"
+    if described.is_file():  # written at export from the generator file's own metadata (both are hashed)
+        return json.loads(described.read_text())["meta"]
     return read_weights_spec(weights_dir)["meta"]
 
 

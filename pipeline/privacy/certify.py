@@ -45,7 +45,8 @@ _CERTIFIED: dict[str, float] = {}
 def recompute_cached(entry: ledger.LedgerEntry) -> float:
     """:func:`recompute`, memoised on what the eps depends on (event, accountant, delta): the seeds of a
     grid often release the same event, and a reference PLD at h = 1e-4 takes seconds, so each distinct
-    event is certified once per process (the result tables use it; the replay recomputes every line)."""
+    event is certified once per process (the result tables, the replay and the bundles use it: a run's lines
+    replayed, then composed, cost one PLD each)."""
     key = json.dumps([entry.event, entry.accountant, entry.delta], sort_keys=True)
     if key not in _CERTIFIED:
         _CERTIFIED[key] = recompute(entry)

@@ -38,7 +38,9 @@ from typing import Any
 from pipeline.io import manifest_path, read_json, write_json
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger, rebuild
-from pipeline.privacy.certify import recompute  # one certified eps per line, shared with the result tables
+# one certified eps per distinct (event, accountant, delta), memoised per process and shared with the result tables
+# and the bundles (a bundle's export replays its lines, then certifies their composition: one PLD, not two)
+from pipeline.privacy.certify import recompute, recompute_cached  # noqa: F401 (recompute: the uncached one, as before)
 from pipeline.stage import PipelineError, stage
 
 log = logging.getLogger(__name__)
@@ -181,7 +183,7 @@ def replay_line(path: Path, lineno: int, entry: ledger.LedgerEntry, failures: li
         rebuilt = False
     try:
         # a line held to settings the project does not use is not recomputed under them: nothing certifies it
-        eps = math.inf if loose else recompute(entry)
+        eps = math.inf if loose else recompute_cached(entry)
     except acc.AccountingError as exc:
         # e.g. noise switched off: nothing certifies such a line
         failures.append(f"{where}: cannot certify ({exc})")
