@@ -5,10 +5,9 @@ right format for the pipeline's own jobs, the wrong one to hand a stranger (unpi
 holds the same network as
 
 * ``weights/<name>/``: every diffusers model inside the denoiser (DPDM's ``UNet2DModel`` at ``unet``,
-  STRAIGHTDP's ``SD3Transformer2DModel`` at ``backbone.transformer``), written by its ``save_pretrained``
+  STRAIGHTDP's ``SD3Transformer2DModel`` at ``net.transformer``), written by its ``save_pretrained``
   (``config.json`` + ``diffusion_pytorch_model.safetensors``), so ``UNet2DModel.from_pretrained(path,
-  local_files_only=True)`` loads it
-  without this code;
+  local_files_only=True)`` loads it without this code;
 * ``weights/house.safetensors``: every other tensor (e.g. STRAIGHTDP's label tables), if any;
 * ``weights/denoiser.json``: what rebuilds the whole denoiser here: its convention, backbone kind and spec,
   preconditioner and its arguments, and the training stage's ``meta``.
