@@ -14,7 +14,7 @@ it reads are used. Pure Python (no Snakemake): tested in ``tests/test_registry.p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -100,15 +100,21 @@ class RunRecord:
         return asdict(self)
 
 
+#: what else a bundle's sampler may read beside its weights (rule export_bundle's inputs of these names)
+BUNDLE_PARTS = ("moments", "public_flow", "autoencoder")
+
+
 @dataclass(frozen=True)
 class BundleSpec:
     """One private run's certified bundle (:mod:`pipeline.bundles`), as its method registers it.
 
     ``samples`` / ``metrics``: the run's synthetic set and its evaluate_samples JSON (the card's test-split
     metrics); ``transcripts``: the ledger transcripts that certify it (each registered with ``register_transcripts``);
-    ``model``: its trained denoiser file, for a bundle of weights (None: the synthetic set is the private output,
-    or its sampler needs more than the weights); ``sampling``: how the run sampled from it
-    (:mod:`pipeline.bundles.sample`); ``covers`` / ``not_covered``: what its eps covers and what it does not.
+    ``model``: its trained denoiser file, for a bundle of weights; ``parts``: the other files its sampler reads
+    (:data:`BUNDLE_PARTS`: the released moments, the public flow, the public autoencoder); ``sampling``: how the run
+    sampled from them (:mod:`pipeline.bundles.sample`), given exactly when a model or a part is (a bundle without
+    either is a synthetic set: the synthetic set is the private output); ``covers`` / ``not_covered``: what its eps
+    covers and what it does not.
     """
 
     run: str
@@ -120,6 +126,7 @@ class BundleSpec:
     sampling: Mapping[str, Any] | None = None
     covers: tuple[str, ...] = ()
     not_covered: tuple[str, ...] = ()
+    parts: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("samples", "metrics"):
@@ -129,15 +136,19 @@ class BundleSpec:
             object.__setattr__(self, "model", str(self.model))
         if not self.transcripts:
             raise ValueError(f"bundle of run {self.run!r}: a private run's bundle needs its ledger transcripts")
-        if (self.model is None) != (self.sampling is None):
-            raise ValueError(f"bundle of run {self.run!r}: a bundle of weights says how it samples, a synthetic set "
-                             f"does not")
+        unknown = sorted(set(self.parts) - set(BUNDLE_PARTS))
+        if unknown:
+            raise ValueError(f"bundle of run {self.run!r}: part {unknown[0]!r} is not one of {', '.join(BUNDLE_PARTS)}")
+        object.__setattr__(self, "parts", {k: str(v) for k, v in self.parts.items()})
+        if (self.model is None and not self.parts) != (self.sampling is None):
+            raise ValueError(f"bundle of run {self.run!r}: a bundle of weights or parts says how it samples, a "
+                             f"synthetic set does not")
         if "/" in self.run:
             raise ValueError(f"bundle of run {self.run!r}: a run name is one folder (no '/')")
 
     @property
     def kind(self) -> str:
-        return "synthetic" if self.model is None else "model"
+        return "synthetic" if self.sampling is None else "model"
 
 
 class MethodRegistry:

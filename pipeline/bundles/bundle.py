@@ -9,9 +9,12 @@ Layout of ``results/bundles/<method>/<run>/`` (``dpgen-bundle/1``):
   not, and the sha256 of every other file of the bundle;
 * ``README.md``: the model card (Hugging Face metadata block, :mod:`pipeline.bundles.card`);
 * ``ledger/<transcript>.jsonl``: the run's transcripts, and ``replay.json``: their replay at export;
-* ``weights/`` (kind ``model``): safetensors in diffusers' layout, or DP-MERF's generator
-  (:mod:`pipeline.bundles.weights`), and ``sampling.json``, how the run sampled (so
-  :func:`pipeline.bundles.sample.sample` redraws the run's own samples);
+* kind ``model``: what the run's sampler reads, and ``sampling.json``, how the run sampled (so
+  :func:`pipeline.bundles.sample.sample` redraws the run's own samples): ``weights/``, the trained network as
+  safetensors in diffusers' layout or DP-MERF's generator (:mod:`pipeline.bundles.weights`); STRAIGHTDP's
+  ``release/moments.npz``, the noisy class moments Stage 1 released (a plain ``.npz``, read without pickle), and its
+  public parts, ``public/flow/`` (the public flow the guidance steers) and ``public/autoencoder/`` (the latent
+  variant's decoder);
 * ``samples.npz`` (+ its manifest ``samples.json``) and ``samples.png``: the run's synthetic set (for EMPDEN cells
   and Private Evolution the private output itself) and ``metrics.json``, its scores on the test split.
 
@@ -146,11 +149,37 @@ def _test_metrics(metrics_json: Path) -> dict[str, float]:
     return {k: float(m[k]) for k in METRICS if m.get(k) is not None and math.isfinite(float(m[k]))}
 
 
-@stage("export_bundle", inputs=("samples", "metrics"), optional_inputs=("model",), outputs=("bundle",),
+#: where each file a sampler reads goes in a bundle (rule export_bundle's input -> path), and what the card says of it
+CONTENTS = {"model": ("weights/", "the trained network's weights (safetensors)"),
+            "moments": ("release/moments.npz", "the noisy class moments the run released (Stage 1)"),
+            "public_flow": ("public/flow/", "the public flow the release's guidance steers (public data, not covered "
+                                            "by the eps)"),
+            "autoencoder": ("public/autoencoder/", "the public autoencoder that decodes the latent codes (public "
+                                                   "data, not covered by the eps)")}
+
+
+def _export_parts(inputs: Mapping[str, Path], root: Path) -> list[dict[str, Any]]:
+    """Write what the run's sampler reads beside the weights (:data:`CONTENTS`); each part's description."""
+    from pipeline.bundles.weights import export_autoencoder, export_weights
+    from pipeline.privacy.moments import ReleasedMoments
+
+    if "moments" in inputs:
+        ReleasedMoments.load(inputs["moments"])  # refuses a foreign or pickled file before it is shipped
+        (root / "release").mkdir()
+        shutil.copyfile(inputs["moments"], root / CONTENTS["moments"][0])
+    if "public_flow" in inputs:
+        export_weights(inputs["public_flow"], root / CONTENTS["public_flow"][0])
+    if "autoencoder" in inputs:
+        export_autoencoder(inputs["autoencoder"], root / CONTENTS["autoencoder"][0])
+    return [{"path": path, "what": what} for name, (path, what) in CONTENTS.items() if name in inputs]
+
+
+@stage("export_bundle", inputs=("samples", "metrics"), optional_inputs=tuple(CONTENTS), outputs=("bundle",),
        any_inputs=True,
        params={"method": "the method", "run": "the run's name (the bundle's folder)",
                "experiment": "the experiment every ledger line names",
-               "kind": "model (weights + how it samples) or synthetic (the synthetic set is the private output)",
+               "kind": "model (weights or what else the sampler reads + how it samples) or synthetic (the synthetic "
+                       "set is the private output)",
                "dataset": "the private data's name (the card's datasets)",
                "epsilon_target": "the eps the run was calibrated to",
                "expected": "transcript name -> {claims, run, stage, delta, data, configuration}: the method's "
@@ -167,8 +196,9 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     kind = params.get("kind")
     if kind not in KINDS:
         raise PipelineError(f"stage export_bundle: params.kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if (kind == "model") != ("model" in inputs):
-        raise PipelineError("stage export_bundle: a model bundle needs --in model=..., a synthetic one takes none")
+    if (kind == "model") != any(name in inputs for name in CONTENTS):
+        raise PipelineError(f"stage export_bundle: a model bundle needs one of --in {'=, '.join(CONTENTS)}=..., a "
+                            f"synthetic one takes none")
     expected = dict(params.get("expected") or {})
     if not expected:
         raise PipelineError("stage export_bundle: params.expected names no transcript (a private run has one)")
@@ -207,9 +237,15 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
             "code_version_note": "the commit that exported the bundle; the training job ran earlier, from the "
                                  "code its Snakemake run had (Snakemake reruns a job whose code changed)",
             "covers": list(params.get("covers") or []), "not_covered": list(params.get("not_covered") or [])}
-        if kind == "model":
+        if "model" in inputs:
             spec = export_weights(inputs["model"], root / "weights")
             check_model_binding(spec["meta"], certificate, lines)
+        if kind == "model":
+            certificate["contents"] = _export_parts(inputs, root)
+            # the card's library: diffusers where a diffusers model ships (not DP-MERF's generator, not a release)
+            certificate["library_name"] = "diffusers" if any(
+                p.is_dir() and (p / "denoiser.json").is_file() for p in (root / "weights", root / "public" / "flow")) \
+                else None
             (root / "sampling.json").write_text(json.dumps(dict(params.get("sampling") or {}), indent=1,
                                                            sort_keys=True) + "\n")
         from pipeline.io import load_split, save_split
@@ -279,7 +315,7 @@ def verify(path: str | Path) -> dict[str, Any]:
     if privacy["delta"] != float(certificate["delta"]) or privacy["accountant"] != certificate["accountant"]:
         raise BundleError(f"{root}: the transcripts' delta/accountant ({privacy['delta']}, {privacy['accountant']}) "
                           f"are not the certificate's")
-    if certificate["kind"] == "model":
+    if (root / "weights").is_dir():
         from pipeline.bundles.weights import weights_meta
 
         check_model_binding(weights_meta(root / "weights"), certificate, _lines(root, names))

@@ -37,7 +37,7 @@ def _card_data(certificate: Mapping[str, Any], metrics: Mapping[str, float]) -> 
                           metric_type=key, metric_name=METRIC_NAMES[key], metric_value=float(metrics[key]))
                for key in METRIC_NAMES if key in metrics]
     return ModelCardData(
-        model_name=name, library_name="diffusers" if certificate["kind"] == "model" else None,
+        model_name=name, library_name=certificate.get("library_name"),
         datasets=[_slug(dataset)], tags=["differential-privacy", certificate["method"], certificate["kind"]],
         eval_results=results or None,
         differential_privacy={k: certificate.get(k) for k in CLAIM_KEYS} | {"certified": True})
@@ -48,8 +48,9 @@ def render(certificate: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
     from huggingface_hub import ModelCard
 
     name = f"{certificate['method']}/{certificate['run']}"
-    what = ("the trained network's weights (safetensors in diffusers' layout, `weights/`) and the run's own "
-            "samples" if certificate["kind"] == "model" else "the run's synthetic set, its private output")
+    contents = certificate.get("contents") or []
+    what = (", ".join(f"{c['what']} (`{c['path']}`)" for c in contents) + ", what the run's sampler reads, and the "
+            "run's own samples" if certificate["kind"] == "model" else "the run's synthetic set, its private output")
     lines = [
         f"# {name}: a differentially private {certificate['method']} run", "",
         f"This bundle holds {what}, the ledger transcripts that certify it and their replay.", "",

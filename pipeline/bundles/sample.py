@@ -3,7 +3,8 @@
 With the run's seed, ``n``, batch size and CPU threads this redraws the run's own samples (the shipped
 ``samples.npz``), on the device they were drawn on: the DPDM samplers of :func:`pipeline.sampling.dpdm.generate`
 and STRAIGHTDP's Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`).
-DP-MERF's generator samples from a fresh ``dp_merf.generator`` stream of the seed: the run drew its own samples
+STRAIGHTDP's bundles ship what that sampler reads: the trained flow, or the release and the public flow it guides, or
+the release alone, and in latent space the public decoder. DP-MERF's generator samples from a fresh ``dp_merf.generator`` stream of the seed: the run drew its own samples
 from that stream after training had advanced it, so a bundle draws new ones rather than redrawing those. Sampling is
 post-processing of the released weights: it spends no privacy.
 """
@@ -62,22 +63,37 @@ def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int
 
         G, _ = load_generator(root / "weights" / GENERATOR_FILE, dev)
         return merf_generate(G, n, generator=seeds.torch_generator("dp_merf.generator", seed), device=dev)
-    model, described = load_weights(root / "weights", dev)
     if settings["sampler"] == "dpdm":
         from pipeline.sampling.dpdm import SamplerConfig, generate
         from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes
 
+        model, _ = load_weights(root / "weights", dev)
         x, labels = generate(model, n, shape=denoiser_image_shape(model), config=SamplerConfig.from_params(
             settings["settings"]), num_classes=denoiser_num_classes(model), seed=seed, batch_size=batch, device=dev)
         return Split(to_uint8(x), labels)
-    from pipeline import seeds
-    from pipeline.flow.backbone import FlowSpec
-    from pipeline.flow.straightdp import balanced_labels, flow_samples
+    return _straightdp(root, settings, n, seed=seed, batch=batch, device=dev)
 
-    spec = FlowSpec.from_json(described["spec"])
-    y = balanced_labels(n, spec.num_classes)
-    x = flow_samples(model, y, shape=(spec.channels, spec.image_size, spec.image_size),
-                     steps=int(settings["steps"]), guidance=float(settings["guidance"]), batch_size=batch,
-                     generator=seeds.torch_generator("straightdp.sampling", seed), null_label=spec.null_label,
-                     device=dev)
-    return Split(to_uint8(x.clamp(-1, 1)), y.numpy().astype("int64"))
+
+def _straightdp(root: Path, settings: dict[str, Any], n: int, *, seed: int, batch: int, device: Any) -> Split:
+    """STRAIGHTDP's sampler (:func:`pipeline.flow.straightdp.draw_samples`, rule sample_straightdp's) over what the
+    bundle ships: the trained flow (``weights/``) or the public flow (``public/flow/``), the release
+    (``release/moments.npz``), the latent variant's decoder (``public/autoencoder/``)."""
+    from pipeline.bundles.weights import load_autoencoder
+    from pipeline.flow.backbone import FlowSpec
+    from pipeline.flow.straightdp import draw_samples
+    from pipeline.privacy.moments import ReleasedMoments
+
+    model = spec = None
+    for folder in (root / "weights", root / "public" / "flow"):
+        if folder.is_dir():
+            model, described = load_weights(folder, device)
+            spec = FlowSpec.from_json(described["spec"])
+            break
+    release, decoder = root / "release" / "moments.npz", root / "public" / "autoencoder"
+    released = ReleasedMoments.load(release) if release.is_file() else None
+    shape = tuple(int(v) for v in settings["shape"]) if "shape" in settings else None
+    t0 = float(settings["t0"]) if "t0" in settings else None
+    return draw_samples(str(settings.get("samples_from", "model")), n, seed=seed, steps=int(settings["steps"]),
+                        guidance=float(settings["guidance"]), batch_size=batch, device=device, model=model, spec=spec,
+                        released=released, shape=shape, t0=t0,
+                        decoder=load_autoencoder(decoder) if decoder.is_dir() else None)

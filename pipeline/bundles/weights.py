@@ -17,6 +17,10 @@ Loading reads safetensors only (no pickle is ever opened) and rebuilds the netwo
 
 A DP-MERF generator (already a safetensors file, :func:`pipeline.baselines.dp_merf.save_generator`) is copied as
 ``weights/generator.safetensors`` with ``weights/generator.json`` (its metadata: architecture and training facts).
+
+STRAIGHTDP's latent variant decodes with a public autoencoder (:mod:`pipeline.flow.autoencoder`, a house torch
+module, not a diffusers one): :func:`export_autoencoder` writes it as ``autoencoder.safetensors`` with
+``autoencoder.json`` (its shape and training facts), :func:`load_autoencoder` rebuilds it from those two alone.
 """
 
 from __future__ import annotations
@@ -158,3 +162,51 @@ def load_weights(weights_dir: str | Path, device: torch.device | str = "cpu") ->
         raise PipelineError(f"{weights_dir}: the weights do not fit the network denoiser.json describes ({first})") \
             from None
     return model.to(device).eval(), spec
+
+
+AUTOENCODER_FILE = "autoencoder.safetensors"
+AUTOENCODER_FORMAT = "dpgen-bundle-autoencoder/1"
+
+
+def export_autoencoder(model_file: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Write the public autoencoder of a ``dpgen-autoencoder/1`` file (read ``weights_only``) as safetensors under
+    ``out_dir``; returns the description written beside it (autoencoder.json)."""
+    from dataclasses import asdict
+
+    from safetensors.torch import save_file
+
+    from pipeline.flow import autoencoder
+
+    blob = autoencoder.load_blob(model_file)
+    model = autoencoder.from_blob(blob)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().clone() for k, v in model.state_dict().items()},
+              str(out_dir / AUTOENCODER_FILE))
+    spec = {"format": AUTOENCODER_FORMAT, "file": AUTOENCODER_FILE, "spec": asdict(model.spec),
+            "meta": dict(blob.get("meta") or {})}
+    (out_dir / "autoencoder.json").write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    return spec
+
+
+def load_autoencoder(folder: str | Path) -> nn.Module:
+    """The frozen autoencoder of a bundle, from ``autoencoder.json`` and its safetensors alone."""
+    from safetensors.torch import load_file
+
+    from pipeline.flow.autoencoder import AutoencoderSpec, ConvAutoencoder
+
+    folder = Path(folder)
+    path = folder / "autoencoder.json"
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{path}: not readable as JSON ({exc})") from None
+    if not isinstance(spec, dict) or spec.get("format") != AUTOENCODER_FORMAT:
+        raise PipelineError(f"{path}: not a {AUTOENCODER_FORMAT} file")
+    model = ConvAutoencoder(AutoencoderSpec(**spec["spec"]))
+    try:
+        model.load_state_dict(load_file(str(folder / spec["file"])), strict=True)
+    except RuntimeError as exc:
+        raise PipelineError(f"{folder}: the autoencoder's weights do not fit autoencoder.json "
+                            f"({str(exc).splitlines()[0]})") from None
+    return model.eval().requires_grad_(False)

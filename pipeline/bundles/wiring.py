@@ -48,10 +48,12 @@ class Wiring:
         return self.registry.bundle(wildcards.method, wildcards.run)
 
     def inputs(self, wildcards: Wildcards) -> dict[str, Path]:
-        """export_bundle's inputs: the run's samples, their metrics, its transcripts (``ledger_<stem>``), its model."""
+        """export_bundle's inputs: the run's samples, their metrics, its transcripts (``ledger_<stem>``), its model
+        and the other files its sampler reads (``moments``, ``public_flow``, ``autoencoder``)."""
         b = self.spec(wildcards)
         out = {"samples": Path(b.samples), "metrics": Path(b.metrics),
-               **{f"ledger_{Path(t).stem}": Path(t) for t in b.transcripts}}
+               **{f"ledger_{Path(t).stem}": Path(t) for t in b.transcripts},
+               **{name: Path(path) for name, path in b.parts.items()}}
         return out | ({"model": Path(b.model)} if b.model else {})
 
     def params(self, wildcards: Wildcards) -> str:

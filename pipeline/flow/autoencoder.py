@@ -130,17 +130,28 @@ def save(path: str | Path, model: ConvAutoencoder, meta: Mapping[str, Any]) -> N
                     "meta": dict(meta)}, tmp)
 
 
-def load(path: str | Path) -> ConvAutoencoder:
-    """The frozen autoencoder written by :func:`save` (one-line error for anything else)."""
+def load_blob(path: str | Path) -> dict[str, Any]:
+    """What :func:`save` wrote (format, spec, state dict, meta), read ``weights_only``; one-line error for
+    anything else."""
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)  # plain dicts, ints, floats, tensors
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
         raise PipelineError(f"input autoencoder: cannot read {path} ({exc})") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise PipelineError(f"input autoencoder: {path} is not a {FORMAT} file (run the train_autoencoder stage)")
+    return blob
+
+
+def from_blob(blob: Mapping[str, Any]) -> ConvAutoencoder:
+    """The frozen autoencoder of a :func:`load_blob` result."""
     model = ConvAutoencoder(AutoencoderSpec(**blob["spec"]))
     model.load_state_dict(blob["state_dict"])
     return model.eval().requires_grad_(False)
+
+
+def load(path: str | Path) -> ConvAutoencoder:
+    """The frozen autoencoder written by :func:`save` (one-line error for anything else)."""
+    return from_blob(load_blob(path))
 
 
 def mse(model: ConvAutoencoder, images: np.ndarray) -> float:

@@ -570,6 +570,47 @@ def flow_samples(model: torch.nn.Module, y: Tensor, *, shape: tuple[int, ...], s
     return torch.cat(out)
 
 
+def draw_samples(samples_from: str, n: int, *, seed: int, steps: int, guidance: float, batch_size: int,
+                 device: torch.device | str, model: torch.nn.Module | None = None, spec: FlowSpec | None = None,
+                 released: moments.ReleasedMoments | None = None, shape: tuple[int, ...] | None = None,
+                 t0: float | None = None, decoder: Any = None) -> Split:
+    """``n`` labelled samples (balanced labels) of a run from what its sampler reads, one stream
+    ``straightdp.sampling`` of ``seed``: from the release (``released``, of ``shape``: released_only), the public
+    flow ``model`` started from the release's marginal at ``t0`` (guided: Sec. 3.1, "Sampling-time guidance"),
+    or the trained flow ``model`` (Euler with classifier-free ``guidance``); in the latent variant decoded by the
+    public autoencoder ``decoder``. The one sampler of rule sample_straightdp and of a STRAIGHTDP bundle
+    (:mod:`pipeline.bundles.sample`), so a bundle redraws its run's own samples."""
+    gen = seeds.torch_generator("straightdp.sampling", seed)
+    if samples_from == "release":
+        if released is None or shape is None:
+            raise PipelineError("straightdp samples from the release: need the released moments and their shape")
+        y = balanced_labels(n, released.n_classes)
+        x = field_of(released).sample(y, gen).reshape(n, *shape).float()
+    else:
+        if model is None or spec is None or (samples_from == "guided" and (released is None or t0 is None)):
+            raise PipelineError(f"straightdp samples from {samples_from}: need the flow"
+                                f"{' and the released moments and t0' if samples_from == 'guided' else ''}")
+        shape = (spec.channels, spec.image_size, spec.image_size)
+        y = balanced_labels(n, spec.num_classes)
+        if samples_from == "guided":
+            # the public flow knows no private class: its null branch, steered only by the released
+            # class model's marginal at t0 (the start), carries the label
+            field = field_of(released)
+            x = flow_samples(model, y, shape=shape, steps=steps, guidance=0.0, batch_size=batch_size, generator=gen,
+                             null_label=spec.null_label, device=device,
+                             start=lambda yb: guided_start(field, yb, t0=t0, generator=gen), t0=t0)
+        else:
+            x = flow_samples(model, y, shape=shape, steps=steps, guidance=guidance, batch_size=batch_size,
+                             generator=gen, null_label=spec.null_label, device=device)
+    if decoder is not None:
+        from pipeline.flow import autoencoder
+
+        images = autoencoder.decode(decoder, x.clamp(-1, 1))
+    else:
+        images = to_uint8(x.clamp(-1, 1))
+    return Split(images, y.numpy().astype(np.int64))
+
+
 @stage("sample_straightdp", optional_inputs=("model", "moments", "autoencoder"), outputs=("samples",),
        params={**COMMON_DOC, "run": "the run's name (row, total eps, seed)",
                "shape": "[C, H, W] of what the release models (images, or codes in the latent variant)"})
@@ -580,41 +621,23 @@ def sample_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
     run = _run(params)
     smp = cfg["sampling"]
     n = int(smp["n_samples"])
-    gen = seeds.torch_generator("straightdp.sampling", run.seed)
     need = {"release": ("moments",), "guided": ("model", "moments"), "model": ("model",)}[run.samples_from]
     missing = [k for k in need if k not in inputs]
     if missing:
         raise PipelineError(f"stage sample_straightdp {run.name}: needs input {missing[0]} "
                             f"(samples from {run.samples_from})")
     start = time.perf_counter()
-    if run.samples_from == "release":
-        released = moments.ReleasedMoments.load(inputs["moments"])
-        shape = tuple(int(v) for v in params["shape"])
-        y = balanced_labels(n, released.n_classes)
-        x = field_of(released).sample(y, gen).reshape(n, *shape).float()
-    else:
-        model, spec = load_flow(inputs["model"], device)
-        shape = (spec.channels, spec.image_size, spec.image_size)
-        y = balanced_labels(n, spec.num_classes)
-        if run.samples_from == "guided":
-            # the public flow knows no private class: its null branch, steered only by the released
-            # class model's marginal at t0 (the start), carries the label
-            field = field_of(moments.ReleasedMoments.load(inputs["moments"]))
-            t0 = float(cfg["guidance"]["t0"])
-            x = flow_samples(model, y, shape=shape, steps=int(smp["steps"]), guidance=0.0,
-                             batch_size=int(smp["batch_size"]), generator=gen, null_label=spec.null_label,
-                             device=device, start=lambda yb: guided_start(field, yb, t0=t0, generator=gen), t0=t0)
-        else:
-            x = flow_samples(model, y, shape=shape, steps=int(smp["steps"]), guidance=float(smp["guidance"]),
-                             batch_size=int(smp["batch_size"]), generator=gen, null_label=spec.null_label,
-                             device=device)
+    released = moments.ReleasedMoments.load(inputs["moments"]) if "moments" in inputs else None
+    model, spec = load_flow(inputs["model"], device) if "model" in inputs else (None, None)
+    decoder = None
     if "autoencoder" in inputs:  # the latent variant: the frozen public decoder, post-processing
         from pipeline.flow import autoencoder
 
-        images = autoencoder.decode(autoencoder.load(inputs["autoencoder"]), x.clamp(-1, 1))
-    else:
-        images = to_uint8(x.clamp(-1, 1))
-    split = Split(images, y.numpy().astype(np.int64))
+        decoder = autoencoder.load(inputs["autoencoder"])
+    split = draw_samples(run.samples_from, n, seed=run.seed, steps=int(smp["steps"]), guidance=float(smp["guidance"]),
+                         batch_size=int(smp["batch_size"]), device=device, model=model, spec=spec, released=released,
+                         shape=tuple(int(v) for v in params["shape"]) if "shape" in params else None,
+                         t0=float(cfg["guidance"]["t0"]) if run.samples_from == "guided" else None, decoder=decoder)
     save_split(outputs["samples"], split, name=run.name, source="sample_straightdp", seed=run.seed,
                extra={"row": run.row, "samples_from": run.samples_from, "wall_s": time.perf_counter() - start,
                       "steps": int(smp["steps"]), "guidance": float(smp["guidance"])})

@@ -235,6 +235,89 @@ def test_a_straightdp_bundle_certifies_both_stages_composed_and_samples_the_runs
     assert np.array_equal(again.images, own.images) and np.array_equal(again.labels, own.labels)
 
 
+# --------------------------------------------------------------------------- STRAIGHTDP: the release and the public parts
+
+def _release_bundle(world, tmp: Path, run: str, *, shape: list[int], guided: bool = False,  # noqa: F811
+                    autoencoder: Path | None = None) -> tuple[Path, Path]:
+    """A run that samples from its release (released_only), or from the public flow guided by it (public_guidance),
+    optionally decoded by a public autoencoder (the latent variant): its samples and its bundle."""
+    from pipeline.config import schema_defaults
+    from pipeline.flow import straightdp as sdp
+    from tests.conftest import one_thread
+
+    binding = {"run": run, "experiment": "tiny"}
+    rel = {"moments": tmp / "release.npz", "ledger": tmp / f"straightdp_release_{run}.jsonl"}
+    parts = {"moments": rel["moments"], **({"model": world["init"]} if guided else {}),
+             **({"autoencoder": autoencoder} if autoencoder else {})}
+    with one_thread():
+        sdp.release_moments({"data": world["data"], "geometry": world["geometry"]}, rel,
+                            {"straightdp": TINY, "run": run, "private": PRIVATE, "ledger_binding": binding})
+        sdp.sample_straightdp(parts, {"samples": tmp / "samples.npz"},
+                              {"straightdp": TINY, "device": "cpu", "run": run, "shape": shape})
+    (tmp / "metrics.json").write_text(json.dumps({"fid": 400.0}))
+    line = {"claims": 1, "run": run, "delta": 1e-5, "data": str(world["data"]), "configuration": False}
+    smp = {**schema_defaults("straightdp", "sampling"), **TINY["sampling"]}
+    sampling = {"sampler": "straightdp_flow", "samples_from": "guided" if guided else "release", "steps": smp["steps"],
+                "guidance": smp["guidance"], "batch_size": 12, "n_samples": 12, "seed": 0, "shape": shape,
+                **({"t0": schema_defaults("straightdp", "guidance")["t0"]} if guided else {})}
+    bundle = tmp / "bundles" / "straightdp" / run
+    inputs = {"samples": tmp / "samples.npz", "metrics": tmp / "metrics.json", "moments": rel["moments"],
+              f"ledger_straightdp_release_{run}": rel["ledger"], **({"public_flow": world["init"]} if guided else {}),
+              **({"autoencoder": autoencoder} if autoencoder else {})}
+    export_bundle(inputs, {"bundle": bundle},
+                  {"method": "straightdp", "run": run, "experiment": "tiny", "kind": "model", "dataset": "blobs",
+                   "epsilon_target": 1.0, "expected": {f"straightdp_release_{run}": {**line, "stage": "release_moments"}},
+                   "sampling": sampling})
+    return bundle, tmp / "samples.npz"
+
+
+def _redraws_its_runs_samples(bundle: Path, own_path: Path) -> None:
+    from tests.conftest import one_thread
+
+    own = load_split(own_path)
+    with one_thread():
+        again = sample(bundle, 12)
+    assert np.array_equal(again.images, own.images) and np.array_equal(again.labels, own.labels)
+
+
+def test_a_released_only_bundle_ships_the_release_and_redraws_its_runs_samples(world, tmp_path):  # noqa: F811
+    bundle, own = _release_bundle(world, tmp_path, "released_only_eps1_seed0", shape=[1, 8, 8])
+    cert = verify(bundle)
+    assert [c["path"] for c in cert["contents"]] == ["release/moments.npz"] and cert["library_name"] is None
+    assert not (bundle / "weights").exists() and cert["mechanisms"] == "moment_release"
+    _redraws_its_runs_samples(bundle, own)
+
+
+def test_a_public_guidance_bundle_ships_the_release_and_the_public_flow_and_redraws_its_runs_samples(world,  # noqa: F811
+                                                                                                    tmp_path):
+    bundle, own = _release_bundle(world, tmp_path, "public_guidance_eps1_seed0", shape=[1, 8, 8], guided=True)
+    cert = verify(bundle)
+    assert [c["path"] for c in cert["contents"]] == ["release/moments.npz", "public/flow/"]
+    assert cert["library_name"] == "diffusers" and (bundle / "public" / "flow" / "denoiser.json").is_file()
+    _redraws_its_runs_samples(bundle, own)
+    # the release is certified like weights: altering it after export is refused
+    moments = bundle / "release" / "moments.npz"
+    moments.write_bytes(moments.read_bytes()[:-1] + bytes([moments.read_bytes()[-1] ^ 1]))
+    with pytest.raises(BundleError, match="release/moments.npz differs"):
+        verify(bundle)
+
+
+def test_a_latent_bundle_ships_the_public_decoder_and_redraws_its_runs_samples(world, tmp_path):  # noqa: F811
+    import torch
+
+    from pipeline.flow import autoencoder
+
+    torch.manual_seed(0)  # a public decoder whose codes are the release's 64 dims: 4 channels of 4 x 4
+    ae = autoencoder.ConvAutoencoder(autoencoder.AutoencoderSpec(image_size=16, channels=1, code_channels=4, width=8))
+    autoencoder.save(tmp_path / "autoencoder.pt", ae, {"mse": 0.5})
+    bundle, own = _release_bundle(world, tmp_path, "released_only_eps1_seed0", shape=[4, 4, 4],
+                                  autoencoder=tmp_path / "autoencoder.pt")
+    cert = verify(bundle)
+    assert "public/autoencoder/" in [c["path"] for c in cert["contents"]]
+    assert load_split(own).images.shape == (12, 1, 16, 16)
+    _redraws_its_runs_samples(bundle, own)
+
+
 # --------------------------------------------------------------------------- DP-MERF: the generator
 
 from tests.baselines.test_dp_merf import SMALL, splits  # noqa: E402,F401 (the tiny DP-MERF data)

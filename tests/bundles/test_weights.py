@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,3 +69,22 @@ def test_a_pickle_in_place_of_the_weights_is_not_opened(model_file, tmp_path):
     torch.save({"x": torch.zeros(1)}, folder / "diffusion_pytorch_model.bin")
     with pytest.raises(PipelineError, match="no .safetensors weights"):
         load_weights(tmp_path / "weights")
+
+
+def test_the_public_autoencoder_travels_as_safetensors_and_decodes_as_the_house_file_does(tmp_path):
+    from pipeline.bundles.weights import AUTOENCODER_FILE, export_autoencoder, load_autoencoder
+    from pipeline.flow import autoencoder
+
+    torch.manual_seed(0)
+    ae = autoencoder.ConvAutoencoder(autoencoder.AutoencoderSpec(image_size=8, channels=1, code_channels=2, width=4))
+    autoencoder.save(tmp_path / "ae.pt", ae, {"mse": 0.25})
+    described = export_autoencoder(tmp_path / "ae.pt", tmp_path / "bundle")
+    assert described["meta"] == {"mse": 0.25} and (tmp_path / "bundle" / AUTOENCODER_FILE).is_file()
+    again = load_autoencoder(tmp_path / "bundle")
+    codes = torch.rand(5, 2, 2, 2) * 2 - 1
+    assert np.array_equal(autoencoder.decode(again, codes), autoencoder.decode(autoencoder.load(tmp_path / "ae.pt"),
+                                                                                codes))
+    spec = json.loads((tmp_path / "bundle" / "autoencoder.json").read_text())
+    (tmp_path / "bundle" / "autoencoder.json").write_text(json.dumps({**spec, "spec": {**spec["spec"], "width": 8}}))
+    with pytest.raises(PipelineError, match="do not fit autoencoder.json"):
+        load_autoencoder(tmp_path / "bundle")

@@ -454,25 +454,32 @@ def test_the_files_hashes_are_in_the_config_id_of_every_main_run_that_reads_the_
     assert not trained.imports_public_flow and trained.public_model() == {}
 
 
-def test_a_run_whose_samples_come_from_its_weights_alone_has_a_bundle_of_them_the_others_of_their_samples(w, exp):
+def test_every_run_has_a_bundle_of_what_its_sampler_reads(w, exp):
     assert w.bundle_runs() == [r.name for r in w.all_runs()]
     tha = w.bundle("tha_moments_eps1_seed0")  # released moments, then the flow trained on them: both lines
-    assert tha.kind == "model" and tha.model == str(w.model_path("tha_moments_eps1_seed0"))
+    assert tha.kind == "model" and tha.model == str(w.model_path("tha_moments_eps1_seed0")) and tha.parts == {}
     assert tha.transcripts == (str(w.release_ledger("tha_moments_eps1_seed0")),
                                str(w.train_ledger("tha_moments_eps1_seed0")))
     smp = w.arm_section()["sampling"]
-    assert tha.sampling == {"sampler": "straightdp_flow", "steps": smp["steps"], "guidance": smp["guidance"],
-                            "batch_size": smp["batch_size"], "n_samples": smp["n_samples"], "seed": 0,
-                            "threads": w.house.torch_threads}
+    assert tha.sampling == {"sampler": "straightdp_flow", "samples_from": "model", "steps": smp["steps"],
+                            "guidance": smp["guidance"], "batch_size": smp["batch_size"],
+                            "n_samples": smp["n_samples"], "seed": 0, "threads": w.house.torch_threads}
     assert len(tha.covers) == 3 and "composed" in tha.covers[-1]
     lora = w.bundle("lora_uniform_eps1_seed0")
     assert lora.kind == "model" and lora.transcripts == (str(w.train_ledger("lora_uniform_eps1_seed0")),)
     assert "LoRA adapters" in lora.covers[0]
-    # from the release alone, or the public flow guided by it: the samples are the bundle
-    for run in ("released_only_eps1_seed0", "public_guidance_eps1_seed0"):
-        b = w.bundle(run)
-        assert b.kind == "synthetic" and b.transcripts == (str(w.release_ledger(run)),)
-        assert b.samples == str(w.samples_path(run)) and b.metrics == str(w.metrics_path(run))
-    # the latent arm decodes with its autoencoder: its samples are the bundle
+    # from the release alone: the release (and the shape it models); guided: the release and the public flow
+    released = w.bundle("released_only_eps1_seed0")
+    assert released.kind == "model" and released.model is None
+    assert released.parts == {"moments": str(w.release_path("released_only_eps1_seed0"))}
+    assert released.sampling["samples_from"] == "release" and released.sampling["shape"] == [1, 16, 16]
+    assert released.transcripts == (str(w.release_ledger("released_only_eps1_seed0")),)
+    guided = w.bundle("public_guidance_eps1_seed0")
+    assert guided.parts == {"moments": str(w.release_path("public_guidance_eps1_seed0")),
+                            "public_flow": str(w.public_flow(""))}
+    assert guided.sampling["samples_from"] == "guided" and guided.sampling["t0"] == 0.2 and guided.model is None
+    # the latent arm's flow is decoded by its public autoencoder: both ship
     latent = next(r for r in w.all_runs() if r.arm and w.latent(r.arm) and r.trains)
-    assert w.bundle(latent.name).kind == "synthetic"
+    b = w.bundle(latent.name)
+    assert b.model == str(w.model_path(latent.name)) and b.parts == {"autoencoder": str(w.autoencoder(latent.arm))}
+    assert any("autoencoder" in c for c in b.not_covered)

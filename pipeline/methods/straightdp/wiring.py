@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import pipeline.resources as cost
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, schema_defaults
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training import straightdp_runs
 from pipeline.training.straightdp_runs import StraightRun
@@ -503,27 +504,39 @@ class Wiring:
         return [run.name for run in self.all_runs()]
 
     def bundle(self, name: str) -> BundleSpec:
-        """One run's bundle: the trained flow's weights when its samples come from it alone (pixel space), else its
-        synthetic set (samples from the release, from the release-guided public flow, or decoded by the latent
-        variant's autoencoder: their sampler needs more than the weights)."""
+        """One run's bundle: what its sampler reads, so ``sample_bundle`` redraws the run's samples: the trained
+        flow's weights (``model``), the released moments (released_only, public_guidance), the public flow the
+        guidance steers, and in latent space the public autoencoder that decodes the codes (the same inputs as rule
+        sample_straightdp's)."""
         run = StraightRun.from_name(name)
         ledgers = ((self.release_ledger(name),) if run.releases else ()) + \
                   ((self.train_ledger(name),) if run.trains else ())
-        weights = run.samples_from == "model" and not self.latent(run.arm)
-        smp = self.arm_section(run.arm)["sampling"]
+        sample_inputs = self.sample_inputs(SimpleNamespace(run=name))
+        section = self.arm_section(run.arm)
+        smp = section["sampling"]
+        sampling = {"sampler": "straightdp_flow", "samples_from": run.samples_from, "steps": smp["steps"],
+                    "guidance": smp["guidance"], "batch_size": smp["batch_size"], "n_samples": smp["n_samples"],
+                    "seed": run.seed, "threads": self.house.torch_threads}
+        if run.samples_from == "release":
+            sampling["shape"] = list(self.sample_shape(run.arm))
+        if run.samples_from == "guided":
+            sampling["t0"] = {**schema_defaults("straightdp", "guidance"), **(section.get("guidance") or {})}["t0"]
+        parts = {"moments": sample_inputs["moments"]} if "moments" in sample_inputs else {}
+        if run.samples_from == "guided":
+            parts["public_flow"] = sample_inputs["model"]
+        if "autoencoder" in sample_inputs:
+            parts["autoencoder"] = sample_inputs["autoencoder"]
         covers = (*(("Stage 1: the noisy release of the private class moments",) if run.releases else ()),
                   *((f"Stage 2: every DP-SGD step of the flow's training ({'LoRA adapters' if run.lora else 'all weights'}"
                      ", Poisson-subsampled, clipped, Gaussian noise)",) if run.trains else ()),
                   *(("the two stages composed in one accountant",) if run.releases and run.trains else ()))
         return BundleSpec(
             run=name, samples=self.samples_path(name), metrics=self.metrics_path(name), transcripts=ledgers,
-            epsilon_target=run.epsilon, model=self.model_path(name) if weights else None,
-            sampling={"sampler": "straightdp_flow", "steps": smp["steps"], "guidance": smp["guidance"],
-                      "batch_size": smp["batch_size"], "n_samples": smp["n_samples"], "seed": run.seed,
-                      "threads": self.house.torch_threads}
-            if weights else None,
-            covers=covers,
+            epsilon_target=run.epsilon, model=sample_inputs["model"] if run.samples_from == "model" else None,
+            parts=parts, sampling=sampling, covers=covers,
             not_covered=("the public flow the runs start from or are guided by, and its pretraining (public data)",
+                         *(("the public autoencoder of the latent variant (public data)",) if self.latent(run.arm)
+                           else ()),
                          "the release geometry and training horizon, computed from public data",
                          "the hyperparameters, set in the configuration (not tuned on the private data here)",
                          "the declared size and classes of the private set (public constants)"))
