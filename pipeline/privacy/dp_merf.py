@@ -28,15 +28,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from dp_accounting import dp_event
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.rebuild import Expected, param, register
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made (the replay and the tables read this module)
+    import torch
 
 MECHANISM = "dp_merf_embedding"
 #: the release is one Gaussian; h = 1e-4 as for the other single releases (replay ~1 s per line)
@@ -109,6 +111,8 @@ def calibrate_release(*, target_epsilon: float, delta: float, m: int, n_features
 
 def rff_frequencies(dim: int, n_features: int, length_scale: float, generator: torch.Generator) -> torch.Tensor:
     """``W [D, dim]`` with rows w_j ~ N(0, l^-2 I): the Gaussian kernel of bandwidth l (public randomness)."""
+    import torch
+
     if not (math.isfinite(length_scale) and length_scale > 0):
         raise MerfError(f"kernel length scale must be > 0 and finite, got {length_scale!r}")
     if n_features < 1 or dim < 1:
@@ -118,12 +122,16 @@ def rff_frequencies(dim: int, n_features: int, length_scale: float, generator: t
 
 def rff_features(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """phi(x) ``[n, 2D]`` of flattened inputs ``x [n, dim]``: unit norm for every row."""
+    import torch
+
     proj = x.to(W.dtype) @ W.T
     return torch.cat([torch.cos(proj), torch.sin(proj)], dim=1) / math.sqrt(W.shape[0])
 
 
 def mean_embedding(phi: torch.Tensor, labels: torch.Tensor, n_classes: int, m: int | None = None) -> torch.Tensor:
     """(1/m) sum_i phi(x_i) e_{y_i}^T ``[2D, Y]`` (m defaults to the number of rows)."""
+    import torch
+
     if labels.min() < 0 or labels.max() >= n_classes:
         raise MerfError(f"labels must lie in 0..{n_classes - 1}, got {int(labels.min())}..{int(labels.max())}")
     onehot = torch.nn.functional.one_hot(labels.long(), n_classes).to(phi.dtype)
@@ -134,6 +142,8 @@ def release(phi: torch.Tensor, labels: torch.Tensor, plan: MerfReleasePlan, *,
             generator: torch.Generator) -> torch.Tensor:
     """The Gaussian mechanism on the mean embedding of the private features ``phi [m, 2D]``
     (rows of norm 1, checked: the sensitivity rests on it): mu + N(0, (sigma 2/m)^2 I)."""
+    import torch
+
     if phi.shape != (plan.m, 2 * plan.n_features):
         raise MerfError(f"private features must be [m, 2D] = [{plan.m}, {2 * plan.n_features}], got "
                         f"{list(phi.shape)}")

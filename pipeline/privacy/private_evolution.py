@@ -20,15 +20,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from dp_accounting import dp_event
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.rebuild import Expected, param, register
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made (the replay and the tables read this module)
+    import torch
 
 MECHANISM = "pe_nn_histogram"
 #: add-or-remove-one: one record is one vote
@@ -93,6 +95,8 @@ def nn_votes(private: torch.Tensor, private_labels: torch.Tensor, candidates: to
     """Index of each private record's nearest candidate (L2, in the embedding) among the candidates
     of its own label (Alg. 2 line 3, class-conditional). Every label of a private record must have
     at least one candidate."""
+    import torch
+
     if private.ndim != 2 or candidates.ndim != 2 or private.shape[1] != candidates.shape[1]:
         raise PEError(f"embeddings must be [n, e] with equal e, got {list(private.shape)} and {list(candidates.shape)}")
     votes = torch.empty(len(private), dtype=torch.long)

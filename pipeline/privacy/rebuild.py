@@ -26,7 +26,7 @@ from dp_accounting import dp_event
 
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.privacy import accountants as acc
-from pipeline.privacy import dpsgd
+from pipeline.privacy.dpsgd_plan import DPSGDPlan, Sampling
 from pipeline.privacy import ledger
 from pipeline.privacy.empden_block import MECHANISM_NAMES, EmpdenBlock, Scheme
 
@@ -67,16 +67,23 @@ def register(mechanism: str) -> Callable[[Rebuilder], Rebuilder]:
 
 _LOADED = False
 
+#: the training engines of pipeline.privacy: torch modules that register no rebuilder (their mechanisms' lines are
+#: rebuilt from the torch-free accounting: dpsgd_plan, empden_block), left out of the discovery so a process that
+#: only reads ledgers (the replay, the tables, a bundle's check) never imports torch
+#: (tests/privacy/test_rebuild.py imports them and checks they register nothing)
+ENGINES = ("dpsgd", "ghost", "empirical_denoiser")
+
 
 def load_rebuilders() -> None:
-    """Import every module of :mod:`pipeline.privacy` once, so each mechanism registers its rebuilder: a new
-    mechanism is one new file there, and the replay finds it without a list to edit."""
+    """Import every module of :mod:`pipeline.privacy` but the :data:`ENGINES` once, so each mechanism registers its
+    rebuilder: a new mechanism is one new file there, and the replay finds it without a list to edit."""
     global _LOADED
     if _LOADED:
         return
     package = importlib.import_module("pipeline.privacy")
     for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"pipeline.privacy.{info.name}")
+        if info.name not in ENGINES:
+            importlib.import_module(f"pipeline.privacy.{info.name}")
     _LOADED = True
 
 
@@ -169,10 +176,10 @@ def _empden_full_batch(entry: ledger.LedgerEntry) -> Expected:
                               "extra.mu_total": acc.gdp_mu_of_event(m.event), "adjacency": "add_or_remove_one"})
 
 
-_DPSGD_SCHEMES: dict[str, dpsgd.Sampling] = {"poisson": "poisson", "fixed_size_per_step": "fixed_size"}
+_DPSGD_SCHEMES: dict[str, Sampling] = {"poisson": "poisson", "fixed_size_per_step": "fixed_size"}
 
 
-def dpsgd_plan(entry: ledger.LedgerEntry) -> dpsgd.DPSGDPlan:
+def dpsgd_plan(entry: ledger.LedgerEntry) -> DPSGDPlan:
     """The DP-SGD plan a ``dpsgd`` line's parameters declare (the replay's rebuild and the audit's plan).
 
     q is rebuilt from the batch, not read from the event: the expected batch size q N
@@ -185,7 +192,7 @@ def dpsgd_plan(entry: ledger.LedgerEntry) -> dpsgd.DPSGDPlan:
     sampling = _DPSGD_SCHEMES[scheme]
     n = param(entry, "sampling.n", int)
     batch = param(entry, "extra.expected_batch_size") if sampling == "poisson" else param(entry, "sampling.B", int)
-    return dpsgd.DPSGDPlan(noise_multiplier=param(entry, "extra.dpsgd_noise_multiplier"),
+    return DPSGDPlan(noise_multiplier=param(entry, "extra.dpsgd_noise_multiplier"),
                            max_grad_norm=param(entry, "extra.max_grad_norm"), sampling_rate=batch / n,
                            dataset_size=n, steps=entry.count, delta=entry.delta, sampling=sampling)
 

@@ -68,14 +68,17 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from dp_accounting import dp_event
-from torch import Tensor
 
 from pipeline.privacy import accountants as acc
-from pipeline.privacy import dpsgd, ledger
+from pipeline.privacy import dpsgd_plan  # DP-SGD's accounting half: the replay rebuilds THA lines without torch
+from pipeline.privacy import ledger
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made (the replay and the tables read this module)
+    import torch
+    from torch import Tensor
 from pipeline.privacy.rebuild import Expected, RebuildError, param, register
 
 log = logging.getLogger(__name__)
@@ -91,7 +94,7 @@ SEARCH_PLD_SETTINGS = acc.PLDSettings(value_discretization_interval=1e-3)
 TimeFunction = Callable[[float], float]
 
 
-class THAError(dpsgd.DPSGDError):
+class THAError(dpsgd_plan.DPSGDError):
     """Bad THA parameters or an impossible plan; the message is one line."""
 
 
@@ -173,6 +176,8 @@ def uniform_time_sampler(n: int, generator: torch.Generator | None = None,
     Computed in float32 and clamped below hi there, so that rounding never puts a draw on the
     next bucket's edge (the engine checks [lo, hi) in the model's dtype).
     """
+    import torch
+
     lo, hi = time_range if time_range is not None else (0.0, 1.0)
     lo32, hi32 = torch.tensor(lo, dtype=torch.float32), torch.tensor(hi, dtype=torch.float32)
     u = torch.rand(n, generator=generator, dtype=torch.float32)
@@ -307,7 +312,7 @@ class THAPlan:
     def event(self) -> dp_event.DpEvent:
         return tha_event(self.noise_multipliers, self.sampling_rate, self.step_counts)
 
-    def epsilon(self, settings: acc.PLDSettings = dpsgd.DPSGD_PLD_SETTINGS,
+    def epsilon(self, settings: acc.PLDSettings = dpsgd_plan.DPSGD_PLD_SETTINGS,
                 prior_event: dp_event.DpEvent | None = None) -> float:
         """Certified (pessimistic PLD) eps at ``delta`` of this run, composed with ``prior_event`` if given."""
         return acc.pld_epsilon(with_prior(self.event(), prior_event), self.delta, settings=settings)
@@ -317,7 +322,7 @@ class THAPlan:
 
 def calibrate_noise_scale(*, clips: Sequence[float], sampling_rate: float, step_counts: Sequence[int],
                           delta: float, target_epsilon: float, prior_event: dp_event.DpEvent | None = None,
-                          settings: acc.PLDSettings = dpsgd.DPSGD_PLD_SETTINGS, rtol: float = 1e-3,
+                          settings: acc.PLDSettings = dpsgd_plan.DPSGD_PLD_SETTINGS, rtol: float = 1e-3,
                           bracket: tuple[float, float] = (0.2, 200.0)) -> float:
     """Smallest s (to relative tolerance ``rtol``) with certified eps(Composed([prior, THA(s)])) <= target.
 
@@ -448,7 +453,7 @@ def plan_candidates(*, edges: Sequence[float], vbar: TimeFunction, sampling_rate
                     steps: int, delta: float, target_epsilon: float, betas: Sequence[float] = PAPER_BETAS,
                     weight: TimeFunction | None = None, c_ref: float = 1.0,
                     prior_event: dp_event.DpEvent | None = None,
-                    settings: acc.PLDSettings = dpsgd.DPSGD_PLD_SETTINGS, rtol: float = 1e-3,
+                    settings: acc.PLDSettings = dpsgd_plan.DPSGD_PLD_SETTINGS, rtol: float = 1e-3,
                     bracket: tuple[float, float] = (0.2, 200.0)) -> list[THAPlan]:
     """One calibrated :class:`THAPlan` per beta (App. B.5 steps 1-2), uniform first.
 
@@ -466,7 +471,7 @@ def plan_candidates(*, edges: Sequence[float], vbar: TimeFunction, sampling_rate
             s = calibrate_noise_scale(clips=clips, sampling_rate=sampling_rate, step_counts=counts, delta=delta,
                                       target_epsilon=target_epsilon, prior_event=prior_event, settings=settings,
                                       rtol=rtol, bracket=bracket)
-        except dpsgd.DPSGDError as exc:
+        except dpsgd_plan.DPSGDError as exc:
             if beta == 0:
                 raise THAError(f"the uniform plan (beta 0) does not calibrate: {exc}") from None
             log.info("THA planner: beta %g dropped (%s)", beta, exc)
@@ -513,6 +518,10 @@ def gradient_snr_proxy(bucket_grads: Sequence[Tensor], plan: THAPlan) -> float:
     """
     if len(bucket_grads) != plan.K:
         raise THAError(f"gradient_snr_proxy: {len(bucket_grads)} gradient blocks for K={plan.K} buckets")
+    import torch
+
+    from pipeline.privacy.dpsgd import clip_and_sum
+
     noise = plan.noise_std / plan.expected_batch_size
     total, width = 0.0, None
     for k, (g, c, n) in enumerate(zip(bucket_grads, plan.clips, plan.step_counts)):
@@ -524,7 +533,7 @@ def gradient_snr_proxy(bucket_grads: Sequence[Tensor], plan: THAPlan) -> float:
         if width is not None and g.shape[1] != width:
             raise THAError(f"gradient_snr_proxy: bucket {k} has P={g.shape[1]}, bucket 0 has P={width}")
         width = g.shape[1]
-        summed, _ = dpsgd.clip_and_sum({"g": g}, c)
+        summed, _ = clip_and_sum({"g": g}, c)
         mean = summed["g"] / g.shape[0]
         total += n * float(mean.pow(2).sum()) / (width * noise ** 2)
     return total
@@ -533,7 +542,7 @@ def gradient_snr_proxy(bucket_grads: Sequence[Tensor], plan: THAPlan) -> float:
 # --------------------------------------------------------------------------- ledger and replay
 
 def ledger_entry(plan: THAPlan, *, stage: str, config_id: str, seed: int,
-                 settings: acc.PLDSettings = dpsgd.DPSGD_PLD_SETTINGS,
+                 settings: acc.PLDSettings = dpsgd_plan.DPSGD_PLD_SETTINGS,
                  extra: Mapping[str, Any] | None = None) -> ledger.LedgerEntry:
     """The run's ledger line: the THA event alone (Stage 1's release writes its own line).
 
