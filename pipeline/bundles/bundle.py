@@ -134,7 +134,7 @@ def _grid_png(samples: Path, png: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     from pipeline.io import load_split
-    from pipeline.sampling.dpdm_stage import sample_grid_figure
+    from pipeline.reporting.figures import sample_grid_figure
 
     fig = sample_grid_figure({title: load_split(samples)}, per_class=8)
     fig.savefig(png, dpi=120)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # headless clusters and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -14,7 +15,7 @@ from matplotlib.axis import Axis  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, Locator, NullFormatter  # noqa: E402
 
-from pipeline.io import atomic_path  # noqa: E402
+from pipeline.io import Split, atomic_path  # noqa: E402
 
 
 def save_figure(fig: Figure, png_path: str | Path, *, dpi: int = 150) -> tuple[Path, Path]:
@@ -76,3 +77,25 @@ def readable_log_axis(axis: Axis, max_ticks: int = 6) -> None:
     axis.set_major_locator(ReadableLogLocator(max_ticks))
     axis.set_major_formatter(FuncFormatter(_plain_number))
     axis.set_minor_formatter(NullFormatter())
+
+
+def sample_grid_figure(panels: Mapping[str, Split], *, per_class: int = 8, title: str | None = None):
+    """One panel per split: a row of ``per_class`` images for each class (columns = samples)."""
+    width = 0.4 * per_class
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 0.4 * 10 + 0.6), squeeze=False)
+    for ax, (name, split) in zip(axes[0], panels.items()):
+        rows = []
+        for c in np.unique(split.labels):
+            idx = np.flatnonzero(split.labels == c)[:per_class]
+            imgs = split.images[idx].transpose(0, 2, 3, 1)
+            if len(imgs) < per_class:  # pad short classes with black so the grid stays rectangular
+                imgs = np.concatenate([imgs, np.zeros((per_class - len(imgs), *imgs.shape[1:]), np.uint8)])
+            rows.append(np.concatenate(list(imgs), axis=1))
+        grid = np.concatenate(rows, axis=0)
+        ax.imshow(grid.squeeze(-1) if grid.shape[-1] == 1 else grid, cmap="gray", vmin=0, vmax=255)
+        ax.set_title(name, fontsize=9)
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

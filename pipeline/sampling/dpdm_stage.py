@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -51,30 +50,6 @@ def denoiser_image_shape(denoiser: nn.Module) -> tuple[int, int, int]:
     return int(config["in_channels"]), int(h), int(w)
 
 
-def sample_grid_figure(panels: Mapping[str, Split], *, per_class: int = 8, title: str | None = None):
-    """One panel per split: a row of ``per_class`` images for each class (columns = samples)."""
-    import matplotlib.pyplot as plt
-
-    width = 0.4 * per_class
-    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 0.4 * 10 + 0.6), squeeze=False)
-    for ax, (name, split) in zip(axes[0], panels.items()):
-        rows = []
-        for c in np.unique(split.labels):
-            idx = np.flatnonzero(split.labels == c)[:per_class]
-            imgs = split.images[idx].transpose(0, 2, 3, 1)
-            if len(imgs) < per_class:  # pad short classes with black so the grid stays rectangular
-                imgs = np.concatenate([imgs, np.zeros((per_class - len(imgs), *imgs.shape[1:]), np.uint8)])
-            rows.append(np.concatenate(list(imgs), axis=1))
-        grid = np.concatenate(rows, axis=0)
-        ax.imshow(grid.squeeze(-1) if grid.shape[-1] == 1 else grid, cmap="gray", vmin=0, vmax=255)
-        ax.set_title(name, fontsize=9)
-        ax.axis("off")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
 @stage(
     "sample_dpdm",
     inputs=("denoiser",),
@@ -95,7 +70,7 @@ def sample_grid_figure(panels: Mapping[str, Split], *, per_class: int = 8, title
 )
 def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Generate labelled samples from a denoiser file with a DPDM sampler; write a split (+ a grid figure)."""
-    from pipeline.reporting.figures import save_figure
+    from pipeline.reporting.figures import sample_grid_figure, save_figure
     from tqdm import tqdm
 
     try:
@@ -142,7 +117,7 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
 )
 def dpdm_sample_grid(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """One figure with a panel of class-by-sample images per input split (the input key is the panel title)."""
-    from pipeline.reporting.figures import save_figure
+    from pipeline.reporting.figures import sample_grid_figure, save_figure
 
     if not inputs:
         raise PipelineError("stage dpdm_sample_grid: give at least one --in TITLE=samples.npz")
