@@ -190,7 +190,6 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     """Write a private run's bundle (weights or synthetic set, transcripts, replay verdict, certificate, card);
     refuses a run whose transcripts do not replay or whose weights do not belong to them."""
     from pipeline.bundles import card as cards
-    from pipeline.bundles.weights import export_weights
     from pipeline.reporting.review import code_commit
 
     kind = params.get("kind")
@@ -238,6 +237,8 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
                                  "code its Snakemake run had (Snakemake reruns a job whose code changed)",
             "covers": list(params.get("covers") or []), "not_covered": list(params.get("not_covered") or [])}
         if "model" in inputs:
+            from pipeline.bundles.weights import export_weights  # torch: a synthetic set's export never imports it
+
             spec = export_weights(inputs["model"], root / "weights")
             check_model_binding(spec["meta"], certificate, lines)
         if kind == "model":
