@@ -160,16 +160,19 @@ CONTENTS = {"model": ("weights/", "the trained network's weights (safetensors)")
 
 def _export_parts(inputs: Mapping[str, Path], root: Path) -> list[dict[str, Any]]:
     """Write what the run's sampler reads beside the weights (:data:`CONTENTS`); each part's description."""
-    from pipeline.bundles.weights import export_autoencoder, export_weights
-    from pipeline.privacy.moments import ReleasedMoments
-
     if "moments" in inputs:
+        from pipeline.privacy.moments import ReleasedMoments
+
         ReleasedMoments.load(inputs["moments"])  # refuses a foreign or pickled file before it is shipped
         (root / "release").mkdir()
         shutil.copyfile(inputs["moments"], root / CONTENTS["moments"][0])
     if "public_flow" in inputs:
+        from pipeline.bundles.weights import export_weights
+
         export_weights(inputs["public_flow"], root / CONTENTS["public_flow"][0])
     if "autoencoder" in inputs:
+        from pipeline.bundles.weights import export_autoencoder
+
         export_autoencoder(inputs["autoencoder"], root / CONTENTS["autoencoder"][0])
     return [{"path": path, "what": what} for name, (path, what) in CONTENTS.items() if name in inputs]
 

@@ -235,7 +235,7 @@ def test_a_straightdp_bundle_certifies_both_stages_composed_and_samples_the_runs
     assert np.array_equal(again.images, own.images) and np.array_equal(again.labels, own.labels)
 
 
-# --------------------------------------------------------------------------- STRAIGHTDP: the release and the public parts
+# ------------------------------------------------------------------- STRAIGHTDP: the release and the public parts
 
 def _release_bundle(world, tmp: Path, run: str, *, shape: list[int], guided: bool = False,  # noqa: F811
                     autoencoder: Path | None = None) -> tuple[Path, Path]:
@@ -266,7 +266,8 @@ def _release_bundle(world, tmp: Path, run: str, *, shape: list[int], guided: boo
               **({"autoencoder": autoencoder} if autoencoder else {})}
     export_bundle(inputs, {"bundle": bundle},
                   {"method": "straightdp", "run": run, "experiment": "tiny", "kind": "model", "dataset": "blobs",
-                   "epsilon_target": 1.0, "expected": {f"straightdp_release_{run}": {**line, "stage": "release_moments"}},
+                   "epsilon_target": 1.0,
+                   "expected": {f"straightdp_release_{run}": {**line, "stage": "release_moments"}},
                    "sampling": sampling})
     return bundle, tmp / "samples.npz"
 
@@ -288,8 +289,8 @@ def test_a_released_only_bundle_ships_the_release_and_redraws_its_runs_samples(w
     _redraws_its_runs_samples(bundle, own)
 
 
-def test_a_public_guidance_bundle_ships_the_release_and_the_public_flow_and_redraws_its_runs_samples(world,  # noqa: F811
-                                                                                                    tmp_path):
+def test_a_public_guidance_bundle_ships_the_release_and_the_public_flow_and_redraws_its_runs_samples(
+        world, tmp_path):  # noqa: F811
     bundle, own = _release_bundle(world, tmp_path, "public_guidance_eps1_seed0", shape=[1, 8, 8], guided=True)
     cert = verify(bundle)
     assert [c["path"] for c in cert["contents"]] == ["release/moments.npz", "public/flow/"]
