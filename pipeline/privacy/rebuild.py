@@ -193,8 +193,8 @@ def dpsgd_plan(entry: ledger.LedgerEntry) -> DPSGDPlan:
     n = param(entry, "sampling.n", int)
     batch = param(entry, "extra.expected_batch_size") if sampling == "poisson" else param(entry, "sampling.B", int)
     return DPSGDPlan(noise_multiplier=param(entry, "extra.dpsgd_noise_multiplier"),
-                           max_grad_norm=param(entry, "extra.max_grad_norm"), sampling_rate=batch / n,
-                           dataset_size=n, steps=entry.count, delta=entry.delta, sampling=sampling)
+                     max_grad_norm=param(entry, "extra.max_grad_norm"), sampling_rate=batch / n,
+                     dataset_size=n, steps=entry.count, delta=entry.delta, sampling=sampling)
 
 
 @register("dpsgd")
