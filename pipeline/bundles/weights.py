@@ -114,16 +114,20 @@ def weights_meta(weights_dir: str | Path) -> dict[str, Any]:
     return read_weights_spec(weights_dir)["meta"]
 
 
-def read_weights_spec(weights_dir: str | Path) -> dict[str, Any]:
-    """denoiser.json of a bundle's weights, checked for its format."""
-    path = Path(weights_dir) / "denoiser.json"
+def _read_described(path: Path, fmt: str) -> dict[str, Any]:
+    """A bundle's JSON description of its weights (denoiser.json, autoencoder.json), checked for its format."""
     try:
         spec = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise PipelineError(f"{path}: not readable as JSON ({exc})") from None
-    if not isinstance(spec, dict) or spec.get("format") != WEIGHTS_FORMAT:
-        raise PipelineError(f"{path}: not a {WEIGHTS_FORMAT} file")
+    if not isinstance(spec, dict) or spec.get("format") != fmt:
+        raise PipelineError(f"{path}: not a {fmt} file")
     return spec
+
+
+def read_weights_spec(weights_dir: str | Path) -> dict[str, Any]:
+    """denoiser.json of a bundle's weights, checked for its format."""
+    return _read_described(Path(weights_dir) / "denoiser.json", WEIGHTS_FORMAT)
 
 
 def _safetensors_of(folder: Path) -> dict[str, torch.Tensor]:
@@ -196,13 +200,7 @@ def load_autoencoder(folder: str | Path) -> nn.Module:
     from pipeline.flow.autoencoder import AutoencoderSpec, ConvAutoencoder
 
     folder = Path(folder)
-    path = folder / "autoencoder.json"
-    try:
-        spec = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"{path}: not readable as JSON ({exc})") from None
-    if not isinstance(spec, dict) or spec.get("format") != AUTOENCODER_FORMAT:
-        raise PipelineError(f"{path}: not a {AUTOENCODER_FORMAT} file")
+    spec = _read_described(folder / "autoencoder.json", AUTOENCODER_FORMAT)
     model = ConvAutoencoder(AutoencoderSpec(**spec["spec"]))
     try:
         model.load_state_dict(load_file(str(folder / spec["file"])), strict=True)
