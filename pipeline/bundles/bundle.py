@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bundles.errors import BundleError
-from pipeline.io import read_json
+from pipeline.io import Split, read_json
 from pipeline.stage import PipelineError, stage
 
 BUNDLE_FORMAT = "dpgen-bundle/1"
@@ -130,13 +130,12 @@ def check_model_binding(meta: Mapping[str, Any], certificate: Mapping[str, Any],
                           f"{float(certificate['epsilon']):.6g}")
 
 
-def _grid_png(samples: Path, png: Path, title: str) -> None:
+def _grid_png(split: Split, png: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
-    from pipeline.io import load_split
     from pipeline.reporting.figures import sample_grid_figure
 
-    fig = sample_grid_figure({title: load_split(samples)}, per_class=8)
+    fig = sample_grid_figure({title: split}, per_class=8)
     fig.savefig(png, dpi=120)
     plt.close(fig)
 
@@ -239,17 +238,16 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
             "code_version_note": "the commit that exported the bundle; the training job ran earlier, from the "
                                  "code its Snakemake run had (Snakemake reruns a job whose code changed)",
             "covers": list(params.get("covers") or []), "not_covered": list(params.get("not_covered") or [])}
+        weights: dict[str, Any] = {}
         if "model" in inputs:
             from pipeline.bundles.weights import export_weights  # torch: a synthetic set's export never imports it
 
-            spec = export_weights(inputs["model"], root / "weights")
-            check_model_binding(spec["meta"], certificate, lines)
+            weights = export_weights(inputs["model"], root / "weights")
+            check_model_binding(weights["meta"], certificate, lines)
         if kind == "model":
             certificate["contents"] = _export_parts(inputs, root)
             # the card's library: diffusers where a diffusers model ships (not DP-MERF's generator, not a release)
-            certificate["library_name"] = "diffusers" if any(
-                p.is_dir() and (p / "denoiser.json").is_file() for p in (root / "weights", root / "public" / "flow")) \
-                else None
+            certificate["library_name"] = "diffusers" if weights.get("diffusers") or "public_flow" in inputs else None
             (root / "sampling.json").write_text(json.dumps(dict(params.get("sampling") or {}), indent=1,
                                                            sort_keys=True) + "\n")
         from pipeline.io import load_split, save_split
@@ -259,7 +257,7 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
         split = load_split(inputs["samples"])
         save_split(root / SAMPLES, split, name=f"{params['method']}/{params['run']}", source="export_bundle",
                    seed=int(lines[0].seed))
-        _grid_png(root / SAMPLES, root / "samples.png", f"{params['method']} {params['run']}")
+        _grid_png(split, root / "samples.png", f"{params['method']} {params['run']}")
         metrics = _test_metrics(inputs["metrics"])
         (root / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
         (root / CARD).write_text(cards.render(certificate, metrics))

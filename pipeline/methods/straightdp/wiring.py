@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Protocol
 
 import pipeline.resources as cost
@@ -400,7 +399,10 @@ class Wiring:
     def sample_inputs(self, wildcards: Wildcards) -> dict[str, Path]:
         """rule sample_straightdp's inputs: the release, the release and the public flow (guidance), or the trained
         flow; in latent space also the autoencoder that decodes the codes."""
-        run = self.run(wildcards)
+        return self.sampler_reads(self.run(wildcards))
+
+    def sampler_reads(self, run: StraightRun) -> dict[str, Path]:
+        """What a run's sampler reads (rule sample_straightdp's inputs, and its bundle's)."""
         inputs = {"release": {"moments": self.release_path(run.name)},
                   "guided": {"moments": self.release_path(run.name), "model": self.public_flow(run.arm)},
                   "model": {"model": self.model_path(run.name)}}[run.samples_from]
@@ -511,7 +513,7 @@ class Wiring:
         run = StraightRun.from_name(name)
         ledgers = ((self.release_ledger(name),) if run.releases else ()) + \
                   ((self.train_ledger(name),) if run.trains else ())
-        sample_inputs = self.sample_inputs(SimpleNamespace(run=name))
+        sample_inputs = self.sampler_reads(run)
         section = self.arm_section(run.arm)
         smp = section["sampling"]
         sampling = {"sampler": "straightdp_flow", "samples_from": run.samples_from, "steps": smp["steps"],
