@@ -297,6 +297,9 @@ def test_samples_come_from_the_release_the_guided_flow_or_the_model(w):
     assert w.sample_inputs(wc("tha_moments_eps1_seed0")) == {"model": w.model_path("tha_moments_eps1_seed0")}
     assert w.sample_inputs(wc("latent-uniform_eps0p3_seed0")) == {
         "model": w.model_path("latent-uniform_eps0p3_seed0"), "autoencoder": w.autoencoder("latent")}
+    # the rule and the run's bundle read the same files: one answer, from the run
+    for name in ("released_only_eps1_seed0", "public_guidance_eps1_seed0", "latent-uniform_eps0p3_seed0"):
+        assert w.sampler_reads(w.run(wc(name))) == w.sample_inputs(wc(name))
 
 
 # ---------------------------------------------------------------------------------------------- tables, figures
