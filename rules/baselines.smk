@@ -1,7 +1,8 @@
-# Baselines under the same protocol: DP-MERF (one noisy RFF mean embedding, a generator matched to it)
-# and Private Evolution (noisy nearest-neighbour votes steering the public EDM denoiser), scored by the
+# Baselines under the same protocol: DP-MERF (one noisy RFF mean embedding, a generator matched to it),
+# its successors DP-HP, DP-NTK and DP-MEPF (the same release and generator over Hermite, e-NTK and
+# public perceptual features; pipeline/baselines/embedding_family.py) and Private Evolution (noisy nearest-neighbour votes steering the public EDM denoiser), scored by the
 # shared evaluation, certified by the same ledger. Code: pipeline/baselines/ (stages),
-# pipeline/privacy/dp_merf.py and pipeline/privacy/private_evolution.py (mechanisms),
+# pipeline/privacy/dp_merf.py, mean_embedding.py and private_evolution.py (mechanisms),
 # pipeline/results/baselines.py (table). Runs and names: pipeline/baselines/runs.py.
 #
 #   snakemake results/tables/baselines.parquet                         the table
@@ -49,6 +50,39 @@ rule dp_merf:
         "python -m pipeline dp_merf --in data={input.data:q} public={input.public:q} --out samples={output.samples:q}"
         " ledger={output.ledger:q} metrics={output.metrics:q} generator={output.generator:q} --params {params.p:q}"
         " --log {log:q}"
+
+
+rule embedding_baseline:
+    """DP-HP, DP-NTK or DP-MEPF: one Gaussian release of the class-conditional mean embedding of features of norm <= 1
+    (sensitivity 2/m), DP-MERF's generator fitted to it."""
+    input:
+        unpack(BASELINES.embedding_inputs),
+    output:
+        samples=BASELINES.samples_path("{run}"),
+        manifest=BASELINES.manifest_path("{run}"),
+        ledger=BASELINES.ledger_path("{run}"),
+        metrics=BASELINES.train_metrics_path("{run}"),
+        generator=BASELINES.generator_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.methods_pattern(_baseline_runs.EMBEDDING_FAMILY),
+    params:
+        p=BASELINES.params,
+        stage=lambda wildcards: _baseline_runs.BaselineRun.from_name(wildcards.run).method,
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "baselines" / "{run}.log",
+    benchmark:
+        benchmark_path("embedding_baseline", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=6000,
+        runtime=cost.baseline_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline {params.stage} {params.ins} --out samples={output.samples:q} ledger={output.ledger:q}"
+        " metrics={output.metrics:q} generator={output.generator:q} --params {params.p:q} --log {log:q}"
 
 
 rule private_evolution:

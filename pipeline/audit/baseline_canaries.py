@@ -1,5 +1,5 @@
-"""White-box one-run audits of the baselines' releases: DP-MERF's mean embedding and Private
-Evolution's vote histograms, each at a line's declared parameters (Steinke, Nasr & Jagielski 2023).
+"""White-box one-run audits of the baselines' releases: DP-MERF's mean embedding (and its successors',
+DP-HP, DP-NTK and DP-MEPF: :func:`audit_embedding`, the same canaries) and Private Evolution's vote histograms, each at a line's declared parameters (Steinke, Nasr & Jagielski 2023).
 
 **DP-MERF** (``dp_merf_embedding``; :func:`pipeline.privacy.dp_merf.release`, replace-one over a
 public m). The release is run once over m records: ``plan.m - n_canaries`` stand-ins (unit feature
@@ -35,7 +35,7 @@ import torch
 from pipeline.audit.one_run import AuditError, CanaryAudit, canary_audit, check_canaries
 from pipeline.audit.hooks import AuditResult, register_audit
 from pipeline.privacy.ledger import LedgerEntry
-from pipeline.privacy import dp_merf
+from pipeline.privacy import dp_merf, mean_embedding
 from pipeline.privacy import private_evolution as pe
 
 #: width of a stand-in record's block of coordinates
@@ -51,6 +51,21 @@ MerfRelease = Callable[..., torch.Tensor]
 Histogram = Callable[..., np.ndarray]
 
 
+def _feature_canaries(n_records: int, m: int, n_classes: int, dim: int, gen: torch.Generator
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(phi [n_records, dim], labels, included [m]): stand-in unit rows in RECORD_DIM coordinates of their own, then
+    m paired canary slots, slot j holding +e_j ("in") or -e_j ("out") with label j mod Y."""
+    included = torch.rand(m, generator=gen) < 0.5
+    n_base = n_records - m
+    phi = torch.zeros(n_records, dim, dtype=torch.float64)
+    standin = torch.randn(n_base, RECORD_DIM, generator=gen, dtype=torch.float64)
+    phi[:n_base, m:m + RECORD_DIM] = standin / standin.norm(dim=1, keepdim=True)
+    j = torch.arange(m)
+    phi[n_base + j, j] = torch.where(included, 1.0, -1.0).to(torch.float64)
+    labels = torch.cat([torch.randint(0, n_classes, (n_base,), generator=gen), j % n_classes])
+    return phi, labels, included
+
+
 def audit_merf(plan: dp_merf.MerfReleasePlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
                significance: float = 0.05, release: MerfRelease = dp_merf.release) -> CanaryAudit:
     """DP-MERF's release once over stand-ins and m paired canary slots (``release`` is what is audited)."""
@@ -59,17 +74,30 @@ def audit_merf(plan: dp_merf.MerfReleasePlan, *, certified_epsilon: float, m: in
         raise AuditError(f"the DP-MERF audit puts its {m} canaries among the line's m = {plan.m} records: "
                          f"use fewer canaries (audit.canaries)")
     gen = torch.Generator().manual_seed(seed)
-    included = torch.rand(m, generator=gen) < 0.5
     n_features = -(-(m + RECORD_DIM) // 2)
     audited = dataclasses.replace(plan, n_features=n_features)
-    n_base = plan.m - m
-    phi = torch.zeros(plan.m, 2 * n_features, dtype=torch.float64)
-    standin = torch.randn(n_base, RECORD_DIM, generator=gen, dtype=torch.float64)
-    phi[:n_base, m:m + RECORD_DIM] = standin / standin.norm(dim=1, keepdim=True)
-    j = torch.arange(m)
-    phi[n_base + j, j] = torch.where(included, 1.0, -1.0).to(torch.float64)
-    labels = torch.cat([torch.randint(0, plan.n_classes, (n_base,), generator=gen), j % plan.n_classes])
+    phi, labels, included = _feature_canaries(plan.m, m, plan.n_classes, 2 * n_features, gen)
     released = release(phi, labels, audited, generator=gen)
+    j = torch.arange(m)
+    return canary_audit(released[j, j % plan.n_classes].numpy(), included.numpy(), delta=plan.delta,
+                        significance=significance, certified_epsilon=certified_epsilon, steps=1, canary_norm=1.0)
+
+
+def audit_embedding(plan: mean_embedding.EmbeddingReleasePlan, *, certified_epsilon: float, m: int = 1000,
+                    seed: int = 0, significance: float = 0.05,
+                    release: MerfRelease = mean_embedding.release) -> CanaryAudit:
+    """A DP-HP, DP-NTK or DP-MEPF release (:func:`pipeline.privacy.mean_embedding.release`) once over stand-ins and
+    m paired canary slots, as DP-MERF's: the sensitivity 2/m holds for any rows of norm <= 1, so the audit runs
+    at one feature coordinate per canary whatever the method's map."""
+    check_canaries(m)
+    if m >= plan.m:
+        raise AuditError(f"the {plan.mechanism} audit puts its {m} canaries among the line's m = {plan.m} records: "
+                         f"use fewer canaries (audit.canaries)")
+    gen = torch.Generator().manual_seed(seed)
+    audited = dataclasses.replace(plan, feature_dim=m + RECORD_DIM)
+    phi, labels, included = _feature_canaries(plan.m, m, plan.n_classes, audited.feature_dim, gen)
+    released = release([(phi, labels)], audited, generator=gen)
+    j = torch.arange(m)
     return canary_audit(released[j, j % plan.n_classes].numpy(), included.numpy(), delta=plan.delta,
                         significance=significance, certified_epsilon=certified_epsilon, steps=1, canary_norm=1.0)
 
@@ -111,6 +139,15 @@ def audit_merf_line(entry: LedgerEntry, *, m: int, significance: float, seed: in
     # the canaries are slots among the line's m records (replace-one): at most half of them
     audit = audit_merf(plan, certified_epsilon=entry.claimed_epsilon, m=min(m, plan.m // 2),
                        significance=significance, seed=seed)
+    return audit, {"sampling_rate": 1.0, "attack": "white-box paired feature canaries (replace-one)"}
+
+
+@register_audit(*mean_embedding.MECHANISMS)
+def audit_embedding_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """A DP-HP, DP-NTK or DP-MEPF line: the mean-embedding release over the line's m records."""
+    plan = mean_embedding.plan_from_entry(entry)
+    audit = audit_embedding(plan, certified_epsilon=entry.claimed_epsilon, m=min(m, plan.m // 2),
+                            significance=significance, seed=seed)
     return audit, {"sampling_rate": 1.0, "attack": "white-box paired feature canaries (replace-one)"}
 
 

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from pipeline import seeds
 from pipeline.baselines.common import baseline_setup
+from pipeline.baselines.features import MatchingLoss, explicit_matching_loss
 from pipeline.io import Split, atomic_path, load_split, save_split, write_json
 from pipeline.privacy import dp_merf as merf
 from pipeline.privacy import ledger
@@ -83,26 +84,35 @@ class Generator(nn.Module):
         return self.net(torch.cat([z, nn.functional.one_hot(y, self.n_classes).to(z.dtype)], dim=1))
 
 
-def train_generator(mu_tilde: torch.Tensor, W: torch.Tensor, *, n_classes: int, out_shape: tuple[int, int, int],
-                    cfg: Mapping[str, Any], generator: torch.Generator,
-                    device: torch.device) -> tuple[Generator, list[float]]:
-    """Fit G to the released embedding: min ||mu_tilde - mean_b phi(G(z_b, y_b)) e_{y_b}^T||_F^2 (DP-MERF eq. 6)."""
+def fit_generator(loss_fn: MatchingLoss, *, n_classes: int, out_shape: tuple[int, int, int], cfg: Mapping[str, Any],
+                  generator: torch.Generator, device: torch.device, desc: str = "dp_merf generator"
+                  ) -> tuple[Generator, list[float]]:
+    """Fit G(z, y) to a released embedding by Adam on ``loss_fn`` of balanced-in-expectation batches (DP-MERF
+    eq. 6's loop; DP-HP, DP-NTK and DP-MEPF share it with their own matching loss, the same generator and the
+    same settings, ``baselines.dp_merf``)."""
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))  # the MLP's initialisation
     G = Generator(int(cfg["z_dim"]), n_classes, int(cfg["hidden"]), out_shape).to(device)
     opt = torch.optim.Adam(G.parameters(), lr=float(cfg["lr"]))
-    W32, target = W.to(device, torch.float32), mu_tilde.to(device, torch.float32)
     b = int(cfg["batch_size"])
     losses = []
-    for _ in tqdm(range(int(cfg["steps"])), desc="dp_merf generator", unit="step", mininterval=5):
+    for _ in tqdm(range(int(cfg["steps"])), desc=desc, unit="step", mininterval=5):
         z = torch.randn((b, G.z_dim), generator=generator).to(device)
         y = torch.randint(0, n_classes, (b,), generator=generator).to(device)
-        phi = merf.rff_features(G(z, y), W32)
-        loss = (target - merf.mean_embedding(phi, y, n_classes)).square().sum()
+        loss = loss_fn(G(z, y), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         losses.append(loss.item())
     return G.eval(), losses
+
+
+def train_generator(mu_tilde: torch.Tensor, W: torch.Tensor, *, n_classes: int, out_shape: tuple[int, int, int],
+                    cfg: Mapping[str, Any], generator: torch.Generator,
+                    device: torch.device) -> tuple[Generator, list[float]]:
+    """Fit G to the released embedding: min ||mu_tilde - mean_b phi(G(z_b, y_b)) e_{y_b}^T||_F^2 (DP-MERF eq. 6)."""
+    W32, target = W.to(device, torch.float32), mu_tilde.to(device, torch.float32)
+    return fit_generator(explicit_matching_loss(target, lambda x: merf.rff_features(x, W32), n_classes),
+                         n_classes=n_classes, out_shape=out_shape, cfg=cfg, generator=generator, device=device)
 
 
 @torch.no_grad()

@@ -16,9 +16,11 @@ from typing import Any
 from pipeline.runs import NamedRun, RunGrammar, choice, integer, number
 
 #: the baselines, as written in run names and the config's baselines.methods
-METHODS = ("dp_merf", "pe")
+METHODS = ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf")
 #: what the tables and the figure call each
-LABELS = {"dp_merf": "DP-MERF", "pe": "Private Evolution"}
+LABELS = {"dp_merf": "DP-MERF", "pe": "Private Evolution", "dp_hp": "DP-HP", "dp_ntk": "DP-NTK", "dp_mepf": "DP-MEPF"}
+#: DP-MERF's successors: another feature map, DP-MERF's release, generator and loop (pipeline/baselines/embedding_family.py)
+EMBEDDING_FAMILY = ("dp_hp", "dp_ntk", "dp_mepf")
 
 #: the run grammar: ``<method>_eps<eps>_seed<seed>``
 RUN_NAME = RunGrammar("baseline run", (choice("method", METHODS), number("epsilon", "eps"), integer("seed", "seed")),
@@ -29,7 +31,12 @@ RUN_PATTERN = RUN_NAME.pattern
 
 def method_pattern(method: str) -> str:
     """The wildcard constraint of one method's runs (the rule that trains them makes no other's)."""
-    return RUN_NAME.narrowed("method", (method,)).pattern
+    return methods_pattern((method,))
+
+
+def methods_pattern(methods: tuple[str, ...]) -> str:
+    """The wildcard constraint of the runs of ``methods`` (one rule runs DP-MERF's successors)."""
+    return RUN_NAME.narrowed("method", methods).pattern
 
 
 @dataclass(frozen=True, order=True)

@@ -4,8 +4,8 @@ With the run's seed, ``n``, batch size and CPU threads this redraws the run's ow
 ``samples.npz``), on the device they were drawn on: the DPDM samplers of :func:`pipeline.sampling.dpdm.generate`
 and STRAIGHTDP's Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`).
 STRAIGHTDP's bundles ship what that sampler reads: the trained flow, or the release and the public flow it guides, or
-the release alone, and in latent space the public decoder. DP-MERF's generator samples from a fresh
-``dp_merf.generator`` stream of the seed: the run drew its own samples from that stream after training had advanced
+the release alone, and in latent space the public decoder. DP-MERF's generator (and its successors': DP-HP,
+DP-NTK, DP-MEPF) samples from a fresh ``<method>.generator`` stream of the seed: the run drew its own samples from that stream after training had advanced
 it, so a bundle draws new ones rather than redrawing those. Sampling is post-processing of what the run released: it
 spends no privacy.
 """
@@ -63,7 +63,8 @@ def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int
         from pipeline.bundles.weights import GENERATOR_FILE
 
         G, _ = load_generator(root / "weights" / GENERATOR_FILE, dev)
-        return merf_generate(G, n, generator=seeds.torch_generator("dp_merf.generator", seed), device=dev)
+        stream = str(settings.get("stream", "dp_merf.generator"))  # DP-MERF's successors draw from their own stream
+        return merf_generate(G, n, generator=seeds.torch_generator(stream, seed), device=dev)
     if settings["sampler"] == "dpdm":
         from pipeline.sampling.dpdm import SamplerConfig, generate
         from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes

@@ -94,3 +94,18 @@ def test_bad_requests_are_one_line():
     with pytest.raises(AuditError, match="fewer canaries"):
         bc.audit_merf(small, certified_epsilon=1.0, m=100)
     assert torch.get_default_dtype() == torch.float32  # the audit builds float64 tensors of its own
+
+
+@pytest.mark.parametrize("mechanism", ["dp_hp_embedding", "dp_ntk_embedding", "dp_mepf_embedding"])
+def test_dp_merfs_successors_pass_and_their_release_without_noise_is_caught(mechanism):
+    """DP-HP, DP-NTK and DP-MEPF share one release (pipeline/privacy/mean_embedding.py): the same paired canaries."""
+    from pipeline.privacy import mean_embedding as me
+
+    plan = me.calibrate_release(mechanism, target_epsilon=1.0, delta=1e-5, m=2500, feature_dim=100, n_classes=10)
+    assert bc.audit_embedding(plan, certified_epsilon=plan.epsilon(), seed=0).passed
+
+    def noise_off(batches, p, *, generator):
+        return me.release(batches, dataclasses.replace(p, sigma=1e-12), generator=generator)
+    assert not bc.audit_embedding(plan, certified_epsilon=plan.epsilon(), seed=0, release=noise_off).passed
+    with pytest.raises(bc.AuditError, match="canaries among"):
+        bc.audit_embedding(dataclasses.replace(plan, m=500), certified_epsilon=1.0, m=500)

@@ -1,4 +1,4 @@
-"""Baselines (DP-MERF, Private Evolution) under the same protocol, their table; and the cross-method
+"""Baselines (DP-MERF and its successors DP-HP, DP-NTK, DP-MEPF; Private Evolution) under the same protocol, their table; and the cross-method
 comparison (all_runs.parquet, the privacy-utility figure).
 
 Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and their names:
@@ -12,5 +12,8 @@ METHOD = Method("baselines", report_category="7 Baselines", report_prefixes=("ba
 STAGES = {
     "dp_merf": "pipeline.baselines.dp_merf:dp_merf",
     "private_evolution": "pipeline.baselines.private_evolution:private_evolution",
+    "dp_hp": "pipeline.baselines.embedding_family:dp_hp",
+    "dp_ntk": "pipeline.baselines.embedding_family:dp_ntk",
+    "dp_mepf": "pipeline.baselines.embedding_family:dp_mepf",
     "baselines_table": "pipeline.results.baselines:baselines_table",
 }

@@ -19,11 +19,16 @@ from pipeline.wiring import House, stage_params
 #: reruns nothing already built
 LISTING = ("methods", "epsilons", "seeds")
 #: a baseline's private stage (and its rule, its benchmark folder), by the method token of its run names
-STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution"}
+STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution", "dp_hp": "dp_hp", "dp_ntk": "dp_ntk", "dp_mepf": "dp_mepf"}
+#: the rule (and benchmark folder) of a method's private stage: one rule runs DP-MERF's successors
+RULES = {**STAGES, **{m: "embedding_baseline" for m in baseline_runs.EMBEDDING_FAMILY}}
+#: a method's own subsections of the section (its params carry these and the shared keys, so adding or tuning one
+#: method reruns no other); DP-MERF's successors also read its generator settings
+SUBSECTIONS = {"dp_merf": ("dp_merf",), "pe": ("pe",), **{m: (m, "dp_merf") for m in baseline_runs.EMBEDDING_FAMILY}}
 
 
 class Wiring:
-    """DP-MERF and Private Evolution runs of one configuration (config ``baselines``)."""
+    """DP-MERF, DP-HP, DP-NTK, DP-MEPF and Private Evolution runs of one configuration (config ``baselines``)."""
 
     def __init__(self, house: House, evaluation: EvaluationWiring | None = None) -> None:
         self.house = house
@@ -58,7 +63,7 @@ class Wiring:
         return self.house.layout.expdir / "train" / "baselines" / f"{run}.json"
 
     def generator_path(self, run: str) -> Path:
-        """DP-MERF's trained generator (safetensors): its bundle's weights."""
+        """The trained generator of DP-MERF or a successor (safetensors): its bundle's weights."""
         return self.house.layout.expdir / "models" / "baselines" / f"{run}.safetensors"
 
     def ledger_path(self, run: str) -> Path:
@@ -70,19 +75,30 @@ class Wiring:
         return self.house.layout.expdir / "eval" / "baselines" / run / "metrics.json"
 
     def params(self, wildcards: Any) -> str:
-        """Stage params of the run ``wildcards.run``: the baselines section without its listing keys, the run name
-        (method, eps and seed are read from it), the declared private set, device, threads and the ledger binding."""
-        section = {k: v for k, v in self.section.items() if k not in LISTING}
+        """Stage params of the run ``wildcards.run``: the section's shared keys and the method's own subsections
+        (:data:`SUBSECTIONS`), the run name (method, eps and seed are read from it), the declared private set,
+        device, threads and the ledger binding."""
+        method = BaselineRun.from_name(wildcards.run).method
+        own = SUBSECTIONS[method]
+        section = {k: v for k, v in self.section.items()
+                   if k not in LISTING and (k not in STAGES or k in own)}
         h = self.house
         # Private Evolution's variations come from the public denoiser: the user's model, when it is one, is in its id
-        reads_public = BaselineRun.from_name(wildcards.run).method == "pe"
         return stage_params(baselines=section, run=wildcards.run, private=h.private, device=h.config["device"],
                             threads=h.torch_threads, ledger_binding=h.ledger_binding(wildcards.run),
-                            **(h.public_model() if reads_public else {}))
+                            **(h.public_model() if method == "pe" else {}))
 
     def pe_inputs(self, wildcards: Any = None) -> dict[str, Path]:
         """Private Evolution's embedding model: the CLIP file when baselines.pe.embedding is clip, else nothing."""
         return {"clip": self.evaluation.clip_model} if self.section["pe"]["embedding"] == "clip" else {}
+
+    def embedding_inputs(self, wildcards: Any) -> dict[str, Path]:
+        """What a successor of DP-MERF reads: the private and public splits; DP-MEPF also the public CLIP."""
+        split = self.house.layout.split
+        inputs = {"data": split("private_train"), "public": split("public")}
+        if BaselineRun.from_name(wildcards.run).method == "dp_mepf":
+            inputs["clip"] = self.evaluation.clip_model
+        return inputs
 
     def evaluate_params(self, wildcards: Any) -> str:
         """Params of evaluate_baseline for ``wildcards.run`` (the evaluation core's, named baselines/<run>)."""
@@ -104,26 +120,30 @@ class Wiring:
         r = next((x for x in self.runs() if x.name == run), None)
         if r is None:
             raise ValueError(f"baselines: no run {run!r} in the configuration")
-        merf = r.method == "dp_merf"
-        mechanism = {"dp_merf": "the noisy mean embedding of the private set (DP-MERF: one Gaussian release of its "
-                                "random-feature mean)",
-                     "pe": "every Private Evolution iteration's noisy nearest-neighbour histogram of the private set"}
+        trained = r.method != "pe"  # a generator fitted to the release (DP-MERF and its successors)
+        released = {"dp_merf": "random-feature", "dp_hp": "Hermite-feature", "dp_ntk": "e-NTK-feature",
+                    "dp_mepf": "perceptual-feature (1st and 2nd moment)"}
+        mechanism = (f"the noisy mean embedding of the private set ({baseline_runs.LABELS[r.method]}: one Gaussian "
+                     f"release of its {released[r.method]} mean)" if trained else
+                     "every Private Evolution iteration's noisy nearest-neighbour histogram of the private set")
+        public = ("the public data and features the method starts from",) + (
+            ("the public CLIP image tower whose features are matched",) if r.method == "dp_mepf" else ())
         n = int(self.section["n_samples"])
         return BundleSpec(run=run, samples=self.samples_path(run), metrics=self.metrics_path(run),
                           transcripts=(self.ledger_path(run),), epsilon_target=r.epsilon,
-                          model=self.generator_path(run) if merf else None,
-                          sampling={"sampler": "dp_merf", "seed": r.seed, "n_samples": n, "batch_size": n,
-                                    "threads": self.house.torch_threads} if merf else None,
-                          covers=(mechanism[r.method],),
-                          not_covered=("the public data and features the method starts from",
-                                       "the hyperparameters, set in the configuration",
-                                       "the declared size of the private set (a public constant)"))
+                          model=self.generator_path(run) if trained else None,
+                          sampling={"sampler": "dp_merf", "stream": f"{r.method}.generator", "seed": r.seed,
+                                    "n_samples": n, "batch_size": n,
+                                    "threads": self.house.torch_threads} if trained else None,
+                          covers=(mechanism,),
+                          not_covered=public + ("the hyperparameters, set in the configuration",
+                                                "the declared size of the private set (a public constant)"))
 
     def records(self) -> list[RunRecord]:
         """One all_runs record per baseline run: its metrics, its one transcript, its jobs' benchmarks."""
         bench = self.house.layout.benchmark
         return [RunRecord(method=run.method, config=run.name, seed=run.seed, epsilon_target=run.epsilon,
                           metrics=self.metrics_path(run.name), ledgers=(self.ledger_path(run.name),),
-                          benchmarks=(bench(STAGES[run.method], run.name), bench("evaluate_baseline", run.name)),
+                          benchmarks=(bench(RULES[run.method], run.name), bench("evaluate_baseline", run.name)),
                           label=baseline_runs.LABELS[run.method])
                 for run in self.runs()]
