@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, schema_defaults
 from pipeline.runs import NamedRun, RunGrammar, choice, integer, number
 # numbers as path tokens, re-exported from the shared grammar for the rule files that import them from here
 from pipeline.runs import fmt_num as fmt_num
@@ -62,6 +62,50 @@ class DpdmRun(NamedRun):
         object.__setattr__(self, "epsilon", float(self.epsilon))
         object.__setattr__(self, "K", int(self.K))
         object.__setattr__(self, "seed", int(self.seed))
+
+
+#: the downstream classifiers DPDM's task-specific DP-SGD baseline trains (pipeline.training.dpsgd_classifier.KINDS)
+CLASSIFIERS = ("cnn", "logreg")
+#: the task-specific DP-SGD classifier's run grammar: ``<classifier>_eps<eps>_seed<seed>``
+CLASSIFIER_RUN_NAME = RunGrammar("DP-SGD classifier run", (choice("classifier", CLASSIFIERS),
+                                                           number("epsilon", "eps"), integer("seed", "seed")),
+                                 example="cnn_eps0p2_seed0")
+CLASSIFIER_RUN_PATTERN = CLASSIFIER_RUN_NAME.pattern
+
+
+@dataclass(frozen=True, order=True)
+class ClassifierRun(NamedRun):
+    """One task-specific DP-SGD classifier run (DPDM Sec. 5's comparison): classifier, target epsilon, seed.
+
+    Its name is the path token ``cnn_eps0p2_seed0`` (:attr:`name`; :meth:`from_name` reads it back)."""
+
+    GRAMMAR = CLASSIFIER_RUN_NAME
+
+    classifier: str
+    epsilon: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.classifier not in CLASSIFIERS:
+            raise ValueError(f"DP-SGD classifier must be one of {', '.join(CLASSIFIERS)}, got {self.classifier!r}")
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "seed", int(self.seed))
+
+
+def subsection(dpdm: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """``dpdm[key]`` (a nullable section: ``gradient_variance``, ``dpsgd_classifier``) with the schema's defaults
+    under the keys it leaves out (the config's validation fills no nullable section), or None when it is null."""
+    value = dpdm.get(key, {})
+    return None if value is None else {**schema_defaults("dpdm", key), **value}
+
+
+def classifier_runs(dpdm: Mapping[str, Any]) -> list[ClassifierRun]:
+    """The task-specific DP-SGD classifier runs: every classifier of ``dpdm.dpsgd_classifier`` at DPDM's epsilons and
+    seeds (none when the section is null)."""
+    section = subsection(dpdm, "dpsgd_classifier")
+    if section is None:
+        return []
+    return [ClassifierRun(c, e, s) for c in section["classifiers"] for e in dpdm["epsilons"] for s in dpdm["seeds"]]
 
 
 def parameterisation_at(dpdm: Mapping[str, Any], eps: float) -> str:
