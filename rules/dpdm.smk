@@ -9,8 +9,16 @@
 #   snakemake results/digits/samples/dpdm/edm_eps1_K2_seed0/churn.npz         one sample set
 #   snakemake results/digits/eval/dpdm/vpred_eps0p2_K2_seed0/ddim/metrics.json
 # Any run name works as a target (e.g. K16 or seed3), not only those the tables use.
+#
+# Also here: DPDM's task-specific baseline, a classifier trained on the private split by DP-SGD
+# (pipeline/training/dpsgd_classifier.py, table dpdm_table_dpsgd_classifier beside DPDM's synthetic-data
+# classifiers), and Fig. 3, gradient variance vs noise multiplicity K on public data
+# (pipeline/diagnostics/gradient_variance.py).
+#   snakemake results/digits/eval/dpsgd_classifier/cnn_eps1_seed0/metrics.json  one DP-SGD classifier run
+#   snakemake results/figures/dpdm_figure3_gradient_variance.png
 
 from pipeline.methods.dpdm.wiring import Wiring as _DpdmWiring
+from pipeline.training.dpdm_runs import CLASSIFIER_RUN_PATTERN as DPSGD_CLASSIFIER_RUN_PATTERN
 from pipeline.training.dpdm_runs import RUN_PATTERN as DPDM_RUN_PATTERN
 
 #: DPDM's runs, paths and params; under dpdm.sampling.main auto, the main sampler is read from the checkpoint
@@ -283,3 +291,85 @@ rule dpdm_samples_by_sampler:
         CPU_ENV
     shell:
         "python -m pipeline dpdm_sample_grid {params.ins} --out figure={output.png:q} --params {params.p:q} --log {log:q}"
+
+
+rule train_dpsgd_classifier:
+    """DPDM's task-specific baseline: a downstream classifier trained on the private split by DP-SGD (sigma
+    calibrated to the run's eps), its ledger line, its test and val accuracy."""
+    input:
+        **DPDM.classifier_inputs,
+    output:
+        model=DPDM.classifier_model_path("{run}"),
+        ledger=DPDM.classifier_ledger_path("{run}"),
+        metrics=DPDM.classifier_metrics_path("{run}"),
+    wildcard_constraints:
+        run=DPSGD_CLASSIFIER_RUN_PATTERN,
+    params:
+        p=DPDM.classifier_params,
+    log:
+        LOGS / "train_dpsgd_classifier" / "{run}.log",
+    benchmark:
+        benchmark_path("train_dpsgd_classifier", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=3000,
+        runtime=DPDM.classifier_runtime_min,
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline train_dpsgd_classifier --in data={input.data:q} test={input.test:q} val={input.val:q}"
+        " --out model={output.model:q} ledger={output.ledger:q} metrics={output.metrics:q} --params {params.p:q}"
+        " --log {log:q}"
+
+
+rule dpdm_table_dpsgd_classifier:
+    """DPDM Sec. 5: DPDM's synthetic-data classifier accuracy beside the task-specific DP-SGD classifier's, per eps,
+    certified eps of both from their ledgers."""
+    input:
+        unpack(lambda wildcards: DPDM.classifier_table_inputs()),
+    output:
+        table=DPDM.table_path("dpdm_table_dpsgd_classifier"),
+    params:
+        p=lambda wildcards: DPDM.classifier_table_params(),
+        ins=lambda wildcards: io_args("--in", DPDM.classifier_table_inputs()),
+    benchmark:
+        benchmark_path("dpdm_table_dpsgd_classifier")
+    log:
+        LOGS / "dpdm_table_dpsgd_classifier.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dpdm_classifier_table {params.ins} --out table={output.table:q} --params {params.p:q}"
+        " --log {log:q}"
+
+
+rule dpdm_figure3_gradient_variance:
+    """DPDM Fig. 3 / Theorem 1: gradient variance vs noise multiplicity K with the 1/K line, on PUBLIC data with the
+    public denoiser (no privacy cost, no ledger line)."""
+    input:
+        **DPDM.variance_inputs,
+    output:
+        table=DPDM.table_path("dpdm_figure3_gradient_variance"),
+        png=report_figure("dpdm_figure3_gradient_variance"),
+        pdf=FIGURES / "dpdm_figure3_gradient_variance.pdf",
+    params:
+        p=DPDM.variance_params(),
+    log:
+        LOGS / "dpdm_figure3_gradient_variance.log",
+    benchmark:
+        benchmark_path("dpdm_figure3_gradient_variance")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=3000,
+        runtime=DPDM.variance_runtime_min,
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline dpdm_gradient_variance --in denoiser={input.denoiser:q} public={input.public:q}"
+        " --out table={output.table:q} figure={output.png:q} --params {params.p:q} --log {log:q}"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.config import ConfigError, config_id
-from pipeline.methods.dpdm.wiring import MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, Wiring
+from pipeline.methods.dpdm.wiring import CLASSIFIER_TABLE, MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, VARIANCE_FIGURE, Wiring
 from pipeline.registry import TranscriptSpec
 from tests.methods import house
 
@@ -113,10 +113,14 @@ def test_the_targets_are_the_main_table_and_grid_and_each_ablation_switched_on(w
     tables, figures = tmp_path / "r" / "tables", tmp_path / "r" / "figures"
     assert w.targets() == [tables / "dpdm_table_main.parquet", figures / "dpdm_samples_by_epsilon.png",
                            tables / "dpdm_table_noise_multiplicity.parquet", tables / "dpdm_table_samplers.parquet",
-                           figures / "dpdm_samples_by_sampler.png", tables / "dpdm_table_configurations.parquet"]
+                           figures / "dpdm_samples_by_sampler.png", tables / "dpdm_table_configurations.parquet",
+                           tables / "dpdm_table_dpsgd_classifier.parquet",
+                           tables / "dpdm_figure3_gradient_variance.parquet",
+                           figures / "dpdm_figure3_gradient_variance.png"]
 
     def no_ablations(cfg):
         cfg["dpdm"].update(noise_multiplicity=None, sampler_ablation=None, parameterisation_ablation=None,
+                           dpsgd_classifier=None, gradient_variance=None,
                            sampling={**cfg["dpdm"]["sampling"], "main": "ddim"})
     bare = Wiring(house(tmp_path, no_ablations))
     assert bare.targets() == [tables / "dpdm_table_main.parquet", figures / "dpdm_samples_by_epsilon.png"]
@@ -128,13 +132,14 @@ def test_the_targets_are_the_main_table_and_grid_and_each_ablation_switched_on(w
 
 def test_every_training_run_has_one_transcript_bound_to_its_run_and_the_private_split(w, exp):
     specs = w.transcripts()
-    assert list(specs) == [w.ledger_path(r.name) for r in w.runs()]
+    assert list(specs) == [*(w.ledger_path(r.name) for r in w.runs()),
+                           *(w.classifier_ledger_path(r.name) for r in w.classifier_runs())]
     assert specs[w.ledger_path("edm_eps1_K1_seed0")] == TranscriptSpec(
         claims=1, run="edm_eps1_K1_seed0", stage="train_dpdm", delta=1e-5, data=exp / "data" / "private_train.npz")
 
 
 def test_every_evaluated_run_and_sampler_is_an_all_runs_record_and_only_the_main_table_is_the_figures_line(w, exp):
-    records = w.records()
+    records = [r for r in w.records() if r.method == "dpdm"]
     main = [r for r in records if r.in_figure]
     assert [r.config for r in main] == ["edm_eps0p2_K1_seed0/churn", "edm_eps1_K1_seed0/churn",
                                         "edm_eps10_K1_seed0/churn"]
@@ -259,3 +264,89 @@ def test_every_training_run_has_a_bundle_of_its_weights_sampled_as_the_main_samp
     # a run that starts from the public denoiser says its pretraining is outside the eps; one from scratch does not
     assert any("public pretraining" in c for c in b.not_covered)
     assert not any("public pretraining" in c for c in w.bundle("vpred_eps0p2_K1_seed0").not_covered)
+
+
+# ---------------------------------------------------------------------------------------------- the DP-SGD classifier
+
+
+def test_the_classifier_runs_are_each_classifier_at_dpdms_epsilons_and_seeds(w, exp):
+    assert [r.name for r in w.classifier_runs()] == ["cnn_eps0p2_seed0", "cnn_eps1_seed0", "cnn_eps10_seed0"]
+    run = "cnn_eps1_seed0"
+    assert w.classifier_model_path(run) == exp / "models" / "dpsgd_classifier" / f"{run}.pt"
+    assert w.classifier_ledger_path(run) == exp / "ledger" / f"train_dpsgd_classifier_{run}.jsonl"
+    assert w.classifier_metrics_path(run) == exp / "eval" / "dpsgd_classifier" / run / "metrics.json"
+    # the private split through DP-SGD only; test and val score the release
+    assert w.classifier_inputs == {"data": exp / "data" / "private_train.npz", "test": exp / "data" / "test.npz",
+                                   "val": exp / "data" / "val.npz"}
+    both = Wiring(house(exp.parent.parent, lambda cfg: cfg["dpdm"].update(
+        dpsgd_classifier={"classifiers": ["cnn", "logreg"]}, seeds=[0, 1])))
+    assert len(both.classifier_runs()) == 2 * 3 * 2 and both.classifier_runs()[-1].name == "logreg_eps10_seed1"
+
+
+def test_a_classifier_runs_params_are_its_name_dpdms_delta_the_section_and_the_downstream_cnn(w):
+    p = json.loads(w.classifier_params(wc("cnn_eps0p2_seed0")))
+    section = w.section["dpsgd_classifier"] or {}
+    assert (p["classifier"], p["epsilon"], p["seed"], p["delta"]) == ("cnn", 0.2, 0, w.section["delta"])
+    assert (p["batch_size"], p["epochs"], p["lr"], p["clip"]) == (section.get("batch_size", 250),
+                                                                   section.get("epochs", 5),
+                                                                   section.get("lr", 0.02), section.get("clip", 1.0))
+    evalnet = w.house.config["evaluation"]["evalnet"]
+    assert (p["width"], p["feature_dim"]) == (evalnet["width"], evalnet["feature_dim"])
+    assert p["private"] == {"N": 2500, "n_classes": 10} and "classifiers" not in p
+    assert p["ledger_binding"] == {"run": "cnn_eps0p2_seed0", "experiment": "digits"}
+    q = json.loads(w.classifier_params(wc("cnn_eps10_seed0")))
+    assert {k for k in p if p[k] != q[k]} == {"epsilon", "ledger_binding", "config_id"}
+    assert w.classifier_runtime_min >= 10
+
+
+def test_each_classifier_run_has_its_transcript_and_an_all_runs_record_of_its_own_method(w, exp):
+    spec = w.transcripts()[w.classifier_ledger_path("cnn_eps1_seed0")]
+    assert spec == TranscriptSpec(claims=1, run="cnn_eps1_seed0", stage="train_dpsgd_classifier", delta=1e-5,
+                                  data=exp / "data" / "private_train.npz")
+    records = w.classifier_records()
+    assert records == [r for r in w.records() if r.method == "dpsgd_classifier"] and len(records) == 3
+    r = records[1]
+    assert (r.config, r.seed, r.epsilon_target, r.private) == ("cnn_eps1_seed0", 0, 1.0, True)
+    assert r.metrics == str(w.classifier_metrics_path("cnn_eps1_seed0"))
+    assert r.ledgers == (str(w.classifier_ledger_path("cnn_eps1_seed0")),)
+    assert r.benchmarks == (str(exp / "benchmarks" / "train_dpsgd_classifier" / "cnn_eps1_seed0.tsv"),)
+    assert r.in_figure and r.headline and "DP-SGD CNN" in r.label
+
+
+def test_the_classifier_table_reads_every_run_and_dpdms_main_table(w):
+    assert CLASSIFIER_TABLE == "dpdm_table_dpsgd_classifier"
+    ins = w.classifier_table_inputs()
+    assert ins["dpdm_main"] == w.table_path(MAIN_TABLE) and len(ins) == 1 + 2 * 3
+    assert ins["metrics_cnn_eps1_seed0"] == w.classifier_metrics_path("cnn_eps1_seed0")
+    assert ins["ledger_cnn_eps1_seed0"] == w.classifier_ledger_path("cnn_eps1_seed0")
+    rows = json.loads(w.classifier_table_params())["rows"]
+    assert rows == w.classifier_rows() and rows[0] == {"row": "cnn_eps0p2_seed0", "run": "cnn_eps0p2_seed0",
+                                                       "classifier": "cnn", "eps_target": 0.2, "seed": 0}
+
+
+def test_a_null_classifier_section_has_no_runs_but_a_run_asked_for_by_path_takes_the_schemas_settings(tmp_path):
+    off = Wiring(house(tmp_path, lambda cfg: cfg["dpdm"].update(dpsgd_classifier=None)))
+    assert off.classifier_runs() == [] and off.classifier_records() == []
+    assert json.loads(off.classifier_params(wc("logreg_eps1_seed0")))["lr"] == 0.02
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 3: variance vs K
+
+
+def test_the_variance_figure_reads_the_public_denoiser_and_split_never_the_private_one(w, exp):
+    assert VARIANCE_FIGURE == "dpdm_figure3_gradient_variance"
+    assert w.variance_enabled
+    assert w.variance_inputs == {"denoiser": exp / "models" / "public_edm.pt", "public": exp / "data" / "public.npz"}
+    p = json.loads(w.variance_params())
+    assert (p["K"], p["repeats"], p["n_images"], p["clip"]) == ([1, 2, 4, 8, 16], 24, 3, w.section["clip"])
+    assert w.variance_runtime_min >= 5
+
+
+def test_the_variance_figure_is_left_out_when_null_or_without_a_public_split(tmp_path):
+    off = Wiring(house(tmp_path, lambda cfg: cfg["dpdm"].update(gradient_variance=None)))
+    assert not off.variance_enabled and json.loads(off.variance_params())["K"] == [1, 2, 4, 8, 16]
+    assert off.table_path(VARIANCE_FIGURE) not in off.targets()
+    no_public = Wiring(house(tmp_path, lambda cfg: cfg["data"]["public"].update(source="none")))
+    assert not no_public.variance_enabled
+    partial = Wiring(house(tmp_path, lambda cfg: cfg["dpdm"].update(gradient_variance={"repeats": 40})))
+    assert json.loads(partial.variance_params())["repeats"] == 40 and partial.variance_enabled

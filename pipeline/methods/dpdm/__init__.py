@@ -1,4 +1,5 @@
-"""DPDM (Dockhorn et al. 2023): DP-SGD training with noise multiplicity, its samplers, tables and sample grids.
+"""DPDM (Dockhorn et al. 2023): DP-SGD training with noise multiplicity, its samplers, tables and sample grids, the
+task-specific DP-SGD classifier it is compared with, and Fig. 3 (gradient variance vs noise multiplicity K).
 
 Rules: ``rules/dpdm.smk``; runs and their names: ``pipeline/training/dpdm_runs.py``.
 """
@@ -13,4 +14,7 @@ STAGES = {
     "dpdm_sample_grid": "pipeline.sampling.dpdm_stage:dpdm_sample_grid",
     "dpdm_select_sampler": "pipeline.sampling.dpdm_select:dpdm_select_sampler",
     "dpdm_table": "pipeline.results.dpdm:dpdm_table",
+    "train_dpsgd_classifier": "pipeline.training.dpsgd_classifier:train_dpsgd_classifier",
+    "dpdm_classifier_table": "pipeline.results.dpdm_classifier:dpdm_classifier_table",
+    "dpdm_gradient_variance": "pipeline.diagnostics.gradient_variance:dpdm_gradient_variance",
 }

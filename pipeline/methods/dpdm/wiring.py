@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pipeline.resources as cost
+from pipeline.config import schema_defaults
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training import dpdm_runs
-from pipeline.training.dpdm_runs import DpdmRun, fmt_num
+from pipeline.training.dpdm_runs import ClassifierRun, DpdmRun, fmt_num
 from pipeline.wiring import House, params_json, stage_params
 
 #: the dpdm keys a training run depends on besides its run name (parameterisation, eps, K, seed) and ``trainable``
@@ -28,6 +29,14 @@ OPTIONAL_TRAIN_KEYS = ("clipping",)
 SAMPLER_TABLE = "dpdm_table_samplers"
 #: the table whose rows are the privacy-utility figure's DPDM line
 MAIN_TABLE = "dpdm_table_main"
+#: DPDM's synthetic-data classifiers beside the task-specific DP-SGD classifiers (rule dpdm_classifier_table)
+CLASSIFIER_TABLE = "dpdm_table_dpsgd_classifier"
+#: DPDM Fig. 3 / Theorem 1: gradient variance vs noise multiplicity K (a table and a figure of this name)
+VARIANCE_FIGURE = "dpdm_figure3_gradient_variance"
+#: the stage of the task-specific DP-SGD classifier runs (their ledger lines name it)
+CLASSIFIER_STAGE = "train_dpsgd_classifier"
+#: all_runs' method of the task-specific DP-SGD classifier (its own line in the privacy-utility figure)
+CLASSIFIER_METHOD = "dpsgd_classifier"
 
 #: where a finished checkpoint dpdm_select_sampler wrote its choice: called only once the choice is needed
 Selection = Callable[[], "str | Path"]
@@ -134,14 +143,23 @@ class Wiring:
             out += [self.table_path(SAMPLER_TABLE), self.figure_path("dpdm_samples_by_sampler")]
         if "dpdm_table_configurations" in tables:
             out.append(self.table_path("dpdm_table_configurations"))
+        if self.classifier_runs():
+            out.append(self.table_path(CLASSIFIER_TABLE))
+        if self.variance_enabled:
+            out += [self.table_path(VARIANCE_FIGURE), self.figure_path(VARIANCE_FIGURE)]
         return out
 
     def transcripts(self) -> dict[Path, TranscriptSpec]:
-        """One claim per training run's own transcript, bound to the run, DPDM's delta and the private split."""
-        return {self.ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage="train_dpdm",
-                                                         delta=self.section["delta"],
-                                                         data=self.house.layout.split("private_train"))
-                for r in self.runs()}
+        """One claim per training run's own transcript, bound to the run, DPDM's delta and the private split; the
+        same for every task-specific DP-SGD classifier run."""
+        data, delta = self.house.layout.split("private_train"), self.section["delta"]
+        out = {self.ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage="train_dpdm", delta=delta,
+                                                        data=data)
+               for r in self.runs()}
+        out.update({self.classifier_ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage=CLASSIFIER_STAGE,
+                                                                        delta=delta, data=data)
+                    for r in self.classifier_runs()})
+        return out
 
     def records(self) -> list[RunRecord]:
         """all_runs records: every evaluated (run, sampler) of the DPDM tables; the main table's rows are the
@@ -160,7 +178,104 @@ class Wiring:
                                      benchmarks=(bench("train_dpdm", run),
                                                  *(bench(rule, f"{run}/{sampler}")
                                                    for rule in ("sample_dpdm", "evaluate_dpdm")))))
+        return out + self.classifier_records()
+
+    def classifier_records(self) -> list[RunRecord]:
+        """all_runs records of the task-specific DP-SGD classifiers (method ``dpsgd_classifier``, one label per
+        classifier): the CNN's are drawn in the privacy-utility figure (its accuracy panel is the CNN's) and head the
+        summary; the logistic regression's stay in the table."""
+        bench = self.house.layout.benchmark
+        return [RunRecord(method=CLASSIFIER_METHOD, config=r.name, seed=r.seed, epsilon_target=r.epsilon,
+                          metrics=self.classifier_metrics_path(r.name), ledgers=(self.classifier_ledger_path(r.name),),
+                          label=f"DP-SGD {r.classifier.upper()} on private data (DPDM's task-specific baseline)",
+                          in_figure=r.classifier == "cnn", headline=r.classifier == "cnn",
+                          benchmarks=(bench(CLASSIFIER_STAGE, r.name),))
+                for r in self.classifier_runs()]
+
+    # ---------------------------------------------------------------- the task-specific DP-SGD classifier
+
+    def classifier_runs(self) -> list[ClassifierRun]:
+        """Every classifier of ``dpdm.dpsgd_classifier`` at DPDM's epsilons and seeds (none when it is null)."""
+        return dpdm_runs.classifier_runs(self.section)
+
+    def classifier_model_path(self, run: str) -> Path:
+        """The run's classifier weights (rule train_dpsgd_classifier)."""
+        return self.house.layout.expdir / "models" / "dpsgd_classifier" / f"{run}.pt"
+
+    def classifier_ledger_path(self, run: str) -> Path:
+        """The run's own transcript (one line: its DP-SGD event)."""
+        return self.house.layout.ledger(f"{CLASSIFIER_STAGE}_{run}")
+
+    def classifier_metrics_path(self, run: str) -> Path:
+        """The run's test and validation accuracy and its privacy summary: a table row and an all_runs row."""
+        return self.house.layout.expdir / "eval" / "dpsgd_classifier" / run / "metrics.json"
+
+    @property
+    def classifier_inputs(self) -> dict[str, Path]:
+        """What a run reads: the private split (through DP-SGD only), and test and val, which score the release."""
+        return {k: self.house.layout.split(s) for k, s in (("data", "private_train"), ("test", "test"),
+                                                             ("val", "val"))}
+
+    def classifier_params(self, wildcards: Any) -> str:
+        """train_dpsgd_classifier params of one run: classifier, eps and seed from its name, DPDM's delta, the
+        section's hyper-parameters, the downstream CNN's architecture (evaluation.evalnet)."""
+        d, h = self.section, self.house
+        run = ClassifierRun.from_name(wildcards.run)
+        # a null section still lets a run be asked for by path, at the schema's hyper-parameters
+        chosen = dpdm_runs.subsection(d, "dpsgd_classifier") or schema_defaults("dpdm", "dpsgd_classifier")
+        section = {k: v for k, v in chosen.items() if k != "classifiers"}
+        evalnet = h.config["evaluation"]["evalnet"]
+        return stage_params(classifier=run.classifier, epsilon=run.epsilon, seed=run.seed, delta=d["delta"],
+                            width=evalnet["width"], feature_dim=evalnet["feature_dim"], **section,
+                            private=h.private, ledger_binding=h.ledger_binding(run.name), device=h.device,
+                            threads=h.torch_threads)
+
+    def classifier_rows(self) -> list[dict[str, Any]]:
+        """The rows of the classifier table: one per run."""
+        return [{"row": r.name, "run": r.name, "classifier": r.classifier, "eps_target": r.epsilon, "seed": r.seed}
+                for r in self.classifier_runs()]
+
+    def classifier_table_inputs(self) -> dict[str, Path]:
+        """metrics_<run> / ledger_<run> of every run, and DPDM's main table (the synthetic-data accuracy beside)."""
+        out = {"dpdm_main": self.table_path(MAIN_TABLE)}
+        for r in self.classifier_runs():
+            out[f"metrics_{r.name}"] = self.classifier_metrics_path(r.name)
+            out[f"ledger_{r.name}"] = self.classifier_ledger_path(r.name)
         return out
+
+    def classifier_table_params(self) -> str:
+        return stage_params(rows=self.classifier_rows())
+
+    @property
+    def classifier_runtime_min(self) -> int:
+        return cost.dpsgd_classifier_runtime_min(self.house.config)
+
+    # ---------------------------------------------------------------- DPDM Fig. 3: gradient variance vs K
+
+    @property
+    def variance_enabled(self) -> bool:
+        """Whether ``dpdm.gradient_variance`` asks for the figure and there is a public split to measure it on (a
+        config without one, e.g. CelebA's, leaves the figure out: it is never measured on the private split)."""
+        return (dpdm_runs.subsection(self.section, "gradient_variance") is not None
+                and "public" in self.house.data_splits())
+
+    @property
+    def variance_inputs(self) -> dict[str, Path]:
+        """The public denoiser and the public split: the diagnostic reads per-example gradients, so never private
+        data."""
+        return {"denoiser": self.house.layout.public_denoiser, "public": self.house.layout.split("public")}
+
+    def variance_params(self) -> str:
+        """dpdm_gradient_variance params: the section's K, repeats, images and bootstrap, DPDM's clip norm."""
+        d, h = self.section, self.house
+        # a null section leaves the figure out of `all`; asked for by path it is measured at the schema's settings
+        chosen = dpdm_runs.subsection(d, "gradient_variance") or schema_defaults("dpdm", "gradient_variance")
+        return stage_params(**chosen, clip=d["clip"], seed=h.seed, device=h.device,
+                            threads=h.torch_threads)
+
+    @property
+    def variance_runtime_min(self) -> int:
+        return cost.dpdm_gradient_variance_runtime_min(self.house.config)
 
     # ---------------------------------------------------------------- certified bundles (pipeline/bundles)
 
