@@ -81,15 +81,18 @@ def per_pixel_length_scale(public: torch.Tensor, generator: torch.Generator) -> 
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def _hermite_terms(x: torch.Tensor, rho: torch.Tensor, order: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _hermite_terms(x: torch.Tensor, rho: torch.Tensor, norm_c: torch.Tensor, order: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(w [n, d, C+1], scale [n, d]): the normalised Hermite terms w_c = rho^(c/2) H_c(x) / sqrt(2^c c!) by their
     three-term recurrence (w_0 = 1, w_1 = sqrt(2 rho) x, w_{c+1} = sqrt(2 rho/(c+1)) x w_c - rho sqrt(c/(c+1)) w_{c-1};
-    stable at order 20: no factorials) and g_c / w_c = sqrt(1 - rho) ((1+rho)/(1-rho))^(1/4) exp(-rho x^2/(1+rho))."""
+    stable at order 20: no factorials) and g_c / w_c = sqrt(1 - rho) ((1+rho)/(1-rho))^(1/4) exp(-rho x^2/(1+rho)),
+    whose constant is ``norm_c`` = (1 - rho^2)^(1/4) (computed in float64 by the caller: in float32 a rho near 1
+    made (1+rho)/(1-rho) infinite and the features NaN)."""
     sx = torch.sqrt(rho) * x
     w = [torch.ones_like(x), math.sqrt(2.0) * sx][:order + 1]
     for c in range(1, order):
         w.append(torch.addcmul(-math.sqrt(c / (c + 1)) * rho * w[c - 1], sx, w[c], value=math.sqrt(2.0 / (c + 1))))
-    scale = torch.sqrt(1.0 - rho) * ((1.0 + rho) / (1.0 - rho)) ** 0.25 * torch.exp(-rho * x ** 2 / (1.0 + rho))
+    scale = norm_c * torch.exp(-rho * x ** 2 / (1.0 + rho))
     return torch.stack(w, dim=-1), scale
 
 
@@ -99,26 +102,27 @@ class _HermiteFunctions(torch.autograd.Function):
     recurrence records ~5 C small ops per call: the generator's step was 5x slower."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, rho: torch.Tensor, order: int) -> torch.Tensor:
-        w, scale = _hermite_terms(x, rho, order)
+    def forward(ctx: Any, x: torch.Tensor, rho: torch.Tensor, norm_c: torch.Tensor, order: int) -> torch.Tensor:
+        w, scale = _hermite_terms(x, rho, norm_c, order)
         ctx.save_for_backward(x, rho, w, scale)
         return w * scale.unsqueeze(-1)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         x, rho, w, scale = ctx.saved_tensors
         c = torch.arange(w.shape[-1], dtype=x.dtype, device=x.device)
         dw = torch.zeros_like(w)
         dw[..., 1:] = torch.sqrt(2.0 * c[1:] * rho.unsqueeze(-1)) * w[..., :-1]
         dg = scale.unsqueeze(-1) * (dw - (2.0 * rho * x / (1.0 + rho)).unsqueeze(-1) * w)
-        return (grad * dg).sum(-1), None, None
+        return (grad * dg).sum(-1), None, None, None
 
 
 def hermite_features_1d(x: torch.Tensor, rho: torch.Tensor, order: int) -> torch.Tensor:
     """[g_0(x) .. g_C(x)] ``[n, d, C+1]`` per coordinate of ``x [n, d]`` (one rho per coordinate)."""
     if order < 0:
         raise PipelineError(f"Hermite order must be >= 0, got {order}")
-    return _HermiteFunctions.apply(x, rho.to(x.dtype), order)
+    norm_c = (1.0 - rho.double() ** 2) ** 0.25
+    return _HermiteFunctions.apply(x, rho.to(x.dtype), norm_c.to(x.dtype), order)
 
 
 def public_variance_pairs(public: torch.Tensor, n_pairs: int, generator: torch.Generator) -> torch.Tensor:

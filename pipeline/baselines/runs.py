@@ -58,6 +58,12 @@ class BaselineRun(NamedRun):
             raise ValueError(f"baseline run budget must be > 0, got {self.epsilon}")
 
 
+def epsilons(section: Mapping[str, Any], method: str) -> list[float]:
+    """The target eps of ``method``'s runs: its subsection's ``epsilons`` when set, else the section's."""
+    own = section.get(method, {}).get("epsilons")
+    return list(section["epsilons"] if own is None else own)
+
+
 def runs(section: Mapping[str, Any]) -> list[BaselineRun]:
-    """Every run of the baselines section: methods x epsilons x seeds."""
-    return [BaselineRun(m, e, s) for m in section["methods"] for e in section["epsilons"] for s in section["seeds"]]
+    """Every run of the baselines section: methods x their epsilons x seeds."""
+    return [BaselineRun(m, e, s) for m in section["methods"] for e in epsilons(section, m) for s in section["seeds"]]

@@ -227,6 +227,30 @@ def prior_method_rows(runs: pd.DataFrame, eps: float) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
+#: EMPDEN Table 2's published prior-method numbers (FID of 50,000 samples, each paper's own setup): shown beside our
+#: rows, never mixed with them (columns published_*; their measured columns stay empty)
+PUBLISHED_TABLE2 = (
+    ("CIFAR-10", "DP-Diffusion (Ghalebikesabi et al., 2023)", 10.0, 9.8),
+    ("CIFAR-10", "DP-LDM (Liu et al., 2024)", 10.0, 8.4),
+    ("CIFAR-10", "DP-API (Lin et al., 2023)", 0.67, 7.87),
+    ("CIFAR-10", "DP-MEPF (Harder et al., 2023)", 10.0, 29.1),
+    ("CIFAR-10", "DP-DM (Dockhorn et al., 2023)", 10.0, 97.7),
+    ("CIFAR-10", "DP-Promise (Wang et al., 2024)", 10.0, 17.9),
+    ("CelebA-64", "DP-LDM (Liu et al., 2024)", 10.0, 14.3),
+    ("CelebA-64", "DP-MEPF (Harder et al., 2023)", 10.0, 17.4),
+    ("CelebA-64", "DP-DM (Dockhorn et al., 2023)", 10.0, 78.3),
+    ("CelebA-64", "DP-Promise (Wang et al., 2024)", 10.0, 25.3),
+)
+PUBLISHED_COLUMNS = ("published", "published_dataset", "published_method", "published_eps", "published_fid")
+
+
+def published_rows() -> pd.DataFrame:
+    """EMPDEN Table 2's published rows (role ``published``): the papers' own numbers, marked ``published``; seed -1
+    (the tables' provenance column is an integer; no seed of ours made them)."""
+    return pd.DataFrame([{"role": "published", "published": True, "published_dataset": d, "published_method": m,
+                          "published_eps": e, "published_fid": f, "seed": -1} for d, m, e, f in PUBLISHED_TABLE2])
+
+
 @stage("empden_table2_comparison", inputs=("grid",), optional_inputs=("baselines", "dpdm"), outputs=("table",),
        params={"beta": "beta of the main grid (accounting.beta)", **TABLE_DOC})
 def empden_table2_comparison(inputs, outputs, params) -> None:
@@ -239,7 +263,9 @@ def empden_table2_comparison(inputs, outputs, params) -> None:
     scores a cell it did not choose) and ``hybrid_tightest_eps`` (the cell with the smallest
     certified eps_u, a choice that reads no data). With the optional inputs ``baselines``
     (baselines.parquet) and ``dpdm`` (dpdm_table_main.parquet), the paper's prior-method rows
-    (``prior_<method>``, :func:`prior_method_rows`) at the eps nearest the best hybrid cell's.
+    (``prior_<method>``, :func:`prior_method_rows`) at the eps nearest the best hybrid cell's. Last, the
+    paper's published numbers (:data:`PUBLISHED_TABLE2`, role ``published``), in their own ``published_*``
+    columns: another dataset and scale than ours, never a measured value.
     """
     df = _grid(inputs["grid"])
     beta = float(params["beta"])
@@ -266,12 +292,14 @@ def empden_table2_comparison(inputs, outputs, params) -> None:
     for key in ("baselines", "dpdm"):
         if key in inputs and hybrid_eps is not None:
             rows.append(prior_method_rows(read_table(inputs[key]), hybrid_eps))
-    out = pd.concat(rows, ignore_index=True)
+    measured = pd.concat(rows, ignore_index=True).assign(published=False)
+    out = pd.concat([measured, published_rows()], ignore_index=True)
     if "chosen_on" not in out:
         out["chosen_on"] = None
+    out["published"] = out["published"].astype(bool)
     _write(out[["role", "chosen_on", *keys, "eps_lower_estimate", "eps_upper_bound", "eps_edgeworth_estimate",
-                "edgeworth_valid", "fid_mean", "fid_std", "fid_val_mean", "n_seeds", "seed", "cells"]],
-           outputs["table"], params)
+                "edgeworth_valid", "fid_mean", "fid_std", "fid_val_mean", "n_seeds", "seed", "cells",
+                *PUBLISHED_COLUMNS]], outputs["table"], params)
 
 
 def _reference_T(df: pd.DataFrame) -> int:

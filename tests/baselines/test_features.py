@@ -109,3 +109,13 @@ def test_dp_mepfs_two_moments_of_the_public_tower_have_norm_at_most_one(tmp_path
     assert torch.allclose(first.norm(dim=1), torch.full((6,), math.sqrt(1 - beta)), atol=1e-6)
     phi.sum().backward()  # the generator is trained through the tower
     assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+
+
+def test_a_pixel_almost_constant_in_public_data_gives_finite_float32_features_and_gradients():
+    """A tiny public length scale puts rho within float32 rounding of 1 (the generator trains in float32)."""
+    rho = feat.rho_of_length_scale(torch.tensor([1e-4, 0.5], dtype=F64))
+    assert float(rho[0]) > 1 - 1e-7
+    x = torch.rand((4, 2), requires_grad=True)
+    g = feat.hermite_features_1d(x, rho, 20)
+    g.sum().backward()
+    assert bool(torch.isfinite(g).all()) and bool(torch.isfinite(x.grad).all())

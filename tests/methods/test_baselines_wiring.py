@@ -18,8 +18,10 @@ from tests.methods import house
 
 def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
     bl = Wiring(house(tmp_path))
+    # DP-MERF's successors at their own eps (the quick tour: 1 only)
     assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
-                                           "pe_eps10_seed0"]
+                                           "pe_eps10_seed0", "dp_hp_eps1_seed0", "dp_ntk_eps1_seed0",
+                                           "dp_mepf_eps1_seed0"]
     assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
     assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
 
@@ -99,8 +101,51 @@ def test_dp_merf_ships_its_generator_and_private_evolution_its_synthetic_set(tmp
     assert bl.generator_path("dp_merf_eps1_seed0") == exp / "models" / "baselines" / "dp_merf_eps1_seed0.safetensors"
     assert merf.kind == "model" and merf.model == str(bl.generator_path("dp_merf_eps1_seed0"))
     n = bl.section["n_samples"]
-    assert merf.sampling == {"sampler": "dp_merf", "seed": 0, "n_samples": n, "batch_size": n,
-                             "threads": bl.house.torch_threads}
+    assert merf.sampling == {"sampler": "dp_merf", "stream": "dp_merf.generator", "seed": 0, "n_samples": n,
+                             "batch_size": n, "threads": bl.house.torch_threads}
     assert "histogram" in b.covers[0] and "mean embedding" in merf.covers[0]
     with pytest.raises(ValueError, match="no run 'pe_eps3_seed0'"):
         bl.bundle("pe_eps3_seed0")
+
+
+def test_a_successor_without_its_own_epsilons_runs_at_the_sections(tmp_path):
+    def unset(cfg):
+        cfg["baselines"].update(methods=["dp_ntk"], dp_ntk={"epsilons": None})
+    assert [r.name for r in Wiring(house(tmp_path, unset)).runs()] == ["dp_ntk_eps1_seed0", "dp_ntk_eps10_seed0"]
+
+
+def test_a_runs_params_carry_its_own_subsections_so_tuning_another_method_reruns_nothing(tmp_path):
+    h = house(tmp_path)
+    hp = json.loads(Wiring(h).params(SimpleNamespace(run="dp_hp_eps1_seed0")))["baselines"]
+    # DP-MERF's successors read its generator settings; no run reads PE's, nor its own listing key
+    assert set(hp) == {"delta", "n_samples", "dp_hp", "dp_merf"} and "epsilons" not in hp["dp_hp"]
+    assert hp["dp_merf"] == h.config["baselines"]["dp_merf"] and hp["dp_hp"]["order"] == 10
+    pe = json.loads(Wiring(h).params(SimpleNamespace(run="pe_eps1_seed0")))["baselines"]
+    assert set(pe) == {"delta", "n_samples", "pe"}
+
+    def retune(cfg):
+        cfg["baselines"]["dp_ntk"]["width"] = 50
+        cfg["baselines"]["dp_hp"]["epsilons"] = [1, 3]
+    for run in ("pe_eps1_seed0", "dp_merf_eps1_seed0", "dp_hp_eps1_seed0"):
+        assert Wiring(house(tmp_path, retune)).params(SimpleNamespace(run=run)) == \
+            Wiring(h).params(SimpleNamespace(run=run))
+
+
+def test_a_successor_reads_the_private_and_public_splits_and_dp_mepf_also_the_public_clip(tmp_path):
+    bl, data = Wiring(house(tmp_path)), tmp_path / "r" / "digits" / "data"
+    splits = {"data": data / "private_train.npz", "public": data / "public.npz"}
+    assert bl.embedding_inputs(SimpleNamespace(run="dp_hp_eps1_seed0")) == splits
+    assert bl.embedding_inputs(SimpleNamespace(run="dp_mepf_eps1_seed0")) == {
+        **splits, "clip": tmp_path / "r" / "digits" / "clip" / "clip.pt"}
+
+
+def test_a_successors_line_stage_benchmark_and_bundle(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    assert bl.transcripts()[bl.ledger_path("dp_ntk_eps1_seed0")].stage == "dp_ntk"
+    rec = next(r for r in bl.records() if r.config == "dp_mepf_eps1_seed0")
+    assert rec.label == "DP-MEPF" and [Path(p) for p in rec.benchmarks][0] == \
+        exp / "benchmarks" / "embedding_baseline" / "dp_mepf_eps1_seed0.tsv"
+    b = bl.bundle("dp_mepf_eps1_seed0")
+    assert b.kind == "model" and b.model == str(bl.generator_path("dp_mepf_eps1_seed0"))
+    assert b.sampling["stream"] == "dp_mepf.generator" and "perceptual" in b.covers[0]
+    assert any("CLIP" in c for c in b.not_covered)

@@ -231,3 +231,16 @@ def test_table2_takes_the_prior_methods_rows_at_the_eps_nearest_the_hybrid_cell(
     nearest = min((0.01, float(hybrid_eps.median()), 1e4), key=lambda e: abs(e * 0.999 - chosen))
     assert row["eps_upper_bound"] == pytest.approx(nearest * 0.999) and row["n_seeds"] == 2
     assert row["chosen_on"] == "eps_u"
+
+
+def test_table2_shows_the_papers_published_numbers_beside_ours_never_in_a_measured_column(grid, tmp_path):
+    out = tmp_path / "t2.parquet"
+    empden_table2_comparison({"grid": grid[2]}, {"table": out}, {"beta": 1.0})
+    df = read_table(out)
+    pub, ours = df[df["published"]], df[~df["published"]]
+    assert (pub["role"] == "published").all() and len(pub) == 10 and len(ours) >= 3
+    row = pub[(pub["published_dataset"] == "CIFAR-10") & pub["published_method"].str.startswith("DP-MEPF")]
+    assert (float(row["published_eps"].iloc[0]), float(row["published_fid"].iloc[0])) == (10.0, 29.1)
+    # a published row carries no measured value, a measured row no published one
+    assert pub[["fid_mean", "eps_upper_bound"]].isna().all().all() and (pub["seed"] == -1).all()
+    assert ours[["published_fid", "published_eps", "published_dataset"]].isna().all().all()

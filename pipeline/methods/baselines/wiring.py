@@ -80,8 +80,8 @@ class Wiring:
         device, threads and the ledger binding."""
         method = BaselineRun.from_name(wildcards.run).method
         own = SUBSECTIONS[method]
-        section = {k: v for k, v in self.section.items()
-                   if k not in LISTING and (k not in STAGES or k in own)}
+        section = {k: ({kk: vv for kk, vv in v.items() if kk not in LISTING} if k in own else v)
+                   for k, v in self.section.items() if k not in LISTING and (k not in STAGES or k in own)}
         h = self.house
         # Private Evolution's variations come from the public denoiser: the user's model, when it is one, is in its id
         return stage_params(baselines=section, run=wildcards.run, private=h.private, device=h.config["device"],
