@@ -187,7 +187,7 @@ class Wiring:
         bench = self.house.layout.benchmark
         return [RunRecord(method=CLASSIFIER_METHOD, config=r.name, seed=r.seed, epsilon_target=r.epsilon,
                           metrics=self.classifier_metrics_path(r.name), ledgers=(self.classifier_ledger_path(r.name),),
-                          label=f"DP-SGD {r.classifier.upper()} on private data (DPDM's task-specific baseline)",
+                          label=f"DP-SGD {r.classifier.upper()} on private data (DPDM task-specific baseline)",
                           in_figure=r.classifier == "cnn", headline=r.classifier == "cnn",
                           benchmarks=(bench(CLASSIFIER_STAGE, r.name),))
                 for r in self.classifier_runs()]
