@@ -142,6 +142,9 @@ TINY = {
              "unet": {"block_out_channels": [8, 16]},
              "sampling": {"n_samples": 20, "batch_size": 20, "per_class": 1},
              "noise_multiplicity": None, "parameterisation_ablation": None,
+             # the task-specific DP-SGD classifier (2 steps) and Fig. 3 (two K, one image) at a toy size
+             "dpsgd_classifier": {"batch_size": 50, "epochs": 1, "micro_batch": 50},
+             "gradient_variance": {"K": [1, 2], "repeats": 4, "n_images": 1, "bootstrap": 20},
              # two samplers: the main one is chosen on val (checkpoint dpdm_select_sampler)
              "sampler_ablation": {"epsilons": [10], "samplers": ["ddim", "guided"]}},
     # every Table 1 row at one eps and seed: a one-block MM-DiT, two steps of each training
@@ -182,7 +185,9 @@ RERUN_SCOPE = {
                    {"train_dpdm", "sample_dpdm", "evaluate_dpdm", "dpdm_table_main", "dpdm_samples_by_epsilon",
                     "audit_one_run", "train_dpdm_twin", "audit_mia", "audit_mia_table",
                     # EMPDEN Table 2's prior-method rows read DPDM's main table
-                    "empden_table2_comparison"}),
+                    "empden_table2_comparison",
+                    # the task-specific DP-SGD classifier runs at DPDM's seeds, beside DPDM's main table
+                    "train_dpsgd_classifier", "dpdm_table_dpsgd_classifier"}),
     "empden.n_out": ({"empden": {"n_out": 10}}, "empden_sample_subsampled",
                      {"empden_sample_subsampled", "empden_sample_full_batch", "empden_sample_public_only",
                       "empden_evaluate", "empden_table8_grid", "empden_table2_comparison", "empden_figure3_tradeoffs",
@@ -219,7 +224,8 @@ SHARED_RULES = {"replay", "index_html", "all", "all_runs_table", "privacy_utilit
 def check_bundles(repo: Path, results: Path, all_runs: pd.DataFrame) -> None:
     """Every private row of all_runs has its bundle (a DPDM run's samplers share one); a DPDM and a STRAIGHTDP bundle
     of weights verify from the command line and redraw their run's own samples."""
-    private = all_runs[all_runs["private"]]
+    # the task-specific DP-SGD classifier is a classifier, not a generator: it has no samples to bundle
+    private = all_runs[all_runs["private"] & (all_runs["method"] != "dpsgd_classifier")]
     folder = {"dpdm": lambda c: c.split("/")[0], "empden": lambda c: c.replace("/", "_")}
     house = {"dp_merf": "baselines", "pe": "baselines"}
     expected = {f"{house.get(m, m)}/{folder.get(m, str)(c)}" for m, c in zip(private["method"], private["config"])}
@@ -360,10 +366,10 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert sorted(baselines["method"]) == ["dp_merf", "pe"] and (baselines["eps_certified"] <= 3).all()
     # every method side by side: one row per evaluated run, a certified eps on every private row
     all_runs = pd.read_parquet(results / "tables" / "all_runs.parquet")
-    assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe"}
+    assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe", "dpsgd_classifier"}
     assert not all_runs.duplicated(["method", "config", "seed"]).any()
     assert all_runs.groupby("method").size().to_dict() == {
-        "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8 + 2, "dp_merf": 1, "pe": 1}
+        "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8 + 2, "dp_merf": 1, "pe": 1, "dpsgd_classifier": 1}
     private = all_runs[all_runs["private"]]
     assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
     assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()
