@@ -111,7 +111,8 @@ class VarianceConfig:
             raise PipelineError(f"stage {STAGE}: param K must be a list of distinct integers >= 1, got {ks!r}")
         if 1 not in ks:
             # Theorem 1's reference line is anchored at the one-draw loss
-            raise PipelineError(f"stage {STAGE}: param K must contain 1 (the 1/K line is anchored at K = 1), got {ks!r}")
+            raise PipelineError(f"stage {STAGE}: param K must contain 1 (the 1/K line is anchored at K = 1), "
+                                f"got {ks!r}")
         cfg = cls(K=tuple(sorted(ks)), repeats=params["repeats"], n_images=params["n_images"],
                   clip=float(params["clip"]), bootstrap=params.get("bootstrap", 200),
                   micro_batch=params.get("micro_batch", 64), seed=params.get("seed", 0))

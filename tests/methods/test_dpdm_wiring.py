@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.config import ConfigError, config_id
-from pipeline.methods.dpdm.wiring import CLASSIFIER_TABLE, MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, VARIANCE_FIGURE, Wiring
+from pipeline.methods.dpdm.wiring import (CLASSIFIER_TABLE, MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, VARIANCE_FIGURE,
+                                          Wiring)
 from pipeline.registry import TranscriptSpec
 from tests.methods import house
 
