@@ -302,11 +302,13 @@ def clip_runtime_min(config: Config) -> int:
 
 
 def baseline_runtime_min(config: Config) -> int:
-    """One baseline run: DP-MERF's generator (steps x batch through an MLP and the RFF map) or Private
-    Evolution's T + 1 passes of the public denoiser over n_per_class x 10 images (measured on one CPU
-    thread at 16 x 16: ~1-3 min each), x4 headroom at larger images."""
+    """One baseline run: DP-MERF's generator (steps x batch through an MLP and the RFF map; its successors' through
+    their maps, up to ~6x slower per step: DP-MEPF's CLIP tower) or Private Evolution's T + 1 passes of the public
+    denoiser over n_per_class x 10 images (measured on one CPU thread at 16 x 16: ~1-3 min each), x4 headroom at
+    larger images."""
     b = config["baselines"]
-    work = max(b["dp_merf"]["steps"] / 2000, (b["pe"]["iterations"] + 1) * b["pe"]["n_per_class"] / 250)
+    successors = 6.0 if set(b["methods"]) - {"dp_merf", "pe"} else 1.0
+    work = max(successors * b["dp_merf"]["steps"] / 2000, (b["pe"]["iterations"] + 1) * b["pe"]["n_per_class"] / 250)
     return max(10, int(12 * work * (_side(config) / 16) ** 2) + 5)
 
 
