@@ -23,7 +23,8 @@ from pipeline.privacy.replay import Registered, ReplayError, audit, recompute, r
 from pipeline.config import validate_config
 from pipeline.io import Split
 from pipeline.privacy import accountants as acc
-from pipeline.privacy import dp_merf, dpsgd, ledger, moments, private_evolution, rebuild, text_moments, tha
+from pipeline.privacy import (dp_merf, dpsgd, ledger, mean_embedding, moments, private_evolution, rebuild, text_moments,
+                              tha)
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
@@ -143,12 +144,22 @@ def write_text_moment_release(path: Path) -> None:
                                                         settings=COARSE))
 
 
+def write_mean_embeddings(path: Path) -> None:
+    """DP-HP, DP-NTK, DP-MEPF (DP-MERF's successors): one Gaussian each on a mean embedding of rows of norm <= 1
+    (one transcript of one stage here; the pipeline writes each to its own run's)."""
+    for mechanism in mean_embedding.MECHANISMS:
+        plan = mean_embedding.EmbeddingReleasePlan(mechanism=mechanism, sigma=2.0, m=500, feature_dim=32, n_classes=10,
+                                                   delta=DELTA)
+        ledger.append_entry(path, mean_embedding.ledger_entry(plan, stage="embedding_baseline", config_id="c", seed=0,
+                                                              settings=COARSE))
+
+
 WRITERS: dict[str, Callable[[Path], None]] = {
     "hybrid": write_hybrid, "per_step": write_per_step, "full_batch": write_full_batch, "figure2": write_figure2,
     "configuration_claims": write_configuration_claims, "dpsgd_poisson": write_dpsgd_poisson,
     "dpsgd_fixed_size": write_dpsgd_fixed_size, "moment_release": write_moment_release,
     "tha_dpsgd": write_tha_dpsgd, "dp_merf": write_dp_merf, "pe_histogram": write_pe_histogram,
-    "text_moment_release": write_text_moment_release,
+    "text_moment_release": write_text_moment_release, "mean_embeddings": write_mean_embeddings,
 }
 
 
