@@ -1,5 +1,6 @@
 """White-box one-run audits of the baselines' releases: DP-MERF's mean embedding (and its successors',
-DP-HP, DP-NTK and DP-MEPF: :func:`audit_embedding`, the same canaries) and Private Evolution's vote histograms, each at a line's declared parameters (Steinke, Nasr & Jagielski 2023).
+DP-HP, DP-NTK and DP-MEPF: :func:`audit_embedding`, the same canaries) and Private Evolution's vote
+histograms, each at a line's declared parameters (Steinke, Nasr & Jagielski 2023).
 
 **DP-MERF** (``dp_merf_embedding``; :func:`pipeline.privacy.dp_merf.release`, replace-one over a
 public m). The release is run once over m records: ``plan.m - n_canaries`` stand-ins (unit feature

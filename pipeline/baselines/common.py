@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.baselines.runs import BaselineRun
 from pipeline.device import resolve_device
+from pipeline.io import Split, load_split
 from pipeline.stage import PipelineError
 
 
@@ -42,3 +44,15 @@ def baseline_setup(params: Mapping[str, Any], method: str
     if device.type == "cpu":
         torch.set_num_threads(int(params.get("threads", 1)))
     return section, cfg, run, device
+
+
+def load_public_like(path: str | Path, private: Split) -> Split:
+    """The public split at ``path``; a missing file or images of another shape than the private ones is one line."""
+    try:
+        public = load_split(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise PipelineError(f"input public: {exc}") from None
+    if public.images.shape[1:] != private.images.shape[1:]:
+        raise PipelineError(f"input public: images {list(public.images.shape[1:])} differ from the private "
+                            f"{list(private.images.shape[1:])}")
+    return public

@@ -31,9 +31,9 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline import seeds
-from pipeline.baselines.common import baseline_setup
+from pipeline.baselines.common import baseline_setup, load_public_like
 from pipeline.baselines.features import MatchingLoss, explicit_matching_loss
-from pipeline.io import Split, atomic_path, load_split, save_split, write_json
+from pipeline.io import Split, atomic_path, save_split, write_json
 from pipeline.privacy import dp_merf as merf
 from pipeline.privacy import ledger
 from pipeline.sampling.dpdm import balanced_labels
@@ -171,13 +171,7 @@ def dp_merf(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Map
     split, sha = load_training_split(inputs["data"], "data")
     binding = ledger.binding_of(params, data_sha256=sha, stage="dp_merf")
     check_declared(split, N=m, n_classes=n_classes, stage="dp_merf")
-    try:
-        public = load_split(inputs["public"])
-    except (FileNotFoundError, ValueError) as exc:
-        raise PipelineError(f"input public: {exc}") from None
-    if public.images.shape[1:] != split.images.shape[1:]:
-        raise PipelineError(f"input public: images {list(public.images.shape[1:])} differ from the private "
-                            f"{list(split.images.shape[1:])}")
+    public = load_public_like(inputs["public"], split)
     D = int(cfg["n_features"])
     g_feat = seeds.torch_generator("dp_merf.features", run.seed)
     x_pub = unit_pixels(public)

@@ -28,9 +28,9 @@ import torch
 
 from pipeline import seeds
 from pipeline.baselines import features as feat
-from pipeline.baselines.common import baseline_setup
+from pipeline.baselines.common import baseline_setup, load_public_like
 from pipeline.baselines.dp_merf import fit_generator, generate, save_generator, unit_pixels
-from pipeline.io import Split, atomic_path, load_split, save_split, write_json
+from pipeline.io import atomic_path, save_split, write_json
 from pipeline.privacy import ledger
 from pipeline.privacy import mean_embedding as me
 from pipeline.stage import PipelineError, stage
@@ -103,13 +103,7 @@ def embedding_baseline(method: str, inputs: Mapping[str, Path], outputs: Mapping
     split, sha = load_training_split(inputs["data"], "data")
     binding = ledger.binding_of(params, data_sha256=sha, stage=method)
     check_declared(split, N=m, n_classes=n_classes, stage=method)
-    try:
-        public = load_split(inputs["public"])
-    except (FileNotFoundError, ValueError) as exc:
-        raise PipelineError(f"input public: {exc}") from None
-    if public.images.shape[1:] != split.images.shape[1:]:
-        raise PipelineError(f"input public: images {list(public.images.shape[1:])} differ from the private "
-                            f"{list(split.images.shape[1:])}")
+    public = load_public_like(inputs["public"], split)
     image_shape = tuple(split.images.shape[1:])
     features, described = feature_map(method, cfg, unit_pixels(public), image_shape=image_shape,
                                        clip_path=inputs.get("clip"),

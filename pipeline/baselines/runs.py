@@ -19,7 +19,8 @@ from pipeline.runs import NamedRun, RunGrammar, choice, integer, number
 METHODS = ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf")
 #: what the tables and the figure call each
 LABELS = {"dp_merf": "DP-MERF", "pe": "Private Evolution", "dp_hp": "DP-HP", "dp_ntk": "DP-NTK", "dp_mepf": "DP-MEPF"}
-#: DP-MERF's successors: another feature map, DP-MERF's release, generator and loop (pipeline/baselines/embedding_family.py)
+#: DP-MERF's successors: another feature map; DP-MERF's release, generator and loop
+#: (pipeline/baselines/embedding_family.py)
 EMBEDDING_FAMILY = ("dp_hp", "dp_ntk", "dp_mepf")
 
 #: the run grammar: ``<method>_eps<eps>_seed<seed>``

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from dp_accounting import dp_event
@@ -56,10 +56,52 @@ def embedding_sensitivity(m: int) -> float:
     return 2.0 / float(m)
 
 
+class GaussianEmbeddingRelease:
+    """What a mean-embedding release plan is (DP-MERF's, and its successors' in
+    :mod:`pipeline.privacy.mean_embedding`): one Gaussian of multiplier ``sigma`` at the replace-one sensitivity
+    2/m of a public ``m``, at ``delta``; the subclass's dataclass holds the fields and names its integer sizes in
+    ``SIZES`` and its error in ``ERROR``."""
+
+    SIZES: ClassVar[tuple[str, ...]] = ()
+    ERROR: ClassVar[type[MerfError]] = MerfError
+
+    def _check(self) -> None:
+        sigma, delta = getattr(self, "sigma"), getattr(self, "delta")
+        if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
+            raise self.ERROR(f"noise multiplier sigma must be > 0 and finite, got {sigma!r}")
+        try:
+            embedding_sensitivity(getattr(self, "m"))
+        except MerfError as exc:
+            raise self.ERROR(str(exc)) from None
+        for name in self.SIZES:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise self.ERROR(f"{name} must be an integer >= 1, got {v!r}")
+        if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+            raise self.ERROR(f"delta must be in (0, 1), got {delta!r}")
+
+    @property
+    def sensitivity(self) -> float:
+        return embedding_sensitivity(getattr(self, "m"))
+
+    @property
+    def noise_std(self) -> float:
+        """Std of the noise on every entry of the embedding: sigma * 2/m."""
+        return getattr(self, "sigma") * self.sensitivity
+
+    def event(self) -> dp_event.DpEvent:
+        return dp_event.GaussianDpEvent(getattr(self, "sigma"))
+
+    def epsilon(self, settings: acc.PLDSettings = MERF_PLD_SETTINGS) -> float:
+        return acc.pld_epsilon(self.event(), getattr(self, "delta"), settings=settings)
+
+
 @dataclass(frozen=True)
-class MerfReleasePlan:
+class MerfReleasePlan(GaussianEmbeddingRelease):
     """The release, declared before private data is read: multiplier ``sigma`` (noise std over the
     sensitivity 2/m), the public size ``m``, the embedding shape ``[2D, Y]`` and ``delta``."""
+
+    SIZES: ClassVar[tuple[str, ...]] = ("n_features", "n_classes")
 
     sigma: float
     m: int
@@ -68,30 +110,7 @@ class MerfReleasePlan:
     delta: float
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
-            raise MerfError(f"noise multiplier sigma must be > 0 and finite, got {self.sigma!r}")
-        embedding_sensitivity(self.m)
-        for name in ("n_features", "n_classes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise MerfError(f"{name} must be an integer >= 1, got {v!r}")
-        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
-            raise MerfError(f"delta must be in (0, 1), got {self.delta!r}")
-
-    @property
-    def sensitivity(self) -> float:
-        return embedding_sensitivity(self.m)
-
-    @property
-    def noise_std(self) -> float:
-        """Std of the noise on every entry of the embedding: sigma * 2/m."""
-        return self.sigma * self.sensitivity
-
-    def event(self) -> dp_event.DpEvent:
-        return dp_event.GaussianDpEvent(self.sigma)
-
-    def epsilon(self, settings: acc.PLDSettings = MERF_PLD_SETTINGS) -> float:
-        return acc.pld_epsilon(self.event(), self.delta, settings=settings)
+        self._check()
 
 
 def calibrate_release(*, target_epsilon: float, delta: float, m: int, n_features: int, n_classes: int,

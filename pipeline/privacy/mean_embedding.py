@@ -30,17 +30,15 @@ is the method's only ledger line.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 from dp_accounting import dp_event
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
-from pipeline.privacy.dp_merf import MerfError, embedding_sensitivity, mean_embedding
+from pipeline.privacy.dp_merf import MERF_PLD_SETTINGS, GaussianEmbeddingRelease, MerfError, mean_embedding
 from pipeline.privacy.rebuild import Expected, param, register
 
 if TYPE_CHECKING:  # torch is imported where a tensor is made (the replay and the tables read this module)
@@ -53,7 +51,7 @@ MECHANISMS = {
     "dp_mepf_embedding": "DP-MEPF (Harder et al. 2023) Sec. 3: public perceptual features, 1st + 2nd moments",
 }
 #: one Gaussian release: the grid of DP-MERF's line
-EMBEDDING_PLD_SETTINGS = acc.PLDSettings(value_discretization_interval=1e-4)
+EMBEDDING_PLD_SETTINGS = MERF_PLD_SETTINGS
 #: a row may exceed norm 1 by float rounding only
 NORM_TOLERANCE = 1e-6
 
@@ -63,10 +61,13 @@ class EmbeddingError(MerfError):
 
 
 @dataclass(frozen=True)
-class EmbeddingReleasePlan:
+class EmbeddingReleasePlan(GaussianEmbeddingRelease):
     """The release, declared before private data is read: its ``mechanism`` (a key of :data:`MECHANISMS`),
     multiplier ``sigma`` (noise std over the sensitivity 2/m), the public size ``m``, the embedding shape
     ``[feature_dim, n_classes]`` and ``delta``."""
+
+    SIZES: ClassVar[tuple[str, ...]] = ("feature_dim", "n_classes")
+    ERROR: ClassVar[type[MerfError]] = EmbeddingError
 
     mechanism: str
     sigma: float
@@ -78,33 +79,7 @@ class EmbeddingReleasePlan:
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
             raise EmbeddingError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {self.mechanism!r}")
-        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
-            raise EmbeddingError(f"noise multiplier sigma must be > 0 and finite, got {self.sigma!r}")
-        try:
-            embedding_sensitivity(self.m)
-        except MerfError as exc:
-            raise EmbeddingError(str(exc)) from None
-        for name in ("feature_dim", "n_classes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise EmbeddingError(f"{name} must be an integer >= 1, got {v!r}")
-        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
-            raise EmbeddingError(f"delta must be in (0, 1), got {self.delta!r}")
-
-    @property
-    def sensitivity(self) -> float:
-        return embedding_sensitivity(self.m)
-
-    @property
-    def noise_std(self) -> float:
-        """Std of the noise on every entry of the embedding: sigma * 2/m."""
-        return self.sigma * self.sensitivity
-
-    def event(self) -> dp_event.DpEvent:
-        return dp_event.GaussianDpEvent(self.sigma)
-
-    def epsilon(self, settings: acc.PLDSettings = EMBEDDING_PLD_SETTINGS) -> float:
-        return acc.pld_epsilon(self.event(), self.delta, settings=settings)
+        self._check()
 
 
 def calibrate_release(mechanism: str, *, target_epsilon: float, delta: float, m: int, feature_dim: int,

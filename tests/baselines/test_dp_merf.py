@@ -18,15 +18,19 @@ SMALL = {"delta": 1e-5, "n_samples": 12,
          "dp_merf": {"n_features": 32, "steps": 5, "batch_size": 12, "hidden": 8, "z_dim": 4}}
 
 
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
+def write_splits(d):
+    """30 private and 20 public random 8 x 8 images of 3 classes in folder ``d``."""
     rng = np.random.default_rng(0)
     save_split(d / "private.npz", Split(rng.integers(0, 256, (30, 1, 8, 8), dtype=np.uint8), np.arange(30) % 3),
                name="private_train", source="test", seed=0)
     save_split(d / "public.npz", Split(rng.integers(0, 256, (20, 1, 8, 8), dtype=np.uint8), np.arange(20) % 3),
                name="public", source="test", seed=0)
     return d
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    return write_splits(tmp_path_factory.mktemp("data"))
 
 
 def run(splits, tmp, run="dp_merf_eps2_seed0", **section):

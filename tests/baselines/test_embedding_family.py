@@ -10,10 +10,11 @@ import pytest
 
 from pipeline.baselines.dp_merf import load_generator
 from pipeline.baselines.embedding_family import dp_hp, dp_mepf, dp_ntk
-from pipeline.io import Split, load_split, save_split
+from pipeline.io import load_split
 from pipeline.privacy import ledger
 from pipeline.privacy.replay import audit
 from pipeline.stage import PipelineError
+from tests.baselines.test_dp_merf import write_splits
 from tests.baselines.test_features import random_clip
 from tests.conftest import one_thread
 
@@ -25,12 +26,8 @@ STAGES = {"dp_hp": dp_hp, "dp_ntk": dp_ntk, "dp_mepf": dp_mepf}
 
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    save_split(d / "private.npz", Split(rng.integers(0, 256, (30, 1, 8, 8), dtype=np.uint8), np.arange(30) % 3),
-               name="private_train", source="test", seed=0)
-    save_split(d / "public.npz", Split(rng.integers(0, 256, (20, 1, 8, 8), dtype=np.uint8), np.arange(20) % 3),
-               name="public", source="test", seed=0)
+    """DP-MERF's test splits (30 private, 20 public 8 x 8 images of 3 classes) and a public CLIP beside them."""
+    d = write_splits(tmp_path_factory.mktemp("data"))
     random_clip(d / "clip.pt")
     return d
 

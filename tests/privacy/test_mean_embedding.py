@@ -1,8 +1,8 @@
 """The release DP-HP, DP-NTK and DP-MEPF share (pipeline/privacy/mean_embedding.py): rows of norm <= 1,
 sensitivity 2/m by brute force over replace-one neighbours with each method's own feature map, the noise it
-adds, its certified eps against dp_accounting and the closed form, its ledger line and its replay (the one-run audit: tests/audit/test_baseline_canaries.py). Each
-privacy check comes with the mutation it must catch (a halved sensitivity, the noise switched off, an edited
-event, a row of norm > 1)."""
+adds, its certified eps against dp_accounting and the closed form, its ledger line and its replay (the
+one-run audit: tests/audit/test_baseline_canaries.py). Each privacy check comes with the mutation it must
+catch (a halved sensitivity, the noise switched off, an edited event, a row of norm > 1)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pipeline.baselines import features as feat
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger, rebuild
 from pipeline.privacy import mean_embedding as me
-from pipeline.privacy.dp_merf import mean_embedding
+from pipeline.privacy.dp_merf import embedding_sensitivity, mean_embedding
 from pipeline.privacy.replay import ReplayError, audit
 
 COARSE = acc.PLDSettings(1e-3)
@@ -62,7 +62,7 @@ def test_the_declared_sensitivity_bounds_every_replace_one_neighbour(method, m, 
     cands = torch.rand((5, 4), generator=g, dtype=torch.float64) * 3 - 1  # also outside [0, 1]
     phi_of = maps(4, seed)[method]
     assert float(phi_of(torch.cat([x, cands])).norm(dim=1).max()) <= 1 + 1e-12
-    assert brute_force_sensitivity(phi_of, x, y, cands, torch.arange(5) % 3, 3) <= me.embedding_sensitivity(m) + 1e-12
+    assert brute_force_sensitivity(phi_of, x, y, cands, torch.arange(5) % 3, 3) <= embedding_sensitivity(m) + 1e-12
 
 
 def test_a_halved_sensitivity_is_caught_by_the_brute_force():
@@ -73,7 +73,7 @@ def test_a_halved_sensitivity_is_caught_by_the_brute_force():
     worst = brute_force_sensitivity(maps(4)["dp_ntk"], x, y, torch.rand((2, 4), generator=g, dtype=torch.float64),
                                     torch.tensor([1, 2]), 3)
     assert worst == pytest.approx(math.sqrt(2) / m, rel=1e-9)
-    assert worst > me.embedding_sensitivity(m) / 2
+    assert worst > embedding_sensitivity(m) / 2
 
 
 def plan(sigma=2.0, m=50, F=16, Y=3, mechanism="dp_hp_embedding"):
