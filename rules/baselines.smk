@@ -1,7 +1,7 @@
 # Baselines under the same protocol: DP-MERF (one noisy RFF mean embedding, a generator matched to it),
 # its successors DP-HP, DP-NTK and DP-MEPF (the same release and generator over Hermite, e-NTK and
-# public perceptual features; pipeline/baselines/embedding_family.py) and Private Evolution (noisy nearest-neighbour votes steering the public EDM denoiser), scored by the
-# shared evaluation, certified by the same ledger. Code: pipeline/baselines/ (stages),
+# public perceptual features; pipeline/baselines/embedding_family.py) and Private Evolution (noisy
+# nearest-neighbour votes steering the public EDM denoiser), scored by the shared evaluation, certified by the same ledger. Code: pipeline/baselines/ (stages),
 # pipeline/privacy/dp_merf.py, mean_embedding.py and private_evolution.py (mechanisms),
 # pipeline/results/baselines.py (table). Runs and names: pipeline/baselines/runs.py.
 #
@@ -67,7 +67,7 @@ rule embedding_baseline:
         run=_baseline_runs.methods_pattern(_baseline_runs.EMBEDDING_FAMILY),
     params:
         p=BASELINES.params,
-        stage=lambda wildcards: _baseline_runs.BaselineRun.from_name(wildcards.run).method,
+        stage=BASELINES.stage,
         ins=lambda wildcards, input: io_args("--in", dict(input.items())),
     log:
         LOGS / "baselines" / "{run}.log",

@@ -86,6 +86,7 @@ def matching_loss(method: str, features: Any, mu_tilde: torch.Tensor, n_classes:
     """DP-NTK's loss in inner products (its rows are never formed); the others' explicit loss. In float32, as
     DP-MERF's: the release is float64, the generator's fit to it needs no more."""
     target = mu_tilde.to(device, torch.float32)
+    features = features.to(device)
     if method == "dp_ntk":
         return features.matching_loss(target, n_classes)
     return feat.explicit_matching_loss(target, features, n_classes)

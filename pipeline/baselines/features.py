@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -151,6 +151,10 @@ class HermiteFeatures:
     def dim(self) -> int:
         return len(self.rho) * (self.order + 1) + len(self.pairs) * (self.prod_order + 1) ** 2
 
+    def to(self, device: torch.device | str) -> HermiteFeatures:
+        """The same map on ``device`` (the generator trains there; the release runs on the CPU)."""
+        return replace(self, rho=self.rho.to(device), pairs=self.pairs.to(device))
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[1]
         g = hermite_features_1d(x, self.rho, self.order)  # [n, d, C+1]
@@ -195,6 +199,11 @@ class NTKFeatures:
         """Number of parameters of f: W, b, v and c."""
         return self.W.numel() + self.b.numel() + self.v.numel() + 1
 
+    def to(self, device: torch.device | str) -> NTKFeatures:
+        """This map, moved to ``device``."""
+        self.W, self.b, self.v, self.c = (t.to(device) for t in (self.W, self.b, self.v, self.c))
+        return self
+
     def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(delta, n, norm): grad_theta f = [delta x^T, delta, n, 1] and its norm, per row of ``x [n, d]``."""
         W, b, v = (t.to(x.dtype) for t in (self.W, self.b, self.v))
@@ -212,7 +221,7 @@ class NTKFeatures:
         """The rows phi(x) ``[n, dim]`` in the order of the parameters (W, b, v, c), norm 1."""
         delta, n, norm = self.parts(x)
         rows = torch.cat([(delta.unsqueeze(2) * x.unsqueeze(1)).reshape(len(x), -1), delta, n,
-                          torch.ones((len(x), 1), dtype=x.dtype)], dim=1)
+                          torch.ones((len(x), 1), dtype=x.dtype, device=x.device)], dim=1)
         return rows / norm.unsqueeze(1)
 
     def matching_loss(self, mu_tilde: torch.Tensor, n_classes: int) -> MatchingLoss:
@@ -231,7 +240,7 @@ class NTKFeatures:
             x = x.to(mu_tilde.dtype)
             delta, n, norm = self.parts(x)
             # A_y x for every class at once ([b, Y, width]), then each row's own class
-            Ax = (x @ A.T).reshape(len(x), n_classes, width)[torch.arange(len(x)), y]
+            Ax = (x @ A.T).reshape(len(x), n_classes, width)[torch.arange(len(x), device=x.device), y]
             cross = ((delta * (Ax + a_b[y])).sum(1) + (n * a_v[y]).sum(1) + a_c[y]) / norm
             gram = ((delta @ delta.T) * (x @ x.T + 1.0) + n @ n.T + 1.0) / (norm[:, None] * norm[None, :])
             same = (y[:, None] == y[None, :]).to(x.dtype)
@@ -275,6 +284,12 @@ class PerceptualFeatures:
     @property
     def dim(self) -> int:
         return 2 * self._dim
+
+    def to(self, device: torch.device | str) -> PerceptualFeatures:
+        """This map with its tower on ``device``."""
+        self.clip.model.to(device)
+        self.clip.device = torch.device(device)
+        return self
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         phi = self.perceptual(x)

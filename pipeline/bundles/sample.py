@@ -5,8 +5,8 @@ With the run's seed, ``n``, batch size and CPU threads this redraws the run's ow
 and STRAIGHTDP's Euler sampler with classifier-free guidance (:func:`pipeline.flow.straightdp.flow_samples`).
 STRAIGHTDP's bundles ship what that sampler reads: the trained flow, or the release and the public flow it guides, or
 the release alone, and in latent space the public decoder. DP-MERF's generator (and its successors': DP-HP,
-DP-NTK, DP-MEPF) samples from a fresh ``<method>.generator`` stream of the seed: the run drew its own samples from that stream after training had advanced
-it, so a bundle draws new ones rather than redrawing those. Sampling is post-processing of what the run released: it
+DP-NTK, DP-MEPF) samples from a fresh ``<method>.generator`` stream of the seed: the run drew its own samples from
+that stream after training had advanced it, so a bundle draws new ones rather than redrawing those. Sampling is post-processing of what the run released: it
 spends no privacy.
 """
 

@@ -119,3 +119,16 @@ def test_a_pixel_almost_constant_in_public_data_gives_finite_float32_features_an
     g = feat.hermite_features_1d(x, rho, 20)
     g.sum().backward()
     assert bool(torch.isfinite(g).all()) and bool(torch.isfinite(x.grad).all())
+
+
+def test_every_map_and_loss_follows_the_generator_to_its_device():
+    """On CUDA the generator's batches live on the GPU: each map moves there whole. The meta device stands in for
+    a GPU here (a tensor left on the CPU fails to combine with it)."""
+    g = torch.Generator().manual_seed(0)
+    public = torch.rand((30, 16), generator=g, dtype=F64)
+    hp = feat.hermite_features(public, {"order": 3, "prod_order": 2, "n_pairs": 4, "alpha": 0.5}, g)
+    ntk = feat.NTKFeatures(16, 5, g)
+    x, y = torch.rand((6, 16), device="meta"), torch.zeros(6, dtype=torch.long, device="meta")
+    for fm in (hp, ntk):
+        assert fm.to("meta")(x).shape == (6, fm.dim)  # (the explicit loss's label check reads values: not on meta)
+    assert ntk.matching_loss(torch.zeros((ntk.dim, 3), device="meta"), 3)(x, y).shape == ()

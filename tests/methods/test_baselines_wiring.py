@@ -142,6 +142,7 @@ def test_a_successor_reads_the_private_and_public_splits_and_dp_mepf_also_the_pu
 def test_a_successors_line_stage_benchmark_and_bundle(tmp_path):
     bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
     assert bl.transcripts()[bl.ledger_path("dp_ntk_eps1_seed0")].stage == "dp_ntk"
+    assert bl.stage(SimpleNamespace(run="dp_ntk_eps1_seed0")) == "dp_ntk"  # the stage rule embedding_baseline calls
     rec = next(r for r in bl.records() if r.config == "dp_mepf_eps1_seed0")
     assert rec.label == "DP-MEPF" and [Path(p) for p in rec.benchmarks][0] == \
         exp / "benchmarks" / "embedding_baseline" / "dp_mepf_eps1_seed0.tsv"

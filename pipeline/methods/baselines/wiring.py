@@ -92,6 +92,11 @@ class Wiring:
         """Private Evolution's embedding model: the CLIP file when baselines.pe.embedding is clip, else nothing."""
         return {"clip": self.evaluation.clip_model} if self.section["pe"]["embedding"] == "clip" else {}
 
+    @staticmethod
+    def stage(wildcards: Any) -> str:
+        """The stage rule embedding_baseline calls for ``wildcards.run``: its method (dp_hp, dp_ntk, dp_mepf)."""
+        return BaselineRun.from_name(wildcards.run).method
+
     def embedding_inputs(self, wildcards: Any) -> dict[str, Path]:
         """What a successor of DP-MERF reads: the private and public splits; DP-MEPF also the public CLIP."""
         split = self.house.layout.split
