@@ -347,15 +347,16 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     main = pd.read_parquet(results / "tables" / "dpdm_table_main.parquet")
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
-    # the one-run audit: one row per line of every private mechanism (the DPDM run, the six STRAIGHTDP
-    # training runs and five releases, the two arms' one of each, the toy's two of each, Table 4's two text
+    # the one-run audit: one row per line of every private mechanism (the DPDM run and the task-specific DP-SGD
+    # classifier's, the six STRAIGHTDP training runs and five releases, the two arms' one of each, the toy's two of
+    # each, Table 4's two text
     # releases, the EMPDEN cells, the five baselines), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     counts = audit["mechanism"].value_counts().to_dict()
     assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "text_moment_release",
                                        "dp_merf_embedding", "pe_nn_histogram", "dp_hp_embedding", "dp_ntk_embedding",
                                        "dp_mepf_embedding")} == {
-        "dpsgd": 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
+        "dpsgd": 1 + 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
         "dp_merf_embedding": 1, "pe_nn_histogram": 1, "dp_hp_embedding": 1, "dp_ntk_embedding": 1,
         "dp_mepf_embedding": 1}
     assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()

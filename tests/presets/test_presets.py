@@ -160,6 +160,9 @@ def _tiny_dpdm(d: dict[str, Any]) -> dict[str, Any]:
         "epsilons": eps, "batch_size": 8, "epochs": 0.1, "K": 2, "micro_batch": 8,
         "sampling": {"n_samples": 20, "batch_size": 20, "per_class": 1,
                      "samplers": {name: {"steps": 3} for name in d["sampling"]["samplers"]}},
+        # the task-specific DP-SGD classifier at two steps, Fig. 3 at two K of one public image
+        "dpsgd_classifier": {"batch_size": 8, "epochs": 0.1, "micro_batch": 8},
+        "gradient_variance": {"K": [1, 2], "repeats": 4, "n_images": 1, "bootstrap": 20},
     }
     if d.get("noise_multiplicity"):
         out["noise_multiplicity"] = {"epsilon": eps[-1], "K": [1, 2]}
