@@ -369,7 +369,7 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert table13["numerical_asr"].between(0.5, 1).all() and len(table13) == 4
     # the baselines: one certified run each within its target, scored by the shared evaluation
     baselines = pd.read_parquet(results / "tables" / "baselines.parquet")
-    assert sorted(baselines["method"]) == ["dp_hp", "dp_merf", "dp_mepf", "dp_ntk", "pe"]
+    assert sorted(baselines["method"]) == ["dp_hp", "dp_mepf", "dp_merf", "dp_ntk", "pe"]
     assert (baselines["eps_certified"] <= 3).all()
     # every method side by side: one row per evaluated run, a certified eps on every private row
     all_runs = pd.read_parquet(results / "tables" / "all_runs.parquet")
