@@ -35,6 +35,18 @@ def sampling_settings(root: Path) -> dict[str, Any]:
     return settings
 
 
+def generator_stream(settings: dict[str, Any], seed: int) -> Any:
+    """The torch generator a DP-MERF-family bundle samples from: its run's ``<method>.generator`` stream (DP-MERF's
+    when the settings name none). The successors' streams register with their stage module, imported here."""
+    import importlib
+
+    from pipeline import seeds
+
+    for module in ("pipeline.baselines.dp_merf", "pipeline.baselines.embedding_family"):
+        importlib.import_module(module)  # their stage modules register the generator streams
+    return seeds.torch_generator(str(settings.get("stream", "dp_merf.generator")), seed)
+
+
 def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int | None = None,
            device: str = "cpu", threads: int | None = None, check: bool = True) -> Split:
     """``n`` labelled samples (uint8 images, balanced labels) of a verified model bundle; ``seed``, ``batch_size``
@@ -57,14 +69,12 @@ def sample(path: str | Path, n: int, *, seed: int | None = None, batch_size: int
     torch.set_num_threads(int(settings.get("threads", 1) if threads is None else threads))
     dev = resolve_device(device)
     if settings["sampler"] == "dp_merf":
-        from pipeline import seeds
         from pipeline.baselines.dp_merf import generate as merf_generate
         from pipeline.baselines.dp_merf import load_generator
         from pipeline.bundles.weights import GENERATOR_FILE
 
         G, _ = load_generator(root / "weights" / GENERATOR_FILE, dev)
-        stream = str(settings.get("stream", "dp_merf.generator"))  # DP-MERF's successors draw from their own stream
-        return merf_generate(G, n, generator=seeds.torch_generator(stream, seed), device=dev)
+        return merf_generate(G, n, generator=generator_stream(settings, seed), device=dev)
     if settings["sampler"] == "dpdm":
         from pipeline.sampling.dpdm import SamplerConfig, generate
         from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes

@@ -355,3 +355,14 @@ def test_a_dp_merf_bundle_ships_its_generator_verifies_and_samples(splits, tmp_p
     _flip_a_byte(bundle / "weights" / "generator.safetensors")
     with pytest.raises(BundleError, match="generator.safetensors differs"):
         verify(bundle)
+
+
+def test_a_dp_merf_successors_bundle_finds_its_generator_stream_in_a_fresh_process():
+    """A bundle is sampled in a process that ran no stage: the successors' streams must register on the way in
+    (a DP-NTK bundle failed with 'unknown random stream dp_ntk.generator' before)."""
+    code = ("from pipeline.bundles.sample import generator_stream\n"
+            "for m in ('dp_merf', 'dp_hp', 'dp_ntk', 'dp_mepf'):\n"
+            "    generator_stream({'stream': f'{m}.generator'}, 0)\n"
+            "generator_stream({}, 0)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
