@@ -81,15 +81,10 @@ def private_batches(x: torch.Tensor, labels: torch.Tensor, features: FeatureMap
             yield features(x[i:i + RELEASE_BATCH]).double(), labels[i:i + RELEASE_BATCH]
 
 
-def matching_loss(method: str, features: Any, mu_tilde: torch.Tensor, n_classes: int,
-                  device: torch.device) -> feat.MatchingLoss:
-    """DP-NTK's loss in inner products (its rows are never formed); the others' explicit loss. In float32, as
-    DP-MERF's: the release is float64, the generator's fit to it needs no more."""
-    target = mu_tilde.to(device, torch.float32)
-    features = features.to(device)
-    if method == "dp_ntk":
-        return features.matching_loss(target, n_classes)
-    return feat.explicit_matching_loss(target, features, n_classes)
+def matching_loss(features: Any, mu_tilde: torch.Tensor, n_classes: int, device: torch.device) -> feat.MatchingLoss:
+    """The map's own matching loss on ``device`` (DP-NTK's in inner products: its rows are never formed; the others'
+    explicit). In float32, as DP-MERF's: the release is float64, the generator's fit to it needs no more."""
+    return features.to(device).matching_loss(mu_tilde.to(device, torch.float32), n_classes)
 
 
 def embedding_baseline(method: str, inputs: Mapping[str, Path], outputs: Mapping[str, Path],
@@ -129,7 +124,7 @@ def embedding_baseline(method: str, inputs: Mapping[str, Path], outputs: Mapping
              entry.claimed_epsilon, noise_norm, float(mu_tilde.norm()))
 
     g_gen = seeds.torch_generator(f"{method}.generator", run.seed)
-    G, losses = fit_generator(matching_loss(method, features, mu_tilde, n_classes, device), n_classes=n_classes,
+    G, losses = fit_generator(matching_loss(features, mu_tilde, n_classes, device), n_classes=n_classes,
                               out_shape=image_shape, cfg=generator_cfg, generator=g_gen, device=device,
                               desc=f"{method} generator")
     samples = generate(G, int(section["n_samples"]), generator=g_gen, device=device)

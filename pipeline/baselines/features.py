@@ -155,6 +155,9 @@ class HermiteFeatures:
         """The same map on ``device`` (the generator trains there; the release runs on the CPU)."""
         return replace(self, rho=self.rho.to(device), pairs=self.pairs.to(device))
 
+    def matching_loss(self, mu_tilde: torch.Tensor, n_classes: int) -> MatchingLoss:
+        return explicit_matching_loss(mu_tilde, self, n_classes)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[1]
         g = hermite_features_1d(x, self.rho, self.order)  # [n, d, C+1]
@@ -290,6 +293,9 @@ class PerceptualFeatures:
         self.clip.model.to(device)
         self.clip.device = torch.device(device)
         return self
+
+    def matching_loss(self, mu_tilde: torch.Tensor, n_classes: int) -> MatchingLoss:
+        return explicit_matching_loss(mu_tilde, self, n_classes)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         phi = self.perceptual(x)

@@ -43,7 +43,7 @@ from pipeline.privacy import private_evolution as pe
 from pipeline.sampling.dpdm import SamplerConfig, sample, to_uint8
 from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes
 from pipeline.stage import PipelineError, stage
-from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, load_training_split, to_model_scale
+from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, load_training_split
 
 log = logging.getLogger(__name__)
 
