@@ -62,7 +62,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -144,6 +144,20 @@ def clip_and_sum(grads: Mapping[str, Tensor], max_grad_norm: float) -> tuple[dic
 
 # --------------------------------------------------------------------------- noise multiplicity
 
+class Augmentation(Protocol):
+    """Random views of an example for augmentation multiplicity (De et al. 2022; DP-Diffusion, Ghalebikesabi et al.
+    2023, Sec. 3): each of an example's K draws sees its own random view of it.
+
+    ``draw(b, k, generator)`` draws the views' parameters ``[b, k, P]`` from the engine's generator (public
+    randomness, never the data); ``apply(x [b, ...], params [b, k, P])`` returns the views ``[b, k, ...]``, each a
+    function of its own example only, so a view's gradient is still one example's and is clipped with it.
+    """
+
+    def draw(self, b: int, k: int, generator: torch.Generator | None) -> Tensor: ...
+
+    def apply(self, x: Tensor, params: Tensor) -> Tensor: ...
+
+
 @dataclass(frozen=True)
 class NoiseMultiplicity:
     """K independent (sigma, noise) draws per example (DPDM Sec. 3).
@@ -162,6 +176,8 @@ class NoiseMultiplicity:
 
     K: int
     sample_sigma: Callable[[int, torch.Generator | None], Tensor]
+    #: optional augmentation multiplicity: draw k of example i sees its own random view of x_i (:class:`Augmentation`)
+    augment: Augmentation | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.K, int) and self.K >= 1):
@@ -188,6 +204,16 @@ class NoiseMultiplicity:
         """Consume the random numbers :meth:`draw` would for ``b`` examples of ``shape`` (another data-parallel
         rank's micro-batch: the stream stays aligned with one process's)."""
         self._draw(b, shape, dtype, generator, time_range)
+        if self.augment is not None:
+            self.augment.draw(b, self.K, generator)
+
+    def views(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """``x`` itself without augmentation; with it, each example's K views ``[B, K, ...]`` (drawn after
+        :meth:`draw`'s sigma and noise, from the same generator)."""
+        if self.augment is None:
+            return x
+        params = self.augment.draw(x.shape[0], self.K, generator)
+        return self.augment.apply(x, params.to(x.device))
 
     def _draw(self, b: int, shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator | None,
               time_range: tuple[float, float] | None) -> tuple[Tensor, Tensor]:
@@ -207,7 +233,8 @@ class MultiplicityLoss:
     loss (what ``vmap`` differentiates: the K draws run as one inner batch of the model);
     :meth:`batched` gives every example's loss from one forward over the B*K rows, example-major (what
     ghost clipping differentiates, :mod:`pipeline.privacy.ghost`). The mean is taken BEFORE the gradient
-    is clipped, so the example's sensitivity stays C for any K.
+    is clipped, so the example's sensitivity stays C for any K. Under augmentation multiplicity ``x`` holds the
+    example's K views (``[K, ...]``, batched ``[B, K, ...]``): draw k's loss is on view k.
     """
 
     def __init__(self, draw_loss: Callable[..., Tensor]) -> None:
@@ -216,7 +243,8 @@ class MultiplicityLoss:
     def __call__(self, model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, noise: Tensor,
                  *cond: Tensor) -> Tensor:
         k = sigma.shape[0]
-        xk = x.unsqueeze(0).expand(k, *x.shape)
+        # x is the example, or its K augmented views [K, ...] (augmentation multiplicity)
+        xk = x if x.dim() == noise.dim() else x.unsqueeze(0).expand(k, *x.shape)
         condk = tuple(c.unsqueeze(0).expand(k, *c.shape) for c in cond)
         return self.draw_loss(model_fn, xk, sigma, noise, *condk).mean()
 
@@ -224,7 +252,8 @@ class MultiplicityLoss:
                 *cond: Tensor) -> Tensor:
         """Every example's loss ``[B]``: ``x [B,...]``, ``sigma [B, K]``, ``noise [B, K, ...]``, ``cond [B, ...]``."""
         b, k = sigma.shape
-        rows = self.draw_loss(model_fn, x.repeat_interleave(k, dim=0), sigma.reshape(b * k),
+        xs = x.reshape(b * k, *x.shape[2:]) if x.dim() == noise.dim() else x.repeat_interleave(k, dim=0)
+        rows = self.draw_loss(model_fn, xs, sigma.reshape(b * k),
                               noise.reshape(b * k, *noise.shape[2:]), *(c.repeat_interleave(k, dim=0) for c in cond))
         return rows.reshape(b, k).mean(1)
 
@@ -366,7 +395,7 @@ class DPSGD:
             chunk = tuple(t[idx.to(t.device)] for t in data)
             if self.multiplicity is not None:
                 sigma, noise = self.multiplicity.draw(chunk[0], self.generator, time_range)
-                chunk = (chunk[0], sigma, noise, *chunk[1:])
+                chunk = (self.multiplicity.views(chunk[0], self.generator), sigma, noise, *chunk[1:])
             yield j, chunk
 
     def privatised_gradient(self, data: Sequence[Tensor], indices: Tensor) -> tuple[dict[str, Tensor], StepInfo]:

@@ -27,6 +27,13 @@ from pipeline.stage import PipelineError, stage
 STAGE = "dpdm_classifier_table"
 
 
+def _mean(column: pd.Series) -> float:
+    """The mean of a column's numbers, NaN when it has none (an all-null column, e.g. an unconditional DPDM's
+    accuracies, reads back from Parquet as strings)."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype="float64", na_value=math.nan)
+    return float(values[~pd.isna(values)].mean()) if (~pd.isna(values)).any() else math.nan
+
+
 def dpdm_accuracy(main: pd.DataFrame, classifier: str, eps_target: float) -> dict[str, Any]:
     """DPDM's synthetic-data accuracy of ``classifier`` at ``eps_target`` (mean over its seeds) from its main table,
     with the classifier seeds' std, DPDM's certified eps and its sampler; NaN where the table has no such row."""
@@ -36,8 +43,8 @@ def dpdm_accuracy(main: pd.DataFrame, classifier: str, eps_target: float) -> dic
         return {"acc_dpdm_synthetic": math.nan, "acc_dpdm_synthetic_std": math.nan, "dpdm_eps_certified": math.nan,
                 "dpdm_sampler": None, "dpdm_seeds": 0}
     std = f"{col}_std"
-    return {"acc_dpdm_synthetic": float(rows[col].mean()),
-            "acc_dpdm_synthetic_std": float(rows[std].mean()) if std in rows else math.nan,
+    return {"acc_dpdm_synthetic": _mean(rows[col]),
+            "acc_dpdm_synthetic_std": _mean(rows[std]) if std in rows else math.nan,
             "dpdm_eps_certified": float(rows["eps_certified"].mean()),
             "dpdm_sampler": ",".join(sorted(set(rows["sampler"].astype(str)))) if "sampler" in rows else None,
             "dpdm_seeds": int(rows["seed"].nunique()) if "seed" in rows else len(rows)}

@@ -64,6 +64,7 @@ from pipeline.models.unet import build_unet
 from pipeline.privacy import dpsgd, ledger
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
+from pipeline.training.augment import RandomShiftFlip
 from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split,
                                     to_model_scale, unet_spec_for)
 
@@ -91,6 +92,9 @@ PARAMS_DOC = {
     "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only",
     "clipping": "vmap | ghost | auto (default auto): how the clipped sum is formed (pipeline.privacy.dpsgd."
                 "resolve_clipping); the same mechanism",
+    "augment": "optional augmentation multiplicity {max_shift, flip}: each of an example's K draws sees its own random "
+               "view (translation by up to max_shift pixels, a left-right flip when flip) (DP-Diffusion, Ghalebikesabi "
+               "et al. 2023); null = none",
     "trainable": "glob patterns of the parameter names DP-SGD updates (e.g. ['*attentions*', "
                  "'unet.class_embedding.*']); null = every parameter",
     "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise; default 0)",
@@ -135,6 +139,7 @@ class DPDMConfig:
     steps: int | None = None
     seed: int = 0
     clipping: str = "auto"
+    augment: dict[str, Any] | None = None
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DPDMConfig:
@@ -192,6 +197,19 @@ class DPDMConfig:
             raise bad("checkpoint_every_s", "> 0")
         if self.clipping not in dpsgd.CLIPPING:
             raise bad("clipping", f"one of {', '.join(dpsgd.CLIPPING)}")
+        if self.augment is not None:
+            try:
+                self.augmentation()
+            except (TypeError, ValueError):
+                raise bad("augment", "null or {max_shift: integer >= 0, flip: true|false}") from None
+
+    def augmentation(self) -> RandomShiftFlip | None:
+        """Augmentation multiplicity's views (``augment``), or None."""
+        if self.augment is None:
+            return None
+        if not isinstance(self.augment, Mapping) or not isinstance(self.augment.get("flip", False), bool):
+            raise TypeError("augment")
+        return RandomShiftFlip(**self.augment)
 
     def n_steps(self, n: int) -> int:
         return self.steps if self.steps is not None else max(1, math.ceil(self.epochs * n / self.batch_size))
@@ -289,7 +307,9 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     spec = unet_spec_for(cfg.unet, split, class_conditional=cfg.class_conditional, num_classes=n_classes)
     config = get_parameterisation(cfg.parameterisation)
 
-    run_params = {**asdict(cfg), "data_sha256": data_sha, "unet_spec": spec.to_json(),
+    # a run without augmentation keeps the hash it had before the option existed (its checkpoints still resume)
+    fields = {k: v for k, v in asdict(cfg).items() if not (k == "augment" and v is None)}
+    run_params = {**fields, "data_sha256": data_sha, "unet_spec": spec.to_json(),
                   "init": read_denoiser_meta(inputs["init"]) if inputs.get("init") else None}
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
@@ -316,8 +336,8 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     gen = seeds.torch_generator("dpdm.draws", cfg.seed)  # Poisson sampling, diffusion draws, label dropout
     noise_gen = seeds.torch_generator("dpdm.mechanism_noise", cfg.seed, device=device)  # the Gaussian mechanism
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
-                         multiplicity=dpsgd.NoiseMultiplicity(cfg.K, config.sigma_sampler), generator=gen,
-                         noise_generator=noise_gen, clipping=cfg.clipping, world=world)
+                         multiplicity=dpsgd.NoiseMultiplicity(cfg.K, config.sigma_sampler, augment=cfg.augmentation()),
+                         generator=gen, noise_generator=noise_gen, clipping=cfg.clipping, world=world)
     log.info("%s: clipped sums by %s (dpdm.clipping %s), process %d of %d", STAGE, engine.clipping, cfg.clipping,
              world.rank + 1, world.size)
     images = to_model_scale(split.images).to(device)
@@ -344,7 +364,8 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     meta = {"stage": STAGE, "private": True, "parameterisation": cfg.parameterisation, "epsilon": certified,
             "target_epsilon": cfg.epsilon, "delta": cfg.delta, "noise_multiplier": plan.noise_multiplier,
             "clip": cfg.clip, "sampling_rate": plan.sampling_rate, "expected_batch_size": plan.expected_batch_size,
-            "K": cfg.K, "steps": total_steps, "lr": cfg.lr, "ema_decay": cfg.ema_decay, "weights": "ema",
+            "K": cfg.K, "augment": cfg.augment, "steps": total_steps, "lr": cfg.lr, "ema_decay": cfg.ema_decay,
+            "weights": "ema",
             "label_dropout": cfg.label_dropout, "class_conditional": cfg.class_conditional, "n_train": n,
             "trainable": None if cfg.trainable is None else list(cfg.trainable), "n_trainable": n_trainable,
             "data_sha256": data_sha, "init": None if init_info is None else init_info["path"],

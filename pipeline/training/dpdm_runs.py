@@ -101,9 +101,11 @@ def subsection(dpdm: Mapping[str, Any], key: str) -> dict[str, Any] | None:
 
 def classifier_runs(dpdm: Mapping[str, Any]) -> list[ClassifierRun]:
     """The task-specific DP-SGD classifier runs: every classifier of ``dpdm.dpsgd_classifier`` at DPDM's epsilons and
-    seeds (none when the section is null)."""
+    seeds; none when the section is null or DPDM is unconditional (``class_conditional: false``: its samples carry no
+    labels, so there is no synthetic-data classifier to compare with; DPDM's comparison has six labelled setups,
+    MNIST and Fashion-MNIST at three eps)."""
     section = subsection(dpdm, "dpsgd_classifier")
-    if section is None:
+    if section is None or not dpdm.get("class_conditional", True):
         return []
     return [ClassifierRun(c, e, s) for c in section["classifiers"] for e in dpdm["epsilons"] for s in dpdm["seeds"]]
 

@@ -331,6 +331,11 @@ def test_a_null_classifier_section_has_no_runs_but_a_run_asked_for_by_path_takes
     assert json.loads(off.classifier_params(wc("logreg_eps1_seed0")))["lr"] == 0.02
 
 
+def test_an_unconditional_dpdm_has_no_classifier_runs_its_samples_carry_no_labels_to_compare_with(tmp_path):
+    uncond = Wiring(house(tmp_path, lambda cfg: cfg["dpdm"].update(class_conditional=False)))
+    assert uncond.classifier_runs() == [] and uncond.classifier_records() == []
+
+
 # ---------------------------------------------------------------------------------------------- Fig. 3: variance vs K
 
 

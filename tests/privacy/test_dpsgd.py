@@ -16,6 +16,7 @@ from torch import nn
 from tests.ledgers import bind, replay_stage
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger
+from pipeline.training.augment import RandomShiftFlip
 
 COARSE = acc.PLDSettings(1e-3)  # fast, and recorded on the ledger line like any other setting
 
@@ -355,6 +356,67 @@ def test_the_dpsgd_plan_releases_bit_for_bit_what_the_mechanism_defines(route):
             assert torch.equal(got[k], t)
         else:
             torch.testing.assert_close(got[k], t, rtol=1e-5, atol=1e-7)
+
+
+# --------------------------------------------------------------------------- augmentation multiplicity
+
+
+def augmented_engine(model, p, K, seed=0, clipping="auto", max_shift=1) -> dpsgd.DPSGD:
+    mult = dpsgd.NoiseMultiplicity(K, lognormal_sigma, augment=RandomShiftFlip(max_shift=max_shift, flip=True))
+    return dpsgd.DPSGD(model, dpsgd.multiplicity_loss(draw_loss), p, microbatch_size=5, multiplicity=mult,
+                       generator=torch.Generator().manual_seed(seed),
+                       noise_generator=torch.Generator().manual_seed(seed + 1), clipping=clipping)
+
+
+@pytest.mark.parametrize("route", ["vmap", "ghost"])
+def test_augmentation_multiplicity_trains_each_draw_on_its_own_view_clipped_per_example(route):
+    # DP-Diffusion (Sec. 3): example i's loss averages K draws, draw k on view k of x_i, BEFORE the clip at C: the
+    # released sum is sum_i clip(grad l_i) + N(0, (sigma C)^2), the same mechanism as without augmentation
+    model, p, x = TinyDenoiser(), plan(noise_multiplier=1.3, max_grad_norm=0.2), images(40, scale=3.0)
+    idx = torch.arange(12)
+    got, info = augmented_engine(model, p, K=3, seed=5, clipping=route).privatised_gradient((x,), idx)
+    aug, gen = RandomShiftFlip(max_shift=1, flip=True), torch.Generator().manual_seed(5)
+    mult = dpsgd.NoiseMultiplicity(3, lognormal_sigma)
+    want = {k: torch.zeros_like(v) for k, v in got.items()}
+    for start in range(0, 12, 5):  # the engine's micro-batches draw sigma, noise, then the views, in turn
+        xb = x[idx[start:start + 5]]
+        sigma, noise = mult.draw(xb, gen)
+        views = aug.apply(xb, aug.draw(len(xb), 3, gen))
+        for i in range(len(xb)):  # one example at a time: its gradient over its own views only
+            model.zero_grad()
+            dpsgd.multiplicity_loss(draw_loss)(lambda a, s: model(a, s), views[i], sigma[i], noise[i]).backward()
+            g = {k: prm.grad.detach().clone() for k, prm in model.named_parameters()}
+            norm = flat(g).norm()
+            assert info.grad_norms[start + i].item() == pytest.approx(norm.item(), rel=1e-4)
+            for k in want:
+                want[k] += g[k] * min(1.0, 0.2 / norm.item())
+    ngen = torch.Generator().manual_seed(6)
+    for k, t in want.items():
+        t.add_(torch.randn(t.shape, generator=ngen), alpha=1.3 * 0.2).div_(p.expected_batch_size)
+        torch.testing.assert_close(got[k], t, rtol=1e-4, atol=1e-6)
+
+
+def test_augmented_views_change_the_gradient_and_each_contribution_still_has_norm_at_most_C():
+    model, p, x = TinyDenoiser(), plan(max_grad_norm=0.05), images(40, scale=3.0)
+    plain, _ = engine(model, p, K=2, seed=3).privatised_gradient((x,), torch.arange(10))
+    aug, info = augmented_engine(model, p, K=2, seed=3, max_shift=2).privatised_gradient((x,), torch.arange(10))
+    assert not torch.allclose(flat(plain), flat(aug))  # the views are used (the draws of sigma and noise are shared)
+    noiseless = augmented_engine(model, plan(max_grad_norm=0.05, noise_multiplier=1e-12), K=2, seed=3, max_shift=2)
+    for i in range(10):  # the noiseless released sum of one example is its clipped contribution
+        g, _ = noiseless.privatised_gradient((x,), torch.tensor([i]))
+        assert flat(g).norm().item() * p.expected_batch_size <= 0.05 * (1 + 1e-5)
+
+
+def test_an_example_contributes_the_same_whatever_the_other_examples_are():
+    # a view is a function of its own example: replacing example 1 moves no other example's gradient norm
+    model, p, x = TinyDenoiser(), plan(), images(40, scale=3.0)
+    y = x.clone()
+    y[1] = images(1, scale=3.0, seed=9)[0]
+    _, a = augmented_engine(model, p, K=2, seed=4).privatised_gradient((x,), torch.arange(6))
+    _, b = augmented_engine(model, p, K=2, seed=4).privatised_gradient((y,), torch.arange(6))
+    keep = torch.tensor([0, 2, 3, 4, 5])
+    torch.testing.assert_close(a.grad_norms[keep], b.grad_norms[keep])
+    assert a.grad_norms[1] != b.grad_norms[1]
 
 
 def test_draw_without_a_time_range_calls_the_two_argument_sampler_unchanged():

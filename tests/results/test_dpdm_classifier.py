@@ -61,3 +61,14 @@ def test_a_missing_input_is_a_one_line_error(tmp_path, main_table):
         dpdm_classifier_table({"dpdm_main": main_table}, {"table": tmp_path / "t.parquet"}, {"rows": rows})
     with pytest.raises(PipelineError, match="dpdm_main"):
         dpdm_classifier_table({}, {"table": tmp_path / "t.parquet"}, {"rows": rows})
+
+
+def test_a_main_table_without_accuracies_gives_nan_not_a_type_error(tmp_path):
+    # an unconditional DPDM's table: its accuracy columns are all null, stored as strings by the table writer
+    path = tmp_path / "dpdm_table_main.parquet"
+    null = pd.Series([None], dtype="string")
+    pd.DataFrame({"eps_target": [1.0], "acc_cnn": null, "acc_cnn_std": null, "eps_certified": [0.99],
+                  "sampler": ["churn"], "seed": [0]}).to_parquet(path)
+    got = dpdm_accuracy(pd.read_parquet(path), "cnn", 1.0)
+    assert math.isnan(got["acc_dpdm_synthetic"]) and math.isnan(got["acc_dpdm_synthetic_std"])
+    assert got["dpdm_seeds"] == 1
