@@ -1,7 +1,9 @@
 # Baselines under the same protocol: DP-MERF (one noisy RFF mean embedding, a generator matched to it),
 # its successors DP-HP, DP-NTK and DP-MEPF (the same release and generator over Hermite, e-NTK and
 # public perceptual features; pipeline/baselines/embedding_family.py) and Private Evolution (noisy
-# nearest-neighbour votes steering the public EDM denoiser), scored by the shared evaluation, certified by the same ledger. Code: pipeline/baselines/ (stages),
+# nearest-neighbour votes steering the public EDM denoiser) and DP-Diffusion (the public denoiser fine-tuned by the
+# DP-SGD engine with augmentation multiplicity: stages train_dpdm and sample_dpdm), scored by the shared evaluation,
+# certified by the same ledger. Code: pipeline/baselines/ (stages),
 # pipeline/privacy/dp_merf.py, mean_embedding.py and private_evolution.py (mechanisms),
 # pipeline/results/baselines.py (table). Runs and names: pipeline/baselines/runs.py.
 #
@@ -115,6 +117,62 @@ rule private_evolution:
     shell:
         "python -m pipeline private_evolution {params.ins} --out samples={output.samples:q}"
         " ledger={output.ledger:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+rule dpsgd_baseline:
+    """DP-Diffusion: the public denoiser fine-tuned by DP-SGD with augmentation multiplicity (stage train_dpdm)."""
+    input:
+        unpack(BASELINES.dpsgd_inputs),
+    output:
+        model=BASELINES.denoiser_path("{run}"),
+        ledger=BASELINES.ledger_path("{run}"),
+        metrics=BASELINES.train_metrics_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.methods_pattern(_baseline_runs.DPSGD_FAMILY),
+    params:
+        p=BASELINES.dpsgd_params,
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "baselines" / "{run}.log",
+    benchmark:
+        benchmark_path("dpsgd_baseline", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=cost.dpdm_train_mem_mb(config),
+        runtime=cost.dpdm_train_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline train_dpdm {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
+        " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+rule sample_baseline:
+    """Samples of a DP-SGD baseline's denoiser with its sampler (post-processing: no ledger line)."""
+    input:
+        denoiser=BASELINES.denoiser_path("{run}"),
+    output:
+        samples=BASELINES.samples_path("{run}"),
+        manifest=BASELINES.manifest_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.methods_pattern(_baseline_runs.DPSGD_FAMILY),
+    params:
+        p=BASELINES.dpsgd_sample_params,
+    log:
+        LOGS / "sample_baseline" / "{run}.log",
+    benchmark:
+        benchmark_path("sample_baseline", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=3000,
+        runtime=cost.dpdm_sample_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline sample_dpdm --in denoiser={input.denoiser:q} --out samples={output.samples:q}"
+        " --params {params.p:q} --log {log:q}"
 
 
 rule evaluate_baseline:

@@ -176,6 +176,9 @@ TINY = {
                   "dp_merf": {"n_features": 64, "steps": 5, "batch_size": 20, "hidden": 16},
                   "dp_hp": {"epsilons": None, "order": 4, "n_pairs": 10}, "dp_ntk": {"epsilons": None, "width": 16},
                   "dp_mepf": {"epsilons": None},
+                  # DP-Diffusion: one DP-SGD step of the (imported) public denoiser on two views per example
+                  "dp_diffusion": {"epsilons": None, "K": 2, "batch_size": 50, "epochs": 0.05, "micro_batch": 25,
+                                   "sampler": {"name": "ddim", "steps": 2}},
                   "pe": {"iterations": 2, "n_per_class": 2, "sampler_steps": 3}},
 }
 
@@ -213,8 +216,8 @@ RERUN_SCOPE = {
     # the audit reads every private mechanism's transcripts; the runs that wrote them are untouched
     "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
     "baselines.seeds": ({"baselines": {"seeds": [0, 1]}}, "private_evolution",
-                        {"dp_merf", "embedding_baseline", "private_evolution", "evaluate_baseline", "baselines_table",
-                         "empden_table2_comparison", "audit_one_run"}),
+                        {"dp_merf", "embedding_baseline", "private_evolution", "dpsgd_baseline", "sample_baseline",
+                         "evaluate_baseline", "baselines_table", "empden_table2_comparison", "audit_one_run"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
                                                {"empden_table1_window_swap", "empden_table4_proxy",
@@ -230,7 +233,7 @@ def check_bundles(repo: Path, results: Path, all_runs: pd.DataFrame) -> None:
     # the task-specific DP-SGD classifier is a classifier, not a generator: it has no samples to bundle
     private = all_runs[all_runs["private"] & (all_runs["method"] != "dpsgd_classifier")]
     folder = {"dpdm": lambda c: c.split("/")[0], "empden": lambda c: c.replace("/", "_")}
-    house = {m: "baselines" for m in ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf")}
+    house = {m: "baselines" for m in ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion")}
     expected = {f"{house.get(m, m)}/{folder.get(m, str)(c)}" for m, c in zip(private["method"], private["config"])}
     found = {p.relative_to(results / "bundles").as_posix() for p in (results / "bundles").glob("*/*") if p.is_dir()}
     assert found == expected
@@ -347,16 +350,16 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     main = pd.read_parquet(results / "tables" / "dpdm_table_main.parquet")
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
-    # the one-run audit: one row per line of every private mechanism (the DPDM run and the task-specific DP-SGD
-    # classifier's, the six STRAIGHTDP training runs and five releases, the two arms' one of each, the toy's two of
+    # the one-run audit: one row per line of every private mechanism (the DPDM run, the task-specific DP-SGD
+    # classifier's and DP-Diffusion's, the six STRAIGHTDP training runs and five releases, the two arms' one of each, the toy's two of
     # each, Table 4's two text
-    # releases, the EMPDEN cells, the five baselines), each passed
+    # releases, the EMPDEN cells, the six baselines), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     counts = audit["mechanism"].value_counts().to_dict()
     assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "text_moment_release",
                                        "dp_merf_embedding", "pe_nn_histogram", "dp_hp_embedding", "dp_ntk_embedding",
                                        "dp_mepf_embedding")} == {
-        "dpsgd": 1 + 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
+        "dpsgd": 1 + 1 + 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
         "dp_merf_embedding": 1, "pe_nn_histogram": 1, "dp_hp_embedding": 1, "dp_ntk_embedding": 1,
         "dp_mepf_embedding": 1}
     assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()
@@ -369,16 +372,16 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert table13["numerical_asr"].between(0.5, 1).all() and len(table13) == 4
     # the baselines: one certified run each within its target, scored by the shared evaluation
     baselines = pd.read_parquet(results / "tables" / "baselines.parquet")
-    assert sorted(baselines["method"]) == ["dp_hp", "dp_mepf", "dp_merf", "dp_ntk", "pe"]
+    assert sorted(baselines["method"]) == ["dp_diffusion", "dp_hp", "dp_mepf", "dp_merf", "dp_ntk", "pe"]
     assert (baselines["eps_certified"] <= 3).all()
     # every method side by side: one row per evaluated run, a certified eps on every private row
     all_runs = pd.read_parquet(results / "tables" / "all_runs.parquet")
     assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe", "dpsgd_classifier",
-                                       "dp_hp", "dp_ntk", "dp_mepf"}
+                                       "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion"}
     assert not all_runs.duplicated(["method", "config", "seed"]).any()
     assert all_runs.groupby("method").size().to_dict() == {
         "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8 + 2, "dp_merf": 1, "pe": 1, "dpsgd_classifier": 1,
-        "dp_hp": 1, "dp_ntk": 1, "dp_mepf": 1}
+        "dp_hp": 1, "dp_ntk": 1, "dp_mepf": 1, "dp_diffusion": 1}
     private = all_runs[all_runs["private"]]
     assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
     assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()

@@ -16,12 +16,15 @@ from typing import Any
 from pipeline.runs import NamedRun, RunGrammar, choice, integer, number
 
 #: the baselines, as written in run names and the config's baselines.methods
-METHODS = ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf")
+METHODS = ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion")
 #: what the tables and the figure call each
-LABELS = {"dp_merf": "DP-MERF", "pe": "Private Evolution", "dp_hp": "DP-HP", "dp_ntk": "DP-NTK", "dp_mepf": "DP-MEPF"}
+LABELS = {"dp_merf": "DP-MERF", "pe": "Private Evolution", "dp_hp": "DP-HP", "dp_ntk": "DP-NTK", "dp_mepf": "DP-MEPF",
+          "dp_diffusion": "DP-Diffusion"}
 #: DP-MERF's successors: another feature map; DP-MERF's release, generator and loop
 #: (pipeline/baselines/embedding_family.py)
 EMBEDDING_FAMILY = ("dp_hp", "dp_ntk", "dp_mepf")
+#: baselines that fine-tune the public denoiser with the DP-SGD engine (stage train_dpdm), then sample it
+DPSGD_FAMILY = ("dp_diffusion",)
 
 #: the run grammar: ``<method>_eps<eps>_seed<seed>``
 RUN_NAME = RunGrammar("baseline run", (choice("method", METHODS), number("epsilon", "eps"), integer("seed", "seed")),

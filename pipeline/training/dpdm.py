@@ -58,9 +58,8 @@ from torch import nn
 from pipeline import distributed, seeds
 from pipeline.config import schema_defaults
 from pipeline.io import atomic_path, read_json, write_json
-from pipeline.models.checkpoint import read_denoiser_meta, save_denoiser
+from pipeline.models.checkpoint import BACKBONES, read_denoiser_backbone, read_denoiser_meta, save_denoiser
 from pipeline.models.precond import parameterisation as get_parameterisation
-from pipeline.models.unet import build_unet
 from pipeline.privacy import dpsgd, ledger
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
@@ -87,7 +86,8 @@ PARAMS_DOC = {
     "label_dropout": "probability of the null label per example and step, classifier-free guidance",
     "class_conditional": "condition on the labels",
     "unet": "UNetSpec architecture keys (block_out_channels, attention, layers_per_block, norm_num_groups, "
-            "dropout); image size, channels and classes come from the data",
+            "dropout); image size, channels and classes come from the data. 'init': the public denoiser's own "
+            "architecture and conditioning (input init; every tensor is copied, class_conditional is the file's)",
     "checkpoint_every_s": "wall-clock seconds between resumable checkpoints",
     "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only",
     "clipping": "vmap | ghost | auto (default auto): how the clipped sum is formed (pipeline.privacy.dpsgd."
@@ -108,6 +108,8 @@ PARAMS_DOC = {
                     "diffusers; only in the config id)",
 }
 _KNOWN = set(PARAMS_DOC)
+#: param ``unet`` value: the architecture of the public denoiser the run starts from (input ``init``)
+UNET_FROM_INIT = "init"
 #: the config section the stage's params mirror: the one source of their defaults
 SCHEMA_SECTION = "dpdm"
 
@@ -132,7 +134,7 @@ class DPDMConfig:
     ema_decay: float
     label_dropout: float
     class_conditional: bool
-    unet: dict[str, Any]
+    unet: dict[str, Any] | str
     checkpoint_every_s: float
     micro_batch: int
     trainable: tuple[str, ...] | None
@@ -152,10 +154,11 @@ class DPDMConfig:
         # an absent (or null) param takes the schema's default, as validate_config fills a config
         section = schema_defaults(SCHEMA_SECTION)
         kept = {k: section[k] for k in cls.__dataclass_fields__ if k in section} | given
-        if not isinstance(kept["unet"], Mapping):
-            raise PipelineError(f"stage {STAGE}: param unet must be a mapping of architecture keys, "
-                                f"got {kept['unet']!r}")
-        kept["unet"] = {**section["unet"], **kept["unet"]}  # nested keys too, as validate_config fills them
+        if kept["unet"] != UNET_FROM_INIT:
+            if not isinstance(kept["unet"], Mapping):
+                raise PipelineError(f"stage {STAGE}: param unet must be a mapping of architecture keys or "
+                                    f"{UNET_FROM_INIT!r}, got {kept['unet']!r}")
+            kept["unet"] = {**section["unet"], **kept["unet"]}  # nested keys too, as validate_config fills them
         if kept["trainable"] is not None:
             pats = kept["trainable"]
             if isinstance(pats, str) or not all(isinstance(x, str) and x for x in pats):
@@ -256,6 +259,49 @@ def init_from_public(model: nn.Module, path: Path) -> dict[str, Any]:
             "fresh": fresh, "meta": blob.get("meta", {})}
 
 
+@dataclass(frozen=True)
+class Backbone:
+    """The run's network: a registered backbone ``kind`` and its ``spec`` (``unet``: a :class:`UNetSpec`; ``unet:
+    init`` of an imported model: ``diffusers_unet``), and the classes it is conditioned on (0: unconditional)."""
+
+    kind: str
+    spec: Any
+    num_classes: int
+
+    def build(self) -> nn.Module:
+        return BACKBONES[self.kind].build(self.spec)
+
+
+def _shape_and_classes(kind: str, spec: Any) -> tuple[int, int, int]:
+    """(channels, image size, classes) of a UNet spec of either kind."""
+    if kind == "unet":
+        return spec.channels, spec.image_size, spec.num_classes
+    config = spec.config
+    size = config.get("sample_size")
+    embeds = config.get("num_class_embeds")
+    return int(config.get("in_channels", 0)), int(size if isinstance(size, int) else size[0]), (
+        int(embeds) - 1 if embeds else 0)
+
+
+def model_backbone(cfg: DPDMConfig, inputs: Mapping[str, Path], split: Any, n_classes: int) -> Backbone:
+    """The run's UNet: from ``cfg.unet`` and the data, or (``unet: init``) the public denoiser's own (a trained or an
+    imported UNet), checked against the private split's image shape and declared classes."""
+    if cfg.unet != UNET_FROM_INIT:
+        spec = unet_spec_for(cfg.unet, split, class_conditional=cfg.class_conditional, num_classes=n_classes)
+        return Backbone("unet", spec, spec.num_classes)
+    if not inputs.get("init"):
+        raise PipelineError(f"stage {STAGE}: param unet 'init' needs --in init=PUBLIC_DENOISER")
+    kind, spec = read_denoiser_backbone(inputs["init"])
+    if kind not in ("unet", "diffusers_unet"):
+        raise PipelineError(f"input init {inputs['init']}: a {kind} backbone, not a UNet denoiser")
+    channels, size, classes = _shape_and_classes(kind, spec)
+    _, c, h, _ = split.images.shape
+    if (channels, size) != (c, h) or classes not in (0, n_classes):
+        raise PipelineError(f"input init {inputs['init']}: a {channels}x{size}^2 model with {classes} classes, the "
+                            f"private split is {c}x{h}^2 with {n_classes}")
+    return Backbone(kind, spec, classes)
+
+
 def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str, *,
                     write: bool = True) -> dpsgd.DPSGDPlan:
     """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training).
@@ -304,12 +350,12 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     binding = ledger.binding_of(params, data_sha256=data_sha, stage=STAGE)
     if cfg.batch_size > n:
         raise PipelineError(f"stage {STAGE}: batch_size {cfg.batch_size} exceeds the {n} private records")
-    spec = unet_spec_for(cfg.unet, split, class_conditional=cfg.class_conditional, num_classes=n_classes)
+    net = model_backbone(cfg, inputs, split, n_classes)
     config = get_parameterisation(cfg.parameterisation)
 
     # a run without augmentation keeps the hash it had before the option existed (its checkpoints still resume)
     fields = {k: v for k, v in asdict(cfg).items() if not (k == "augment" and v is None)}
-    run_params = {**fields, "data_sha256": data_sha, "unet_spec": spec.to_json(),
+    run_params = {**fields, "data_sha256": data_sha, "unet_spec": net.spec.to_json(),
                   "init": read_denoiser_meta(inputs["init"]) if inputs.get("init") else None}
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
@@ -329,7 +375,7 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
 
     # 2. the model (public initialisation is post-processing of public data)
     seeds.seed_globals("dpdm.init", cfg.seed)
-    model = config.build(build_unet(spec)).to(device)
+    model = config.build(net.build()).to(device)
     init_info = init_from_public(model, inputs["init"]) if inputs.get("init") else None
     n_trainable = freeze_all_but(model, cfg.trainable)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
@@ -341,11 +387,11 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     log.info("%s: clipped sums by %s (dpdm.clipping %s), process %d of %d", STAGE, engine.clipping, cfg.clipping,
              world.rank + 1, world.size)
     images = to_model_scale(split.images).to(device)
-    labels = torch.from_numpy(split.labels.astype(np.int64)).to(device) if spec.num_classes else None
+    labels = torch.from_numpy(split.labels.astype(np.int64)).to(device) if net.num_classes else None
 
     def step(i: int) -> float:
         engine.steps_taken = i  # the engine refuses to run past the accounted T
-        data = (images,) if labels is None else (images, drop_labels(labels, cfg.label_dropout, spec.num_classes, gen))
+        data = (images,) if labels is None else (images, drop_labels(labels, cfg.label_dropout, net.num_classes, gen))
         engine.step(optimizer, data)
         return float("nan")  # the private loss is deliberately not recorded
 
@@ -366,16 +412,17 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
             "clip": cfg.clip, "sampling_rate": plan.sampling_rate, "expected_batch_size": plan.expected_batch_size,
             "K": cfg.K, "augment": cfg.augment, "steps": total_steps, "lr": cfg.lr, "ema_decay": cfg.ema_decay,
             "weights": "ema",
-            "label_dropout": cfg.label_dropout, "class_conditional": cfg.class_conditional, "n_train": n,
+            "label_dropout": cfg.label_dropout, "class_conditional": bool(net.num_classes) if cfg.unet == UNET_FROM_INIT
+            else cfg.class_conditional, "n_train": n,
             "trainable": None if cfg.trainable is None else list(cfg.trainable), "n_trainable": n_trainable,
             "data_sha256": data_sha, "init": None if init_info is None else init_info["path"],
             "config_id": config_id, "seed": cfg.seed, "accountant": "pld_pessimistic"}
-    save_denoiser(outputs["model"], res.ema.cpu(), unet=spec, precond=config.precond, meta=meta)
+    save_denoiser(outputs["model"], res.ema.cpu(), backbone=net.spec, precond=config.precond, meta=meta)
     write_json(outputs["metrics"], {
         "format": "dpgen-train-metrics/1", "stage": STAGE, **meta, "resumed_from": res.resumed_from,
         "wall_s_this_run": res.wall_s, "calibration_s": calibration_s, "device": str(device),
         "processes": world.size,
-        "s_per_step": res.wall_s / max(1, res.steps - res.resumed_from), "unet": spec.to_json(),
+        "s_per_step": res.wall_s / max(1, res.steps - res.resumed_from), "unet": net.spec.to_json(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "init_fresh_tensors": None if init_info is None else init_info["fresh"],
         "note": "no training loss is reported: it is a function of the private data"})

@@ -21,7 +21,7 @@ def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
     # DP-MERF's successors at their own eps (the quick tour: 1 only)
     assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
                                            "pe_eps10_seed0", "dp_hp_eps1_seed0", "dp_ntk_eps1_seed0",
-                                           "dp_mepf_eps1_seed0"]
+                                           "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0"]
     assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
     assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
 
@@ -150,3 +150,63 @@ def test_a_successors_line_stage_benchmark_and_bundle(tmp_path):
     assert b.kind == "model" and b.model == str(bl.generator_path("dp_mepf_eps1_seed0"))
     assert b.sampling["stream"] == "dp_mepf.generator" and "perceptual" in b.covers[0]
     assert any("CLIP" in c for c in b.not_covered)
+
+
+# ---------------------------------------------------------------------------------------------- DP-Diffusion
+
+
+def test_dp_diffusion_fine_tunes_the_public_denoiser_on_the_private_split(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    assert bl.dpsgd_inputs() == {"data": exp / "data" / "private_train.npz", "init": exp / "models" / "public_edm.pt"}
+    assert bl.denoiser_path("dp_diffusion_eps1_seed0") == exp / "models" / "baselines" / "dp_diffusion_eps1_seed0.pt"
+
+
+def test_dp_diffusions_training_params_are_its_subsection_with_views_on_the_public_denoisers_architecture(tmp_path):
+    h = house(tmp_path)
+    p = json.loads(Wiring(h).dpsgd_params(SimpleNamespace(run="dp_diffusion_eps1_seed0")))
+    own, pretrain = h.config["baselines"]["dp_diffusion"], h.config["pretrain"]
+    assert (p["epsilon"], p["seed"], p["delta"], p["parameterisation"]) == (1.0, 0, 1e-5, "edm")
+    assert (p["K"], p["clip"], p["batch_size"], p["epochs"], p["lr"]) == (own["K"], own["clip"], own["batch_size"],
+                                                                          own["epochs"], own["lr"])
+    assert p["augment"] == {"max_shift": own["max_shift"], "flip": own["flip"]} and p["trainable"] is None
+    # every tensor of the public denoiser is copied: its own architecture and conditioning, pretrain's label dropout
+    assert (p["unet"], p["label_dropout"]) == ("init", pretrain["label_dropout"]) and "class_conditional" not in p
+    from pipeline.training.dpdm import UNET_FROM_INIT
+    assert p["unet"] == UNET_FROM_INIT
+    assert p["ledger_binding"] == {"run": "dp_diffusion_eps1_seed0", "experiment": "digits"}
+    assert p["private"] == {"N": 2500, "n_classes": 10}
+    from pipeline.training.dpdm import DPDMConfig
+    cfg = DPDMConfig.from_params(p)  # the stage accepts them
+    assert cfg.augmentation().max_shift == own["max_shift"]
+
+    def retune_others(cfg):
+        cfg["baselines"]["dp_merf"]["steps"] = 7
+        cfg["dpdm"]["K"] = 9
+    assert Wiring(house(tmp_path, retune_others)).dpsgd_params(SimpleNamespace(run="dp_diffusion_eps1_seed0")) == \
+        Wiring(h).dpsgd_params(SimpleNamespace(run="dp_diffusion_eps1_seed0"))
+    # and tuning it reruns no other baseline
+    def retune(cfg):
+        cfg["baselines"]["dp_diffusion"]["K"] = 8
+    assert Wiring(house(tmp_path, retune)).params(SimpleNamespace(run="dp_merf_eps1_seed0")) == \
+        Wiring(h).params(SimpleNamespace(run="dp_merf_eps1_seed0"))
+
+
+def test_dp_diffusion_samples_with_its_sampler_and_the_runs_seed(tmp_path):
+    h = house(tmp_path)
+    s = json.loads(Wiring(h).dpsgd_sample_params(SimpleNamespace(run="dp_diffusion_eps1_seed0")))
+    n = h.config["baselines"]["n_samples"]
+    assert s["sampler"] == h.config["baselines"]["dp_diffusion"]["sampler"] and s["n_samples"] == n
+    assert (s["seed"], s["name"]) == (0, "baselines/dp_diffusion_eps1_seed0")
+
+
+def test_dp_diffusions_line_is_train_dpdms_and_its_bundle_ships_the_denoiser(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    run = "dp_diffusion_eps1_seed0"
+    assert bl.transcripts()[bl.ledger_path(run)].stage == "train_dpdm"
+    rec = next(r for r in bl.records() if r.config == run)
+    assert rec.label == "DP-Diffusion" and rec.method == "dp_diffusion" and [Path(p) for p in rec.benchmarks] == [
+        exp / "benchmarks" / d / f"{run}.tsv" for d in ("dpsgd_baseline", "sample_baseline", "evaluate_baseline")]
+    b = bl.bundle(run)
+    assert b.kind == "model" and b.model == str(bl.denoiser_path(run))
+    assert b.sampling["sampler"] == "dpdm" and b.sampling["settings"] == bl.section["dp_diffusion"]["sampler"]
+    assert "augmented views" in b.covers[0] and any("public pretraining" in c for c in b.not_covered)

@@ -307,3 +307,43 @@ def test_two_processes_killed_mid_way_resume_to_the_single_process_model_and_led
     # rank 1 logged beside rank 0's log
     assert "process 1 of 2" in log.read_text()
     assert "process 2 of 2" in (tmp_path / "two" / "train.log.rank1").read_text()
+
+
+def test_unet_init_takes_the_public_denoisers_own_architecture_and_copies_every_tensor(private_split, tmp_path):
+    # DP-Diffusion fine-tunes the public model itself (a trained or an imported one): nothing starts fresh
+    from pipeline.models.checkpoint import save_denoiser
+    from pipeline.models.edm import EDMPrecond
+    from pipeline.models.unet import UNetSpec, build_unet
+
+    spec = UNetSpec(image_size=8, block_out_channels=(8, 8), attention=(False, True), norm_num_groups=4,
+                    num_classes=3)
+    torch.manual_seed(5)
+    save_denoiser(tmp_path / "public.pt", EDMPrecond(build_unet(spec)), unet=spec, precond="edm")
+    out = outputs(tmp_path)
+    train_dpdm({"data": private_split, "init": tmp_path / "public.pt"}, out,
+               {**BASE, "unet": "init", "K": 2, "augment": {"max_shift": 1, "flip": False}})
+    metrics = json.loads(out["metrics"].read_text())
+    assert metrics["init_fresh_tensors"] == [] and metrics["unet"] == spec.to_json()
+    assert metrics["augment"] == {"max_shift": 1, "flip": False} and metrics["class_conditional"]
+    # the views change the released model, not the mechanism
+    plain = outputs(tmp_path / "plain")
+    train_dpdm({"data": private_split, "init": tmp_path / "public.pt"}, plain, {**BASE, "unet": "init", "K": 2})
+    assert mechanism_fields(out["ledger"]) == mechanism_fields(plain["ledger"])
+    a, b = load_denoiser(out["model"]).state_dict(), load_denoiser(plain["model"]).state_dict()
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_unet_init_without_a_fitting_public_denoiser_is_one_line(private_split, tmp_path):
+    from pipeline.models.checkpoint import save_denoiser
+    from pipeline.models.edm import EDMPrecond
+    from pipeline.models.unet import UNetSpec, build_unet
+
+    out = outputs(tmp_path)
+    with pytest.raises(PipelineError, match="param unet 'init' needs --in init"):
+        train_dpdm({"data": private_split}, out, {**BASE, "unet": "init"})
+    spec = UNetSpec(image_size=16, block_out_channels=(8, 8), attention=(False, False), norm_num_groups=4)
+    save_denoiser(tmp_path / "big.pt", EDMPrecond(build_unet(spec)), unet=spec, precond="edm")
+    with pytest.raises(PipelineError, match=r"a 1x16\^2 model with 0 classes, the private split is 1x8\^2 with 3"):
+        train_dpdm({"data": private_split, "init": tmp_path / "big.pt"}, out, {**BASE, "unet": "init"})
+    with pytest.raises(PipelineError, match="param augment must be"):
+        train_dpdm({"data": private_split}, out, {**BASE, "augment": {"max_shift": -1}})

@@ -13,18 +13,28 @@ from pipeline.baselines import runs as baseline_runs
 from pipeline.baselines.runs import BaselineRun
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
-from pipeline.wiring import House, stage_params
+from pipeline.wiring import House, params_json, stage_params
+
+#: train_dpdm's ``unet`` value for the public denoiser's own architecture (pipeline.training.dpdm.UNET_FROM_INIT;
+#: written here so the rule file's import stays torch-free)
+UNET_FROM_INIT = "init"
 
 #: keys that list which runs exist, not how one is made: left out of a run's params, so adding an eps or a seed
 #: reruns nothing already built
 LISTING = ("methods", "epsilons", "seeds")
 #: a baseline's private stage (and its rule, its benchmark folder), by the method token of its run names
-STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution", "dp_hp": "dp_hp", "dp_ntk": "dp_ntk", "dp_mepf": "dp_mepf"}
-#: the rule (and benchmark folder) of a method's private stage: one rule runs DP-MERF's successors
-RULES = {**STAGES, **{m: "embedding_baseline" for m in baseline_runs.EMBEDDING_FAMILY}}
+STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution", "dp_hp": "dp_hp", "dp_ntk": "dp_ntk", "dp_mepf": "dp_mepf",
+          "dp_diffusion": "train_dpdm"}
+#: the rule (and benchmark folder) of a method's private stage: one rule runs DP-MERF's successors, one the DP-SGD
+#: fine-tuning of the public denoiser
+RULES = {**STAGES, **{m: "embedding_baseline" for m in baseline_runs.EMBEDDING_FAMILY},
+         **{m: "dpsgd_baseline" for m in baseline_runs.DPSGD_FAMILY}}
+#: the rule that samples a DP-SGD baseline's denoiser (its benchmark folder)
+SAMPLE_RULE = "sample_baseline"
 #: a method's own subsections of the section (its params carry these and the shared keys, so adding or tuning one
 #: method reruns no other); DP-MERF's successors also read its generator settings
-SUBSECTIONS = {"dp_merf": ("dp_merf",), "pe": ("pe",), **{m: (m, "dp_merf") for m in baseline_runs.EMBEDDING_FAMILY}}
+SUBSECTIONS = {"dp_merf": ("dp_merf",), "pe": ("pe",), **{m: (m, "dp_merf") for m in baseline_runs.EMBEDDING_FAMILY},
+               **{m: (m,) for m in baseline_runs.DPSGD_FAMILY}}
 
 
 class Wiring:
@@ -66,6 +76,10 @@ class Wiring:
         """The trained generator of DP-MERF or a successor (safetensors): its bundle's weights."""
         return self.house.layout.expdir / "models" / "baselines" / f"{run}.safetensors"
 
+    def denoiser_path(self, run: str) -> Path:
+        """The fine-tuned EMA denoiser of a DP-SGD baseline (rule dpsgd_baseline): what its samples are drawn from."""
+        return self.house.layout.expdir / "models" / "baselines" / f"{run}.pt"
+
     def ledger_path(self, run: str) -> Path:
         """The run's own transcript: parallel jobs never append to the same file."""
         return self.house.layout.ledger(f"baselines_{run}")
@@ -105,6 +119,35 @@ class Wiring:
             inputs["clip"] = self.evaluation.clip_model
         return inputs
 
+    # ---------------------------------------------------------------- the DP-SGD family (DP-Diffusion)
+
+    def dpsgd_inputs(self, wildcards: Any = None) -> dict[str, Path]:
+        """What a DP-SGD baseline reads: the private split (through DP-SGD only) and the public denoiser it starts
+        from."""
+        return {"data": self.house.layout.split("private_train"), "init": self.house.layout.public_denoiser}
+
+    def dpsgd_params(self, wildcards: Any) -> str:
+        """train_dpdm params of a DP-SGD baseline run: its subsection's DP-SGD settings, eps and seed from its name, the
+        baselines' delta, the public denoiser's own architecture and conditioning (``unet: init``: every tensor is
+        copied from it, a trained or an imported one), pretrain's label dropout, EDM preconditioning (the public
+        denoiser's), its views (``augment``)."""
+        run = BaselineRun.from_name(wildcards.run)
+        own, pretrain, h = self.section[run.method], self.house.config["pretrain"], self.house
+        keys = ("clip", "batch_size", "epochs", "lr", "K", "ema_decay", "micro_batch", "checkpoint_every_s")
+        return stage_params(parameterisation="edm", epsilon=run.epsilon, seed=run.seed, delta=self.section["delta"],
+                            **{k: own[k] for k in keys}, augment={"max_shift": own["max_shift"], "flip": own["flip"]},
+                            unet=UNET_FROM_INIT, label_dropout=pretrain["label_dropout"], trainable=None,
+                            private=h.private,
+                            ledger_binding=h.ledger_binding(run.name), device=h.device, threads=h.torch_threads,
+                            **h.public_model())
+
+    def dpsgd_sample_params(self, wildcards: Any) -> str:
+        """sample_dpdm params of a DP-SGD baseline run: its subsection's sampler, baselines.n_samples, the run's seed."""
+        run, h = BaselineRun.from_name(wildcards.run), self.house
+        n = int(self.section["n_samples"])
+        return params_json(sampler=self.section[run.method]["sampler"], n_samples=n, seed=run.seed,
+                           batch_size=n, device=h.device, threads=h.torch_threads, name=f"baselines/{run.name}")
+
     def evaluate_params(self, wildcards: Any) -> str:
         """Params of evaluate_baseline for ``wildcards.run`` (the evaluation core's, named baselines/<run>)."""
         return self.evaluation.evaluate_params(f"baselines/{wildcards.run}")
@@ -125,6 +168,8 @@ class Wiring:
         r = next((x for x in self.runs() if x.name == run), None)
         if r is None:
             raise ValueError(f"baselines: no run {run!r} in the configuration")
+        if r.method in baseline_runs.DPSGD_FAMILY:
+            return self._dpsgd_bundle(r)
         trained = r.method != "pe"  # a generator fitted to the release (DP-MERF and its successors)
         released = {"dp_merf": "random-feature", "dp_hp": "Hermite-feature", "dp_ntk": "e-NTK-feature",
                     "dp_mepf": "perceptual-feature (1st and 2nd moment)"}
@@ -144,11 +189,29 @@ class Wiring:
                           not_covered=public + ("the hyperparameters, set in the configuration",
                                                 "the declared size of the private set (a public constant)"))
 
+    def _dpsgd_bundle(self, r: BaselineRun) -> BundleSpec:
+        """A DP-SGD baseline's bundle: its fine-tuned EMA denoiser, drawn from by its sampler (post-processing)."""
+        n, own = int(self.section["n_samples"]), self.section[r.method]
+        return BundleSpec(
+            run=r.name, samples=self.samples_path(r.name), metrics=self.metrics_path(r.name),
+            transcripts=(self.ledger_path(r.name),), epsilon_target=r.epsilon, model=self.denoiser_path(r.name),
+            sampling={"sampler": "dpdm", "sampler_name": r.method, "settings": own["sampler"], "seed": r.seed,
+                      "batch_size": n, "n_samples": n, "threads": self.house.torch_threads},
+            covers=("every DP-SGD step of the public denoiser's fine-tuning on the private split: Poisson-subsampled, "
+                    f"per-example clipped gradients (an example's K = {own['K']} augmented views clipped together), "
+                    "Gaussian noise, composed over all steps",),
+            not_covered=("the public pretraining of the initial denoiser (public data only)",
+                         "the hyperparameters, set in the configuration",
+                         "the declared size of the private set (a public constant)"))
+
     def records(self) -> list[RunRecord]:
         """One all_runs record per baseline run: its metrics, its one transcript, its jobs' benchmarks."""
         bench = self.house.layout.benchmark
         return [RunRecord(method=run.method, config=run.name, seed=run.seed, epsilon_target=run.epsilon,
                           metrics=self.metrics_path(run.name), ledgers=(self.ledger_path(run.name),),
-                          benchmarks=(bench(RULES[run.method], run.name), bench("evaluate_baseline", run.name)),
+                          benchmarks=(bench(RULES[run.method], run.name),
+                                      *((bench(SAMPLE_RULE, run.name),) if run.method in baseline_runs.DPSGD_FAMILY
+                                        else ()),
+                                      bench("evaluate_baseline", run.name)),
                           label=baseline_runs.LABELS[run.method])
                 for run in self.runs()]
