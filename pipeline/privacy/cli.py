@@ -37,6 +37,8 @@ from pipeline.privacy.mia import asr_bound
 #: at h = 1e-4 and 1.3 GB). EMPDEN's strongest blocks need <= 3e6 at h = 1e-5; mu = 1e4
 #: would need 1e12.
 MAX_PLD_POINTS = 2 * 10**7
+#: the finest grid the CLI accepts: a privacy loss l sits at index l / h, which overflows int64 for a denormal h
+MIN_DISCRETISATION = 1e-10
 #: Counts above 2^53 are not exact as doubles, which every accountant computes in.
 MAX_COMPOSITIONS = 2**53
 #: mu outside this range under/overflows mu^2 (GDP composition, e^{mu^2} of the CLT).
@@ -110,6 +112,9 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
         raise acc.AccountingError(f"--delta must be in (0, 1), got {args.delta}")
     if not 1 <= args.compositions <= MAX_COMPOSITIONS:
         raise acc.AccountingError(f"--compositions must be an integer in [1, 2^53], got {args.compositions}")
+    if not args.discretisation >= MIN_DISCRETISATION:
+        raise acc.AccountingError(f"--discretisation must be >= {MIN_DISCRETISATION:g} (a finer grid's loss indices "
+                                  f"overflow), got {args.discretisation}")
     settings = acc.PLDSettings(args.discretisation, args.log_mass_truncation)
     notes: dict[str, str] = {}
     out: dict[str, Any] = {"mechanism": args.mechanism, "mu": mu, "compositions": args.compositions,

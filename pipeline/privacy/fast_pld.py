@@ -292,6 +292,12 @@ MIN_COMPOSITION_FACTOR = 8
 SPLIT_VARIANCE_TOLERANCE = 1e-4
 
 
+#: the largest split factor: it binds only for h < interval / 10^5 (1e-9 at the default interval), far finer than any
+#: accountant's grid; only the CLI's free inputs reach it (a denormal h made interval / h infinite, and
+#: :func:`split_factor` tries every k down from it)
+MAX_COMPOSITION_FACTOR = 10**5
+
+
 def composition_factor(h: float, interval: float = COMPOSITION_INTERVAL,
                        min_factor: int = MIN_COMPOSITION_FACTOR) -> int:
     """Largest split factor k allowed: the integer k with k h <= ``interval``, at least ``min_factor``
@@ -300,7 +306,10 @@ def composition_factor(h: float, interval: float = COMPOSITION_INTERVAL,
     An integer k keeps the coarse grid a sub-grid of h, which the domination argument of
     :func:`coarsen` needs; the 1e-9 guards 1e-4 / 1e-5 = 9.999999999999998.
     """
-    return max(1, min_factor, math.floor(interval / h + 1e-9))
+    ratio = interval / h
+    # a grid step far below any accountant's (a denormal h makes the ratio infinite) caps k: k h stays <= interval
+    return max(1, min_factor, MAX_COMPOSITION_FACTOR if not ratio < MAX_COMPOSITION_FACTOR
+               else math.floor(ratio + 1e-9))
 
 
 def split_factor(pmf, max_factor: int, tolerance: float = SPLIT_VARIANCE_TOLERANCE) -> int:

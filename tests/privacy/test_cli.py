@@ -178,3 +178,12 @@ def test_a_delta_below_the_truncated_mass_is_null_with_a_reason_not_infinity(cap
     result = json.loads(out, parse_constant=_no_constant)  # the old output held the token Infinity
     assert code == 0 and result["eps_upper"] is None and "log-mass-truncation" in result["notes"]["eps_upper"]
     assert result["asr_from"] == "eps_rdp" and result["eps_rdp"] > 0
+
+
+@pytest.mark.parametrize("h", ["2.2250738585e-313", "5.063129624349869e-30"])
+def test_a_grid_finer_than_the_loss_indices_hold_is_a_one_line_error(capsys, h):
+    # found by the property test above: a denormal step overflowed the PLD's int64 loss indices
+    code, out, err = run(capsys, "--mechanism", "subsampled-gaussian", "--noise-multiplier", "1.0", "--sampling-prob",
+                         "0.1", "--delta", "0.01", "--discretisation", h, "--compositions", "5")
+    assert code == 2 and out == "" and err.startswith("error: --discretisation must be >= 1e-10")
+    assert err.count("\n") == 1

@@ -154,6 +154,14 @@ def test_a_narrow_loss_keeps_the_fine_grid_a_wide_one_is_coarsened():
     assert fast_pld.composition_factor(1e-3, min_factor=1) == 1
 
 
+@pytest.mark.parametrize("h", [5.063129624349869e-30, 2.2250738585e-313])
+def test_a_grid_step_far_below_any_accountants_caps_the_factor(h):
+    # the CLI takes any discretisation: a denormal h made interval / h infinite (OverflowError), 5e-30 made k too large
+    # for numpy's indices
+    k = fast_pld.composition_factor(h)
+    assert k == fast_pld.MAX_COMPOSITION_FACTOR and k * h <= fast_pld.COMPOSITION_INTERVAL
+
+
 def test_at_the_cli_grid_a_strong_block_is_coarsened_and_stays_above_dp_accounting():
     """h = 1e-4 (the CLI's and DP-SGD calibration's grid): a DP-SGD-like mechanism (sigma 1, q 0.05,
     1,000 steps) composes on k h > h and its eps_u is >= dp_accounting's, within 1e-4 relative."""
