@@ -146,7 +146,7 @@ def clip_and_sum(grads: Mapping[str, Tensor], max_grad_norm: float) -> tuple[dic
 
 class Augmentation(Protocol):
     """Random views of an example for augmentation multiplicity (De et al. 2022; DP-Diffusion, Ghalebikesabi et al.
-    2023, Sec. 3): each of an example's K draws sees its own random view of it.
+    2023): each of an example's K draws sees its own random view of it.
 
     ``draw(b, k, generator)`` draws the views' parameters ``[b, k, P]`` from the engine's generator (public
     randomness, never the data); ``apply(x [b, ...], params [b, k, P])`` returns the views ``[b, k, ...]``, each a

@@ -1,6 +1,6 @@
 """Augmentation multiplicity's views: random translations and, optionally, horizontal flips of an image batch.
 
-DP-Diffusion (Ghalebikesabi et al. 2023, Sec. 3, after De et al. 2022's augmentation multiplicity) trains each
+DP-Diffusion (Ghalebikesabi et al. 2023, after De et al. 2022's augmentation multiplicity) trains each
 example on K augmented views, each with its own diffusion draw, averaging the K losses BEFORE the example's gradient
 is clipped: the mechanism, its sensitivity C and its ledger line are those of plain DP-SGD
 (:class:`pipeline.privacy.dpsgd.NoiseMultiplicity` with ``augment``). The views' parameters are drawn from the

@@ -27,6 +27,9 @@ DPDM's ingredients (Sec. 3, App. C):
   the clipped signal does not, so fine-tuning a small subset (DP-LDM, Liu et al. 2024: the
   attention modules and the conditioning embedder) keeps more signal per step at the same eps.
   The mechanism and its ledger line do not depend on the subset.
+* optional **augmentation multiplicity** (``augment``; DP-Diffusion, Ghalebikesabi et al. 2023): each of an
+  example's K draws is on its own random view of it (:mod:`pipeline.training.augment`), averaged before the clip,
+  so again the same mechanism; with ``unet: init`` the network is the public denoiser's own (trained or imported).
 
 Nothing computed from the private data other than the DP-SGD updates leaves this stage: the
 training losses are not logged, shown or written (they would be an unaccounted release).

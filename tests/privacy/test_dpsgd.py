@@ -370,7 +370,7 @@ def augmented_engine(model, p, K, seed=0, clipping="auto", max_shift=1) -> dpsgd
 
 @pytest.mark.parametrize("route", ["vmap", "ghost"])
 def test_augmentation_multiplicity_trains_each_draw_on_its_own_view_clipped_per_example(route):
-    # DP-Diffusion (Sec. 3): example i's loss averages K draws, draw k on view k of x_i, BEFORE the clip at C: the
+    # DP-Diffusion's augmentation multiplicity: example i's loss averages K draws, draw k on view k of x_i, BEFORE the clip at C: the
     # released sum is sum_i clip(grad l_i) + N(0, (sigma C)^2), the same mechanism as without augmentation
     model, p, x = TinyDenoiser(), plan(noise_multiplier=1.3, max_grad_norm=0.2), images(40, scale=3.0)
     idx = torch.arange(12)
