@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from pipeline.io import read_json
@@ -31,7 +32,7 @@ def _mean(column: pd.Series) -> float:
     """The mean of a column's numbers, NaN when it has none (an all-null column, e.g. an unconditional DPDM's
     accuracies, reads back from Parquet as strings)."""
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype="float64", na_value=math.nan)
-    return float(values[~pd.isna(values)].mean()) if (~pd.isna(values)).any() else math.nan
+    return math.nan if np.isnan(values).all() else float(np.nanmean(values))
 
 
 def dpdm_accuracy(main: pd.DataFrame, classifier: str, eps_target: float) -> dict[str, Any]:

@@ -67,6 +67,7 @@ from pipeline.privacy import dpsgd, ledger
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
 from pipeline.training.augment import RandomShiftFlip
+from pipeline.training.dpdm_runs import UNET_FROM_INIT
 from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split,
                                     to_model_scale, unet_spec_for)
 
@@ -111,8 +112,6 @@ PARAMS_DOC = {
                     "diffusers; only in the config id)",
 }
 _KNOWN = set(PARAMS_DOC)
-#: param ``unet`` value: the architecture of the public denoiser the run starts from (input ``init``)
-UNET_FROM_INIT = "init"
 #: the config section the stage's params mirror: the one source of their defaults
 SCHEMA_SECTION = "dpdm"
 
@@ -203,19 +202,15 @@ class DPDMConfig:
             raise bad("checkpoint_every_s", "> 0")
         if self.clipping not in dpsgd.CLIPPING:
             raise bad("clipping", f"one of {', '.join(dpsgd.CLIPPING)}")
-        if self.augment is not None:
-            try:
-                self.augmentation()
-            except (TypeError, ValueError):
-                raise bad("augment", "null or {max_shift: integer >= 0, flip: true|false}") from None
+        a = self.augment
+        if a is not None and not (isinstance(a, Mapping) and set(a) <= {"max_shift", "flip"}
+                                  and isinstance(a.get("flip", False), bool)
+                                  and type(a.get("max_shift", 0)) is int and a.get("max_shift", 0) >= 0):
+            raise bad("augment", "null or {max_shift: integer >= 0, flip: true|false}")
 
     def augmentation(self) -> RandomShiftFlip | None:
-        """Augmentation multiplicity's views (``augment``), or None."""
-        if self.augment is None:
-            return None
-        if not isinstance(self.augment, Mapping) or not isinstance(self.augment.get("flip", False), bool):
-            raise TypeError("augment")
-        return RandomShiftFlip(**self.augment)
+        """Augmentation multiplicity's views (``augment``, checked by :meth:`check`), or None."""
+        return None if self.augment is None else RandomShiftFlip(**self.augment)
 
     def n_steps(self, n: int) -> int:
         return self.steps if self.steps is not None else max(1, math.ceil(self.epochs * n / self.batch_size))

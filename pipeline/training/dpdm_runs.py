@@ -30,6 +30,9 @@ from pipeline.runs import parse_num as parse_num
 
 #: DPDM App. C's diffusion configurations
 PARAMETERISATIONS = ("edm", "vpred", "vp", "ve")
+#: train_dpdm's param ``unet`` value for the architecture of the public denoiser the run starts from (input
+#: ``init``): here, torch-free, so the wirings that pass it and the stage that reads it share one constant
+UNET_FROM_INIT = "init"
 
 #: the run grammar: ``<param>_eps<eps>_K<K>_seed<seed>``
 RUN_NAME = RunGrammar("DPDM run", (choice("parameterisation", PARAMETERISATIONS, label="param"),

@@ -13,11 +13,8 @@ from pipeline.baselines import runs as baseline_runs
 from pipeline.baselines.runs import BaselineRun
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
+from pipeline.training.dpdm_runs import UNET_FROM_INIT
 from pipeline.wiring import House, params_json, stage_params
-
-#: train_dpdm's ``unet`` value for the public denoiser's own architecture (pipeline.training.dpdm.UNET_FROM_INIT;
-#: written here so the rule file's import stays torch-free)
-UNET_FROM_INIT = "init"
 
 #: keys that list which runs exist, not how one is made: left out of a run's params, so adding an eps or a seed
 #: reruns nothing already built
