@@ -1,10 +1,12 @@
 # Baselines under the same protocol: DP-MERF (one noisy RFF mean embedding, a generator matched to it),
 # its successors DP-HP, DP-NTK and DP-MEPF (the same release and generator over Hermite, e-NTK and
 # public perceptual features; pipeline/baselines/embedding_family.py) and Private Evolution (noisy
-# nearest-neighbour votes steering the public EDM denoiser) and DP-Diffusion (the public denoiser fine-tuned by the
-# DP-SGD engine with augmentation multiplicity: stages train_dpdm and sample_dpdm), scored by the shared evaluation,
-# certified by the same ledger. Code: pipeline/baselines/ (stages),
-# pipeline/privacy/dp_merf.py, mean_embedding.py and private_evolution.py (mechanisms),
+# nearest-neighbour votes steering the public EDM denoiser), DP-Diffusion (the public denoiser fine-tuned by the
+# DP-SGD engine with augmentation multiplicity: stages train_dpdm and sample_dpdm) and PrivImage (a DP semantic
+# histogram chooses public data to pretrain on: stages privimage_query_net, privimage_select, pretrain_public, then
+# train_dpdm and sample_dpdm), scored by the shared evaluation, certified by the same ledger. Code:
+# pipeline/baselines/ (stages), pipeline/privacy/dp_merf.py, mean_embedding.py, private_evolution.py and
+# semantic_histogram.py (mechanisms),
 # pipeline/results/baselines.py (table). Runs and names: pipeline/baselines/runs.py.
 #
 #   snakemake results/tables/baselines.parquet                         the table
@@ -119,8 +121,92 @@ rule private_evolution:
         " ledger={output.ledger:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
+rule privimage_query_net:
+    """PrivImage's semantic query function: a classifier of the public pool's semantics (public data only)."""
+    input:
+        unpack(BASELINES.pool_inputs),
+    output:
+        model=BASELINES.query_net_path,
+        metrics=BASELINES.query_net_metrics_path,
+    params:
+        p=BASELINES.query_net_params(),
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "baselines" / "privimage_query_net.log",
+    benchmark:
+        benchmark_path("privimage_query_net")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=3000,
+        runtime=cost.evaluation_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline privimage_query_net {params.ins} --out model={output.model:q}"
+        " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+rule privimage_select:
+    """PrivImage's semantic query: the noisy class-by-semantics histogram (its ledger line), the public images chosen."""
+    input:
+        unpack(BASELINES.select_inputs),
+    output:
+        selected=BASELINES.selected_path("{run}"),
+        ledger=BASELINES.query_ledger_path("{run}"),
+        metrics=BASELINES.query_metrics_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.method_pattern("privimage"),
+    params:
+        p=BASELINES.select_params,
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "baselines" / "{run}_query.log",
+    benchmark:
+        benchmark_path("privimage_select", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=3000,
+        runtime=cost.evaluation_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline privimage_select {params.ins} --out selected={output.selected:q}"
+        " ledger={output.ledger:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+rule privimage_pretrain:
+    """PrivImage's public denoiser: stage pretrain_public on the public images its query chose (no private record)."""
+    input:
+        public=BASELINES.selected_path("{run}"),
+    output:
+        model=BASELINES.pretrained_path("{run}"),
+        metrics=BASELINES.pretrain_metrics_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.method_pattern("privimage"),
+    params:
+        p=BASELINES.pretrain_params,
+    log:
+        LOGS / "baselines" / "{run}_public.log",
+    benchmark:
+        benchmark_path("privimage_pretrain", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=cost.pretrain_mem_mb(config),
+        runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
+    retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline pretrain_public --in public={input.public:q}"
+        " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
 rule dpsgd_baseline:
-    """DP-Diffusion: the public denoiser fine-tuned by DP-SGD with augmentation multiplicity (stage train_dpdm)."""
+    """DP-Diffusion (the public denoiser, augmentation multiplicity) or PrivImage (its own pretrained denoiser, its
+    query composed in): DP-SGD fine-tuning, stage train_dpdm."""
     input:
         unpack(BASELINES.dpsgd_inputs),
     output:

@@ -21,6 +21,11 @@ for it: one vote, the declared sensitivity 1). The threshold is 0 (thresholding 
 post-processing; a positive one only hides votes from the attacker). Canary j's score is the sum
 over rounds of its candidate's released count.
 
+**PrivImage** (``privimage_semantic_histogram``; :func:`~pipeline.privacy.semantic_histogram.semantic_counts`
+and ``noisy_histogram``, add-or-remove-one). One release over n stand-ins voting among stand-in semantics, plus each
+included canary j, which votes for k semantics of its own (``j k .. j k + k - 1``) in row ``j mod Y``: k cells moved
+by 1, the declared sensitivity sqrt(k). Canary j's score is the sum of its k cells' released counts.
+
 A correct release gives eps_lb <= the certified eps (with probability >= 95%); one without its
 noise shows an eps_lb above it (tests/audit/test_baseline_canaries.py). No private data is read.
 """
@@ -38,6 +43,7 @@ from pipeline.audit.hooks import AuditResult, register_audit
 from pipeline.privacy.ledger import LedgerEntry
 from pipeline.privacy import dp_merf, mean_embedding
 from pipeline.privacy import private_evolution as pe
+from pipeline.privacy import semantic_histogram as sh
 
 #: width of a stand-in record's block of coordinates
 RECORD_DIM = 16
@@ -50,6 +56,7 @@ PE_CLASSES = 10
 
 MerfRelease = Callable[..., torch.Tensor]
 Histogram = Callable[..., np.ndarray]
+SemanticRelease = Callable[..., np.ndarray]
 
 
 def _feature_canaries(n_records: int, m: int, n_classes: int, dim: int, gen: torch.Generator
@@ -133,6 +140,30 @@ def audit_pe(plan: pe.PEHistogramPlan, *, certified_epsilon: float, m: int = 100
                         certified_epsilon=certified_epsilon, steps=plan.T, canary_norm=1.0)
 
 
+def audit_semantic_histogram(plan: sh.SemanticQueryPlan, *, certified_epsilon: float, m: int = 1000, seed: int = 0,
+                             significance: float = 0.05, histogram: SemanticRelease = sh.noisy_histogram
+                             ) -> CanaryAudit:
+    """PrivImage's semantic histogram over stand-ins and the included canaries (``histogram`` is what is audited)."""
+    check_canaries(m)
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    included = (torch.rand(m, generator=gen) < 0.5).numpy()
+    k = plan.k
+    n_semantics = m * k + PE_CANDIDATES_PER_CLASS  # the canaries' own semantics, then the stand-ins'
+    standin = rng.integers(m * k, n_semantics, size=(PE_STANDINS, 1)) if k == 1 else np.stack(
+        [rng.choice(np.arange(m * k, n_semantics), size=k, replace=False) for _ in range(PE_STANDINS)])
+    ids = np.flatnonzero(included)
+    canary_votes = ids[:, None] * k + np.arange(k)[None, :]
+    votes = np.concatenate([standin, canary_votes])
+    labels = np.concatenate([rng.integers(0, PE_CLASSES, size=PE_STANDINS), ids % PE_CLASSES])
+    released = histogram(sh.semantic_counts(votes, labels, n_classes=PE_CLASSES, n_semantics=n_semantics), plan,
+                         generator=rng)
+    j = np.arange(m)
+    scores = released[(j % PE_CLASSES)[:, None], j[:, None] * k + np.arange(k)[None, :]].sum(axis=1)
+    return canary_audit(scores, included, delta=plan.delta, significance=significance,
+                        certified_epsilon=certified_epsilon, steps=1, canary_norm=plan.sensitivity)
+
+
 @register_audit(dp_merf.MECHANISM)
 def audit_merf_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
     """A DP-MERF line: the mean-embedding release over the line's m records."""
@@ -158,3 +189,11 @@ def audit_pe_line(entry: LedgerEntry, *, m: int, significance: float, seed: int)
     audit = audit_pe(pe.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon, m=m,
                      significance=significance, seed=seed)
     return audit, {"sampling_rate": 1.0, "attack": "white-box vote canaries"}
+
+
+@register_audit(sh.MECHANISM)
+def audit_semantic_histogram_line(entry: LedgerEntry, *, m: int, significance: float, seed: int) -> AuditResult:
+    """A PrivImage semantic-query line: its one histogram release."""
+    audit = audit_semantic_histogram(sh.plan_from_entry(entry), certified_epsilon=entry.claimed_epsilon, m=m,
+                                     significance=significance, seed=seed)
+    return audit, {"sampling_rate": 1.0, "attack": "white-box semantic-vote canaries"}

@@ -73,7 +73,7 @@ from pipeline import distributed
 # module's too (dpsgd.DPSGDPlan, dpsgd.ledger_entry, ...)
 from pipeline.privacy.dpsgd_plan import (  # noqa: F401
     DPSGD_PLD_SETTINGS, DPSGDError, DPSGDPlan, Sampling, StepPlan, _certified_epsilon, calibrate_noise_multiplier,
-    dpsgd_event, ledger_entry, plan_for_budget)
+    composed_epsilon, dpsgd_event, ledger_entry, plan_for_budget)
 from pipeline.privacy.ghost import ghost_clip_and_sum, unsupported_parameters
 
 #: ``loss_fn(model_fn, *example) -> scalar``: the loss of ONE example (tensors without the

@@ -14,7 +14,7 @@ that event is the run's ledger line (:func:`ledger_entry`), which the replay rec
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -180,8 +180,13 @@ def _certified_epsilon(event: dp_event.DpEvent, delta: float, sampling: Sampling
 def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_rate: float, steps: int,
                                sampling: Sampling = "poisson", dataset_size: int | None = None,
                                settings: acc.PLDSettings = DPSGD_PLD_SETTINGS, rtol: float = 1e-3,
-                               bracket: tuple[float, float] = (0.2, 200.0)) -> float:
+                               bracket: tuple[float, float] = (0.2, 200.0),
+                               prior: Sequence[dp_event.DpEvent] = ()) -> float:
     """Smallest sigma (to relative tolerance ``rtol``) whose certified eps <= ``target_epsilon``.
+
+    ``prior``: the events of releases the same run made earlier on the same private data (PrivImage's
+    semantic query); sigma is then calibrated so that their composition WITH the DP-SGD event meets
+    the target (one PLD of ``Composed(prior + [DP-SGD])``, the composition the run's tables certify).
 
     Bisection on log sigma rather than ``dp_accounting.mechanism_calibration`` because the
     latter needs a ``PrivacyAccountant`` and dp_accounting's ``PLDAccountant`` hides the
@@ -191,8 +196,14 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise DPSGDError(f"target epsilon must be > 0 and finite, got {target_epsilon}")
-    eps_of = lambda s: _certified_epsilon(  # noqa: E731
-        dpsgd_event(s, sampling_rate, steps, sampling=sampling, dataset_size=dataset_size), delta, sampling, settings)
+    if prior and sampling != "poisson":
+        raise DPSGDError("a DP-SGD run composed with earlier releases needs Poisson sampling (PLD accounting)")
+    prior = list(prior)
+
+    def eps_of(s: float) -> float:
+        event = dpsgd_event(s, sampling_rate, steps, sampling=sampling, dataset_size=dataset_size)
+        return _certified_epsilon(dp_event.ComposedDpEvent([*prior, event]) if prior else event, delta, sampling,
+                                  settings)
     lo, hi = bracket
     if eps_of(hi) > target_epsilon:
         raise DPSGDError(f"target eps {target_epsilon} at delta {delta} unreachable with sigma <= {hi} "
@@ -202,15 +213,27 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_
     return acc.bisect_log_sigma(eps_of, lo, hi, target_epsilon, rtol)
 
 
+def composed_epsilon(prior: Sequence[dp_event.DpEvent], plan: DPSGDPlan,
+                     settings: acc.PLDSettings = DPSGD_PLD_SETTINGS) -> float:
+    """Certified eps of ``prior`` releases composed with ``plan``'s DP-SGD (Poisson, PLD): the run's eps when
+    DP-SGD follows an earlier release on the same data (PrivImage)."""
+    if plan.sampling != "poisson":
+        raise DPSGDError("a DP-SGD run composed with earlier releases needs Poisson sampling (PLD accounting)")
+    return acc.pld_epsilon(dp_event.ComposedDpEvent([*prior, plan.event()]), plan.delta, settings=settings)
+
+
 def plan_for_budget(*, target_epsilon: float, delta: float, max_grad_norm: float, batch_size: int,
                     dataset_size: int, steps: int, sampling: Sampling = "poisson",
-                    settings: acc.PLDSettings = DPSGD_PLD_SETTINGS, rtol: float = 1e-3) -> DPSGDPlan:
-    """The plan of a run with (expected) batch ``batch_size``: q = batch/N, sigma calibrated."""
+                    settings: acc.PLDSettings = DPSGD_PLD_SETTINGS, rtol: float = 1e-3,
+                    prior: Sequence[dp_event.DpEvent] = ()) -> DPSGDPlan:
+    """The plan of a run with (expected) batch ``batch_size``: q = batch/N, sigma calibrated (with ``prior``
+    releases composed in, :func:`calibrate_noise_multiplier`)."""
     if not 1 <= batch_size <= dataset_size:
         raise DPSGDError(f"batch size must be in [1, N={dataset_size}], got {batch_size}")
     q = batch_size / dataset_size
     sigma = calibrate_noise_multiplier(target_epsilon=target_epsilon, delta=delta, sampling_rate=q, steps=steps,
-                                       sampling=sampling, dataset_size=dataset_size, settings=settings, rtol=rtol)
+                                       sampling=sampling, dataset_size=dataset_size, settings=settings, rtol=rtol,
+                                       prior=prior)
     return DPSGDPlan(noise_multiplier=sigma, max_grad_norm=max_grad_norm, sampling_rate=q,
                      dataset_size=dataset_size, steps=steps, delta=delta, sampling=sampling)
 

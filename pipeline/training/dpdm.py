@@ -300,9 +300,29 @@ def model_backbone(cfg: DPDMConfig, inputs: Mapping[str, Path], split: Any, n_cl
     return Backbone(kind, spec, classes)
 
 
+def prior_releases(path: Path | None, *, run: str, data_sha256: str) -> list[ledger.LedgerEntry]:
+    """The lines of input ``prior``: releases the same run made earlier on the same private split (PrivImage's
+    semantic query), composed into this run's calibration. A line bound to another run or other data is refused:
+    composing with it would certify the wrong thing."""
+    if path is None:
+        return []
+    try:
+        lines = [e for _, e in ledger.read_ledger(path)]
+    except (FileNotFoundError, ledger.LedgerError) as exc:
+        raise PipelineError(f"stage {STAGE}: input prior: {exc}") from None
+    if not lines:
+        raise PipelineError(f"stage {STAGE}: input prior {path} holds no ledger line")
+    for e in lines:
+        if e.run != run or e.data_sha256 != data_sha256:
+            raise PipelineError(f"stage {STAGE}: input prior {path}: its {e.mechanism} line is bound to run "
+                                f"{e.run!r} on data {e.data_sha256[:12]}, this run is {run!r} on {data_sha256[:12]}")
+    return lines
+
+
 def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str, *,
-                    write: bool = True) -> dpsgd.DPSGDPlan:
-    """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training).
+                    write: bool = True, prior: list[ledger.LedgerEntry] | None = None) -> dpsgd.DPSGDPlan:
+    """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training); with
+    ``prior`` lines, to the composition of their releases and this run's DP-SGD.
 
     The calibrated sigma is kept beside the resumable state (``plan.json``, keyed by the run's
     params hash) so a resumed run continues with the SAME mechanism it started with, without
@@ -318,7 +338,8 @@ def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: 
             return dpsgd.DPSGDPlan(noise_multiplier=float(cached["noise_multiplier"]), **plan_kw)
     try:
         plan = dpsgd.plan_for_budget(target_epsilon=cfg.epsilon, delta=cfg.delta, max_grad_norm=cfg.clip,
-                                     batch_size=cfg.batch_size, dataset_size=n, steps=steps)
+                                     batch_size=cfg.batch_size, dataset_size=n, steps=steps,
+                                     prior=[e.dp_event() for e in prior or ()])
     except dpsgd.DPSGDError as exc:
         raise PipelineError(f"stage {STAGE}: {exc}") from None
     if write:
@@ -326,10 +347,14 @@ def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: 
     return plan
 
 
-@stage(STAGE, inputs=("data",), optional_inputs=("init",), outputs=("model", "ledger", "metrics"),
+@stage(STAGE, inputs=("data",), optional_inputs=("init", "prior"), outputs=("model", "ledger", "metrics"),
        params=PARAMS_DOC)
 def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
-    """DP-SGD training of a (class-conditional) diffusion denoiser with noise multiplicity (DPDM)."""
+    """DP-SGD training of a (class-conditional) diffusion denoiser with noise multiplicity (DPDM).
+
+    Optional input ``prior``: the transcript of releases this run made earlier on the same private split
+    (PrivImage's semantic query); sigma is then calibrated so their composition with this DP-SGD meets ``epsilon``.
+    """
     cfg = DPDMConfig.from_params(params)
     with distributed.data_parallel(str(params.get("device", "auto"))) as (world, device):
         _train_dpdm(cfg, inputs, outputs, params, world, device)
@@ -355,6 +380,9 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     fields = {k: v for k, v in asdict(cfg).items() if not (k == "augment" and v is None)}
     run_params = {**fields, "data_sha256": data_sha, "unet_spec": net.spec.to_json(),
                   "init": read_denoiser_meta(inputs["init"]) if inputs.get("init") else None}
+    prior = prior_releases(inputs.get("prior"), run=binding.run, data_sha256=data_sha)
+    if prior:  # a run without one keeps its hash
+        run_params["prior"] = [e.event for e in prior]
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
         outputs["model"], STAGE)
@@ -362,8 +390,10 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     # 1. the mechanism, fixed before any private record is used
     total_steps = cfg.n_steps(n)
     t0 = time.perf_counter()
-    plan = calibrated_plan(cfg, n, total_steps, ck_dir / "plan.json", run_hash, write=world.main)
-    certified = plan.epsilon()
+    plan = calibrated_plan(cfg, n, total_steps, ck_dir / "plan.json", run_hash, write=world.main, prior=prior)
+    # the run's eps: its DP-SGD composed with the prior releases, certified as the tables certify it
+    certified = (plan.epsilon() if not prior else
+                 dpsgd.composed_epsilon([e.dp_event() for e in prior], plan))
     if certified > cfg.epsilon:  # cannot happen for a fresh calibration; guards an edited plan.json
         raise PipelineError(f"stage {STAGE}: plan certifies eps {certified:.6g} > target {cfg.epsilon}")
     calibration_s = time.perf_counter() - t0
@@ -402,7 +432,8 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
 
     # 3. the release: weights + the ledger line of the mechanism that produced them
     entry = dpsgd.ledger_entry(plan, stage=STAGE, config_id=config_id, seed=cfg.seed,
-                               extra={"parameterisation": cfg.parameterisation, "data_sha256": data_sha})
+                               extra={"parameterisation": cfg.parameterisation, "data_sha256": data_sha,
+                                      **({"composed_with": [e.mechanism for e in prior]} if prior else {})})
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:
         ledger.append_entry(tmp, entry, binding)
     meta = {"stage": STAGE, "private": True, "parameterisation": cfg.parameterisation, "epsilon": certified,

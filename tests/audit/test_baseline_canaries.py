@@ -109,3 +109,24 @@ def test_dp_merfs_successors_pass_and_their_release_without_noise_is_caught(mech
     assert not bc.audit_embedding(plan, certified_epsilon=plan.epsilon(), seed=0, release=noise_off).passed
     with pytest.raises(bc.AuditError, match="canaries among"):
         bc.audit_embedding(dataclasses.replace(plan, m=500), certified_epsilon=1.0, m=500)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_privimage_semantic_histogram_passes_and_is_caught_without_its_noise_or_at_half_its_sensitivity(k):
+    """PrivImage's query: its canaries vote for k semantics of their own; noise of std sigma (the sensitivity of
+    k = 1 when the line says k = 3) or none at all is caught."""
+    from pipeline.privacy import semantic_histogram as sh
+
+    plan = sh.calibrate(target_epsilon=1.0, delta=DELTA, k=k)
+    assert bc.audit_semantic_histogram(plan, certified_epsilon=plan.epsilon(), seed=0).passed
+    loud = sh.calibrate(target_epsilon=10.0, delta=DELTA, k=k)  # at eps 10 the canaries show through
+    assert bc.audit_semantic_histogram(loud, certified_epsilon=loud.epsilon(), seed=0).bound.epsilon_lb > 0.5
+
+    def noise_off(counts, p, *, generator):
+        return counts
+    assert not bc.audit_semantic_histogram(plan, certified_epsilon=plan.epsilon(), seed=0, histogram=noise_off).passed
+
+    def half_sensitivity(counts, p, *, generator):  # noise for sensitivity sqrt(k)/4: a quarter of the std
+        return sh.noisy_histogram(counts, dataclasses.replace(p, sigma=p.sigma / 4), generator=generator)
+    assert not bc.audit_semantic_histogram(plan, certified_epsilon=plan.epsilon(), seed=0,
+                                           histogram=half_sensitivity).passed

@@ -21,7 +21,7 @@ def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
     # DP-MERF's successors at their own eps (the quick tour: 1 only)
     assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
                                            "pe_eps10_seed0", "dp_hp_eps1_seed0", "dp_ntk_eps1_seed0",
-                                           "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0"]
+                                           "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0", "privimage_eps1_seed0"]
     assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
     assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
 
@@ -66,10 +66,13 @@ def test_the_evaluation_of_a_run_is_named_after_it(tmp_path):
     assert p["name"] == "baselines/dp_merf_eps1_seed0" and p["evaluation"]["clip"] == {"enabled": True}
 
 
-def test_each_run_writes_one_line_bound_to_it_and_its_stage(tmp_path):
+def test_each_run_writes_one_line_per_transcript_bound_to_it_and_its_stage(tmp_path):
     bl = Wiring(house(tmp_path))
     specs = bl.transcripts()
-    assert list(specs) == [bl.ledger_path(r.name) for r in bl.runs()]
+    # one transcript per run; PrivImage's query has its own
+    assert sorted(specs) == sorted([bl.ledger_path(r.name) for r in bl.runs()]
+                                   + [bl.query_ledger_path("privimage_eps1_seed0")])
+    assert all(s.claims == 1 for s in specs.values())
     pe = specs[bl.ledger_path("pe_eps10_seed0")].as_dict()
     assert pe["claims"] == 1 and pe["run"] == "pe_eps10_seed0" and pe["stage"] == "private_evolution"
     assert pe["delta"] == 1e-5 and pe["data"] == str(tmp_path / "r" / "digits" / "data" / "private_train.npz")
@@ -157,7 +160,8 @@ def test_a_successors_line_stage_benchmark_and_bundle(tmp_path):
 
 def test_dp_diffusion_fine_tunes_the_public_denoiser_on_the_private_split(tmp_path):
     bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
-    assert bl.dpsgd_inputs() == {"data": exp / "data" / "private_train.npz", "init": exp / "models" / "public_edm.pt"}
+    assert bl.dpsgd_inputs(SimpleNamespace(run="dp_diffusion_eps1_seed0")) == {
+        "data": exp / "data" / "private_train.npz", "init": exp / "models" / "public_edm.pt"}
     assert bl.denoiser_path("dp_diffusion_eps1_seed0") == exp / "models" / "baselines" / "dp_diffusion_eps1_seed0.pt"
 
 
@@ -210,3 +214,77 @@ def test_dp_diffusions_line_is_train_dpdms_and_its_bundle_ships_the_denoiser(tmp
     assert b.kind == "model" and b.model == str(bl.denoiser_path(run))
     assert b.sampling["sampler"] == "dpdm" and b.sampling["settings"] == bl.section["dp_diffusion"]["sampler"]
     assert "augmented views" in b.covers[0] and any("public pretraining" in c for c in b.not_covered)
+
+
+# ---------------------------------------------------------------------------------------------- PrivImage
+
+
+def test_privimage_queries_the_private_split_then_pretrains_and_fine_tunes_its_own_denoiser(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    run, w = "privimage_eps1_seed0", SimpleNamespace(run="privimage_eps1_seed0")
+    data = exp / "data"
+    # the public pool: the public split and the second public domain (printed letters)
+    assert bl.pool_inputs() == {"public": data / "public.npz", "other": data / "straightdp_public.npz"}
+    assert bl.select_inputs(w) == {"data": data / "private_train.npz", "query_net": bl.query_net_path,
+                                   "public": data / "public.npz", "other": data / "straightdp_public.npz"}
+    # DP-SGD starts from the run's own pretrained denoiser; the query's transcript is composed into its calibration
+    assert bl.dpsgd_inputs(w) == {"data": data / "private_train.npz", "init": bl.pretrained_path(run),
+                                  "prior": bl.query_ledger_path(run)}
+    assert bl.query_ledger_path(run) == exp / "ledger" / f"baselines_{run}_query.jsonl"
+
+    def one_domain(cfg):
+        cfg["baselines"]["privimage"]["second_domain"] = False
+    assert "other" not in Wiring(house(tmp_path, one_domain)).pool_inputs()
+
+
+def test_privimages_query_params_carry_only_the_query_so_retuning_its_dp_sgd_reruns_no_query(tmp_path):
+    h = house(tmp_path)
+    w = SimpleNamespace(run="privimage_eps1_seed0")
+    q = json.loads(Wiring(h).select_params(w))
+    own = h.config["baselines"]["privimage"]
+    assert q["baselines"] == {"delta": 1e-5, "privimage": {k: own[k] for k in ("k", "query_share", "second_domain")}}
+    assert q["run"] == "privimage_eps1_seed0" and q["private"] == {"N": 2500, "n_classes": 10}
+    assert q["ledger_binding"] == {"run": "privimage_eps1_seed0", "experiment": "digits"}
+
+    def retune(cfg):
+        cfg["baselines"]["privimage"]["lr"] = 0.5
+        cfg["baselines"]["privimage"]["K"] = 9
+    assert Wiring(house(tmp_path, retune)).select_params(w) == Wiring(h).select_params(w)
+    assert Wiring(house(tmp_path, retune)).dpsgd_params(w) != Wiring(h).dpsgd_params(w)
+
+
+def test_privimage_fine_tunes_with_noise_multiplicity_and_no_views(tmp_path):
+    h = house(tmp_path)
+    p = json.loads(Wiring(h).dpsgd_params(SimpleNamespace(run="privimage_eps1_seed0")))
+    own = h.config["baselines"]["privimage"]
+    assert p["augment"] is None and p["K"] == own["K"] and p["unet"] == "init" and p["epsilon"] == 1.0
+    from pipeline.training.dpdm import DPDMConfig
+    assert DPDMConfig.from_params(p).augmentation() is None
+
+
+def test_privimage_pretrains_with_the_pretrain_recipe_and_its_own_steps(tmp_path):
+    h = house(tmp_path)
+    w = SimpleNamespace(run="privimage_eps1_seed2")
+    p = json.loads(Wiring(h).pretrain_params(w))
+    assert p["seed"] == 2 and p["pretrain"]["steps"] == h.config["pretrain"]["steps"]
+    assert p["pretrain"]["unet"] == h.config["pretrain"]["unet"]
+
+    def fewer(cfg):
+        cfg["baselines"]["privimage"]["pretrain_steps"] = 7
+    assert json.loads(Wiring(house(tmp_path, fewer)).pretrain_params(w))["pretrain"]["steps"] == 7
+
+
+def test_privimage_runs_have_two_lines_composed_and_a_bundle_covering_both(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    run = "privimage_eps1_seed0"
+    ts = bl.transcripts()
+    assert ts[bl.query_ledger_path(run)].stage == "privimage_select" and ts[bl.ledger_path(run)].stage == "train_dpdm"
+    rec = next(r for r in bl.records() if r.config == run)
+    # the query first: the run's composition certifies under the last (DP-SGD) line's accountant
+    assert [Path(p) for p in rec.ledgers] == [bl.query_ledger_path(run), bl.ledger_path(run)]
+    assert rec.label == "PrivImage" and [Path(p) for p in rec.benchmarks] == [
+        exp / "benchmarks" / d / f"{run}.tsv" for d in ("privimage_select", "privimage_pretrain", "dpsgd_baseline",
+                                                         "sample_baseline", "evaluate_baseline")]
+    b = bl.bundle(run)
+    assert [Path(t) for t in b.transcripts] == [bl.query_ledger_path(run), bl.ledger_path(run)]
+    assert "semantic query" in b.covers[0] and "diffusion draws" in b.covers[1]

@@ -347,3 +347,32 @@ def test_unet_init_without_a_fitting_public_denoiser_is_one_line(private_split, 
         train_dpdm({"data": private_split, "init": tmp_path / "big.pt"}, out, {**BASE, "unet": "init"})
     with pytest.raises(PipelineError, match="param augment must be"):
         train_dpdm({"data": private_split}, out, {**BASE, "augment": {"max_shift": -1}})
+
+
+def test_a_prior_release_of_the_same_run_is_composed_into_the_calibration(private_split, tmp_path):
+    """PrivImage: the query's line is input prior; sigma grows so the composition meets the target, the run's eps is
+    the composition's, the DP-SGD line claims its own event only. A prior of another run or other data is refused."""
+    from pipeline.io import read_json
+    from pipeline.privacy import semantic_histogram as sh
+    from pipeline.privacy.certify import composed_entry, recompute
+
+    sha = read_json(private_split.with_suffix(".json"))["sha256"]
+    query = sh.calibrate(target_epsilon=0.3, delta=1e-5, k=1)
+    prior = tmp_path / "query.jsonl"
+    ledger.append_entry(prior, sh.ledger_entry(query, stage="privimage_select", config_id="t", seed=3),
+                        ledger.Binding(run="r", experiment="exp", data_sha256=sha))
+    alone = run(tmp_path / "alone", private_split)
+    out = outputs(tmp_path / "composed")
+    train_dpdm({"data": private_split, "prior": prior}, out, BASE)
+    line, = [e for _, e in ledger.read_ledger(out["ledger"])]
+    alone_line, = [e for _, e in ledger.read_ledger(alone["ledger"])]
+    assert line.noise_multiplier > alone_line.noise_multiplier and line.extra["composed_with"] == [sh.MECHANISM]
+    both = recompute(composed_entry([e for _, e in ledger.read_ledger(prior)] + [line]))
+    metrics = json.loads(out["metrics"].read_text())
+    assert both <= 1.0 and metrics["epsilon"] == pytest.approx(both, rel=1e-3) and line.claimed_epsilon < both
+
+    other = tmp_path / "other.jsonl"
+    ledger.append_entry(other, sh.ledger_entry(query, stage="privimage_select", config_id="t", seed=3),
+                        ledger.Binding(run="another", experiment="exp", data_sha256=sha))
+    with pytest.raises(PipelineError, match="input prior .*bound to run 'another'"):
+        train_dpdm({"data": private_split, "prior": other}, outputs(tmp_path / "bad"), BASE)

@@ -1,5 +1,5 @@
-"""Baselines (DP-MERF and its successors DP-HP, DP-NTK, DP-MEPF; Private Evolution) under the same protocol, their table; and the cross-method
-comparison (all_runs.parquet, the privacy-utility figure).
+"""Baselines (DP-MERF and its successors DP-HP, DP-NTK, DP-MEPF; Private Evolution; DP-Diffusion, PrivImage) under
+the same protocol, their table; and the cross-method comparison (all_runs.parquet, the privacy-utility figure).
 
 Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and their names:
 ``pipeline/baselines/runs.py``.
@@ -15,5 +15,7 @@ STAGES = {
     "dp_hp": "pipeline.baselines.embedding_family:dp_hp",
     "dp_ntk": "pipeline.baselines.embedding_family:dp_ntk",
     "dp_mepf": "pipeline.baselines.embedding_family:dp_mepf",
+    "privimage_query_net": "pipeline.baselines.privimage:privimage_query_net",
+    "privimage_select": "pipeline.baselines.privimage:privimage_select",
     "baselines_table": "pipeline.results.baselines:baselines_table",
 }

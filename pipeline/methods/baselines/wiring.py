@@ -21,13 +21,18 @@ from pipeline.wiring import House, params_json, stage_params
 LISTING = ("methods", "epsilons", "seeds")
 #: a baseline's private stage (and its rule, its benchmark folder), by the method token of its run names
 STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution", "dp_hp": "dp_hp", "dp_ntk": "dp_ntk", "dp_mepf": "dp_mepf",
-          "dp_diffusion": "train_dpdm"}
+          "dp_diffusion": "train_dpdm", "privimage": "train_dpdm"}
 #: the rule (and benchmark folder) of a method's private stage: one rule runs DP-MERF's successors, one the DP-SGD
 #: fine-tuning of the public denoiser
 RULES = {**STAGES, **{m: "embedding_baseline" for m in baseline_runs.EMBEDDING_FAMILY},
          **{m: "dpsgd_baseline" for m in baseline_runs.DPSGD_FAMILY}}
 #: the rule that samples a DP-SGD baseline's denoiser (its benchmark folder)
 SAMPLE_RULE = "sample_baseline"
+#: PrivImage's own rules before its DP-SGD fine-tuning (their benchmark folders): the semantic query and the
+#: pretraining on the public images it chose (the query net, shared by every run, is rule privimage_query_net)
+PRIVIMAGE_RULES = ("privimage_select", "privimage_pretrain")
+#: the settings of PrivImage's query (privimage_select's params carry only these: retuning its DP-SGD reruns no query)
+PRIVIMAGE_QUERY_KEYS = ("k", "query_share", "second_domain")
 #: a method's own subsections of the section (its params carry these and the shared keys, so adding or tuning one
 #: method reruns no other); DP-MERF's successors also read its generator settings
 SUBSECTIONS = {"dp_merf": ("dp_merf",), "pe": ("pe",), **{m: (m, "dp_merf") for m in baseline_runs.EMBEDDING_FAMILY},
@@ -77,6 +82,71 @@ class Wiring:
         """The fine-tuned EMA denoiser of a DP-SGD baseline (rule dpsgd_baseline): what its samples are drawn from."""
         return self.house.layout.expdir / "models" / "baselines" / f"{run}.pt"
 
+    # ---------------------------------------------------------------- PrivImage's semantic query and pretraining
+
+    @property
+    def query_net_path(self) -> Path:
+        """PrivImage's semantic query classifier (rule privimage_query_net; public pool only, one per configuration)."""
+        return self.house.layout.expdir / "models" / "baselines" / "privimage_query_net.pt"
+
+    @property
+    def query_net_metrics_path(self) -> Path:
+        return self.house.layout.expdir / "train" / "baselines" / "privimage_query_net.json"
+
+    def query_ledger_path(self, run: str) -> Path:
+        """The transcript of a PrivImage run's semantic query (rule privimage_select): its first line."""
+        return self.house.layout.ledger(f"baselines_{run}_query")
+
+    def query_metrics_path(self, run: str) -> Path:
+        """The query's release (the noisy histogram) and the semantics each class chose."""
+        return self.house.layout.expdir / "train" / "baselines" / f"{run}_query.json"
+
+    def selected_path(self, run: str) -> Path:
+        """The public images a PrivImage run's query chose, labelled by the class that chose them."""
+        return self.house.layout.expdir / "public" / "baselines" / f"{run}.npz"
+
+    def pretrained_path(self, run: str) -> Path:
+        """The public denoiser a PrivImage run pretrains on its selected images (rule privimage_pretrain)."""
+        return self.house.layout.expdir / "models" / "baselines" / f"{run}_public.pt"
+
+    def pretrain_metrics_path(self, run: str) -> Path:
+        return self.house.layout.expdir / "train" / "baselines" / f"{run}_public.json"
+
+    def pool_inputs(self, wildcards: Any = None) -> dict[str, Path]:
+        """PrivImage's public pool: the public split, and the second public domain (straightdp.public) unless
+        baselines.privimage.second_domain is false."""
+        split = self.house.layout.split
+        second = self.section["privimage"]["second_domain"]
+        return {"public": split("public"), **({"other": split("straightdp_public")} if second else {})}
+
+    def query_net_params(self) -> str:
+        """privimage_query_net's params: the classifier's settings, the configuration's seed."""
+        h = self.house
+        return stage_params(baselines={"privimage": {"query_net": self.section["privimage"]["query_net"]}},
+                            seed=h.seed, device=h.device, threads=h.torch_threads)
+
+    def select_inputs(self, wildcards: Any) -> dict[str, Path]:
+        """What privimage_select reads: the private split, the query net and the public pool."""
+        return {"data": self.house.layout.split("private_train"), "query_net": self.query_net_path,
+                **self.pool_inputs()}
+
+    def select_params(self, wildcards: Any) -> str:
+        """privimage_select's params: the query's settings and delta, the run, the declared private set, the binding."""
+        run, h, own = BaselineRun.from_name(wildcards.run), self.house, self.section["privimage"]
+        return stage_params(baselines={"delta": self.section["delta"],
+                                       "privimage": {k: own[k] for k in PRIVIMAGE_QUERY_KEYS}},
+                            run=run.name, private=h.private, device=h.device, threads=h.torch_threads,
+                            ledger_binding=h.ledger_binding(run.name))
+
+    def pretrain_params(self, wildcards: Any) -> str:
+        """privimage_pretrain's params (stage pretrain_public): the pretrain section, its steps PrivImage's own when
+        set, the run's seed."""
+        run, h = BaselineRun.from_name(wildcards.run), self.house
+        steps = self.section["privimage"]["pretrain_steps"]
+        pretrain = {k: v for k, v in h.config["pretrain"].items() if k not in ("source", "path", "precond")}
+        return stage_params(pretrain={**pretrain, **({"steps": steps} if steps else {})}, seed=run.seed,
+                            device=h.device, threads=h.torch_threads)
+
     def ledger_path(self, run: str) -> Path:
         """The run's own transcript: parallel jobs never append to the same file."""
         return self.house.layout.ledger(f"baselines_{run}")
@@ -118,10 +188,15 @@ class Wiring:
 
     # ---------------------------------------------------------------- the DP-SGD family (DP-Diffusion)
 
-    def dpsgd_inputs(self, wildcards: Any = None) -> dict[str, Path]:
+    def dpsgd_inputs(self, wildcards: Any) -> dict[str, Path]:
         """What a DP-SGD baseline reads: the private split (through DP-SGD only) and the public denoiser it starts
-        from."""
-        return {"data": self.house.layout.split("private_train"), "init": self.house.layout.public_denoiser}
+        from: DP-Diffusion the shared one, PrivImage its own, with its query's transcript as ``prior`` (sigma is
+        calibrated to the composition)."""
+        run = BaselineRun.from_name(wildcards.run)
+        data = self.house.layout.split("private_train")
+        if run.method == "privimage":
+            return {"data": data, "init": self.pretrained_path(run.name), "prior": self.query_ledger_path(run.name)}
+        return {"data": data, "init": self.house.layout.public_denoiser}
 
     def dpsgd_params(self, wildcards: Any) -> str:
         """train_dpdm params of a DP-SGD baseline run: its subsection's DP-SGD settings, eps and seed from its name, the
@@ -131,12 +206,16 @@ class Wiring:
         run = BaselineRun.from_name(wildcards.run)
         own, pretrain, h = self.section[run.method], self.house.config["pretrain"], self.house
         keys = ("clip", "batch_size", "epochs", "lr", "K", "ema_decay", "micro_batch", "checkpoint_every_s")
+        # DP-Diffusion's views; PrivImage fine-tunes with noise multiplicity alone (DPDM's recipe)
+        augment = {"max_shift": own["max_shift"], "flip": own["flip"]} if "max_shift" in own else None
+        # the user's imported model is in DP-Diffusion's id (it starts from it); PrivImage pretrains its own
+        public_model = h.public_model() if run.method == "dp_diffusion" else {}
         return stage_params(parameterisation="edm", epsilon=run.epsilon, seed=run.seed, delta=self.section["delta"],
-                            **{k: own[k] for k in keys}, augment={"max_shift": own["max_shift"], "flip": own["flip"]},
+                            **{k: own[k] for k in keys}, augment=augment,
                             unet=UNET_FROM_INIT, label_dropout=pretrain["label_dropout"], trainable=None,
                             private=h.private,
                             ledger_binding=h.ledger_binding(run.name), device=h.device, threads=h.torch_threads,
-                            **h.public_model())
+                            **public_model)
 
     def dpsgd_sample_params(self, wildcards: Any) -> str:
         """sample_dpdm params of a DP-SGD baseline run: its subsection's sampler, baselines.n_samples, the run's seed."""
@@ -149,12 +228,24 @@ class Wiring:
         """Params of evaluate_baseline for ``wildcards.run`` (the evaluation core's, named baselines/<run>)."""
         return self.evaluation.evaluate_params(f"baselines/{wildcards.run}")
 
+    def ledgers(self, run: BaselineRun) -> tuple[Path, ...]:
+        """A run's transcripts in the order they were written: PrivImage's query, then its DP-SGD line (the
+        composition certifies under the last line's accountant); one for every other baseline."""
+        first = (self.query_ledger_path(run.name),) if run.method == "privimage" else ()
+        return (*first, self.ledger_path(run.name))
+
     def transcripts(self) -> dict[Path, TranscriptSpec]:
-        """Each run's one line, bound to the run, its stage, the baselines' delta and the private split."""
-        return {self.ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage=STAGES[r.method],
-                                                         delta=self.section["delta"],
-                                                         data=self.house.layout.split("private_train"))
-                for r in self.runs()}
+        """Each run's lines (one per transcript), bound to the run, its stage, the baselines' delta and the private
+        split."""
+        data, delta = self.house.layout.split("private_train"), self.section["delta"]
+        out = {}
+        for r in self.runs():
+            out[self.ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage=STAGES[r.method], delta=delta,
+                                                           data=data)
+            if r.method == "privimage":
+                out[self.query_ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage="privimage_select",
+                                                                     delta=delta, data=data)
+        return out
 
     def bundle_runs(self) -> list[str]:
         return [run.name for run in self.runs()]
@@ -189,15 +280,20 @@ class Wiring:
     def _dpsgd_bundle(self, r: BaselineRun) -> BundleSpec:
         """A DP-SGD baseline's bundle: its fine-tuned EMA denoiser, drawn from by its sampler (post-processing)."""
         n, own = int(self.section["n_samples"]), self.section[r.method]
+        draws = (f"an example's K = {own['K']} augmented views clipped together" if r.method == "dp_diffusion" else
+                 f"an example's K = {own['K']} diffusion draws averaged before the clip")
+        query = (("PrivImage's semantic query: the noisy class-by-semantics histogram of the private split (one "
+                  "Gaussian release) that chose the public pretraining data",) if r.method == "privimage" else ())
         return BundleSpec(
             run=r.name, samples=self.samples_path(r.name), metrics=self.metrics_path(r.name),
-            transcripts=(self.ledger_path(r.name),), epsilon_target=r.epsilon, model=self.denoiser_path(r.name),
+            transcripts=self.ledgers(r), epsilon_target=r.epsilon, model=self.denoiser_path(r.name),
             sampling={"sampler": "dpdm", "sampler_name": r.method, "settings": own["sampler"], "seed": r.seed,
                       "batch_size": n, "n_samples": n, "threads": self.house.torch_threads},
-            covers=("every DP-SGD step of the public denoiser's fine-tuning on the private split: Poisson-subsampled, "
-                    f"per-example clipped gradients (an example's K = {own['K']} augmented views clipped together), "
-                    "Gaussian noise, composed over all steps",),
-            not_covered=("the public pretraining of the initial denoiser (public data only)",
+            covers=(*query, "every DP-SGD step of the public denoiser's fine-tuning on the private split: "
+                    f"Poisson-subsampled, per-example clipped gradients ({draws}), Gaussian noise, composed over all "
+                    "steps"),
+            not_covered=("the public pretraining of the initial denoiser (public data only"
+                         + ("; which public images, post-processing of the query" if query else "") + ")",
                          "the hyperparameters, set in the configuration",
                          "the declared size of the private set (a public constant)"))
 
@@ -205,8 +301,9 @@ class Wiring:
         """One all_runs record per baseline run: its metrics, its one transcript, its jobs' benchmarks."""
         bench = self.house.layout.benchmark
         return [RunRecord(method=run.method, config=run.name, seed=run.seed, epsilon_target=run.epsilon,
-                          metrics=self.metrics_path(run.name), ledgers=(self.ledger_path(run.name),),
-                          benchmarks=(bench(RULES[run.method], run.name),
+                          metrics=self.metrics_path(run.name), ledgers=self.ledgers(run),
+                          benchmarks=(*(bench(rule, run.name) for rule in PRIVIMAGE_RULES if run.method == "privimage"),
+                                      bench(RULES[run.method], run.name),
                                       *((bench(SAMPLE_RULE, run.name),) if run.method in baseline_runs.DPSGD_FAMILY
                                         else ()),
                                       bench("evaluate_baseline", run.name)),
