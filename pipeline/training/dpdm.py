@@ -306,8 +306,12 @@ def prior_releases(path: Path | None, *, run: str, data_sha256: str) -> list[led
     composing with it would certify the wrong thing."""
     if path is None:
         return []
+    from pipeline.privacy import rebuild
+
     try:
         lines = [e for _, e in ledger.read_ledger(path)]
+        for e in lines:  # an event edited away from its line's parameters would calibrate too little noise
+            rebuild.check(e)
     except (FileNotFoundError, ledger.LedgerError) as exc:
         raise PipelineError(f"stage {STAGE}: input prior: {exc}") from None
     if not lines:

@@ -266,12 +266,29 @@ def test_privimage_pretrains_with_the_pretrain_recipe_and_its_own_steps(tmp_path
     h = house(tmp_path)
     w = SimpleNamespace(run="privimage_eps1_seed2")
     p = json.loads(Wiring(h).pretrain_params(w))
-    assert p["seed"] == 2 and p["pretrain"]["steps"] == h.config["pretrain"]["steps"]
-    assert p["pretrain"]["unet"] == h.config["pretrain"]["unet"]
+    # the quick tour's own steps (300); the network and the rest of the recipe are pretrain's
+    assert p["seed"] == 2 and p["pretrain"]["steps"] == h.config["baselines"]["privimage"]["pretrain_steps"] == 300
+    assert p["pretrain"]["unet"] == h.config["pretrain"]["unet"] and p["pretrain"]["lr"] == h.config["pretrain"]["lr"]
 
-    def fewer(cfg):
-        cfg["baselines"]["privimage"]["pretrain_steps"] = 7
-    assert json.loads(Wiring(house(tmp_path, fewer)).pretrain_params(w))["pretrain"]["steps"] == 7
+    def unset(cfg):
+        cfg["baselines"]["privimage"]["pretrain_steps"] = None
+    assert json.loads(Wiring(house(tmp_path, unset)).pretrain_params(w))["pretrain"]["steps"] == \
+        h.config["pretrain"]["steps"]
+
+
+def test_privimages_files_are_its_runs_own_and_its_query_net_is_shared(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    run = "privimage_eps1_seed0"
+    assert bl.query_net_path == exp / "models" / "baselines" / "privimage_query_net.pt"
+    assert bl.query_net_metrics_path == exp / "train" / "baselines" / "privimage_query_net.json"
+    assert bl.selected_path(run) == exp / "public" / "baselines" / f"{run}.npz"
+    assert bl.query_metrics_path(run) == exp / "train" / "baselines" / f"{run}_query.json"
+    assert bl.pretrained_path(run) == exp / "models" / "baselines" / f"{run}_public.pt"
+    assert bl.pretrain_metrics_path(run) == exp / "train" / "baselines" / f"{run}_public.json"
+    # the query net: public data only, the configuration's seed; its settings and nothing of any run
+    p = json.loads(bl.query_net_params())
+    assert p["baselines"] == {"privimage": {"query_net": bl.section["privimage"]["query_net"]}}
+    assert p["seed"] == bl.house.config["seed"] and "run" not in p and "private" not in p
 
 
 def test_privimage_runs_have_two_lines_composed_and_a_bundle_covering_both(tmp_path):

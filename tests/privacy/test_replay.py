@@ -23,8 +23,8 @@ from pipeline.privacy.replay import Registered, ReplayError, audit, recompute, r
 from pipeline.config import validate_config
 from pipeline.io import Split
 from pipeline.privacy import accountants as acc
-from pipeline.privacy import (dp_merf, dpsgd, ledger, mean_embedding, moments, private_evolution, rebuild, text_moments,
-                              tha)
+from pipeline.privacy import (dp_merf, dpsgd, ledger, mean_embedding, moments, private_evolution, rebuild,
+                              semantic_histogram, text_moments, tha)
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule
 from pipeline.sampling import empden
@@ -154,12 +154,20 @@ def write_mean_embeddings(path: Path) -> None:
                                                               settings=COARSE))
 
 
+def write_semantic_histogram(path: Path) -> None:
+    """PrivImage's semantic query (Li et al. 2024): one Gaussian on the class-by-semantics votes, sensitivity sqrt(k)."""
+    plan = semantic_histogram.SemanticQueryPlan(sigma=20.0, k=2, delta=DELTA)
+    ledger.append_entry(path, semantic_histogram.ledger_entry(plan, stage="privimage_select", config_id="c", seed=0,
+                                                              settings=COARSE))
+
+
 WRITERS: dict[str, Callable[[Path], None]] = {
     "hybrid": write_hybrid, "per_step": write_per_step, "full_batch": write_full_batch, "figure2": write_figure2,
     "configuration_claims": write_configuration_claims, "dpsgd_poisson": write_dpsgd_poisson,
     "dpsgd_fixed_size": write_dpsgd_fixed_size, "moment_release": write_moment_release,
     "tha_dpsgd": write_tha_dpsgd, "dp_merf": write_dp_merf, "pe_histogram": write_pe_histogram,
     "text_moment_release": write_text_moment_release, "mean_embeddings": write_mean_embeddings,
+    "semantic_histogram": write_semantic_histogram,
 }
 
 

@@ -376,3 +376,13 @@ def test_a_prior_release_of_the_same_run_is_composed_into_the_calibration(privat
                         ledger.Binding(run="another", experiment="exp", data_sha256=sha))
     with pytest.raises(PipelineError, match="input prior .*bound to run 'another'"):
         train_dpdm({"data": private_split, "prior": other}, outputs(tmp_path / "bad"), BASE)
+    # a line whose event was edited to a larger sigma than its parameters say is refused before any calibration
+    import dataclasses
+    edited = tmp_path / "edited.jsonl"
+    line = sh.ledger_entry(query, stage="privimage_select", config_id="t", seed=3)
+    louder = sh.SemanticQueryPlan(query.sigma * 10, 1, 1e-5)
+    ledger.append_entry(edited, dataclasses.replace(
+        line, event=ledger.event_to_dict(louder.event()), noise_multiplier=louder.sigma, noise_std=louder.noise_std),
+        ledger.Binding(run="r", experiment="exp", data_sha256=sha))
+    with pytest.raises(PipelineError, match="input prior: .*does not match"):
+        train_dpdm({"data": private_split, "prior": edited}, outputs(tmp_path / "bad2"), BASE)
