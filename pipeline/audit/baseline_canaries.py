@@ -149,9 +149,10 @@ def audit_semantic_histogram(plan: sh.SemanticQueryPlan, *, certified_epsilon: f
     rng = np.random.default_rng(seed)
     included = (torch.rand(m, generator=gen) < 0.5).numpy()
     k = plan.k
-    n_semantics = m * k + PE_CANDIDATES_PER_CLASS  # the canaries' own semantics, then the stand-ins'
-    standin = rng.integers(m * k, n_semantics, size=(PE_STANDINS, 1)) if k == 1 else np.stack(
-        [rng.choice(np.arange(m * k, n_semantics), size=k, replace=False) for _ in range(PE_STANDINS)])
+    n_standin_semantics = PE_CANDIDATES_PER_CLASS + k
+    n_semantics = m * k + n_standin_semantics  # the canaries' own semantics, then the stand-ins'
+    # each stand-in's k distinct votes: the first k of a random order of the stand-ins' semantics
+    standin = m * k + np.argsort(rng.random((PE_STANDINS, n_standin_semantics)), axis=1)[:, :k]
     ids = np.flatnonzero(included)
     canary_votes = ids[:, None] * k + np.arange(k)[None, :]
     votes = np.concatenate([standin, canary_votes])

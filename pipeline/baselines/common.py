@@ -35,15 +35,19 @@ def baseline_run(params: Mapping[str, Any], method: str) -> BaselineRun:
     return run
 
 
+def stage_device(params: Mapping[str, Any]) -> torch.device:
+    """The device of params ``device``; on the CPU, torch's threads set from params ``threads``."""
+    device = resolve_device(str(params.get("device", "auto")))
+    if device.type == "cpu":
+        torch.set_num_threads(int(params.get("threads", 1)))
+    return device
+
+
 def baseline_setup(params: Mapping[str, Any], method: str
                    ) -> tuple[dict[str, Any], dict[str, Any], BaselineRun, torch.device]:
     """(section, method subsection, run, device) of a baseline stage; CPU threads set from params."""
     section, cfg = baseline_section(params, method)
-    run = baseline_run(params, method)
-    device = resolve_device(str(params.get("device", "auto")))
-    if device.type == "cpu":
-        torch.set_num_threads(int(params.get("threads", 1)))
-    return section, cfg, run, device
+    return section, cfg, baseline_run(params, method), stage_device(params)
 
 
 def load_public_like(path: str | Path, private: Split) -> Split:

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from pipeline import seeds
-from pipeline.baselines.common import baseline_section, baseline_setup, load_public_like
-from pipeline.device import resolve_device
-from pipeline.evaluation.evalnet import TrainConfig, accuracy, fit_classifier, load_evalnet, predict, save_evalnet
-from pipeline.io import Split, atomic_path, load_split, save_split, write_json
+from pipeline.baselines.common import baseline_section, baseline_setup, load_public_like, stage_device
+from pipeline.evaluation.evalnet import (TrainConfig, accuracy, fit_classifier, load_evalnet, load_labelled_split,
+                                         predict, save_evalnet)
+from pipeline.io import Split, atomic_path, save_split, write_json
 from pipeline.privacy import ledger
 from pipeline.privacy import semantic_histogram as sh
 from pipeline.stage import PipelineError, stage
@@ -68,6 +68,11 @@ def semantic_pool(public: Split, other: Split | None) -> tuple[Split, list[str]]
     return Split(np.concatenate([public.images, other.images]), labels), names
 
 
+def _other(inputs: Mapping[str, Path]) -> Split | None:
+    """The second public domain, when the pool has one (input ``other``)."""
+    return load_labelled_split(inputs["other"], "other") if "other" in inputs else None
+
+
 def selected_split(pool: Split, selected: np.ndarray) -> Split:
     """The pretraining set: for each private class c, the pool's images of every semantic c selected, labelled c (a
     semantic two classes chose is in both, as one list of semantics per class gives it)."""
@@ -75,15 +80,6 @@ def selected_split(pool: Split, selected: np.ndarray) -> Split:
     index = np.concatenate([i for i, _ in parts])
     labels = np.concatenate([np.full(len(i), c, dtype=np.int64) for i, c in parts])
     return Split(pool.images[index], labels)
-
-
-def _load(path: Path | None, role: str) -> Split | None:
-    if path is None:
-        return None
-    try:
-        return load_split(path)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise PipelineError(f"input {role}: {exc}") from None
 
 
 _NET_PARAMS = {"baselines": "the baselines section (privimage.query_net: width, feature_dim, epochs, batch_size, lr)",
@@ -96,12 +92,8 @@ _NET_PARAMS = {"baselines": "the baselines section (privimage.query_net: width, 
 def privimage_query_net(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Step 1: the semantic query function, a classifier of the public pool's semantics (public data only)."""
     _, cfg = baseline_section(params, METHOD)
-    seed = int(params.get("seed", 0))
-    device = resolve_device(str(params.get("device", "auto")))
-    if device.type == "cpu":
-        torch.set_num_threads(int(params.get("threads", 1)))
-    public = _load(inputs["public"], "public")
-    pool, names = semantic_pool(public, _load(inputs.get("other"), "other"))
+    seed, device = int(params.get("seed", 0)), stage_device(params)
+    pool, names = semantic_pool(load_labelled_split(inputs["public"], "public"), _other(inputs))
     start = time.perf_counter()
     net = fit_classifier(pool, TrainConfig.from_mapping(cfg["query_net"]), seed=seed, device=device,
                          n_classes=len(names), desc="privimage query net")
@@ -127,17 +119,18 @@ def privimage_select(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     semantics each class chose (post-processing)."""
     section, cfg, run, device = baseline_setup(params, METHOD)
     k, share = int(cfg["k"]), float(cfg["query_share"])
+    query_epsilon = share * run.epsilon  # the query's own target: DP-SGD is calibrated to the rest
     N, n_classes = declared_private(params, SELECT_STAGE)
     split, sha = load_training_split(inputs["data"], "data")
     binding = ledger.binding_of(params, data_sha256=sha, stage=SELECT_STAGE)
     check_declared(split, N=N, n_classes=n_classes, stage=SELECT_STAGE)
-    pool, names = semantic_pool(load_public_like(inputs["public"], split), _load(inputs.get("other"), "other"))
+    pool, names = semantic_pool(load_public_like(inputs["public"], split), _other(inputs))
     net = load_evalnet(inputs["query_net"], device=device)
     if net.n_classes != len(names):
         raise PipelineError(f"input query_net: it scores {net.n_classes} semantics, the public pool has {len(names)} "
                             f"(rerun {QUERY_NET_STAGE} on the same public inputs)")
     try:
-        plan = sh.calibrate(target_epsilon=share * run.epsilon, delta=float(section["delta"]), k=k)
+        plan = sh.calibrate(target_epsilon=query_epsilon, delta=float(section["delta"]), k=k)
         _, logits = predict(net, split.images)
         votes = sh.top_k_semantics(torch.from_numpy(logits), k).numpy()
         noisy = sh.noisy_histogram(sh.semantic_counts(votes, split.labels, n_classes=n_classes,
@@ -148,11 +141,11 @@ def privimage_select(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         raise PipelineError(f"stage {SELECT_STAGE}: {exc}") from None
     chosen = selected_split(pool, selected)
     entry = sh.ledger_entry(plan, stage=SELECT_STAGE, config_id=str(params.get("config_id", "unknown")),
-                            seed=run.seed, extra={"run": run.name, "target_epsilon": share * run.epsilon,
+                            seed=run.seed, extra={"run": run.name, "target_epsilon": query_epsilon,
                                                   "data_sha256": sha, "n_semantics": len(names)})
-    if entry.claimed_epsilon > share * run.epsilon:
+    if entry.claimed_epsilon > query_epsilon:
         raise PipelineError(f"stage {SELECT_STAGE}: certified eps {entry.claimed_epsilon:.6g} > the query's share "
-                            f"{share * run.epsilon:.6g}")
+                            f"{query_epsilon:.6g}")
     by_class = {str(c): [names[int(s)] for s in row] for c, row in enumerate(selected)}
     save_split(outputs["selected"], chosen, name=f"baselines/{run.name}/selected", source=METHOD, seed=run.seed,
                extra={"run": run.name, "semantics_by_class": by_class})
@@ -160,7 +153,7 @@ def privimage_select(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
         ledger.append_entry(tmp, entry, binding)
     # the noisy histogram is the release; the clean counts are never written or logged
     write_json(outputs["metrics"], {"run": run.name, "stage": SELECT_STAGE, "k": k, "query_share": share,
-                                    "query_epsilon_target": share * run.epsilon,
+                                    "query_epsilon_target": query_epsilon,
                                     "query_epsilon_certified": entry.claimed_epsilon,
                                     "noise_multiplier": plan.sigma, "noise_std": plan.noise_std,
                                     "semantics": names, "semantics_by_class": by_class,

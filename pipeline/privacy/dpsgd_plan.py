@@ -196,14 +196,9 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_
     """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise DPSGDError(f"target epsilon must be > 0 and finite, got {target_epsilon}")
-    if prior and sampling != "poisson":
-        raise DPSGDError("a DP-SGD run composed with earlier releases needs Poisson sampling (PLD accounting)")
-    prior = list(prior)
-
-    def eps_of(s: float) -> float:
-        event = dpsgd_event(s, sampling_rate, steps, sampling=sampling, dataset_size=dataset_size)
-        return _certified_epsilon(dp_event.ComposedDpEvent([*prior, event]) if prior else event, delta, sampling,
-                                  settings)
+    eps_of = lambda s: _certified_epsilon(  # noqa: E731
+        after_prior(prior, dpsgd_event(s, sampling_rate, steps, sampling=sampling, dataset_size=dataset_size),
+                    sampling), delta, sampling, settings)
     lo, hi = bracket
     if eps_of(hi) > target_epsilon:
         raise DPSGDError(f"target eps {target_epsilon} at delta {delta} unreachable with sigma <= {hi} "
@@ -213,13 +208,21 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sampling_
     return acc.bisect_log_sigma(eps_of, lo, hi, target_epsilon, rtol)
 
 
+def after_prior(prior: Sequence[dp_event.DpEvent], event: dp_event.DpEvent, sampling: Sampling) -> dp_event.DpEvent:
+    """``event`` composed after the ``prior`` releases of the same run (itself when there are none). Only a Poisson
+    DP-SGD composes: the PLD certifies the composition, the fixed-size RDP path does not take one."""
+    if not prior:
+        return event
+    if sampling != "poisson":
+        raise DPSGDError("a DP-SGD run composed with earlier releases needs Poisson sampling (PLD accounting)")
+    return dp_event.ComposedDpEvent([*prior, event])
+
+
 def composed_epsilon(prior: Sequence[dp_event.DpEvent], plan: DPSGDPlan,
                      settings: acc.PLDSettings = DPSGD_PLD_SETTINGS) -> float:
     """Certified eps of ``prior`` releases composed with ``plan``'s DP-SGD (Poisson, PLD): the run's eps when
     DP-SGD follows an earlier release on the same data (PrivImage)."""
-    if plan.sampling != "poisson":
-        raise DPSGDError("a DP-SGD run composed with earlier releases needs Poisson sampling (PLD accounting)")
-    return acc.pld_epsilon(dp_event.ComposedDpEvent([*prior, plan.event()]), plan.delta, settings=settings)
+    return acc.pld_epsilon(after_prior(prior, plan.event(), plan.sampling), plan.delta, settings=settings)
 
 
 def plan_for_budget(*, target_epsilon: float, delta: float, max_grad_norm: float, batch_size: int,

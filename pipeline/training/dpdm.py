@@ -63,7 +63,7 @@ from pipeline.config import schema_defaults
 from pipeline.io import atomic_path, read_json, write_json
 from pipeline.models.checkpoint import BACKBONES, read_denoiser_backbone, read_denoiser_meta, save_denoiser
 from pipeline.models.precond import parameterisation as get_parameterisation
-from pipeline.privacy import dpsgd, ledger
+from pipeline.privacy import dpsgd, ledger, rebuild
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
 from pipeline.training.augment import RandomShiftFlip
@@ -306,8 +306,6 @@ def prior_releases(path: Path | None, *, run: str, data_sha256: str) -> list[led
     composing with it would certify the wrong thing."""
     if path is None:
         return []
-    from pipeline.privacy import rebuild
-
     try:
         lines = [e for _, e in ledger.read_ledger(path)]
         for e in lines:  # an event edited away from its line's parameters would calibrate too little noise
@@ -324,9 +322,9 @@ def prior_releases(path: Path | None, *, run: str, data_sha256: str) -> list[led
 
 
 def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str, *,
-                    write: bool = True, prior: list[ledger.LedgerEntry] | None = None) -> dpsgd.DPSGDPlan:
+                    write: bool = True, prior: list[Any] | None = None) -> dpsgd.DPSGDPlan:
     """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training); with
-    ``prior`` lines, to the composition of their releases and this run's DP-SGD.
+    ``prior`` events (earlier releases of the run), to their composition with this run's DP-SGD.
 
     The calibrated sigma is kept beside the resumable state (``plan.json``, keyed by the run's
     params hash) so a resumed run continues with the SAME mechanism it started with, without
@@ -343,7 +341,7 @@ def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: 
     try:
         plan = dpsgd.plan_for_budget(target_epsilon=cfg.epsilon, delta=cfg.delta, max_grad_norm=cfg.clip,
                                      batch_size=cfg.batch_size, dataset_size=n, steps=steps,
-                                     prior=[e.dp_event() for e in prior or ()])
+                                     prior=prior or ())
     except dpsgd.DPSGDError as exc:
         raise PipelineError(f"stage {STAGE}: {exc}") from None
     if write:
@@ -394,10 +392,10 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     # 1. the mechanism, fixed before any private record is used
     total_steps = cfg.n_steps(n)
     t0 = time.perf_counter()
-    plan = calibrated_plan(cfg, n, total_steps, ck_dir / "plan.json", run_hash, write=world.main, prior=prior)
+    prior_events = [e.dp_event() for e in prior]
+    plan = calibrated_plan(cfg, n, total_steps, ck_dir / "plan.json", run_hash, write=world.main, prior=prior_events)
     # the run's eps: its DP-SGD composed with the prior releases, certified as the tables certify it
-    certified = (plan.epsilon() if not prior else
-                 dpsgd.composed_epsilon([e.dp_event() for e in prior], plan))
+    certified = dpsgd.composed_epsilon(prior_events, plan) if prior else plan.epsilon()
     if certified > cfg.epsilon:  # cannot happen for a fresh calibration; guards an edited plan.json
         raise PipelineError(f"stage {STAGE}: plan certifies eps {certified:.6g} > target {cfg.epsilon}")
     calibration_s = time.perf_counter() - t0
