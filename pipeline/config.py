@@ -370,6 +370,19 @@ def _check_unets(cfg: Mapping[str, Any], *, image_size: int, channels: int) -> N
             UNetSpec.from_json({**unet, "image_size": image_size, "channels": channels})
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"config error at {section}.unet: {str(exc).removeprefix('unet: ')}") from None
+    baselines = cfg.get("baselines") or {}
+    if "baselines" in cfg["methods"] and "dp_ldm" in baselines.get("methods", ()):
+        # DP-LDM's latent denoiser works on its autoencoder's codes: H/4 x W/4 (pipeline/flow/autoencoder.py)
+        own = baselines["dp_ldm"]
+        if image_size % 4:
+            raise ConfigError(f"config error at baselines.dp_ldm: its autoencoder codes at H/4, so data.image_size "
+                              f"must be a multiple of 4, got {image_size}")
+        try:
+            UNetSpec.from_json({**own["unet"], "image_size": image_size // 4,
+                                "channels": own["autoencoder"]["code_channels"]})
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"config error at baselines.dp_ldm.unet (codes of {image_size // 4} x "
+                              f"{image_size // 4}): {str(exc).removeprefix('unet: ')}") from None
 
 
 def _subset_sizes(cfg: Mapping[str, Any]) -> list[tuple[str, int]]:

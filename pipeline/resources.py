@@ -317,7 +317,7 @@ def baseline_runtime_min(config: Config) -> int:
 #: training rules that checkpoint and resume (pipeline/training/loop.py): their runtime and retries come from
 #: :func:`segment_runtime_min` and :func:`segment_retries`, so over the limit they run in segments
 RESUMABLE_RULES = ("pretrain_public", "train_dpdm", "train_dpdm_twin", "pretrain_straightdp",
-                   "pretrain_straightdp_arm", "train_straightdp", "privimage_pretrain")
+                   "pretrain_straightdp_arm", "train_straightdp", "privimage_pretrain", "dp_ldm_pretrain")
 #: one resubmission for a transient failure (node failure, preemption), as the slurm profile's `retries: 1`
 TRANSIENT_RETRIES = 1
 

@@ -2,9 +2,11 @@
 # its successors DP-HP, DP-NTK and DP-MEPF (the same release and generator over Hermite, e-NTK and
 # public perceptual features; pipeline/baselines/embedding_family.py) and Private Evolution (noisy
 # nearest-neighbour votes steering the public EDM denoiser), DP-Diffusion (the public denoiser fine-tuned by the
-# DP-SGD engine with augmentation multiplicity: stages train_dpdm and sample_dpdm) and PrivImage (a DP semantic
+# DP-SGD engine with augmentation multiplicity: stages train_dpdm and sample_dpdm), PrivImage (a DP semantic
 # histogram chooses public data to pretrain on: stages privimage_query_net, privimage_select, pretrain_public, then
-# train_dpdm and sample_dpdm), scored by the shared evaluation, certified by the same ledger. Code:
+# train_dpdm and sample_dpdm), DP-LDM (train_autoencoder and encode_split on public data, pretrain_public on the
+# codes, train_dpdm of the attention and conditioning on the private codes, sample_dpdm, dp_ldm_decode), scored by
+# the shared evaluation, certified by the same ledger. Code:
 # pipeline/baselines/ (stages), pipeline/privacy/dp_merf.py, mean_embedding.py, private_evolution.py and
 # semantic_histogram.py (mechanisms),
 # pipeline/results/baselines.py (table). Runs and names: pipeline/baselines/runs.py.
@@ -13,6 +15,7 @@
 #   snakemake results/digits/eval/baselines/pe_eps1_seed0/metrics.json one run, evaluated
 
 from pipeline.baselines import runs as _baseline_runs
+from pipeline.methods.baselines import wiring as _baselines_wiring
 from pipeline.methods.baselines.wiring import Wiring as _BaselinesWiring
 
 #: the baselines' runs, paths and params (pipeline/methods/baselines/wiring.py)
@@ -204,9 +207,87 @@ rule privimage_pretrain:
         " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
+rule dp_ldm_autoencoder:
+    """DP-LDM's autoencoder: stage train_autoencoder on the public split only, frozen."""
+    input:
+        public=DATA / "public.npz",
+    output:
+        model=BASELINES.ldm_autoencoder_path,
+        metrics=BASELINES.ldm_autoencoder_metrics_path,
+    params:
+        p=BASELINES.ldm_autoencoder_params(),
+    log:
+        LOGS / "baselines" / "dp_ldm_autoencoder.log",
+    benchmark:
+        benchmark_path("dp_ldm_autoencoder")
+    threads: TORCH_THREADS
+    resources:
+        mem_mb=3000,
+        runtime=20,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline train_autoencoder --in public={input.public:q} --out model={output.model:q}"
+        " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
+rule dp_ldm_encode:
+    """A split's codes under DP-LDM's public autoencoder: the public one (its latent denoiser's pretraining) and the
+    private one (read by DP-SGD only)."""
+    input:
+        split=BASELINES.ldm_code_source,
+        autoencoder=BASELINES.ldm_autoencoder_path,
+    output:
+        codes=BASELINES.ldm_codes_path("{name}"),
+    wildcard_constraints:
+        name="|".join(_baselines_wiring.DP_LDM_CODES),
+    params:
+        p=BASELINES.ldm_codes_params,
+    log:
+        LOGS / "baselines" / "dp_ldm_encode_{name}.log",
+    benchmark:
+        benchmark_path("dp_ldm_encode", "{name}")
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline encode_split --in split={input.split:q} autoencoder={input.autoencoder:q}"
+        " --out codes={output.codes:q} --params {params.p:q} --log {log:q}"
+
+
+rule dp_ldm_pretrain:
+    """DP-LDM's latent denoiser: stage pretrain_public on the public split's codes (no private record)."""
+    input:
+        public=BASELINES.ldm_codes_path("public"),
+    output:
+        model=BASELINES.ldm_denoiser_path,
+        metrics=BASELINES.ldm_denoiser_metrics_path,
+    params:
+        p=BASELINES.ldm_pretrain_params(),
+    log:
+        LOGS / "baselines" / "dp_ldm_pretrain.log",
+    benchmark:
+        benchmark_path("dp_ldm_pretrain")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=cost.pretrain_mem_mb(config),
+        runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
+    retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline pretrain_public --in public={input.public:q}"
+        " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
 rule dpsgd_baseline:
-    """DP-Diffusion (the public denoiser, augmentation multiplicity) or PrivImage (its own pretrained denoiser, its
-    query composed in): DP-SGD fine-tuning, stage train_dpdm."""
+    """DP-Diffusion (the public denoiser, augmentation multiplicity), PrivImage (its own pretrained denoiser, its
+    query composed in) or DP-LDM (the latent denoiser's attention and conditioning, on the private codes): DP-SGD
+    fine-tuning, stage train_dpdm."""
     input:
         unpack(BASELINES.dpsgd_inputs),
     output:
@@ -242,7 +323,7 @@ rule sample_baseline:
         samples=BASELINES.samples_path("{run}"),
         manifest=BASELINES.manifest_path("{run}"),
     wildcard_constraints:
-        run=_baseline_runs.methods_pattern(_baseline_runs.DPSGD_FAMILY),
+        run=_baseline_runs.methods_pattern(_baselines_wiring.PIXEL_DPSGD),
     params:
         p=BASELINES.dpsgd_sample_params,
     log:
@@ -259,6 +340,60 @@ rule sample_baseline:
     shell:
         "python -m pipeline sample_dpdm --in denoiser={input.denoiser:q} --out samples={output.samples:q}"
         " --params {params.p:q} --log {log:q}"
+
+
+rule sample_dp_ldm:
+    """DP-LDM's sampled codes, from its fine-tuned latent denoiser (post-processing: no ledger line)."""
+    input:
+        denoiser=BASELINES.denoiser_path("{run}"),
+    output:
+        samples=BASELINES.latent_samples_path("{run}"),
+        manifest=BASELINES.latent_manifest_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.methods_pattern(_baseline_runs.LATENT),
+    params:
+        p=BASELINES.dpsgd_sample_params,
+    log:
+        LOGS / "sample_baseline" / "{run}.log",
+    benchmark:
+        benchmark_path("sample_dp_ldm", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=3000,
+        runtime=cost.dpdm_sample_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline sample_dpdm --in denoiser={input.denoiser:q} --out samples={output.samples:q}"
+        " --params {params.p:q} --log {log:q}"
+
+
+rule dp_ldm_decode:
+    """DP-LDM's samples: its sampled codes decoded by the public decoder (post-processing: no ledger line)."""
+    input:
+        latents=BASELINES.latent_samples_path("{run}"),
+        autoencoder=BASELINES.ldm_autoencoder_path,
+    output:
+        samples=BASELINES.samples_path("{run}"),
+        manifest=BASELINES.manifest_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.methods_pattern(_baseline_runs.LATENT),
+    params:
+        p=BASELINES.ldm_decode_params,
+    log:
+        LOGS / "baselines" / "{run}_decode.log",
+    benchmark:
+        benchmark_path("dp_ldm_decode", "{run}")
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m pipeline dp_ldm_decode --in latents={input.latents:q} autoencoder={input.autoencoder:q}"
+        " --out samples={output.samples:q} --params {params.p:q} --log {log:q}"
 
 
 rule evaluate_baseline:

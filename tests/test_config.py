@@ -102,6 +102,12 @@ def test_config_id_is_stable_and_sensitive():
         ({"dpdm": {"batch_size": 3000}},
          "config error at dpdm.batch_size: expected at most data.private.n_private_train=2500 (the sampling rate "
          "q = batch_size / N must be <= 1), got 3000"),
+        ({"data": {"image_size": 12}},
+         "config error at baselines.dp_ldm.unet (codes of 3 x 3): image_size 3 is not divisible by 2^(levels-1) for "
+         "2 levels"),
+        ({"data": {"image_size": 18}},
+         "config error at baselines.dp_ldm: its autoencoder codes at H/4, so data.image_size must be a multiple of 4, "
+         "got 18"),
         ({"data": {"private": {"n_test": 3000}}},
          "config error at data.private: n_private_train + n_eval_train + n_reference + n_val + n_test = 7000 exceeds "
          "the 5000 embedded MNIST digits"),

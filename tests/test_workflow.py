@@ -184,6 +184,14 @@ TINY = {
                   "privimage": {"epsilons": None, "K": 2, "batch_size": 50, "epochs": 0.05, "micro_batch": 25,
                                 "sampler": {"name": "ddim", "steps": 2}, "pretrain_steps": 4,
                                 "query_net": {"width": 4, "feature_dim": 8, "epochs": 1, "batch_size": 64}},
+                  # DP-LDM: a 20-step autoencoder (4 x 3 x 3 codes: one UNet level), 4 latent pretraining steps,
+                  # one DP-SGD step of its attention and class embedding
+                  "dp_ldm": {"epsilons": None, "K": 2, "batch_size": 50, "epochs": 0.05, "micro_batch": 25,
+                             "sampler": {"name": "ddim", "steps": 2}, "pretrain_steps": 4,
+                             "autoencoder": {"code_channels": 4, "width": 8, "steps": 20, "batch_size": 64,
+                                             "lr": 2.0e-3},
+                             "unet": {"block_out_channels": [8], "attention": [True], "layers_per_block": 1,
+                                      "norm_num_groups": 4}},
                   "pe": {"iterations": 2, "n_per_class": 2, "sampler_steps": 3}},
 }
 
@@ -222,7 +230,8 @@ RERUN_SCOPE = {
     "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
     "baselines.seeds": ({"baselines": {"seeds": [0, 1]}}, "private_evolution",
                         {"dp_merf", "embedding_baseline", "private_evolution", "dpsgd_baseline", "sample_baseline",
-                         "privimage_select", "privimage_pretrain", "evaluate_baseline", "baselines_table", "empden_table2_comparison", "audit_one_run"}),
+                         "privimage_select", "privimage_pretrain", "sample_dp_ldm", "dp_ldm_decode",
+                         "evaluate_baseline", "baselines_table", "empden_table2_comparison", "audit_one_run"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
                                                {"empden_table1_window_swap", "empden_table4_proxy",
@@ -238,7 +247,8 @@ def check_bundles(repo: Path, results: Path, all_runs: pd.DataFrame) -> None:
     # the task-specific DP-SGD classifier is a classifier, not a generator: it has no samples to bundle
     private = all_runs[all_runs["private"] & (all_runs["method"] != "dpsgd_classifier")]
     folder = {"dpdm": lambda c: c.split("/")[0], "empden": lambda c: c.replace("/", "_")}
-    house = {m: "baselines" for m in ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage")}
+    house = {m: "baselines" for m in ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage",
+                                      "dp_ldm")}
     expected = {f"{house.get(m, m)}/{folder.get(m, str)(c)}" for m, c in zip(private["method"], private["config"])}
     found = {p.relative_to(results / "bundles").as_posix() for p in (results / "bundles").glob("*/*") if p.is_dir()}
     assert found == expected
@@ -356,15 +366,15 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
     # the one-run audit: one row per line of every private mechanism (the DPDM run, the task-specific DP-SGD
-    # classifier's, DP-Diffusion's and PrivImage's, the six STRAIGHTDP training runs and five releases, the two arms'
-    # one of each, the toy's two of each, Table 4's two text releases, the EMPDEN cells, the seven baselines and
-    # PrivImage's query), each passed
+    # classifier's, DP-Diffusion's, PrivImage's and DP-LDM's, the six STRAIGHTDP training runs and five releases, the
+    # two arms' one of each, the toy's two of each, Table 4's two text releases, the EMPDEN cells, the seven
+    # baselines and PrivImage's query), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
     counts = audit["mechanism"].value_counts().to_dict()
     assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "text_moment_release",
                                        "dp_merf_embedding", "pe_nn_histogram", "dp_hp_embedding", "dp_ntk_embedding",
                                        "dp_mepf_embedding", "privimage_semantic_histogram")} == {
-        "dpsgd": 1 + 1 + 1 + 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
+        "dpsgd": 1 + 1 + 1 + 1 + 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
         "dp_merf_embedding": 1, "pe_nn_histogram": 1, "dp_hp_embedding": 1, "dp_ntk_embedding": 1,
         "dp_mepf_embedding": 1, "privimage_semantic_histogram": 1}
     assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()
@@ -377,19 +387,23 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert table13["numerical_asr"].between(0.5, 1).all() and len(table13) == 4
     # the baselines: one certified run each within its target, scored by the shared evaluation
     baselines = pd.read_parquet(results / "tables" / "baselines.parquet")
-    assert sorted(baselines["method"]) == ["dp_diffusion", "dp_hp", "dp_mepf", "dp_merf", "dp_ntk", "pe", "privimage"]
+    assert sorted(baselines["method"]) == ["dp_diffusion", "dp_hp", "dp_ldm", "dp_mepf", "dp_merf", "dp_ntk", "pe",
+                                           "privimage"]
     assert (baselines["eps_certified"] <= 3).all()
     # every method side by side: one row per evaluated run, a certified eps on every private row
     all_runs = pd.read_parquet(results / "tables" / "all_runs.parquet")
     assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe", "dpsgd_classifier",
-                                       "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage"}
+                                       "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage", "dp_ldm"}
     assert not all_runs.duplicated(["method", "config", "seed"]).any()
     assert all_runs.groupby("method").size().to_dict() == {
         "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8 + 2, "dp_merf": 1, "pe": 1, "dpsgd_classifier": 1,
-        "dp_hp": 1, "dp_ntk": 1, "dp_mepf": 1, "dp_diffusion": 1, "privimage": 1}
+        "dp_hp": 1, "dp_ntk": 1, "dp_mepf": 1, "dp_diffusion": 1, "privimage": 1, "dp_ldm": 1}
     # PrivImage's row composes its query and its DP-SGD (two lines, the target met by the composition)
     privimage = all_runs[all_runs["method"] == "privimage"].iloc[0]
     assert privimage["mechanisms"] == "privimage_semantic_histogram,dpsgd" and privimage["eps_certified"] <= 3
+    # DP-LDM's samples are its codes decoded to images (the evaluation scored them as images)
+    assert np.load(results / "digits" / "samples" / "baselines" / "dp_ldm_eps3_seed0.npz")["images"].shape[1:] == \
+        np.load(results / "digits" / "data" / "test.npz")["images"].shape[1:]
     private = all_runs[all_runs["private"]]
     assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
     assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()

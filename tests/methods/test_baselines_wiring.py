@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.baselines.runs import BaselineRun
 from pipeline.methods.baselines.wiring import LISTING, Wiring
 from pipeline.wiring import House
 from tests.methods import house
@@ -21,7 +22,8 @@ def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
     # DP-MERF's successors at their own eps (the quick tour: 1 only)
     assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
                                            "pe_eps10_seed0", "dp_hp_eps1_seed0", "dp_ntk_eps1_seed0",
-                                           "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0", "privimage_eps1_seed0"]
+                                           "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0", "privimage_eps1_seed0",
+                                           "dp_ldm_eps1_seed0"]
     assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
     assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
 
@@ -305,3 +307,81 @@ def test_privimage_runs_have_two_lines_composed_and_a_bundle_covering_both(tmp_p
     b = bl.bundle(run)
     assert [Path(t) for t in b.transcripts] == [bl.query_ledger_path(run), bl.ledger_path(run)]
     assert "semantic query" in b.covers[0] and "diffusion draws" in b.covers[1]
+
+
+# ---------------------------------------------------------------------------------------------- DP-LDM
+
+
+def test_dp_ldm_encodes_with_a_public_autoencoder_and_fine_tunes_a_latent_denoiser_on_the_private_codes(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    run, w = "dp_ldm_eps1_seed0", SimpleNamespace(run="dp_ldm_eps1_seed0")
+    # one autoencoder and one latent denoiser per configuration, both from public data
+    assert bl.ldm_autoencoder_path == exp / "models" / "baselines" / "dp_ldm_autoencoder.pt"
+    assert bl.ldm_denoiser_path == exp / "models" / "baselines" / "dp_ldm_public.pt"
+    assert bl.ldm_code_source(SimpleNamespace(name="public")) == exp / "data" / "public.npz"
+    assert bl.ldm_code_source(SimpleNamespace(name="private_train")) == exp / "data" / "private_train.npz"
+    codes = exp / "latent" / "baselines" / "dp_ldm" / "private_train_codes.npz"
+    assert bl.ldm_codes_path("private_train") == codes and bl.ldm_dir == codes.parent
+    assert bl.ldm_autoencoder_metrics_path == exp / "train" / "baselines" / "dp_ldm_autoencoder.json"
+    assert bl.ldm_denoiser_metrics_path == exp / "train" / "baselines" / "dp_ldm_public.json"
+    # the file its mechanism reads (its line's binding): the private codes; the pixel baselines' the private split
+    assert bl.private_data(BaselineRun.from_name(run)) == codes
+    assert bl.private_data(BaselineRun.from_name("privimage_eps1_seed0")) == exp / "data" / "private_train.npz"
+    # DP-SGD reads the private codes and starts from the latent denoiser; its samples are codes, then decoded
+    assert bl.dpsgd_inputs(w) == {"data": codes, "init": bl.ldm_denoiser_path}
+    assert bl.latent_samples_path(run) == exp / "samples" / "baselines" / "latent" / f"{run}.npz"
+    assert bl.latent_manifest_path(run).suffix == ".json"
+
+
+def test_dp_ldm_fine_tunes_only_its_attention_and_class_embedding(tmp_path):
+    h = house(tmp_path)
+    p = json.loads(Wiring(h).dpsgd_params(SimpleNamespace(run="dp_ldm_eps1_seed0")))
+    own = h.config["baselines"]["dp_ldm"]
+    assert p["trainable"] == own["trainable"] == ["*attentions*", "unet.class_embedding.*"]
+    assert p["augment"] is None and p["K"] == own["K"] and p["unet"] == "init" and p["epsilon"] == 1.0
+    from pipeline.training.dpdm import DPDMConfig
+    assert DPDMConfig.from_params(p).trainable == tuple(own["trainable"])
+    # the other DP-SGD baselines fine-tune every weight
+    assert json.loads(Wiring(h).dpsgd_params(SimpleNamespace(run="privimage_eps1_seed0")))["trainable"] is None
+
+
+def test_dp_ldms_public_stages_read_only_its_subsection_and_the_pretrain_recipe(tmp_path):
+    h = house(tmp_path)
+    bl, own = Wiring(h), h.config["baselines"]["dp_ldm"]
+    ae = json.loads(bl.ldm_autoencoder_params())
+    assert ae["autoencoder"] == own["autoencoder"] and ae["seed"] == h.config["seed"] and "private" not in ae
+    pre = json.loads(bl.ldm_pretrain_params())
+    # the latent unet is DP-LDM's own; the loss and optimiser are pretrain's
+    assert pre["pretrain"]["unet"] == own["unet"] != h.config["pretrain"]["unet"]
+    assert pre["pretrain"]["lr"] == h.config["pretrain"]["lr"] and pre["pretrain"]["steps"] == (
+        own["pretrain_steps"] or h.config["pretrain"]["steps"])
+    assert "source" not in pre["pretrain"] and "run" not in pre
+    assert json.loads(bl.ldm_codes_params(SimpleNamespace(name="public")))["name"] == "dp_ldm_public_codes"
+    assert json.loads(bl.ldm_decode_params(SimpleNamespace(run="dp_ldm_eps1_seed0")))["name"] == \
+        "baselines/dp_ldm_eps1_seed0"
+
+    def retune(cfg):
+        cfg["baselines"]["dp_ldm"]["K"] = 9
+        cfg["baselines"]["dp_ldm"]["trainable"] = ["*"]
+    # retuning its DP-SGD retrains no autoencoder and no latent denoiser
+    assert Wiring(house(tmp_path, retune)).ldm_autoencoder_params() == bl.ldm_autoencoder_params()
+    assert Wiring(house(tmp_path, retune)).ldm_pretrain_params() == bl.ldm_pretrain_params()
+
+
+def test_dp_ldms_line_binds_the_private_codes_and_its_bundle_is_the_decoded_synthetic_set(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    run = "dp_ldm_eps1_seed0"
+    spec = bl.transcripts()[bl.ledger_path(run)]
+    assert spec.stage == "train_dpdm" and spec.data == str(bl.ldm_codes_path("private_train"))
+    rec = next(r for r in bl.records() if r.config == run)
+    assert rec.label == "DP-LDM" and [Path(p) for p in rec.ledgers] == [bl.ledger_path(run)]
+    assert [Path(p) for p in rec.benchmarks] == [
+        exp / "benchmarks" / d / f"{run}.tsv" for d in ("dpsgd_baseline", "sample_dp_ldm", "dp_ldm_decode",
+                                                         "evaluate_baseline")]
+    # the rules between a DP-SGD baseline's denoiser and its samples; none for a method whose stage samples
+    assert Wiring.sample_rules("dp_ldm") == ("sample_dp_ldm", "dp_ldm_decode")
+    assert Wiring.sample_rules("privimage") == ("sample_baseline",) and Wiring.sample_rules("pe") == ()
+    b = bl.bundle(run)
+    assert b.kind == "synthetic" and b.model is None and b.sampling is None
+    assert "attention" in b.covers[0] and "codes" in b.covers[0]
+    assert any("autoencoder" in c for c in b.not_covered)

@@ -1,5 +1,5 @@
-"""Baselines (DP-MERF and its successors DP-HP, DP-NTK, DP-MEPF; Private Evolution; DP-Diffusion, PrivImage) under
-the same protocol, their table; and the cross-method comparison (all_runs.parquet, the privacy-utility figure).
+"""Baselines (DP-MERF and its successors DP-HP, DP-NTK, DP-MEPF; Private Evolution; DP-Diffusion, PrivImage,
+DP-LDM) under the same protocol, their table; and the cross-method comparison (all_runs.parquet, the privacy-utility figure).
 
 Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and their names:
 ``pipeline/baselines/runs.py``.
@@ -17,5 +17,6 @@ STAGES = {
     "dp_mepf": "pipeline.baselines.embedding_family:dp_mepf",
     "privimage_query_net": "pipeline.baselines.privimage:privimage_query_net",
     "privimage_select": "pipeline.baselines.privimage:privimage_select",
+    "dp_ldm_decode": "pipeline.baselines.dp_ldm:dp_ldm_decode",
     "baselines_table": "pipeline.results.baselines:baselines_table",
 }

@@ -21,13 +21,20 @@ from pipeline.wiring import House, params_json, stage_params
 LISTING = ("methods", "epsilons", "seeds")
 #: a baseline's private stage (and its rule, its benchmark folder), by the method token of its run names
 STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution", "dp_hp": "dp_hp", "dp_ntk": "dp_ntk", "dp_mepf": "dp_mepf",
-          "dp_diffusion": "train_dpdm", "privimage": "train_dpdm"}
+          "dp_diffusion": "train_dpdm", "privimage": "train_dpdm", "dp_ldm": "train_dpdm"}
 #: the rule (and benchmark folder) of a method's private stage: one rule runs DP-MERF's successors, one the DP-SGD
 #: fine-tuning of the public denoiser
 RULES = {**STAGES, **{m: "embedding_baseline" for m in baseline_runs.EMBEDDING_FAMILY},
          **{m: "dpsgd_baseline" for m in baseline_runs.DPSGD_FAMILY}}
 #: the rule that samples a DP-SGD baseline's denoiser (its benchmark folder)
 SAMPLE_RULE = "sample_baseline"
+#: the DP-SGD baselines sampled in pixel space (rule sample_baseline)
+PIXEL_DPSGD = tuple(m for m in baseline_runs.DPSGD_FAMILY if m not in baseline_runs.LATENT)
+#: a latent baseline's (DP-LDM's) rules after its DP-SGD fine-tuning: its codes sampled, then decoded
+LATENT_SAMPLE_RULES = ("sample_dp_ldm", "dp_ldm_decode")
+#: the splits DP-LDM encodes with its public autoencoder (rule dp_ldm_encode): the public one its latent denoiser
+#: is pretrained on, the private one DP-SGD fine-tunes it on
+DP_LDM_CODES = ("public", "private_train")
 #: PrivImage's own rules before its DP-SGD fine-tuning (their benchmark folders): the semantic query and the
 #: pretraining on the public images it chose (the query net, shared by every run, is rule privimage_query_net)
 PRIVIMAGE_RULES = ("privimage_select", "privimage_pretrain")
@@ -147,6 +154,69 @@ class Wiring:
         return stage_params(pretrain={**pretrain, **({"steps": steps} if steps else {})}, seed=run.seed,
                             device=h.device, threads=h.torch_threads)
 
+    # ---------------------------------------------------------------- DP-LDM's public autoencoder and latent denoiser
+
+    @property
+    def ldm_dir(self) -> Path:
+        """DP-LDM's code splits (one per configuration: the public split's, and the private split's)."""
+        return self.house.layout.expdir / "latent" / "baselines" / "dp_ldm"
+
+    @property
+    def ldm_autoencoder_path(self) -> Path:
+        """DP-LDM's autoencoder (rule dp_ldm_autoencoder, stage train_autoencoder: the public split only)."""
+        return self.house.layout.expdir / "models" / "baselines" / "dp_ldm_autoencoder.pt"
+
+    @property
+    def ldm_autoencoder_metrics_path(self) -> Path:
+        return self.house.layout.expdir / "train" / "baselines" / "dp_ldm_autoencoder.json"
+
+    def ldm_codes_path(self, name: str) -> Path:
+        """A split's codes under DP-LDM's autoencoder (rule dp_ldm_encode; ``name`` may be the wildcard "{name}")."""
+        return self.ldm_dir / f"{name}_codes.npz"
+
+    def ldm_code_source(self, wildcards: Any) -> Path:
+        """The split rule dp_ldm_encode encodes for ``wildcards.name`` (one of :data:`DP_LDM_CODES`)."""
+        return self.house.layout.split(wildcards.name)
+
+    @property
+    def ldm_denoiser_path(self) -> Path:
+        """DP-LDM's latent denoiser pretrained on the public codes (rule dp_ldm_pretrain)."""
+        return self.house.layout.expdir / "models" / "baselines" / "dp_ldm_public.pt"
+
+    @property
+    def ldm_denoiser_metrics_path(self) -> Path:
+        return self.house.layout.expdir / "train" / "baselines" / "dp_ldm_public.json"
+
+    def latent_samples_path(self, run: str) -> Path:
+        """A latent baseline's sampled codes (rule sample_dp_ldm), before rule dp_ldm_decode decodes them."""
+        return self.house.layout.expdir / "samples" / "baselines" / "latent" / f"{run}.npz"
+
+    def latent_manifest_path(self, run: str) -> Path:
+        return self.latent_samples_path(run).with_suffix(".json")
+
+    def ldm_autoencoder_params(self) -> str:
+        """dp_ldm_autoencoder's params: baselines.dp_ldm.autoencoder, the configuration's seed."""
+        h = self.house
+        return stage_params(autoencoder=self.section["dp_ldm"]["autoencoder"], seed=h.seed, threads=h.torch_threads)
+
+    @staticmethod
+    def ldm_codes_params(wildcards: Any) -> str:
+        """dp_ldm_encode's params: the code split's name."""
+        return stage_params(name=f"dp_ldm_{wildcards.name}_codes")
+
+    def ldm_pretrain_params(self) -> str:
+        """dp_ldm_pretrain's params (stage pretrain_public): the pretrain section's recipe with baselines.dp_ldm's
+        latent unet (and its steps when set), the configuration's seed."""
+        h, own = self.house, self.section["dp_ldm"]
+        pretrain = {k: v for k, v in h.config["pretrain"].items() if k not in ("source", "path", "precond")}
+        steps = {"steps": own["pretrain_steps"]} if own["pretrain_steps"] else {}
+        return stage_params(pretrain={**pretrain, "unet": own["unet"], **steps}, seed=h.seed, device=h.device,
+                            threads=h.torch_threads)
+
+    def ldm_decode_params(self, wildcards: Any) -> str:
+        """dp_ldm_decode's params: the sample set's name (the evaluation's)."""
+        return stage_params(name=f"baselines/{wildcards.run}", threads=self.house.torch_threads)
+
     def ledger_path(self, run: str) -> Path:
         """The run's own transcript: parallel jobs never append to the same file."""
         return self.house.layout.ledger(f"baselines_{run}")
@@ -193,10 +263,19 @@ class Wiring:
         from: DP-Diffusion the shared one, PrivImage its own, with its query's transcript as ``prior`` (sigma is
         calibrated to the composition)."""
         run = BaselineRun.from_name(wildcards.run)
-        data = self.house.layout.split("private_train")
+        data = self.private_data(run)
         if run.method == "privimage":
             return {"data": data, "init": self.pretrained_path(run.name), "prior": self.query_ledger_path(run.name)}
+        if run.method == "dp_ldm":
+            return {"data": data, "init": self.ldm_denoiser_path}
         return {"data": data, "init": self.house.layout.public_denoiser}
+
+    def private_data(self, run: BaselineRun) -> Path:
+        """The private file a DP-SGD baseline's mechanism reads (its lines' data binding): the private split, or in
+        latent space (DP-LDM) its codes."""
+        if run.method in baseline_runs.LATENT:
+            return self.ldm_codes_path("private_train")
+        return self.house.layout.split("private_train")
 
     def dpsgd_params(self, wildcards: Any) -> str:
         """train_dpdm params of a DP-SGD baseline run: its subsection's DP-SGD settings, eps and seed from its name, the
@@ -206,19 +285,22 @@ class Wiring:
         run = BaselineRun.from_name(wildcards.run)
         own, pretrain, h = self.section[run.method], self.house.config["pretrain"], self.house
         keys = ("clip", "batch_size", "epochs", "lr", "K", "ema_decay", "micro_batch", "checkpoint_every_s")
-        # DP-Diffusion's views; PrivImage fine-tunes with noise multiplicity alone (DPDM's recipe)
+        # DP-Diffusion's views; PrivImage and DP-LDM fine-tune with noise multiplicity alone (DPDM's recipe)
         augment = {"max_shift": own["max_shift"], "flip": own["flip"]} if "max_shift" in own else None
+        # DP-LDM fine-tunes its attention and conditioning only; the others every weight
+        trainable = own.get("trainable")
         # the user's imported model is in DP-Diffusion's id (it starts from it); PrivImage pretrains its own
         public_model = h.public_model() if run.method == "dp_diffusion" else {}
         return stage_params(parameterisation="edm", epsilon=run.epsilon, seed=run.seed, delta=self.section["delta"],
                             **{k: own[k] for k in keys}, augment=augment,
-                            unet=UNET_FROM_INIT, label_dropout=pretrain["label_dropout"], trainable=None,
+                            unet=UNET_FROM_INIT, label_dropout=pretrain["label_dropout"], trainable=trainable,
                             private=h.private,
                             ledger_binding=h.ledger_binding(run.name), device=h.device, threads=h.torch_threads,
                             **public_model)
 
     def dpsgd_sample_params(self, wildcards: Any) -> str:
-        """sample_dpdm params of a DP-SGD baseline run: its subsection's sampler, baselines.n_samples, the run's seed."""
+        """sample_dpdm params of a DP-SGD baseline run (rule sample_baseline, or sample_dp_ldm for its codes): its
+        subsection's sampler, baselines.n_samples, the run's seed."""
         run, h = BaselineRun.from_name(wildcards.run), self.house
         n = int(self.section["n_samples"])
         return params_json(sampler=self.section[run.method]["sampler"], n_samples=n, seed=run.seed,
@@ -240,8 +322,9 @@ class Wiring:
         data, delta = self.house.layout.split("private_train"), self.section["delta"]
         out = {}
         for r in self.runs():
+            own = self.private_data(r) if r.method in baseline_runs.DPSGD_FAMILY else data
             out[self.ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage=STAGES[r.method], delta=delta,
-                                                           data=data)
+                                                           data=own)
             if r.method == "privimage":
                 out[self.query_ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage="privimage_select",
                                                                      delta=delta, data=data)
@@ -284,18 +367,35 @@ class Wiring:
                  f"an example's K = {own['K']} diffusion draws averaged before the clip")
         query = (("PrivImage's semantic query: the noisy class-by-semantics histogram of the private split (one "
                   "Gaussian release) that chose the public pretraining data",) if r.method == "privimage" else ())
+        # a latent denoiser's samples are codes: its bundle is the decoded synthetic set (sample_bundle draws images
+        # from a pixel denoiser only)
+        latent = r.method in baseline_runs.LATENT
+        subset, data = ((" (its attention and class-embedding parameters only)", "split's codes") if latent
+                        else ("", "split"))
         return BundleSpec(
             run=r.name, samples=self.samples_path(r.name), metrics=self.metrics_path(r.name),
-            transcripts=self.ledgers(r), epsilon_target=r.epsilon, model=self.denoiser_path(r.name),
-            sampling={"sampler": "dpdm", "sampler_name": r.method, "settings": own["sampler"], "seed": r.seed,
-                      "batch_size": n, "n_samples": n, "threads": self.house.torch_threads},
-            covers=(*query, "every DP-SGD step of the public denoiser's fine-tuning on the private split: "
-                    f"Poisson-subsampled, per-example clipped gradients ({draws}), Gaussian noise, composed over all "
-                    "steps"),
+            transcripts=self.ledgers(r), epsilon_target=r.epsilon,
+            model=None if latent else self.denoiser_path(r.name),
+            sampling=None if latent else {"sampler": "dpdm", "sampler_name": r.method, "settings": own["sampler"],
+                                          "seed": r.seed, "batch_size": n, "n_samples": n,
+                                          "threads": self.house.torch_threads},
+            covers=(*query, f"every DP-SGD step of the public denoiser's fine-tuning{subset} on the private {data}: "
+                    "Poisson-subsampled, per-example clipped "
+                    f"gradients ({draws}), Gaussian noise, composed over all steps"),
             not_covered=("the public pretraining of the initial denoiser (public data only"
                          + ("; which public images, post-processing of the query" if query else "") + ")",
+                         *(("the public autoencoder (public data only) whose encoder made the codes and whose "
+                            "decoder made the samples (post-processing)",) if latent else ()),
                          "the hyperparameters, set in the configuration",
                          "the declared size of the private set (a public constant)"))
+
+    @staticmethod
+    def sample_rules(method: str) -> tuple[str, ...]:
+        """The rules that turn a DP-SGD baseline's denoiser into its samples (their benchmark folders): sample_baseline,
+        or a latent one's sampling and decoding; none for the others (their private stage writes the samples)."""
+        if method in baseline_runs.LATENT:
+            return LATENT_SAMPLE_RULES
+        return (SAMPLE_RULE,) if method in baseline_runs.DPSGD_FAMILY else ()
 
     def records(self) -> list[RunRecord]:
         """One all_runs record per baseline run: its metrics, its one transcript, its jobs' benchmarks."""
@@ -304,8 +404,7 @@ class Wiring:
                           metrics=self.metrics_path(run.name), ledgers=self.ledgers(run),
                           benchmarks=(*(bench(rule, run.name) for rule in PRIVIMAGE_RULES if run.method == "privimage"),
                                       bench(RULES[run.method], run.name),
-                                      *((bench(SAMPLE_RULE, run.name),) if run.method in baseline_runs.DPSGD_FAMILY
-                                        else ()),
+                                      *(bench(rule, run.name) for rule in self.sample_rules(run.method)),
                                       bench("evaluate_baseline", run.name)),
                           label=baseline_runs.LABELS[run.method])
                 for run in self.runs()]
