@@ -5,7 +5,8 @@
 # DP-SGD engine with augmentation multiplicity: stages train_dpdm and sample_dpdm), PrivImage (a DP semantic
 # histogram chooses public data to pretrain on: stages privimage_query_net, privimage_select, pretrain_public, then
 # train_dpdm and sample_dpdm), DP-LDM (train_autoencoder and encode_split on public data, pretrain_public on the
-# codes, train_dpdm of the attention and conditioning on the private codes, sample_dpdm, dp_ldm_decode), scored by
+# codes, train_dpdm of the attention and conditioning on the private codes, sample_dpdm, dp_ldm_decode) and
+# DP-Promise's certified variant (train_dpdm on the high noise levels, then on the low, composed), scored by
 # the shared evaluation, certified by the same ledger. Code:
 # pipeline/baselines/ (stages), pipeline/privacy/dp_merf.py, mean_embedding.py, private_evolution.py and
 # semantic_histogram.py (mechanisms),
@@ -284,10 +285,40 @@ rule dp_ldm_pretrain:
         " --out model={output.model:q} metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
 
 
+rule dp_promise_phase1:
+    """DP-Promise's phase I (certified variant): DP-SGD of the public denoiser on the noise levels sigma >= sigma_split,
+    a share of the run's eps (stage train_dpdm); phase II (rule dpsgd_baseline) starts from it and composes it in."""
+    input:
+        unpack(BASELINES.phase1_inputs),
+    output:
+        model=BASELINES.phase1_path("{run}"),
+        ledger=BASELINES.phase1_ledger_path("{run}"),
+        metrics=BASELINES.phase1_metrics_path("{run}"),
+    wildcard_constraints:
+        run=_baseline_runs.method_pattern("dp_promise"),
+    params:
+        p=BASELINES.phase1_params,
+        ins=lambda wildcards, input: io_args("--in", dict(input.items())),
+    log:
+        LOGS / "baselines" / "{run}_phase1.log",
+    benchmark:
+        benchmark_path("dp_promise_phase1", "{run}")
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=cost.dpdm_train_mem_mb(config),
+        runtime=cost.dpdm_train_runtime_min(config),
+    conda:
+        GPU_ENV
+    shell:
+        "python -m pipeline train_dpdm {params.ins} --out model={output.model:q} ledger={output.ledger:q}"
+        " metrics={output.metrics:q} --params {params.p:q} --log {log:q}"
+
+
 rule dpsgd_baseline:
     """DP-Diffusion (the public denoiser, augmentation multiplicity), PrivImage (its own pretrained denoiser, its
-    query composed in) or DP-LDM (the latent denoiser's attention and conditioning, on the private codes): DP-SGD
-    fine-tuning, stage train_dpdm."""
+    query composed in), DP-LDM (the latent denoiser's attention and conditioning, on the private codes) or DP-Promise's
+    phase II (from its phase I, the low noise levels, phase I composed in): DP-SGD fine-tuning, stage train_dpdm."""
     input:
         unpack(BASELINES.dpsgd_inputs),
     output:

@@ -192,6 +192,9 @@ TINY = {
                                              "lr": 2.0e-3},
                              "unet": {"block_out_channels": [8], "attention": [True], "layers_per_block": 1,
                                       "norm_num_groups": 4}},
+                  # DP-Promise (certified variant): one DP-SGD step in each phase
+                  "dp_promise": {"epsilons": None, "K": 2, "batch_size": 50, "epochs": 0.02, "micro_batch": 25,
+                                 "sampler": {"name": "ddim", "steps": 2}},
                   "pe": {"iterations": 2, "n_per_class": 2, "sampler_steps": 3}},
 }
 
@@ -230,7 +233,7 @@ RERUN_SCOPE = {
     "audit.canaries": ({"audit": {"canaries": 60}}, "audit_one_run", {"audit_one_run"}),
     "baselines.seeds": ({"baselines": {"seeds": [0, 1]}}, "private_evolution",
                         {"dp_merf", "embedding_baseline", "private_evolution", "dpsgd_baseline", "sample_baseline",
-                         "privimage_select", "privimage_pretrain", "sample_dp_ldm", "dp_ldm_decode",
+                         "privimage_select", "privimage_pretrain", "sample_dp_ldm", "dp_ldm_decode", "dp_promise_phase1",
                          "evaluate_baseline", "baselines_table", "empden_table2_comparison", "audit_one_run"}),
     "empden_diagnostics.bootstrap_resamples": ({"empden_diagnostics": {"bootstrap_resamples": 200}},
                                                "empden_table1_window_swap",
@@ -248,7 +251,7 @@ def check_bundles(repo: Path, results: Path, all_runs: pd.DataFrame) -> None:
     private = all_runs[all_runs["private"] & (all_runs["method"] != "dpsgd_classifier")]
     folder = {"dpdm": lambda c: c.split("/")[0], "empden": lambda c: c.replace("/", "_")}
     house = {m: "baselines" for m in ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage",
-                                      "dp_ldm")}
+                                      "dp_ldm", "dp_promise")}
     expected = {f"{house.get(m, m)}/{folder.get(m, str)(c)}" for m, c in zip(private["method"], private["config"])}
     found = {p.relative_to(results / "bundles").as_posix() for p in (results / "bundles").glob("*/*") if p.is_dir()}
     assert found == expected
@@ -366,7 +369,7 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert selection["split"] == "val" and list(main["sampler"]) == [selection["sampler"]]
     assert list(main["sampler_chosen_on"]) == ["val"]
     # the one-run audit: one row per line of every private mechanism (the DPDM run, the task-specific DP-SGD
-    # classifier's, DP-Diffusion's, PrivImage's and DP-LDM's, the six STRAIGHTDP training runs and five releases, the
+    # classifier's, DP-Diffusion's, PrivImage's, DP-LDM's and DP-Promise's two, the six STRAIGHTDP training runs and five releases, the
     # two arms' one of each, the toy's two of each, Table 4's two text releases, the EMPDEN cells, the seven
     # baselines and PrivImage's query), each passed
     audit = pd.read_parquet(results / "tables" / "audit_one_run.parquet")
@@ -374,7 +377,7 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert {k: counts.get(k) for k in ("dpsgd", "tha_dpsgd", "moment_release", "text_moment_release",
                                        "dp_merf_embedding", "pe_nn_histogram", "dp_hp_embedding", "dp_ntk_embedding",
                                        "dp_mepf_embedding", "privimage_semantic_histogram")} == {
-        "dpsgd": 1 + 1 + 1 + 1 + 1, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
+        "dpsgd": 1 + 1 + 1 + 1 + 1 + 2, "tha_dpsgd": 6 + 2 + 2, "moment_release": 5 + 2 + 2, "text_moment_release": 2,
         "dp_merf_embedding": 1, "pe_nn_histogram": 1, "dp_hp_embedding": 1, "dp_ntk_embedding": 1,
         "dp_mepf_embedding": 1, "privimage_semantic_histogram": 1}
     assert counts.get("empden_outputwise_block", 0) >= 1 and audit["passed"].all()
@@ -387,20 +390,25 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     assert table13["numerical_asr"].between(0.5, 1).all() and len(table13) == 4
     # the baselines: one certified run each within its target, scored by the shared evaluation
     baselines = pd.read_parquet(results / "tables" / "baselines.parquet")
-    assert sorted(baselines["method"]) == ["dp_diffusion", "dp_hp", "dp_ldm", "dp_mepf", "dp_merf", "dp_ntk", "pe",
-                                           "privimage"]
+    assert sorted(baselines["method"]) == ["dp_diffusion", "dp_hp", "dp_ldm", "dp_mepf", "dp_merf", "dp_ntk",
+                                           "dp_promise", "pe", "privimage"]
     assert (baselines["eps_certified"] <= 3).all()
     # every method side by side: one row per evaluated run, a certified eps on every private row
     all_runs = pd.read_parquet(results / "tables" / "all_runs.parquet")
     assert set(all_runs["method"]) == {"reference", "empden", "dpdm", "straightdp", "dp_merf", "pe", "dpsgd_classifier",
-                                       "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage", "dp_ldm"}
+                                       "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage", "dp_ldm",
+                                       "dp_promise"}
     assert not all_runs.duplicated(["method", "config", "seed"]).any()
     assert all_runs.groupby("method").size().to_dict() == {
         "reference": 1, "empden": 3, "dpdm": 2, "straightdp": 8 + 2, "dp_merf": 1, "pe": 1, "dpsgd_classifier": 1,
-        "dp_hp": 1, "dp_ntk": 1, "dp_mepf": 1, "dp_diffusion": 1, "privimage": 1, "dp_ldm": 1}
+        "dp_hp": 1, "dp_ntk": 1, "dp_mepf": 1, "dp_diffusion": 1, "privimage": 1, "dp_ldm": 1,
+        "dp_promise": 1}
     # PrivImage's row composes its query and its DP-SGD (two lines, the target met by the composition)
     privimage = all_runs[all_runs["method"] == "privimage"].iloc[0]
     assert privimage["mechanisms"] == "privimage_semantic_histogram,dpsgd" and privimage["eps_certified"] <= 3
+    # DP-Promise's row composes its two phases' DP-SGD lines
+    promise = all_runs[all_runs["method"] == "dp_promise"].iloc[0]
+    assert promise["mechanisms"] == "dpsgd,dpsgd" and promise["eps_certified"] <= 3
     # DP-LDM's samples are its codes decoded to images (the evaluation scored them as images)
     assert np.load(results / "digits" / "samples" / "baselines" / "dp_ldm_eps3_seed0.npz")["images"].shape[1:] == \
         np.load(results / "digits" / "data" / "test.npz")["images"].shape[1:]

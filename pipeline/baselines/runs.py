@@ -16,17 +16,20 @@ from typing import Any
 from pipeline.runs import NamedRun, RunGrammar, choice, integer, number
 
 #: the baselines, as written in run names and the config's baselines.methods
-METHODS = ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage", "dp_ldm")
+METHODS = ("dp_merf", "pe", "dp_hp", "dp_ntk", "dp_mepf", "dp_diffusion", "privimage", "dp_ldm",
+           "dp_promise")
 #: what the tables and the figure call each
 LABELS = {"dp_merf": "DP-MERF", "pe": "Private Evolution", "dp_hp": "DP-HP", "dp_ntk": "DP-NTK", "dp_mepf": "DP-MEPF",
-          "dp_diffusion": "DP-Diffusion", "privimage": "PrivImage", "dp_ldm": "DP-LDM"}
+          "dp_diffusion": "DP-Diffusion", "privimage": "PrivImage", "dp_ldm": "DP-LDM",
+          "dp_promise": "DP-Promise (certified variant)"}
 #: DP-MERF's successors: another feature map; DP-MERF's release, generator and loop
 #: (pipeline/baselines/embedding_family.py)
 EMBEDDING_FAMILY = ("dp_hp", "dp_ntk", "dp_mepf")
 #: baselines that fine-tune a public denoiser with the DP-SGD engine (stage train_dpdm), then sample it: DP-Diffusion
 #: the shared one, PrivImage its own, pretrained on the public data its semantic query chose, DP-LDM a latent one
-#: (its attention and conditioning only, on a public autoencoder's codes)
-DPSGD_FAMILY = ("dp_diffusion", "privimage", "dp_ldm")
+#: (its attention and conditioning only, on a public autoencoder's codes), DP-Promise the shared one in two phases
+#: (high noise levels, then low; each a DP-SGD release, composed)
+DPSGD_FAMILY = ("dp_diffusion", "privimage", "dp_ldm", "dp_promise")
 #: DP-SGD baselines whose denoiser works in a public autoencoder's latent space: their samples are codes, decoded
 #: by rule dp_ldm_decode (post-processing)
 LATENT = ("dp_ldm",)

@@ -63,16 +63,37 @@ class EDMPrecond(Preconditioned):
         return edm_coefficients(sigma, self.sigma_data)
 
 
-def edm_sigma_sampler(p_mean: float = P_MEAN, p_std: float = P_STD
+def edm_sigma_sampler(p_mean: float = P_MEAN, p_std: float = P_STD,
+                      sigma_range: tuple[float, float | None] | None = None
                       ) -> Callable[[int, torch.Generator | None], Tensor]:
-    """n noise levels with ln sigma ~ N(P_mean, P_std^2) (Karras et al. 2022, Table 1)."""
+    """n noise levels with ln sigma ~ N(P_mean, P_std^2) (Karras et al. 2022, Table 1).
+
+    ``sigma_range = (lo, hi)`` (``hi`` None: no upper end): the same law conditioned on lo <= sigma < hi, drawn by
+    the inverse CDF (u uniform between the normal CDF at ln lo and at ln hi), one uniform per draw, never rejected
+    (DP-Promise's two phases each train on their own range of noise levels).
+    """
     if not (p_std > 0 and math.isfinite(p_mean)):
         raise ValueError(f"need P_std > 0 and a finite P_mean, got {p_mean}, {p_std}")
+    if sigma_range is None:
+        def sample(n: int, generator: torch.Generator | None = None) -> Tensor:
+            return torch.exp(torch.randn(n, generator=generator) * p_std + p_mean)
 
-    def sample(n: int, generator: torch.Generator | None = None) -> Tensor:
-        return torch.exp(torch.randn(n, generator=generator) * p_std + p_mean)
+        return sample
+    lo, hi = float(sigma_range[0]), (math.inf if sigma_range[1] is None else float(sigma_range[1]))
+    if not 0 <= lo < hi:
+        raise ValueError(f"sigma_range must be 0 <= lo < hi, got {sigma_range}")
+    z = torch.tensor([(math.log(v) - p_mean) / p_std if 0 < v < math.inf else (-math.inf if v == 0 else math.inf)
+                      for v in (lo, hi)], dtype=torch.float64)
+    u_lo, u_hi = torch.special.ndtr(z).tolist()
+    if not u_hi > u_lo:
+        raise ValueError(f"sigma_range {sigma_range} has no probability under ln sigma ~ N({p_mean}, {p_std}^2)")
 
-    return sample
+    def truncated(n: int, generator: torch.Generator | None = None) -> Tensor:
+        u = u_lo + (u_hi - u_lo) * torch.rand(n, generator=generator, dtype=torch.float64)
+        sigma = torch.exp(torch.special.ndtri(u) * p_std + p_mean)
+        return sigma.clamp(lo, hi if math.isfinite(hi) else None).float()  # float64 rounding at the ends
+
+    return truncated
 
 
 def edm_draw_loss(model_fn: Callable[..., Tensor], x: Tensor, sigma: Tensor, noise: Tensor,

@@ -62,6 +62,7 @@ from pipeline import distributed, seeds
 from pipeline.config import schema_defaults
 from pipeline.io import atomic_path, read_json, write_json
 from pipeline.models.checkpoint import BACKBONES, read_denoiser_backbone, read_denoiser_meta, save_denoiser
+from pipeline.models.edm import edm_sigma_sampler
 from pipeline.models.precond import parameterisation as get_parameterisation
 from pipeline.privacy import dpsgd, ledger, rebuild
 from pipeline.stage import PipelineError, stage
@@ -101,6 +102,8 @@ PARAMS_DOC = {
                "et al. 2023); null = none",
     "trainable": "glob patterns of the parameter names DP-SGD updates (e.g. ['*attentions*', "
                  "'unet.class_embedding.*']); null = every parameter",
+    "sigma_range": "optional [lo, hi] (hi null: no upper end): the noise levels drawn, EDM's log-normal conditioned on "
+                   "lo <= sigma < hi (edm only; DP-Promise's phases); null = every level",
     "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise; default 0)",
     "config_id": "id of the configuration (recorded on the ledger line and in the model's meta)",
     "device": "auto | cpu | cuda[:N] (default auto)",
@@ -144,6 +147,7 @@ class DPDMConfig:
     seed: int = 0
     clipping: str = "auto"
     augment: dict[str, Any] | None = None
+    sigma_range: tuple[float, float | None] | None = None
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DPDMConfig:
@@ -166,6 +170,11 @@ class DPDMConfig:
             if isinstance(pats, str) or not all(isinstance(x, str) and x for x in pats):
                 raise PipelineError(f"stage {STAGE}: param trainable must be a list of glob patterns, got {pats!r}")
             kept["trainable"] = tuple(pats)
+        if kept.get("sigma_range") is not None:
+            r = kept["sigma_range"]
+            if isinstance(r, (str, Mapping)) or not hasattr(r, "__len__") or len(r) != 2:
+                raise PipelineError(f"stage {STAGE}: param sigma_range must be [lo, hi] (hi may be null), got {r!r}")
+            kept["sigma_range"] = tuple(r)
         cfg = cls(**kept)
         cfg.check()
         return cfg
@@ -207,6 +216,18 @@ class DPDMConfig:
                                   and isinstance(a.get("flip", False), bool)
                                   and type(a.get("max_shift", 0)) is int and a.get("max_shift", 0) >= 0):
             raise bad("augment", "null or {max_shift: integer >= 0, flip: true|false}")
+        r = self.sigma_range
+        if r is not None:
+            lo, hi = r
+            if self.parameterisation != "edm":
+                raise bad("sigma_range", "null unless parameterisation is edm (a range of EDM's log-normal levels)")
+            if not (isinstance(lo, (int, float)) and not isinstance(lo, bool) and 0 <= lo < math.inf
+                    and (hi is None or (isinstance(hi, (int, float)) and not isinstance(hi, bool) and hi > lo))):
+                raise bad("sigma_range", "[lo, hi] with 0 <= lo < hi (hi null: no upper end)")
+
+    def sigma_sampler(self, default: Any) -> Any:
+        """The run's noise-level sampler: the parameterisation's ``default``, or EDM's restricted to ``sigma_range``."""
+        return default if self.sigma_range is None else edm_sigma_sampler(sigma_range=self.sigma_range)
 
     def augmentation(self) -> RandomShiftFlip | None:
         """Augmentation multiplicity's views (``augment``, checked by :meth:`check`), or None."""
@@ -321,6 +342,19 @@ def prior_releases(path: Path | None, *, run: str, data_sha256: str) -> list[led
     return lines
 
 
+def check_private_init(init_meta: Mapping[str, Any] | None, path: Path | None,
+                       prior: list[ledger.LedgerEntry]) -> None:
+    """A private model as ``init`` (DP-Promise's second phase starts from its first) is a release of the private
+    data: its transcript must be composed into this run (input ``prior``, lines of this run on the same split), or
+    the run's eps would leave it out."""
+    if not init_meta or not init_meta.get("private"):
+        return
+    if not any(e.mechanism == "dpsgd" and e.data_sha256 == init_meta.get("data_sha256") for e in prior):
+        raise PipelineError(f"stage {STAGE}: input init {path} is a private model (trained on data "
+                            f"{str(init_meta.get('data_sha256'))[:12]}): give its transcript as input prior so its "
+                            "release is composed into this run's eps")
+
+
 def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str, *,
                     write: bool = True, prior: list[Any] | None = None) -> dpsgd.DPSGDPlan:
     """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training); with
@@ -378,13 +412,15 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     net = model_backbone(cfg, inputs, split, n_classes)
     config = get_parameterisation(cfg.parameterisation)
 
-    # a run without augmentation keeps the hash it had before the option existed (its checkpoints still resume)
-    fields = {k: v for k, v in asdict(cfg).items() if not (k == "augment" and v is None)}
+    # a run without augmentation or a sigma range keeps the hash it had before the option existed (its checkpoints
+    # still resume)
+    fields = {k: v for k, v in asdict(cfg).items() if not (k in ("augment", "sigma_range") and v is None)}
     run_params = {**fields, "data_sha256": data_sha, "unet_spec": net.spec.to_json(),
                   "init": read_denoiser_meta(inputs["init"]) if inputs.get("init") else None}
     prior = prior_releases(inputs.get("prior"), run=binding.run, data_sha256=data_sha)
     if prior:  # a run without one keeps its hash
         run_params["prior"] = [e.event for e in prior]
+    check_private_init(run_params["init"], inputs.get("init"), prior)
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
         outputs["model"], STAGE)
@@ -412,7 +448,8 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     gen = seeds.torch_generator("dpdm.draws", cfg.seed)  # Poisson sampling, diffusion draws, label dropout
     noise_gen = seeds.torch_generator("dpdm.mechanism_noise", cfg.seed, device=device)  # the Gaussian mechanism
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
-                         multiplicity=dpsgd.NoiseMultiplicity(cfg.K, config.sigma_sampler, augment=cfg.augmentation()),
+                         multiplicity=dpsgd.NoiseMultiplicity(cfg.K, cfg.sigma_sampler(config.sigma_sampler),
+                                                              augment=cfg.augmentation()),
                          generator=gen, noise_generator=noise_gen, clipping=cfg.clipping, world=world)
     log.info("%s: clipped sums by %s (dpdm.clipping %s), process %d of %d", STAGE, engine.clipping, cfg.clipping,
              world.rank + 1, world.size)
@@ -441,7 +478,8 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     meta = {"stage": STAGE, "private": True, "parameterisation": cfg.parameterisation, "epsilon": certified,
             "target_epsilon": cfg.epsilon, "delta": cfg.delta, "noise_multiplier": plan.noise_multiplier,
             "clip": cfg.clip, "sampling_rate": plan.sampling_rate, "expected_batch_size": plan.expected_batch_size,
-            "K": cfg.K, "augment": cfg.augment, "steps": total_steps, "lr": cfg.lr, "ema_decay": cfg.ema_decay,
+            "K": cfg.K, "augment": cfg.augment, **({"sigma_range": list(cfg.sigma_range)} if cfg.sigma_range else {}),
+            "steps": total_steps, "lr": cfg.lr, "ema_decay": cfg.ema_decay,
             "weights": "ema",
             "label_dropout": cfg.label_dropout, "class_conditional": bool(net.num_classes) if cfg.unet == UNET_FROM_INIT
             else cfg.class_conditional, "n_train": n,

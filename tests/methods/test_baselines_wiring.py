@@ -23,7 +23,7 @@ def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
     assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
                                            "pe_eps10_seed0", "dp_hp_eps1_seed0", "dp_ntk_eps1_seed0",
                                            "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0", "privimage_eps1_seed0",
-                                           "dp_ldm_eps1_seed0"]
+                                           "dp_ldm_eps1_seed0", "dp_promise_eps1_seed0"]
     assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
     assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
 
@@ -71,9 +71,10 @@ def test_the_evaluation_of_a_run_is_named_after_it(tmp_path):
 def test_each_run_writes_one_line_per_transcript_bound_to_it_and_its_stage(tmp_path):
     bl = Wiring(house(tmp_path))
     specs = bl.transcripts()
-    # one transcript per run; PrivImage's query has its own
+    # one transcript per run; PrivImage's query and DP-Promise's phase I have their own
     assert sorted(specs) == sorted([bl.ledger_path(r.name) for r in bl.runs()]
-                                   + [bl.query_ledger_path("privimage_eps1_seed0")])
+                                   + [bl.query_ledger_path("privimage_eps1_seed0"),
+                                      bl.phase1_ledger_path("dp_promise_eps1_seed0")])
     assert all(s.claims == 1 for s in specs.values())
     pe = specs[bl.ledger_path("pe_eps10_seed0")].as_dict()
     assert pe["claims"] == 1 and pe["run"] == "pe_eps10_seed0" and pe["stage"] == "private_evolution"
@@ -385,3 +386,47 @@ def test_dp_ldms_line_binds_the_private_codes_and_its_bundle_is_the_decoded_synt
     assert b.kind == "synthetic" and b.model is None and b.sampling is None
     assert "attention" in b.covers[0] and "codes" in b.covers[0]
     assert any("autoencoder" in c for c in b.not_covered)
+
+
+# ---------------------------------------------------------------------------------------------- DP-Promise
+
+
+def test_dp_promise_runs_phase_one_on_high_noise_levels_then_phase_two_from_it_on_low_ones(tmp_path):
+    h = house(tmp_path)
+    bl, exp = Wiring(h), tmp_path / "r" / "digits"
+    run, w = "dp_promise_eps1_seed0", SimpleNamespace(run="dp_promise_eps1_seed0")
+    own = h.config["baselines"]["dp_promise"]
+    assert bl.phase1_inputs(w) == {"data": exp / "data" / "private_train.npz", "init": exp / "models" / "public_edm.pt"}
+    assert bl.phase1_path(run) == exp / "models" / "baselines" / f"{run}_phase1.pt"
+    assert bl.phase1_metrics_path(run) == exp / "train" / "baselines" / f"{run}_phase1.json"
+    one = json.loads(bl.phase1_params(w))
+    assert one["sigma_range"] == [own["sigma_split"], None] and one["epsilon"] == own["phase1_share"] * 1.0
+    # phase II starts from phase I's private model, composes its transcript, and trains the complementary levels
+    assert bl.dpsgd_inputs(w) == {"data": exp / "data" / "private_train.npz", "init": bl.phase1_path(run),
+                                  "prior": bl.phase1_ledger_path(run)}
+    two = json.loads(bl.dpsgd_params(w))
+    assert two["sigma_range"] == [0.0, own["sigma_split"]] and two["epsilon"] == 1.0
+    assert {k: v for k, v in one.items() if k not in ("sigma_range", "epsilon", "config_id")} == \
+        {k: v for k, v in two.items() if k not in ("sigma_range", "epsilon", "config_id")}
+    from pipeline.training.dpdm import DPDMConfig
+    assert DPDMConfig.from_params(one).sigma_range == (own["sigma_split"], None)
+    # the other DP-SGD baselines draw every noise level
+    assert "sigma_range" not in json.loads(bl.dpsgd_params(SimpleNamespace(run="dp_diffusion_eps1_seed0")))
+
+
+def test_dp_promises_row_composes_both_phases_and_its_bundle_says_what_is_not_counted(tmp_path):
+    bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
+    run = "dp_promise_eps1_seed0"
+    ts = bl.transcripts()
+    assert ts[bl.phase1_ledger_path(run)].stage == ts[bl.ledger_path(run)].stage == "train_dpdm"
+    assert ts[bl.phase1_ledger_path(run)].data == str(exp / "data" / "private_train.npz")
+    rec = next(r for r in bl.records() if r.config == run)
+    assert rec.label == "DP-Promise (certified variant)"
+    assert [Path(p) for p in rec.ledgers] == [bl.phase1_ledger_path(run), bl.ledger_path(run)]
+    assert [Path(p) for p in rec.benchmarks] == [
+        exp / "benchmarks" / d / f"{run}.tsv" for d in ("dp_promise_phase1", "dpsgd_baseline", "sample_baseline",
+                                                         "evaluate_baseline")]
+    b = bl.bundle(run)
+    assert b.kind == "model" and [Path(t) for t in b.transcripts] == [bl.phase1_ledger_path(run), bl.ledger_path(run)]
+    assert "phase I" in b.covers[0] and "forward process's noise is not counted" in b.covers[0]
+    assert "phase II" in b.covers[1]

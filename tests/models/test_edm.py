@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from diffusers import UNet2DModel
@@ -61,6 +62,28 @@ def test_sigma_sampler_is_lognormal_with_P_mean_and_P_std():
     s = edm.edm_sigma_sampler()(20_000, torch.Generator().manual_seed(0)).log()
     assert s.mean().item() == pytest.approx(edm.P_MEAN, abs=5 * edm.P_STD / math.sqrt(20_000))
     assert s.std().item() == pytest.approx(edm.P_STD, rel=0.03)
+
+
+@pytest.mark.parametrize("sigma_range", [(1.0, None), (0.0, 1.0), (0.2, 0.5)])
+def test_a_sigma_range_draws_the_same_lognormal_conditioned_on_the_range(sigma_range):
+    from scipy import stats
+
+    lo, hi = sigma_range
+    s = edm.edm_sigma_sampler(sigma_range=sigma_range)(20_000, torch.Generator().manual_seed(0)).double()
+    assert s.min() >= lo and (hi is None or s.max() < hi)
+    # the conditioned law: a normal on ln sigma truncated at ln lo, ln hi (scipy's truncnorm as the reference)
+    a = -np.inf if lo == 0 else (math.log(lo) - edm.P_MEAN) / edm.P_STD
+    b = np.inf if hi is None else (math.log(hi) - edm.P_MEAN) / edm.P_STD
+    ref = stats.truncnorm(a, b, loc=edm.P_MEAN, scale=edm.P_STD)
+    assert stats.kstest(s.log().numpy(), ref.cdf).pvalue > 1e-3
+    assert s.log().mean().item() == pytest.approx(ref.mean(), abs=5 * ref.std() / math.sqrt(20_000))
+
+
+def test_no_sigma_range_draws_as_before_and_an_empty_range_is_refused():
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    torch.testing.assert_close(edm.edm_sigma_sampler()(50, g1), edm.edm_sigma_sampler(sigma_range=None)(50, g2))
+    with pytest.raises(ValueError, match="0 <= lo < hi"):
+        edm.edm_sigma_sampler(sigma_range=(2.0, 1.0))
 
 
 def test_class_labels_condition_the_denoiser():

@@ -386,3 +386,47 @@ def test_a_prior_release_of_the_same_run_is_composed_into_the_calibration(privat
         ledger.Binding(run="r", experiment="exp", data_sha256=sha))
     with pytest.raises(PipelineError, match="input prior: .*does not match"):
         train_dpdm({"data": private_split, "prior": edited}, outputs(tmp_path / "bad2"), BASE)
+
+
+def test_a_sigma_range_restricts_the_noise_levels_drawn_and_is_recorded(private_split, tmp_path):
+    from pipeline.models.edm import edm_sigma_sampler
+    from pipeline.training.dpdm import DPDMConfig
+
+    cfg = DPDMConfig.from_params({**BASE, "sigma_range": [1.0, None]})
+    draws = cfg.sigma_sampler(edm_sigma_sampler())(2000, torch.Generator().manual_seed(0))
+    assert cfg.sigma_range == (1.0, None) and draws.min() >= 1.0
+    default = DPDMConfig.from_params(BASE)
+    assert default.sigma_range is None and default.sigma_sampler("the parameterisation's") == "the parameterisation's"
+    out = run(tmp_path, private_split, sigma_range=[0.0, 1.0])
+    assert read_denoiser_meta(out["model"])["sigma_range"] == [0.0, 1.0]
+    # a run without one keeps its meta (and its params hash) as before the option
+    assert "sigma_range" not in read_denoiser_meta(run(tmp_path / "all", private_split)["model"])
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"sigma_range": [2.0, 1.0]}, r"param sigma_range must be \[lo, hi\] with 0 <= lo < hi"),
+    ({"sigma_range": [1.0]}, r"param sigma_range must be \[lo, hi\] \(hi may be null\)"),
+    ({"sigma_range": [0.0, 1.0], "parameterisation": "vp"}, "null unless parameterisation is edm")])
+def test_a_bad_sigma_range_is_one_line(private_split, tmp_path, params, match):
+    with pytest.raises(PipelineError, match=match):
+        run(tmp_path, private_split, **params)
+
+
+def test_a_second_phase_from_a_private_model_must_compose_its_transcript(private_split, tmp_path):
+    """DP-Promise: phase II starts from phase I's model; without phase I's transcript as prior the run is refused,
+    with it sigma is calibrated so both phases composed meet the target."""
+    from pipeline.privacy.certify import composed_entry, recompute
+
+    one = run(tmp_path / "one", private_split, epsilon=0.5, sigma_range=[1.0, None])
+    two_params = {**BASE, "unet": "init", "sigma_range": [0.0, 1.0]}
+    with pytest.raises(PipelineError, match=r"input init .* is a private model .* give its transcript as input prior"):
+        train_dpdm({"data": private_split, "init": one["model"]}, outputs(tmp_path / "bad"), two_params)
+    out = outputs(tmp_path / "two")
+    train_dpdm({"data": private_split, "init": one["model"], "prior": one["ledger"]}, out, two_params)
+    first, = [e for _, e in ledger.read_ledger(one["ledger"])]
+    second, = [e for _, e in ledger.read_ledger(out["ledger"])]
+    both = recompute(composed_entry([first, second]))
+    assert both <= 1.0 and second.extra["composed_with"] == ["dpsgd"]
+    assert json.loads(out["metrics"].read_text())["epsilon"] == pytest.approx(both, rel=1e-3)
+    # each line claims its own phase only; the run's eps is their composition
+    assert first.claimed_epsilon <= 0.5 and second.claimed_epsilon < both

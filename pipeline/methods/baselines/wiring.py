@@ -21,7 +21,8 @@ from pipeline.wiring import House, params_json, stage_params
 LISTING = ("methods", "epsilons", "seeds")
 #: a baseline's private stage (and its rule, its benchmark folder), by the method token of its run names
 STAGES = {"dp_merf": "dp_merf", "pe": "private_evolution", "dp_hp": "dp_hp", "dp_ntk": "dp_ntk", "dp_mepf": "dp_mepf",
-          "dp_diffusion": "train_dpdm", "privimage": "train_dpdm", "dp_ldm": "train_dpdm"}
+          "dp_diffusion": "train_dpdm", "privimage": "train_dpdm", "dp_ldm": "train_dpdm",
+          "dp_promise": "train_dpdm"}
 #: the rule (and benchmark folder) of a method's private stage: one rule runs DP-MERF's successors, one the DP-SGD
 #: fine-tuning of the public denoiser
 RULES = {**STAGES, **{m: "embedding_baseline" for m in baseline_runs.EMBEDDING_FAMILY},
@@ -38,6 +39,8 @@ DP_LDM_CODES = ("public", "private_train")
 #: PrivImage's own rules before its DP-SGD fine-tuning (their benchmark folders): the semantic query and the
 #: pretraining on the public images it chose (the query net, shared by every run, is rule privimage_query_net)
 PRIVIMAGE_RULES = ("privimage_select", "privimage_pretrain")
+#: DP-Promise's first phase (its benchmark folder): stage train_dpdm on the high noise levels
+PHASE1_RULE = "dp_promise_phase1"
 #: the settings of PrivImage's query (privimage_select's params carry only these: retuning its DP-SGD reruns no query)
 PRIVIMAGE_QUERY_KEYS = ("k", "query_share", "second_domain")
 #: a method's own subsections of the section (its params carry these and the shared keys, so adding or tuning one
@@ -261,13 +264,16 @@ class Wiring:
     def dpsgd_inputs(self, wildcards: Any) -> dict[str, Path]:
         """What a DP-SGD baseline reads: the private split (through DP-SGD only) and the public denoiser it starts
         from: DP-Diffusion the shared one, PrivImage its own, with its query's transcript as ``prior`` (sigma is
-        calibrated to the composition)."""
+        calibrated to the composition), DP-LDM its latent one, on the private split's codes, DP-Promise's phase II
+        its phase I's model, with that phase's transcript as ``prior``."""
         run = BaselineRun.from_name(wildcards.run)
         data = self.private_data(run)
         if run.method == "privimage":
             return {"data": data, "init": self.pretrained_path(run.name), "prior": self.query_ledger_path(run.name)}
         if run.method == "dp_ldm":
             return {"data": data, "init": self.ldm_denoiser_path}
+        if run.method == "dp_promise":
+            return {"data": data, "init": self.phase1_path(run.name), "prior": self.phase1_ledger_path(run.name)}
         return {"data": data, "init": self.house.layout.public_denoiser}
 
     def private_data(self, run: BaselineRun) -> Path:
@@ -283,20 +289,50 @@ class Wiring:
         copied from it, a trained or an imported one), pretrain's label dropout, EDM preconditioning (the public
         denoiser's), its views (``augment``)."""
         run = BaselineRun.from_name(wildcards.run)
+        if run.method == "dp_promise":  # phase II: the low noise levels, calibrated to both phases composed
+            return self._dpsgd_params(run, run.epsilon, sigma_range=[0.0, self.section["dp_promise"]["sigma_split"]],
+                                      public_start=False)
+        return self._dpsgd_params(run, run.epsilon)
+
+    def _dpsgd_params(self, run: BaselineRun, epsilon: float, sigma_range: list[float | None] | None = None,
+                      public_start: bool = True) -> str:
         own, pretrain, h = self.section[run.method], self.house.config["pretrain"], self.house
         keys = ("clip", "batch_size", "epochs", "lr", "K", "ema_decay", "micro_batch", "checkpoint_every_s")
         # DP-Diffusion's views; PrivImage and DP-LDM fine-tune with noise multiplicity alone (DPDM's recipe)
         augment = {"max_shift": own["max_shift"], "flip": own["flip"]} if "max_shift" in own else None
         # DP-LDM fine-tunes its attention and conditioning only; the others every weight
         trainable = own.get("trainable")
-        # the user's imported model is in DP-Diffusion's id (it starts from it); PrivImage pretrains its own
-        public_model = h.public_model() if run.method == "dp_diffusion" else {}
-        return stage_params(parameterisation="edm", epsilon=run.epsilon, seed=run.seed, delta=self.section["delta"],
+        # the user's imported model is in the id of a run that starts from it (DP-Diffusion, DP-Promise's phase I);
+        # PrivImage and DP-LDM pretrain their own, DP-Promise's phase II starts from its phase I
+        public_model = h.public_model() if public_start and run.method in ("dp_diffusion", "dp_promise") else {}
+        return stage_params(parameterisation="edm", epsilon=epsilon, seed=run.seed, delta=self.section["delta"],
                             **{k: own[k] for k in keys}, augment=augment,
                             unet=UNET_FROM_INIT, label_dropout=pretrain["label_dropout"], trainable=trainable,
                             private=h.private,
                             ledger_binding=h.ledger_binding(run.name), device=h.device, threads=h.torch_threads,
-                            **public_model)
+                            **({"sigma_range": sigma_range} if sigma_range else {}), **public_model)
+
+    # ---------------------------------------------------------------- DP-Promise's first phase
+
+    def phase1_path(self, run: str) -> Path:
+        """DP-Promise's phase-I denoiser (rule dp_promise_phase1): phase II's initialisation, a private release."""
+        return self.house.layout.expdir / "models" / "baselines" / f"{run}_phase1.pt"
+
+    def phase1_ledger_path(self, run: str) -> Path:
+        """The transcript of DP-Promise's phase I: its run's first line (phase II composes it in)."""
+        return self.house.layout.ledger(f"baselines_{run}_phase1")
+
+    def phase1_metrics_path(self, run: str) -> Path:
+        return self.house.layout.expdir / "train" / "baselines" / f"{run}_phase1.json"
+
+    def phase1_inputs(self, wildcards: Any = None) -> dict[str, Path]:
+        """What DP-Promise's phase I reads: the private split and the shared public denoiser."""
+        return {"data": self.house.layout.split("private_train"), "init": self.house.layout.public_denoiser}
+
+    def phase1_params(self, wildcards: Any) -> str:
+        """train_dpdm params of DP-Promise's phase I: the noise levels sigma >= sigma_split, phase1_share x eps."""
+        run, own = BaselineRun.from_name(wildcards.run), self.section["dp_promise"]
+        return self._dpsgd_params(run, own["phase1_share"] * run.epsilon, sigma_range=[own["sigma_split"], None])
 
     def dpsgd_sample_params(self, wildcards: Any) -> str:
         """sample_dpdm params of a DP-SGD baseline run (rule sample_baseline, or sample_dp_ldm for its codes): its
@@ -313,7 +349,8 @@ class Wiring:
     def ledgers(self, run: BaselineRun) -> tuple[Path, ...]:
         """A run's transcripts in the order they were written: PrivImage's query, then its DP-SGD line (the
         composition certifies under the last line's accountant); one for every other baseline."""
-        first = (self.query_ledger_path(run.name),) if run.method == "privimage" else ()
+        first = {"privimage": (self.query_ledger_path(run.name),),
+                 "dp_promise": (self.phase1_ledger_path(run.name),)}.get(run.method, ())
         return (*first, self.ledger_path(run.name))
 
     def transcripts(self) -> dict[Path, TranscriptSpec]:
@@ -328,6 +365,9 @@ class Wiring:
             if r.method == "privimage":
                 out[self.query_ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage="privimage_select",
                                                                      delta=delta, data=data)
+            if r.method == "dp_promise":
+                out[self.phase1_ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage="train_dpdm",
+                                                                      delta=delta, data=data)
         return out
 
     def bundle_runs(self) -> list[str]:
@@ -365,11 +405,17 @@ class Wiring:
         n, own = int(self.section["n_samples"]), self.section[r.method]
         draws = (f"an example's K = {own['K']} augmented views clipped together" if r.method == "dp_diffusion" else
                  f"an example's K = {own['K']} diffusion draws averaged before the clip")
-        query = (("PrivImage's semantic query: the noisy class-by-semantics histogram of the private split (one "
+        # the run's release before its last DP-SGD, composed in: PrivImage's query, DP-Promise's phase I
+        earlier = (("PrivImage's semantic query: the noisy class-by-semantics histogram of the private split (one "
                   "Gaussian release) that chose the public pretraining data",) if r.method == "privimage" else ())
+        if r.method == "dp_promise":
+            earlier = (f"DP-Promise's phase I: DP-SGD on the noise levels sigma >= {own['sigma_split']} (Poisson-"
+                     "subsampled, clipped, Gaussian gradient noise; the forward process's noise is not counted)",)
         # a latent denoiser's samples are codes: its bundle is the decoded synthetic set (sample_bundle draws images
         # from a pixel denoiser only)
         latent = r.method in baseline_runs.LATENT
+        phase = ("phase II (sigma < the split, from phase I's model): "
+                 if r.method == "dp_promise" else "public denoiser's ")
         subset, data = ((" (its attention and class-embedding parameters only)", "split's codes") if latent
                         else ("", "split"))
         return BundleSpec(
@@ -379,11 +425,12 @@ class Wiring:
             sampling=None if latent else {"sampler": "dpdm", "sampler_name": r.method, "settings": own["sampler"],
                                           "seed": r.seed, "batch_size": n, "n_samples": n,
                                           "threads": self.house.torch_threads},
-            covers=(*query, f"every DP-SGD step of the public denoiser's fine-tuning{subset} on the private {data}: "
+            covers=(*earlier, f"every DP-SGD step of the {phase}fine-tuning{subset} on the private {data}: "
                     "Poisson-subsampled, per-example clipped "
                     f"gradients ({draws}), Gaussian noise, composed over all steps"),
             not_covered=("the public pretraining of the initial denoiser (public data only"
-                         + ("; which public images, post-processing of the query" if query else "") + ")",
+                         + ("; which public images, post-processing of the query" if r.method == "privimage"
+                            else "") + ")",
                          *(("the public autoencoder (public data only) whose encoder made the codes and whose "
                             "decoder made the samples (post-processing)",) if latent else ()),
                          "the hyperparameters, set in the configuration",
@@ -398,11 +445,12 @@ class Wiring:
         return (SAMPLE_RULE,) if method in baseline_runs.DPSGD_FAMILY else ()
 
     def records(self) -> list[RunRecord]:
-        """One all_runs record per baseline run: its metrics, its one transcript, its jobs' benchmarks."""
+        """One all_runs record per baseline run: its metrics, its transcripts, its jobs' benchmarks."""
         bench = self.house.layout.benchmark
         return [RunRecord(method=run.method, config=run.name, seed=run.seed, epsilon_target=run.epsilon,
                           metrics=self.metrics_path(run.name), ledgers=self.ledgers(run),
                           benchmarks=(*(bench(rule, run.name) for rule in PRIVIMAGE_RULES if run.method == "privimage"),
+                                      *((bench(PHASE1_RULE, run.name),) if run.method == "dp_promise" else ()),
                                       bench(RULES[run.method], run.name),
                                       *(bench(rule, run.name) for rule in self.sample_rules(run.method)),
                                       bench("evaluate_baseline", run.name)),
