@@ -102,7 +102,8 @@ def test_config_id_is_stable_and_sensitive():
         ({"dpdm": {"batch_size": 3000}},
          "config error at dpdm.batch_size: expected at most data.private.n_private_train=2500 (the sampling rate "
          "q = batch_size / N must be <= 1), got 3000"),
-        ({"data": {"image_size": 12}},
+        ({"data": {"image_size": 12}, "baselines": {"dp_ldm": {"unet": {"block_out_channels": [32, 64],
+                                                                         "attention": [False, True]}}}},
          "config error at baselines.dp_ldm.unet (codes of 3 x 3): image_size 3 is not divisible by 2^(levels-1) for "
          "2 levels"),
         ({"data": {"image_size": 18}},

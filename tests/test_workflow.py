@@ -410,8 +410,8 @@ def test_embedded_default_end_to_end_tiny(repo, tmp_path):
     promise = all_runs[all_runs["method"] == "dp_promise"].iloc[0]
     assert promise["mechanisms"] == "dpsgd,dpsgd" and promise["eps_certified"] <= 3
     # DP-LDM's samples are its codes decoded to images (the evaluation scored them as images)
-    assert np.load(results / "digits" / "samples" / "baselines" / "dp_ldm_eps3_seed0.npz")["images"].shape[1:] == \
-        np.load(results / "digits" / "data" / "test.npz")["images"].shape[1:]
+    assert np.load(results / "tiny" / "samples" / "baselines" / "dp_ldm_eps3_seed0.npz")["images"].shape[1:] == \
+        np.load(results / "tiny" / "data" / "test.npz")["images"].shape[1:]
     private = all_runs[all_runs["private"]]
     assert private["eps_certified"].notna().all() and (private["eps_certified"] > 0).all()
     assert all_runs.loc[all_runs["method"] == "dp_merf", "cost_wall_s"].gt(0).all()
