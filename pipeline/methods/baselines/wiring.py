@@ -152,10 +152,14 @@ class Wiring:
         """privimage_pretrain's params (stage pretrain_public): the pretrain section, its steps PrivImage's own when
         set, the run's seed."""
         run, h = BaselineRun.from_name(wildcards.run), self.house
-        steps = self.section["privimage"]["pretrain_steps"]
-        pretrain = {k: v for k, v in h.config["pretrain"].items() if k not in ("source", "path", "precond")}
-        return stage_params(pretrain={**pretrain, **({"steps": steps} if steps else {})}, seed=run.seed,
-                            device=h.device, threads=h.torch_threads)
+        return stage_params(pretrain=self._pretrain_recipe(self.section["privimage"]["pretrain_steps"]),
+                            seed=run.seed, device=h.device, threads=h.torch_threads)
+
+    def _pretrain_recipe(self, steps: int | None, **changes: Any) -> dict[str, Any]:
+        """The pretrain section as stage pretrain_public's recipe (less the public model's source, which no baseline's
+        own pretraining reads), with a baseline's own ``steps`` when set and its other ``changes``."""
+        pretrain = {k: v for k, v in self.house.config["pretrain"].items() if k not in ("source", "path", "precond")}
+        return {**pretrain, **changes, **({"steps": steps} if steps else {})}
 
     # ---------------------------------------------------------------- DP-LDM's public autoencoder and latent denoiser
 
@@ -211,10 +215,8 @@ class Wiring:
         """dp_ldm_pretrain's params (stage pretrain_public): the pretrain section's recipe with baselines.dp_ldm's
         latent unet (and its steps when set), the configuration's seed."""
         h, own = self.house, self.section["dp_ldm"]
-        pretrain = {k: v for k, v in h.config["pretrain"].items() if k not in ("source", "path", "precond")}
-        steps = {"steps": own["pretrain_steps"]} if own["pretrain_steps"] else {}
-        return stage_params(pretrain={**pretrain, "unet": own["unet"], **steps}, seed=h.seed, device=h.device,
-                            threads=h.torch_threads)
+        return stage_params(pretrain=self._pretrain_recipe(own["pretrain_steps"], unet=own["unet"]), seed=h.seed,
+                            device=h.device, threads=h.torch_threads)
 
     def ldm_decode_params(self, wildcards: Any) -> str:
         """dp_ldm_decode's params: the sample set's name (the evaluation's)."""
@@ -277,7 +279,7 @@ class Wiring:
         return {"data": data, "init": self.house.layout.public_denoiser}
 
     def private_data(self, run: BaselineRun) -> Path:
-        """The private file a DP-SGD baseline's mechanism reads (its lines' data binding): the private split, or in
+        """The private file a baseline's last mechanism reads (its line's data binding): the private split, or in
         latent space (DP-LDM) its codes."""
         if run.method in baseline_runs.LATENT:
             return self.ldm_codes_path("private_train")
@@ -359,9 +361,8 @@ class Wiring:
         data, delta = self.house.layout.split("private_train"), self.section["delta"]
         out = {}
         for r in self.runs():
-            own = self.private_data(r) if r.method in baseline_runs.DPSGD_FAMILY else data
             out[self.ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage=STAGES[r.method], delta=delta,
-                                                           data=own)
+                                                           data=self.private_data(r))
             if r.method == "privimage":
                 out[self.query_ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage="privimage_select",
                                                                      delta=delta, data=data)
