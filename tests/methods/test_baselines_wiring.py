@@ -19,13 +19,21 @@ from tests.methods import house
 
 def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
     bl = Wiring(house(tmp_path))
-    # DP-MERF's successors at their own eps (the quick tour: 1 only)
-    assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0",
-                                           "pe_eps10_seed0", "dp_hp_eps1_seed0", "dp_ntk_eps1_seed0",
-                                           "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0", "privimage_eps1_seed0",
-                                           "dp_ldm_eps1_seed0", "dp_promise_eps1_seed0"]
+    # the quick tour: every baseline at eps 1
+    assert [r.name for r in bl.runs()] == ["dp_merf_eps1_seed0", "pe_eps1_seed0", "dp_hp_eps1_seed0",
+                                           "dp_ntk_eps1_seed0", "dp_mepf_eps1_seed0", "dp_diffusion_eps1_seed0",
+                                           "privimage_eps1_seed0", "dp_ldm_eps1_seed0", "dp_promise_eps1_seed0"]
     assert bl.targets() == [tmp_path / "r" / "tables" / "baselines.parquet"] == [bl.table]
-    assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1, 10]
+    assert bl.section == bl.house.config["baselines"] and bl.section["epsilons"] == [1]
+
+    def two_epsilons(cfg):
+        cfg["baselines"]["epsilons"] = [1, 10]
+        cfg["baselines"]["dp_hp"]["epsilons"] = [1]
+
+    # a method's own epsilons replace baselines.epsilons; the others run at every one
+    names = [r.name for r in Wiring(house(tmp_path, two_epsilons)).runs()]
+    assert names[:7] == ["dp_merf_eps1_seed0", "dp_merf_eps10_seed0", "pe_eps1_seed0", "pe_eps10_seed0",
+                         "dp_hp_eps1_seed0", "dp_ntk_eps1_seed0", "dp_ntk_eps10_seed0"]
 
 
 def test_a_run_has_its_samples_manifest_train_metrics_ledger_and_evaluation(tmp_path):
@@ -76,8 +84,8 @@ def test_each_run_writes_one_line_per_transcript_bound_to_it_and_its_stage(tmp_p
                                    + [bl.query_ledger_path("privimage_eps1_seed0"),
                                       bl.phase1_ledger_path("dp_promise_eps1_seed0")])
     assert all(s.claims == 1 for s in specs.values())
-    pe = specs[bl.ledger_path("pe_eps10_seed0")].as_dict()
-    assert pe["claims"] == 1 and pe["run"] == "pe_eps10_seed0" and pe["stage"] == "private_evolution"
+    pe = specs[bl.ledger_path("pe_eps1_seed0")].as_dict()
+    assert pe["claims"] == 1 and pe["run"] == "pe_eps1_seed0" and pe["stage"] == "private_evolution"
     assert pe["delta"] == 1e-5 and pe["data"] == str(tmp_path / "r" / "digits" / "data" / "private_train.npz")
     assert specs[bl.ledger_path("dp_merf_eps1_seed0")].stage == "dp_merf"
 
@@ -90,19 +98,19 @@ def test_all_runs_records_one_per_run_with_its_cost(tmp_path):
     assert (merf.method, merf.seed, merf.epsilon_target, merf.label) == ("dp_merf", 0, 1.0, "DP-MERF")
     assert Path(merf.metrics) == bl.metrics_path("dp_merf_eps1_seed0")
     assert [Path(p) for p in merf.ledgers] == [bl.ledger_path("dp_merf_eps1_seed0")]
-    assert [Path(p) for p in recs[2].benchmarks] == [exp / "benchmarks" / "private_evolution" / "pe_eps1_seed0.tsv",
+    assert [Path(p) for p in recs[1].benchmarks] == [exp / "benchmarks" / "private_evolution" / "pe_eps1_seed0.tsv",
                                                      exp / "benchmarks" / "evaluate_baseline" / "pe_eps1_seed0.tsv"]
-    assert recs[2].label == "Private Evolution" and recs[2].private
+    assert recs[1].label == "Private Evolution" and recs[1].private
 
 
 def test_dp_merf_ships_its_generator_and_private_evolution_its_synthetic_set(tmp_path):
     bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
     assert bl.bundle_runs() == [r.name for r in bl.runs()]
-    b = bl.bundle("pe_eps10_seed0")
-    assert b.kind == "synthetic" and b.model is None and b.sampling is None and b.epsilon_target == 10
-    assert (b.samples, b.metrics, b.transcripts) == (str(bl.samples_path("pe_eps10_seed0")),
-                                                     str(bl.metrics_path("pe_eps10_seed0")),
-                                                     (str(bl.ledger_path("pe_eps10_seed0")),))
+    b = bl.bundle("pe_eps1_seed0")
+    assert b.kind == "synthetic" and b.model is None and b.sampling is None and b.epsilon_target == 1
+    assert (b.samples, b.metrics, b.transcripts) == (str(bl.samples_path("pe_eps1_seed0")),
+                                                     str(bl.metrics_path("pe_eps1_seed0")),
+                                                     (str(bl.ledger_path("pe_eps1_seed0")),))
     merf = bl.bundle("dp_merf_eps1_seed0")
     assert bl.generator_path("dp_merf_eps1_seed0") == exp / "models" / "baselines" / "dp_merf_eps1_seed0.safetensors"
     assert merf.kind == "model" and merf.model == str(bl.generator_path("dp_merf_eps1_seed0"))
@@ -116,7 +124,7 @@ def test_dp_merf_ships_its_generator_and_private_evolution_its_synthetic_set(tmp
 
 def test_a_successor_without_its_own_epsilons_runs_at_the_sections(tmp_path):
     def unset(cfg):
-        cfg["baselines"].update(methods=["dp_ntk"], dp_ntk={"epsilons": None})
+        cfg["baselines"].update(methods=["dp_ntk"], epsilons=[1, 10], dp_ntk={"epsilons": None})
     assert [r.name for r in Wiring(house(tmp_path, unset)).runs()] == ["dp_ntk_eps1_seed0", "dp_ntk_eps10_seed0"]
 
 
@@ -130,7 +138,7 @@ def test_a_runs_params_carry_its_own_subsections_so_tuning_another_method_reruns
     assert set(pe) == {"delta", "n_samples", "pe"}
 
     def retune(cfg):
-        cfg["baselines"]["dp_ntk"]["width"] = 50
+        cfg["baselines"]["dp_ntk"] = {"width": 50}
         cfg["baselines"]["dp_hp"]["epsilons"] = [1, 3]
     for run in ("pe_eps1_seed0", "dp_merf_eps1_seed0", "dp_hp_eps1_seed0"):
         assert Wiring(house(tmp_path, retune)).params(SimpleNamespace(run=run)) == \

@@ -13,7 +13,17 @@ from pipeline.config import ConfigError, config_id
 from pipeline.methods.dpdm.wiring import (CLASSIFIER_TABLE, MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, VARIANCE_FIGURE,
                                           Wiring)
 from pipeline.registry import TranscriptSpec
-from tests.methods import house
+from tests.methods import house as tour_house
+
+
+def house(tmp_path: Path, edit=None):
+    """config.yaml with the sampler ablation of the reference run's three epsilons over three samplers (the quick
+    tour's is eps 1 and two samplers): the grid these specifications are written against; then ``edit``."""
+    def grid(cfg):
+        cfg["dpdm"]["sampler_ablation"] = {"epsilons": [0.2, 1, 10], "samplers": ["ddim", "churn", "guided"]}
+        if edit:
+            edit(cfg)
+    return tour_house(tmp_path, grid)
 
 
 def chosen(tmp_path: Path, sampler: str):

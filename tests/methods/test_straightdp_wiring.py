@@ -19,16 +19,26 @@ from pipeline.wiring import House
 ROOT = Path(__file__).parents[2]
 
 
-def wiring(tmp_path: Path, **sections) -> Wiring:
-    """config.yaml (results under tmp_path) with ``sections`` merged over it key by key."""
+def two_epsilon_grid() -> dict:
+    """config.yaml with STRAIGHTDP's Table 1 at two epsilons and both LoRA rows (the reference run's grid; the
+    quick tour keeps one epsilon): what these specifications are written against."""
     cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
-    cfg = deep_merge(cfg, {"results_dir": str(tmp_path / "r"), **sections})
+    s = cfg["straightdp"]
+    s["epsilons"] = [0.3, 1]
+    s["rows"] = [*s["rows"][:-1], "lora_uniform", s["rows"][-1]]
+    s["arms"]["latent"]["epsilons"] = [0.3]
+    return cfg
+
+
+def wiring(tmp_path: Path, **sections) -> Wiring:
+    """The two-epsilon grid (results under tmp_path) with ``sections`` merged over it key by key."""
+    cfg = deep_merge(two_epsilon_grid(), {"results_dir": str(tmp_path / "r"), **sections})
     return Wiring(House.from_config(validate_config(cfg)))
 
 
 def replaced(tmp_path: Path, **straightdp) -> Wiring:
-    """config.yaml with these straightdp keys replaced whole (``arms={}`` drops every arm)."""
-    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    """The two-epsilon grid with these straightdp keys replaced whole (``arms={}`` drops every arm)."""
+    cfg = two_epsilon_grid()
     cfg["results_dir"] = str(tmp_path / "r")
     cfg["straightdp"] = {**cfg["straightdp"], **straightdp}
     return Wiring(House.from_config(validate_config(cfg)))
