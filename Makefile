@@ -18,7 +18,7 @@ help:
 	@echo "make plan CONFIG=f  jobs, hours, GPU-hours and memory the slurm profile would request (nothing submitted)"
 	@echo "make gpu-check      this machine's device rates (one GPU, < 8 min) against the plan's; WRITE=name stores them"
 	@echo "make bundles        after make run: every private run's certified bundle -> results/bundles/ (also in all)"
-	@echo "make run-full       the reference embedded run the docs' numbers come from (+ configs/digits_full.yaml, ~2.5 h)"
+	@echo "make run-full       the reference embedded run the docs' numbers come from (+ configs/digits_full.yaml, several hours)"
 	@echo "make report         after make run: Snakemake's report of every table and figure -> $(REPORT)"
 	@echo "make test           unit tests on $(CORES) cores (CI runs this, then the slow tier)"
 	@echo "make test-slow      the slow tier: Snakemake dry runs and the tiny end-to-end DAG (~15 min)"
