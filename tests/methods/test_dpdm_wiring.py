@@ -17,8 +17,8 @@ from tests.methods import house as tour_house
 
 
 def house(tmp_path: Path, edit=None):
-    """config.yaml with the sampler ablation of the reference run's three epsilons over three samplers (the quick
-    tour's is eps 1 and two samplers): the grid these specifications are written against; then ``edit``."""
+    """config.yaml with a sampler ablation over three epsilons and three samplers (the quick tour's before issue #40;
+    today's is eps 1 and two samplers): the grid these specifications are written against; then ``edit``."""
     def grid(cfg):
         cfg["dpdm"]["sampler_ablation"] = {"epsilons": [0.2, 1, 10], "samplers": ["ddim", "churn", "guided"]}
         if edit:
