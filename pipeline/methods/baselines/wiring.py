@@ -74,34 +74,38 @@ class Wiring:
         """Every run of the config: methods x epsilons x seeds."""
         return baseline_runs.runs(self.section)
 
+    def _dir(self, kind: str) -> Path:
+        """The baselines' folder of one kind of output (samples, models, train, eval, public, latent)."""
+        return self.house.layout.expdir / kind / "baselines"
+
     def samples_path(self, run: str) -> Path:
-        return self.house.layout.expdir / "samples" / "baselines" / f"{run}.npz"
+        return self._dir("samples") / f"{run}.npz"
 
     def manifest_path(self, run: str) -> Path:
-        return self.house.layout.expdir / "samples" / "baselines" / f"{run}.json"
+        return self._dir("samples") / f"{run}.json"
 
     def train_metrics_path(self, run: str) -> Path:
         """What the private stage reports of its own run (noise, steps, time), beside the samples."""
-        return self.house.layout.expdir / "train" / "baselines" / f"{run}.json"
+        return self._dir("train") / f"{run}.json"
 
     def generator_path(self, run: str) -> Path:
         """The trained generator of DP-MERF or a successor (safetensors): its bundle's weights."""
-        return self.house.layout.expdir / "models" / "baselines" / f"{run}.safetensors"
+        return self._dir("models") / f"{run}.safetensors"
 
     def denoiser_path(self, run: str) -> Path:
         """The fine-tuned EMA denoiser of a DP-SGD baseline (rule dpsgd_baseline): what its samples are drawn from."""
-        return self.house.layout.expdir / "models" / "baselines" / f"{run}.pt"
+        return self._dir("models") / f"{run}.pt"
 
     # ---------------------------------------------------------------- PrivImage's semantic query and pretraining
 
     @property
     def query_net_path(self) -> Path:
         """PrivImage's semantic query classifier (rule privimage_query_net; public pool only, one per configuration)."""
-        return self.house.layout.expdir / "models" / "baselines" / "privimage_query_net.pt"
+        return self._dir("models") / "privimage_query_net.pt"
 
     @property
     def query_net_metrics_path(self) -> Path:
-        return self.house.layout.expdir / "train" / "baselines" / "privimage_query_net.json"
+        return self._dir("train") / "privimage_query_net.json"
 
     def query_ledger_path(self, run: str) -> Path:
         """The transcript of a PrivImage run's semantic query (rule privimage_select): its first line."""
@@ -109,18 +113,18 @@ class Wiring:
 
     def query_metrics_path(self, run: str) -> Path:
         """The query's release (the noisy histogram) and the semantics each class chose."""
-        return self.house.layout.expdir / "train" / "baselines" / f"{run}_query.json"
+        return self._dir("train") / f"{run}_query.json"
 
     def selected_path(self, run: str) -> Path:
         """The public images a PrivImage run's query chose, labelled by the class that chose them."""
-        return self.house.layout.expdir / "public" / "baselines" / f"{run}.npz"
+        return self._dir("public") / f"{run}.npz"
 
     def pretrained_path(self, run: str) -> Path:
         """The public denoiser a PrivImage run pretrains on its selected images (rule privimage_pretrain)."""
-        return self.house.layout.expdir / "models" / "baselines" / f"{run}_public.pt"
+        return self._dir("models") / f"{run}_public.pt"
 
     def pretrain_metrics_path(self, run: str) -> Path:
-        return self.house.layout.expdir / "train" / "baselines" / f"{run}_public.json"
+        return self._dir("train") / f"{run}_public.json"
 
     def pool_inputs(self, wildcards: Any = None) -> dict[str, Path]:
         """PrivImage's public pool: the public split, and the second public domain (straightdp.public) unless
@@ -166,16 +170,16 @@ class Wiring:
     @property
     def ldm_dir(self) -> Path:
         """DP-LDM's code splits (one per configuration: the public split's, and the private split's)."""
-        return self.house.layout.expdir / "latent" / "baselines" / "dp_ldm"
+        return self._dir("latent") / "dp_ldm"
 
     @property
     def ldm_autoencoder_path(self) -> Path:
         """DP-LDM's autoencoder (rule dp_ldm_autoencoder, stage train_autoencoder: the public split only)."""
-        return self.house.layout.expdir / "models" / "baselines" / "dp_ldm_autoencoder.pt"
+        return self._dir("models") / "dp_ldm_autoencoder.pt"
 
     @property
     def ldm_autoencoder_metrics_path(self) -> Path:
-        return self.house.layout.expdir / "train" / "baselines" / "dp_ldm_autoencoder.json"
+        return self._dir("train") / "dp_ldm_autoencoder.json"
 
     def ldm_codes_path(self, name: str) -> Path:
         """A split's codes under DP-LDM's autoencoder (rule dp_ldm_encode; ``name`` may be the wildcard "{name}")."""
@@ -188,15 +192,15 @@ class Wiring:
     @property
     def ldm_denoiser_path(self) -> Path:
         """DP-LDM's latent denoiser pretrained on the public codes (rule dp_ldm_pretrain)."""
-        return self.house.layout.expdir / "models" / "baselines" / "dp_ldm_public.pt"
+        return self._dir("models") / "dp_ldm_public.pt"
 
     @property
     def ldm_denoiser_metrics_path(self) -> Path:
-        return self.house.layout.expdir / "train" / "baselines" / "dp_ldm_public.json"
+        return self._dir("train") / "dp_ldm_public.json"
 
     def latent_samples_path(self, run: str) -> Path:
         """A latent baseline's sampled codes (rule sample_dp_ldm), before rule dp_ldm_decode decodes them."""
-        return self.house.layout.expdir / "samples" / "baselines" / "latent" / f"{run}.npz"
+        return self._dir("samples") / "latent" / f"{run}.npz"
 
     def latent_manifest_path(self, run: str) -> Path:
         return self.latent_samples_path(run).with_suffix(".json")
@@ -228,7 +232,7 @@ class Wiring:
 
     def metrics_path(self, run: str) -> Path:
         """The evaluation core's metrics of the run's samples (rule evaluate_baseline)."""
-        return self.house.layout.expdir / "eval" / "baselines" / run / "metrics.json"
+        return self._dir("eval") / run / "metrics.json"
 
     def params(self, wildcards: Any) -> str:
         """Stage params of the run ``wildcards.run``: the section's shared keys and the method's own subsections
@@ -318,14 +322,14 @@ class Wiring:
 
     def phase1_path(self, run: str) -> Path:
         """DP-Promise's phase-I denoiser (rule dp_promise_phase1): phase II's initialisation, a private release."""
-        return self.house.layout.expdir / "models" / "baselines" / f"{run}_phase1.pt"
+        return self._dir("models") / f"{run}_phase1.pt"
 
     def phase1_ledger_path(self, run: str) -> Path:
         """The transcript of DP-Promise's phase I: its run's first line (phase II composes it in)."""
         return self.house.layout.ledger(f"baselines_{run}_phase1")
 
     def phase1_metrics_path(self, run: str) -> Path:
-        return self.house.layout.expdir / "train" / "baselines" / f"{run}_phase1.json"
+        return self._dir("train") / f"{run}_phase1.json"
 
     def phase1_inputs(self, wildcards: Any = None) -> dict[str, Path]:
         """What DP-Promise's phase I reads: the private split and the shared public denoiser."""
