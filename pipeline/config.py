@@ -362,27 +362,25 @@ def _check_unets(cfg: Mapping[str, Any], *, image_size: int, channels: int) -> N
     """Every UNet of the config can be built at the data's resolution (UNetSpec's own checks)."""
     from pipeline.models.unet import UNetSpec  # torch-free at import
 
-    for section in ("pretrain", "dpdm"):
-        unet = (cfg.get(section) or {}).get("unet")
+    def check(where: str, unet: Mapping[str, Any] | None, size: int, n_channels: int, note: str = "") -> None:
         if unet is None:
-            continue
+            return
         try:
-            UNetSpec.from_json({**unet, "image_size": image_size, "channels": channels})
+            UNetSpec.from_json({**unet, "image_size": size, "channels": n_channels})
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"config error at {section}.unet: {str(exc).removeprefix('unet: ')}") from None
+            raise ConfigError(f"config error at {where}.unet{note}: {str(exc).removeprefix('unet: ')}") from None
+
+    for section in ("pretrain", "dpdm"):
+        check(section, (cfg.get(section) or {}).get("unet"), image_size, channels)
     baselines = cfg.get("baselines") or {}
     if "baselines" in cfg["methods"] and "dp_ldm" in baselines.get("methods", ()):
         # DP-LDM's latent denoiser works on its autoencoder's codes: H/4 x W/4 (pipeline/flow/autoencoder.py)
-        own = baselines["dp_ldm"]
+        own, size = baselines["dp_ldm"], image_size // 4
         if image_size % 4:
             raise ConfigError(f"config error at baselines.dp_ldm: its autoencoder codes at H/4, so data.image_size "
                               f"must be a multiple of 4, got {image_size}")
-        try:
-            UNetSpec.from_json({**own["unet"], "image_size": image_size // 4,
-                                "channels": own["autoencoder"]["code_channels"]})
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"config error at baselines.dp_ldm.unet (codes of {image_size // 4} x "
-                              f"{image_size // 4}): {str(exc).removeprefix('unet: ')}") from None
+        check("baselines.dp_ldm", own["unet"], size, own["autoencoder"]["code_channels"],
+              f" (codes of {size} x {size})")
 
 
 def _subset_sizes(cfg: Mapping[str, Any]) -> list[tuple[str, int]]:
