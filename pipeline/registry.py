@@ -33,6 +33,11 @@ BundleFn = Callable[[str], "BundleSpec"]
 REPORT_SUFFIXES = (".parquet", ".png")
 
 
+#: one ledger line's configured mechanism parameters: a dotted path into the line (``sampling.n``, ``count``,
+#: ``extra.max_grad_norm``) -> the value the configuration gives it
+LineParams = Mapping[str, Any]
+
+
 @dataclass(frozen=True)
 class TranscriptSpec:
     """What one ledger transcript must be, as its method registers it: what the replay checks it against.
@@ -40,8 +45,17 @@ class TranscriptSpec:
     ``claims``: the number of lines its stage writes; ``run``: the run (or table job) the stage was run
     for, the ``ledger_binding`` run its rule passes, on every line; ``stage``: the stage every line names;
     ``delta``: the method's configured delta, every line's; ``data``: the private split file the stage
-    reads, whose manifest sha256 every line carries (``None`` only for ``configuration`` claims, which
-    read no data and alone may carry a mu_bar_B given directly, ``extra.source = "given"``).
+    reads, whose manifest sha256 every line carries and whose size N the line's declared N must equal (``None``
+    only for ``configuration`` claims, which read no data and alone may carry a mu_bar_B given directly,
+    ``extra.source = "given"``); ``phase``: which of the run's releases by this stage it is (DP-Promise's two
+    phases of ``train_dpdm``), part of every line's identity.
+
+    What the configuration says ran, from the same wiring that planned the run: ``params``, each line's
+    configured mechanism parameters (:data:`LineParams`; one mapping for every line, or one per line), and
+    ``epsilon_target``, the eps each line's noise was calibrated to (one for every line or one per line; ``None``:
+    its noise is configured, and so in ``params``). A calibrated line's noise must be the calibration's: noise
+    smaller by ``(1 + rtol)^2`` must exceed the target (composed after the lines of the transcripts ``after``, the
+    run's earlier releases its calibration composed in), so a line claiming more noise than ran is refused.
     """
 
     claims: int
@@ -50,6 +64,11 @@ class TranscriptSpec:
     delta: float
     data: str | None = None
     configuration: bool = False
+    params: LineParams | Sequence[LineParams] = ()
+    epsilon_target: float | None | Sequence[float | None] = None
+    after: tuple[str, ...] = ()
+    rtol: float = 1e-3
+    phase: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", None if self.data is None else str(self.data))
@@ -58,9 +77,34 @@ class TranscriptSpec:
         if (self.data is None) != self.configuration:
             raise ValueError(f"transcript of run {self.run!r}: a mechanism's transcript names the private split it "
                              f"read (data), configuration claims read none")
+        object.__setattr__(self, "params", self._per_line("params", self.params, Mapping))
+        if any(not p for p in self.params):
+            raise ValueError(f"transcript of run {self.run!r}: every line needs its configured mechanism parameters "
+                             f"(params: dotted line path -> value), so the replay can hold it to the configuration")
+        object.__setattr__(self, "params", tuple({str(k): v for k, v in p.items()} for p in self.params))
+        targets = self._per_line("epsilon_target", self.epsilon_target, (int, float, type(None)))
+        if any(t is not None and (isinstance(t, bool) or not t > 0) for t in targets):
+            raise ValueError(f"transcript of run {self.run!r}: epsilon_target must be > 0 or None, got {targets!r}")
+        object.__setattr__(self, "epsilon_target", tuple(None if t is None else float(t) for t in targets))
+        object.__setattr__(self, "after", tuple(str(p) for p in self.after))
+        if not 0 < self.rtol < 0.5:
+            raise ValueError(f"transcript of run {self.run!r}: rtol must be in (0, 0.5), got {self.rtol!r}")
+
+    def _per_line(self, name: str, value: Any, kind: type | tuple[type, ...]) -> tuple[Any, ...]:
+        """``value`` as one item per line: a single item broadcast, or a sequence of exactly ``claims`` items."""
+        if isinstance(value, kind):
+            return (value,) * self.claims
+        items = tuple(value)
+        if len(items) != self.claims or not all(isinstance(v, kind) for v in items):
+            raise ValueError(f"transcript of run {self.run!r}: {name} must be one value for every line or one per "
+                             f"line ({self.claims}), got {value!r}")
+        return items
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["params"], out["epsilon_target"], out["after"] = ([dict(p) for p in self.params],
+                                                              list(self.epsilon_target), list(self.after))
+        return out
 
 
 @dataclass(frozen=True)
@@ -215,12 +259,21 @@ class MethodRegistry:
         """Ledger transcript -> what it must hold (:class:`TranscriptSpec`), for the chosen ``methods`` in order."""
         self.check(methods)
         out: dict[Path, TranscriptSpec] = {}
+        identities: dict[tuple[str, str, str], Path] = {}
         for method in methods:
             for fn in self._transcripts[method]:
                 for path, spec in fn().items():
                     if not isinstance(spec, TranscriptSpec):
                         raise TypeError(f"method {method}: transcript {path} is registered with {spec!r}; register "
-                                        f"a TranscriptSpec (claims, run, stage, delta, data) so the replay can bind it")
+                                        f"a TranscriptSpec (claims, run, stage, delta, data, params) so the replay can "
+                                        f"bind it")
+                    # the replay tells lines apart by (run, experiment, stage, phase, seq): two transcripts of one
+                    # identity would let one's line stand in for the other's
+                    key = (spec.run, spec.stage, spec.phase)
+                    if identities.setdefault(key, Path(path)) != Path(path):
+                        raise ValueError(f"method {method}: transcripts {identities[key]} and {path} are both "
+                                         f"registered as run {spec.run!r}, stage {spec.stage!r}, phase "
+                                         f"{spec.phase!r}; give each release of a stage its own phase")
                     out[Path(path)] = spec
         return out
 

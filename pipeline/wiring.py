@@ -155,10 +155,12 @@ class House:
         by path)."""
         return method in self.config["methods"]
 
-    def ledger_binding(self, run: str) -> dict[str, str]:
+    def ledger_binding(self, run: str, phase: str = "") -> dict[str, str]:
         """A private stage's ``ledger_binding`` param: the run its lines are bound to, the name its method registers
-        the transcript under (TranscriptSpec.run), and the experiment (pipeline.privacy.ledger.Binding)."""
-        return {"run": str(run), "experiment": self.config["experiment"]}
+        the transcript under (TranscriptSpec.run), the experiment, and for a stage that releases more than once per
+        run which release this is (``phase``: TranscriptSpec.phase; pipeline.privacy.ledger.Binding). A stage that
+        releases once passes no phase, so its params (and config id) are what they were."""
+        return {"run": str(run), "experiment": self.config["experiment"], **({"phase": phase} if phase else {})}
 
     @property
     def imports_public_denoiser(self) -> bool:

@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec
 
-SPEC = TranscriptSpec(claims=2, run="alpha_run", stage="train_alpha", delta=1e-5, data="d/private_train.npz")
+SPEC = TranscriptSpec(claims=2, run="alpha_run", stage="train_alpha", delta=1e-5, data="d/private_train.npz",
+                      params={"count": 1})
 
 
 def registry() -> MethodRegistry:
@@ -74,16 +75,42 @@ def test_a_transcript_is_registered_with_what_the_replay_binds_it_to():
     with pytest.raises(TypeError, match=r"method alpha: transcript l/a.jsonl is registered with 2; register a "
                                         r"TranscriptSpec"):
         reg.transcripts(["alpha"])
+    # one configured mapping and target for every line, as JSON the rule replay passes
     assert SPEC.as_dict() == {"claims": 2, "run": "alpha_run", "stage": "train_alpha", "delta": 1e-5,
-                              "data": "d/private_train.npz", "configuration": False}
+                              "data": "d/private_train.npz", "configuration": False,
+                              "params": [{"count": 1}, {"count": 1}], "epsilon_target": [None, None], "after": [],
+                              "rtol": 1e-3, "phase": ""}
+    per_line = TranscriptSpec(**{**SPEC.as_dict(), "params": [{"count": 1}, {"count": 2}], "epsilon_target": 1,
+                                 "after": ["l/a.jsonl"]})
+    assert per_line.params == ({"count": 1}, {"count": 2}) and per_line.epsilon_target == (1.0, 1.0)
+    assert per_line.after == ("l/a.jsonl",)
 
 
 @pytest.mark.parametrize("kwargs, message", [({"claims": 0}, "claims must be an integer >= 1"),
                                              ({"data": None}, "names the private split it read"),
-                                             ({"configuration": True}, "configuration claims read none")])
+                                             ({"configuration": True}, "configuration claims read none"),
+                                             ({"params": ()}, "params must be one value for every line or one per"),
+                                             ({"params": [{"count": 1}]}, r"one per line \(2\)"),
+                                             ({"params": {}}, "every line needs its configured mechanism "),
+                                             ({"epsilon_target": 0}, "epsilon_target must be > 0 or None"),
+                                             ({"epsilon_target": [1.0]}, "epsilon_target must be one value"),
+                                             ({"rtol": 0.5}, r"rtol must be in \(0, 0.5\)")])
 def test_a_bad_transcript_spec_is_a_one_line_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TranscriptSpec(**{**SPEC.as_dict(), **kwargs})
+
+
+def test_two_transcripts_of_one_identity_are_refused_until_each_release_names_its_phase():
+    reg = MethodRegistry()
+    twice = {"l/phase1.jsonl": SPEC, "l/phase2.jsonl": SPEC}
+    reg.register_transcripts("alpha", lambda: twice)
+    with pytest.raises(ValueError, match=r"l/phase1.jsonl and l/phase2.jsonl are both registered as run 'alpha_run', "
+                                         r"stage 'train_alpha', phase ''"):
+        reg.transcripts(["alpha"])
+    phased = MethodRegistry()
+    phased.register_transcripts("alpha", lambda: {p: TranscriptSpec(**{**SPEC.as_dict(), "phase": p[2:8]})
+                                                  for p in twice})
+    assert [s.phase for s in phased.transcripts(["alpha"]).values()] == ["phase1", "phase2"]
 
 
 def test_a_methods_bundles_are_listed_without_reading_them_and_each_read_when_asked():

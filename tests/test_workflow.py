@@ -542,7 +542,7 @@ def test_an_old_enabled_key_is_a_one_line_error_naming_the_methods_list(repo, tm
 PLUGIN_SMK = """
 register_targets("sensgeo", lambda: [TABLES / "plugin_table.parquet"])
 register_transcripts("sensgeo", lambda: {EXPDIR / "ledger" / "plugin_run.jsonl": TranscriptSpec(
-    claims=3, run="plugin_run", stage="plugin", delta=1e-5, data=DATA / "private_train.npz")})
+    claims=3, run="plugin_run", stage="plugin", delta=1e-5, data=DATA / "private_train.npz", params={"count": 1})})
 
 
 rule plugin_table:

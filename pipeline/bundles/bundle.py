@@ -72,14 +72,38 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- export
 
+#: what the certificate records of each transcript's registration: the replay holds the bundle's lines to it at
+#: export and at every verification (its binding, and what the configuration ran: pipeline.privacy.replay.Registered)
+REGISTRATION_KEYS = ("claims", "run", "stage", "phase", "delta", "data_sha256", "data_n", "configuration", "params",
+                     "epsilon_target", "after", "rtol")
+
+
+def _registration(r: Any) -> dict[str, Any]:
+    """A transcript's :class:`~pipeline.privacy.replay.Registered` as the certificate records it (plain JSON)."""
+    out = {k: getattr(r, k) for k in REGISTRATION_KEYS}
+    out.update(params=[dict(p) for p in r.params], epsilon_target=list(r.epsilon_target), after=list(r.after))
+    return out
+
+
 def _transcripts_of(certificate: Mapping[str, Any]) -> dict[str, Any]:
-    """The replay's registration of each transcript, from the certificate (the private split by its sha256)."""
+    """The replay's registration of each transcript, from the certificate (the private split by its sha256 and
+    size); a certificate without the whole registration (exported before the lines were held to their configuration)
+    is a one-line error: re-export the bundle."""
     from pipeline.privacy.replay import Registered
 
-    return {name: Registered(claims=int(t["claims"]), run=t["run"], experiment=certificate["experiment"],
-                             stage=t["stage"], delta=float(t["delta"]), data_sha256=t["data_sha256"],
-                             configuration=bool(t.get("configuration", False)))
-            for name, t in certificate["transcripts"].items()}
+    out = {}
+    for name, t in certificate["transcripts"].items():
+        missing = [k for k in REGISTRATION_KEYS if k not in t]
+        if missing:
+            raise BundleError(f"certificate: transcript {name} lacks its registration's {', '.join(missing)} (a "
+                                f"bundle exported before its lines were held to the configuration): re-export it")
+        out[name] = Registered(claims=int(t["claims"]), run=t["run"], experiment=certificate["experiment"],
+                               stage=t["stage"], phase=str(t["phase"]), delta=float(t["delta"]),
+                               data_sha256=t["data_sha256"], data_n=t["data_n"],
+                               configuration=bool(t["configuration"]), params=tuple(t["params"]),
+                               epsilon_target=tuple(t["epsilon_target"]), after=tuple(t["after"]),
+                               rtol=float(t["rtol"]))
+    return out
 
 
 def _replay(root: Path, registered: Mapping[str, Any]) -> dict[str, Any]:
@@ -231,9 +255,7 @@ def export_bundle(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
             "epsilon_target": params.get("epsilon_target"), "delta": float(privacy["delta"]),
             "accountant": privacy["accountant"], "adjacency": privacy["adjacency"],
             "mechanisms": privacy["mechanisms"], "data_sha256": shas[0] if len(shas) == 1 else shas,
-            "transcripts": {n: {"claims": r.claims, "run": r.run, "stage": r.stage, "delta": r.delta,
-                                "data_sha256": r.data_sha256, "configuration": r.configuration}
-                            for n, r in registered.items()},
+            "transcripts": {n: _registration(r) for n, r in registered.items()},
             "code_version": code_commit(),
             "code_version_note": "the commit that exported the bundle; the training job ran earlier, from the "
                                  "code its Snakemake run had (Snakemake reruns a job whose code changed)",

@@ -14,8 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: the certificate keys the card's ``differential_privacy`` block repeats (and :func:`check` compares)
-CLAIM_KEYS = ("epsilon", "delta", "accountant", "adjacency", "mechanisms", "data_sha256", "epsilon_target")
+#: the certificate keys the card's ``differential_privacy`` block repeats (and :func:`check` compares); what the eps
+#: covers and does not is part of the claim, so a card or certificate that rewrites it is refused like a changed eps
+CLAIM_KEYS = ("epsilon", "delta", "accountant", "adjacency", "mechanisms", "data_sha256", "epsilon_target", "covers",
+              "not_covered")
+#: the card body's heading of each statement of scope (the certificate's key -> the heading its bullets follow)
+SCOPE_HEADINGS = {"covers": "What the eps covers:", "not_covered": "What it does not cover:"}
 #: test-split metric -> its name on the card
 METRIC_NAMES = {"fid": "FID", "kid_mean": "KID", "precision": "precision", "recall": "recall",
                 "acc_logreg": "downstream accuracy (logistic regression)", "acc_mlp": "downstream accuracy (MLP)",
@@ -60,8 +64,8 @@ def render(certificate: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
         f"(sha256 `{certificate['data_sha256']}`), certified by the `{certificate['accountant']}` accountant "
         f"from the transcripts in `ledger/` (mechanisms: {certificate['mechanisms']}).",
         f"- Target eps of the run: {certificate.get('epsilon_target')}.", "",
-        "What the eps covers:", "", *[f"- {c}" for c in certificate.get("covers") or []], "",
-        "What it does not cover:", "", *[f"- {c}" for c in certificate.get("not_covered") or []], "",
+        *[line for key, heading in SCOPE_HEADINGS.items()
+          for line in (heading, "", *[f"- {c}" for c in certificate.get(key) or []], "")],
         "## Metrics on the test split", "",
         *([f"- {METRIC_NAMES.get(k, k)}: {v:.4g}" for k, v in sorted(metrics.items())] or ["- none recorded"]), "",
         "## How to check and use it", "",
@@ -73,6 +77,34 @@ def render(certificate: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
                                    + "\n".join(lines)).content
 
 
+def listed_under(text: str, heading: str) -> list[str] | None:
+    """The bullets the card's body lists under ``heading`` (up to the next line that is neither a bullet nor blank);
+    None when the heading is absent or repeated (a second list would be a second, unchecked statement)."""
+    lines = text.splitlines()
+    if lines.count(heading) != 1:
+        return None
+    items = []
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("- "):
+            items.append(line[2:])
+        elif line.strip():
+            break
+    return items
+
+
+def _check_scope(path: Path, text: str, certificate: Mapping[str, Any]) -> None:
+    """The body's lists of what the eps covers and does not are the certificate's: they are what a reader of the card
+    reads, so a rewritten one is refused (BundleError naming the field)."""
+    from pipeline.bundles.errors import BundleError
+
+    for key, heading in SCOPE_HEADINGS.items():
+        stated = list(certificate.get(key) or [])
+        shown = listed_under(text, heading)
+        if shown != stated:
+            raise BundleError(f"{path}: the card's list under {heading!r} ({shown!r}) is not the certificate's {key} "
+                              f"({stated!r})")
+
+
 def check(path: str | Path, certificate: Mapping[str, Any]) -> dict[str, Any]:
     """Parse the card and hold its claim to the certificate's; its metadata, or BundleError in one line."""
     from huggingface_hub import ModelCard
@@ -82,7 +114,8 @@ def check(path: str | Path, certificate: Mapping[str, Any]) -> dict[str, Any]:
 
     path = Path(path)
     try:
-        card_data = ModelCard.load(path).data
+        card = ModelCard.load(path)
+        card_data = card.data
         data = card_data.to_dict()
         if "model-index" in data:
             model_index_to_eval_results(data["model-index"])
@@ -100,4 +133,5 @@ def check(path: str | Path, certificate: Mapping[str, Any]) -> dict[str, Any]:
     if data.get("model_name") != f"{certificate['method']}/{certificate['run']}":
         raise BundleError(f"{path}: the card names model {data.get('model_name')!r}, the certificate "
                           f"{certificate['method']}/{certificate['run']}")
+    _check_scope(path, card.text, certificate)
     return data

@@ -56,7 +56,7 @@ from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
 from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split,
                                     to_model_scale)
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.training.straightdp_runs import StraightRun, stage2_config
 
 log = logging.getLogger(__name__)
 
@@ -356,16 +356,16 @@ def stage2_plan(run: StraightRun, cfg: Mapping[str, Any], *, n: int, tau: float,
     candidate per beta of the shape family (uniform always among them), the one with the highest
     PUBLIC proxy kept. ``proxy_grads(plan) -> list of [n_k, P]`` gives public gradients per bucket.
     """
-    sgd = cfg["dpsgd"]
-    common = dict(vbar=tha.gaussian_vbar(spectrum.tolist()), sampling_rate=min(1.0, int(sgd["batch_size"]) / n),
-                  dataset_size=n, steps=int(sgd["steps"]), delta=float(cfg["delta"]), target_epsilon=run.epsilon,
-                  c_ref=float(sgd["clip_ref"]), prior_event=prior)
+    # what the configuration fixes (K, the betas, q = B / N, T, C_ref): the wiring registers the same for the replay
+    st = stage2_config(run, cfg["dpsgd"], n)
+    common = dict(vbar=tha.gaussian_vbar(spectrum.tolist()), sampling_rate=st.sampling_rate,
+                  dataset_size=st.dataset_size, steps=st.steps, delta=float(cfg["delta"]), target_epsilon=run.epsilon,
+                  c_ref=st.clip_ref, prior_event=prior)
     try:
+        candidates = tha.plan_candidates(edges=tha.bucket_edges(tau, st.buckets), betas=st.betas, **common)
         if run.plan == "uniform":
-            (plan,) = tha.plan_candidates(edges=tha.bucket_edges(tau, 1), betas=[0.0], **common)
+            (plan,) = candidates
             return plan, {}
-        candidates = tha.plan_candidates(edges=tha.bucket_edges(tau, int(sgd["buckets"])),
-                                         betas=[float(b) for b in sgd["betas"]], **common)
         return tha.select_plan(candidates, lambda p: tha.gradient_snr_proxy(proxy_grads(p), p))
     except dpsgd.DPSGDError as exc:
         raise PipelineError(f"stage {stage} {run.name}: {exc}") from None

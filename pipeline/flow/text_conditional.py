@@ -20,56 +20,16 @@ caption, fitted on the PUBLIC composed images (not released; see :func:`public_r
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline.data.composed import SLOT_SIZES
 from pipeline.flow.field import GaussianMomentModel
 from pipeline.privacy import moments, text_moments
-
-FEATURISATIONS = ("one_hot_class", "slot_indicators")
-
-
-def caption_slots() -> np.ndarray:
-    """Every caption of composed-MNIST as slots ``[K, 3]`` (class, quadrant, thickness), K = 80."""
-    return np.array(list(itertools.product(*(range(s) for s in SLOT_SIZES))), dtype=np.int64)
-
-
-def featurise(slots: np.ndarray, kind: str) -> np.ndarray:
-    """e(c) before centring: ``[n, q]`` (q = 10 for one_hot_class, 16 for slot_indicators)."""
-    if kind == "one_hot_class":
-        return text_moments.slot_indicators(np.asarray(slots)[:, :1], SLOT_SIZES[:1])
-    if kind == "slot_indicators":
-        return text_moments.slot_indicators(slots, SLOT_SIZES)
-    raise ValueError(f"caption featurisation must be one of {list(FEATURISATIONS)}, got {kind!r}")
-
-
-@dataclass(frozen=True)
-class CaptionCoding:
-    """A featurisation with its public centre and radius: e(c) = with_intercept(featurise(c) - centre, R_txt)."""
-
-    kind: str
-    centre: np.ndarray
-    R_txt: float
-
-    @classmethod
-    def of(cls, kind: str) -> CaptionCoding:
-        e = featurise(caption_slots(), kind)
-        centre = e.mean(axis=0)
-        # with_intercept clips the centred part to R_txt / sqrt 2: this R_txt clips no caption
-        R_txt = math.sqrt(2.0) * float(np.linalg.norm(e - centre, axis=1).max())
-        return cls(kind=kind, centre=centre, R_txt=R_txt)
-
-    @property
-    def q(self) -> int:
-        """Width of e(c), intercept included."""
-        return int(self.centre.shape[0]) + 1
-
-    def encode(self, slots: np.ndarray) -> np.ndarray:
-        return text_moments.with_intercept(featurise(slots, self.kind) - self.centre, self.R_txt)
+# the featurisations and their public centre and radius R_txt: torch-free in text_moments, so that the wiring registers
+# each Table 4 line's q and R_txt from the same code (pipeline/methods/straightdp/wiring.py)
+from pipeline.privacy.text_moments import FEATURISATIONS, CaptionCoding, caption_slots, featurise  # noqa: F401
 
 
 def noise_ridge(plan: text_moments.TextReleasePlan, scale: float) -> float:

@@ -47,7 +47,8 @@ from pipeline.flow.straightdp import (balanced_labels, dpsgd_flow_training, fiel
 from pipeline.flow.train import distill_to_field, pretrain_flow
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, moments, tha
-from pipeline.training.straightdp_runs import StraightRun
+# toy_sgd: the toy's DP-SGD settings, torch-free beside the rows (the wiring registers the lines from both)
+from pipeline.training.straightdp_runs import TOY_RELEASE_P, TOY_ROWS, StraightRun, toy_sgd
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,9 @@ seeds.register_streams(
 
 #: the public set's rotation, in mode spacings (0.5: every public mode half-way between two private ones)
 PUBLIC_ROTATION = 0.5
-#: Fig. 6's lines: the Table 1 rows the toy runs, and their legend
-ROWS = ("released_only", "uniform", "tha_moments")
+#: Fig. 6's lines: the Table 1 rows the toy runs (straightdp_runs.TOY_ROWS, torch-free: the wiring registers each
+#: point's ledger lines from it), and their legend
+ROWS = TOY_ROWS
 LABELS = {"released_only": "moments only (GMM)", "uniform": "uniform DP-SGD", "tha_moments": "StraightDP",
           "public_only": "public flow only (no private data)"}
 
@@ -111,7 +113,8 @@ def toy_world(private: np.ndarray, labels: np.ndarray, *, toy_data: Mapping[str,
     rel = cfg["release"]
     z_pub = torch.from_numpy(pub.astype(np.float64))
     y_pub = torch.from_numpy(pub_y)
-    geometry = moments.fit_public_geometry(pub.astype(np.float64), p=2, clip_quantile=float(rel["clip_quantile"]))
+    geometry = moments.fit_public_geometry(pub.astype(np.float64), p=TOY_RELEASE_P,
+                                           clip_quantile=float(rel["clip_quantile"]))
     public_field = GaussianMomentModel.fit(z_pub, y_pub, rank=2, floor=float(rel["floor"]))
     _, _, tau = public_horizon(public_field, z_pub, y_pub, cfg["horizon"], seed)
     return ToyWorld(private=torch.from_numpy(np.asarray(private, dtype=np.float32)),
@@ -131,13 +134,6 @@ def pretrain_public(world: ToyWorld, cfg: Mapping[str, Any], seed: int) -> MLPVe
                         generator=seeds.torch_generator("straightdp.pretrain", seed), progress=False,
                         desc="toy pretrain")
     return res.ema
-
-
-def toy_sgd(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The straightdp.dpsgd section (THA buckets, shapes, clip, multiplicity) with the toy's steps, batch, lr."""
-    toy = cfg["toy"]
-    return {**cfg["dpsgd"], "steps": int(toy["dpsgd_steps"]), "batch_size": int(toy["dpsgd_batch_size"]),
-            "lr": float(toy["lr"])}
 
 
 @dataclass

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+import attr
 from dp_accounting import dp_event
 
 from pipeline.privacy import accountants as acc
@@ -22,21 +24,47 @@ from pipeline.stage import PipelineError
 
 def recompute(entry: ledger.LedgerEntry) -> float:
     """Certified eps of ``entry``'s event at its delta, by the accountant the entry names."""
-    event = entry.dp_event()
-    name = entry.accountant["name"]
+    return epsilon_of(entry.dp_event(), entry.accountant, entry.delta)
+
+
+def epsilon_of(event: dp_event.DpEvent, accountant: Mapping[str, Any], delta: float, *,
+               reference: bool = True) -> float:
+    """Certified eps of ``event`` at ``delta`` by ``accountant`` (a line's ``accountant`` field: its name and
+    settings). ``reference``: the PLD by dp_accounting's own construction (the audit's, independent of ours);
+    ``False``: the project's faster PLD, the one every noise calibration bisects with."""
+    name = accountant["name"]
     if name == "pld_pessimistic":
         settings = acc.PLDSettings(
-            float(entry.accountant.get("value_discretization_interval", acc.PAPER_DISCRETISATION)),
-            float(entry.accountant.get("log_mass_truncation_bound", acc.PAPER_LOG_MASS_TRUNCATION)))
-        # dp_accounting's own construction, not our faster one: the audit stays independent
-        return acc.pld_epsilon(event, entry.delta, settings=settings, reference=True)
+            float(accountant.get("value_discretization_interval", acc.PAPER_DISCRETISATION)),
+            float(accountant.get("log_mass_truncation_bound", acc.PAPER_LOG_MASS_TRUNCATION)))
+        return acc.pld_epsilon(event, delta, settings=settings, reference=reference)
     if name == "rdp":
-        orders = entry.accountant.get("orders")
-        replace_one = entry.accountant.get("neighboring_relation") == "replace_one"
-        return acc.rdp_epsilon(event, entry.delta, orders=orders, replace_one=replace_one)
+        orders = accountant.get("orders")
+        replace_one = accountant.get("neighboring_relation") == "replace_one"
+        return acc.rdp_epsilon(event, delta, orders=orders, replace_one=replace_one)
     if name == "gdp":
-        return acc.gdp_epsilon(entry.delta, acc.gdp_mu_of_event(event))
+        return acc.gdp_epsilon(delta, acc.gdp_mu_of_event(event))
     raise PipelineError(f"replay: accountant {name!r} is not certified")  # validate() already refuses it
+
+
+def scale_noise(event: dp_event.DpEvent, factor: float) -> dp_event.DpEvent:
+    """``event`` with the noise multiplier of every Gaussian in it multiplied by ``factor`` (sampling, counts and
+    composition unchanged): the replay's probe of a calibrated line (is a little less noise over budget?)."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier * factor)
+    changes: dict[str, Any] = {}
+    for a in attr.fields(type(event)):
+        value = getattr(event, a.name)
+        if isinstance(value, dp_event.DpEvent):
+            changes[a.name] = scale_noise(value, factor)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, dp_event.DpEvent) for v in value):
+            changes[a.name] = [scale_noise(v, factor) if isinstance(v, dp_event.DpEvent) else v for v in value]
+    return attr.evolve(event, **changes) if changes else event
+
+
+def has_gaussian(event: dp_event.DpEvent) -> bool:
+    """Whether ``event`` holds a Gaussian whose noise :func:`scale_noise` can scale."""
+    return bool(ledger.core_noise_multipliers(event))
 
 
 _CERTIFIED: dict[str, float] = {}

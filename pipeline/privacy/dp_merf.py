@@ -198,7 +198,7 @@ def plan_from_entry(entry: ledger.LedgerEntry) -> MerfReleasePlan:
                            n_classes=param(entry, "extra.n_classes", int), delta=entry.delta)
 
 
-@register(MECHANISM)
+@register(MECHANISM, size="extra.m")
 def _dp_merf(entry: ledger.LedgerEntry) -> Expected:
     """One Gaussian of multiplier sigma on the mean embedding, sensitivity 2/m (replace-one)."""
     plan = plan_from_entry(entry)

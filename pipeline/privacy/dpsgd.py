@@ -59,6 +59,7 @@ deployment that must resist an attacker who can predict the noise.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,8 +74,10 @@ from pipeline import distributed
 # module's too (dpsgd.DPSGDPlan, dpsgd.ledger_entry, ...)
 from pipeline.privacy.dpsgd_plan import (  # noqa: F401
     DPSGD_PLD_SETTINGS, DPSGDError, DPSGDPlan, Sampling, StepPlan, _certified_epsilon, calibrate_noise_multiplier,
-    composed_epsilon, dpsgd_event, ledger_entry, plan_for_budget)
-from pipeline.privacy.ghost import ghost_clip_and_sum, unsupported_parameters
+    composed_epsilon, configured_line, dpsgd_event, dpsgd_steps, ledger_entry, plan_for_budget)
+from pipeline.privacy.ghost import GhostUnsupported, batch_mixing_modules, ghost_clip_and_sum, unsupported_parameters
+
+log = logging.getLogger(__name__)
 
 #: ``loss_fn(model_fn, *example) -> scalar``: the loss of ONE example (tensors without the
 #: batch dimension); ``model_fn(*inputs)`` runs the module with the parameters being
@@ -314,11 +317,20 @@ def resolve_clipping(clipping: str, model: nn.Module, loss_fn: ExampleLoss) -> s
     ``ghost`` (:mod:`pipeline.privacy.ghost`: norms and the clipped sum without them). ``auto`` takes ghost when
     every trainable parameter is of a layer it handles and the loss has a batched form, else vmap; ``ghost``
     asked for where it cannot run is a one-line error. Both give the same clipped sum: the mechanism, and so
-    the ledger line, is the same."""
+    the ledger line, is the same. What only a forward shows (a tied weight, a sequence-first input) is checked by
+    ghost clipping on each call; :class:`DPSGD` then falls back to vmap under ``auto`` (:meth:`DPSGD.clipped_sum`).
+
+    A module that mixes examples (a BatchNorm on the batch's statistics, :func:`~pipeline.privacy.ghost.
+    batch_mixing_modules`) is refused under ``auto`` and ``ghost``: no route gives it a per-example gradient (vmap would
+    normalise over one example's K draws, a model other than the one that runs batched), so ``auto`` has no
+    fallback that is the same mechanism on the same model."""
     if clipping not in CLIPPING:
         raise DPSGDError(f"dpsgd clipping must be one of {', '.join(CLIPPING)}, got {clipping!r}")
     if clipping == "vmap":
         return "vmap"
+    if mixing := batch_mixing_modules(model):
+        raise DPSGDError(f"dpsgd clipping {clipping}: module {mixing[0]}; use GroupNorm or LayerNorm, or a BatchNorm "
+                         "frozen in eval mode with running statistics")
     why = ("the loss has no batched form (dpsgd.multiplicity_loss gives one)" if not hasattr(loss_fn, "batched")
            else None)
     if why is None and (bad := unsupported_parameters(model)):
@@ -368,6 +380,7 @@ class DPSGD:
         if not (isinstance(microbatch_size, int) and microbatch_size >= 1):
             raise DPSGDError(f"micro-batch size must be an integer >= 1, got {microbatch_size!r}")
         self.model, self.loss_fn, self.plan = model, loss_fn, plan
+        self.requested_clipping = clipping
         self.clipping = resolve_clipping(clipping, model, loss_fn)
         self.microbatch_size, self.multiplicity = microbatch_size, multiplicity
         self.generator = generator  # sampling and diffusion draws (CPU; the same stream on every rank)
@@ -398,6 +411,21 @@ class DPSGD:
                 chunk = (self.multiplicity.views(chunk[0], self.generator), sigma, noise, *chunk[1:])
             yield j, chunk
 
+    def clipped_sum(self, chunk: Sequence[Tensor], clip: float, params: Mapping[str, Tensor]
+                    ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+        """One micro-batch's clipped sum by the engine's route. Where ghost clipping finds on the call what the modules
+        alone did not show (:class:`~pipeline.privacy.ghost.GhostUnsupported`, raised before anything is summed),
+        ``auto`` continues by vmap for this and every later call, if vmap is right there; else a one-line error."""
+        try:
+            return clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
+        except GhostUnsupported as e:
+            if self.requested_clipping != "auto" or not e.vmap_ok:
+                raise DPSGDError(f"dpsgd clipping {self.requested_clipping}: {e.reason}"
+                                 + ("; use vmap or auto" if e.vmap_ok else "")) from e
+            log.warning("dpsgd clipping auto: %s; per-example gradients by vmap from here on", e.reason)
+            self.clipping = "vmap"
+            return clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
+
     def privatised_gradient(self, data: Sequence[Tensor], indices: Tensor) -> tuple[dict[str, Tensor], StepInfo]:
         """The released gradient of step ``steps_taken`` over the logical batch ``indices``."""
         i = self.steps_taken
@@ -406,7 +434,7 @@ class DPSGD:
         total = {k: torch.zeros_like(p) for k, p in params.items()}
         rows: dict[int, tuple[Tensor, Tensor]] = {}  # micro-batch j: its examples' (norms, losses)
         for j, chunk in self._microbatches(data, indices, self.plan.time_range_at(i)):
-            summed, norms, losses = clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
+            summed, norms, losses = self.clipped_sum(chunk, clip, params)
             rows[j] = norms.detach(), losses.detach()
             for k in total:
                 total[k].add_(summed[k])

@@ -241,6 +241,21 @@ def plan_for_budget(*, target_epsilon: float, delta: float, max_grad_norm: float
                      dataset_size=dataset_size, steps=steps, delta=delta, sampling=sampling)
 
 
+def dpsgd_steps(*, dataset_size: int, batch_size: int, epochs: float, steps: int | None = None) -> int:
+    """T, the run's DP-SGD steps: ``steps`` when set, else ``ceil(epochs N / batch_size)`` (at least one), N the
+    declared size of the private set. One formula for the stages that train and the wirings that register what
+    their lines must say."""
+    return steps if steps is not None else max(1, math.ceil(epochs * dataset_size / batch_size))
+
+
+def configured_line(*, dataset_size: int, batch_size: int, steps: int, max_grad_norm: float) -> dict[str, Any]:
+    """What a Poisson DP-SGD run's line (:func:`ledger_entry`) must say of the parameters its configuration fixes:
+    N, the expected batch, T and the clip (dotted line paths; sigma is calibrated, so it is held to its target eps
+    instead). The registration a method's wiring gives the replay (pipeline.registry.TranscriptSpec.params)."""
+    return {"sampling.scheme": "poisson", "sampling.n": dataset_size, "extra.expected_batch_size": batch_size,
+            "count": steps, "extra.max_grad_norm": max_grad_norm}
+
+
 def ledger_entry(plan: DPSGDPlan, *, stage: str, config_id: str, seed: int,
                  settings: acc.PLDSettings = DPSGD_PLD_SETTINGS, extra: Mapping[str, Any] | None = None
                  ) -> ledger.LedgerEntry:

@@ -153,6 +153,9 @@ class LedgerEntry:
     experiment: str = ""
     data_sha256: str = ""
     seq: int = -1
+    #: which of a run's releases by one stage the line is (DP-Promise's ``phase1`` / ``phase2``: the same stage twice
+    #: on the same data); ``""`` for a stage that releases once per run. Part of the line's identity in the replay
+    phase: str = ""
 
     def __post_init__(self) -> None:
         if math.isnan(self.noise_multiplier) and self.sensitivity > 0:
@@ -175,7 +178,7 @@ class LedgerEntry:
             raise LedgerError(f"{where}: delta must be in (0, 1), got {self.delta}")
         if not (self.claimed_epsilon >= 0):
             raise LedgerError(f"{where}: claimed_epsilon must be >= 0, got {self.claimed_epsilon}")
-        for name in ("run", "experiment", "data_sha256"):
+        for name in ("run", "experiment", "data_sha256", "phase"):
             if not isinstance(getattr(self, name), str):
                 raise LedgerError(f"{where}: {name} must be a string, got {getattr(self, name)!r}")
         if isinstance(self.seq, bool) or not isinstance(self.seq, int) or self.seq < -1:
@@ -187,7 +190,7 @@ class LedgerEntry:
             raise LedgerError(f"{where}: noise_multiplier {self.noise_multiplier} != noise_std/sensitivity "
                               f"{self.noise_std / self.sensitivity}")
         event = event_from_dict(self.event)  # raises on a malformed event
-        core = _core_noise_multipliers(event)
+        core = core_noise_multipliers(event)
         if core and not any(math.isclose(self.noise_multiplier, nm, rel_tol=1e-9) for nm in core):
             raise LedgerError(f"{where}: noise_multiplier {self.noise_multiplier} matches no Gaussian in the event "
                               f"({sorted(set(core))[:5]})")
@@ -217,15 +220,15 @@ class LedgerEntry:
             raise LedgerError(str(exc)) from None
 
 
-def _core_noise_multipliers(event: dp_event.DpEvent) -> list[float]:
+def core_noise_multipliers(event: dp_event.DpEvent) -> list[float]:
     if isinstance(event, dp_event.GaussianDpEvent):
         return [float(event.noise_multiplier)]
     inner = getattr(event, "event", None)
     if isinstance(inner, dp_event.DpEvent):
-        return _core_noise_multipliers(inner)
+        return core_noise_multipliers(inner)
     out: list[float] = []
     for e in getattr(event, "events", []) or []:
-        out += _core_noise_multipliers(e)
+        out += core_noise_multipliers(e)
     return out
 
 
@@ -252,11 +255,14 @@ class Binding:
     run: str
     experiment: str
     data_sha256: str
+    #: which of the run's releases by this stage (:attr:`LedgerEntry.phase`; ``""``: the stage releases once)
+    phase: str = ""
 
 
 #: the stage param that carries the binding: ``{"run": ..., "experiment": ...}`` (rules/common.smk ledger_binding)
 BINDING_PARAM = "ledger_binding"
-BINDING_DOC = "{run, experiment} the stage's ledger lines are bound to (the replay checks them against the registry)"
+BINDING_DOC = ("{run, experiment[, phase]} the stage's ledger lines are bound to (the replay checks them against the "
+               "registry)")
 
 
 def binding_of(params: Mapping[str, Any], *, data_sha256: str, stage: str) -> Binding:
@@ -269,7 +275,10 @@ def binding_of(params: Mapping[str, Any], *, data_sha256: str, stage: str) -> Bi
         if not isinstance(given.get(key), str) or not given[key]:
             raise BindingError(f"stage {stage}: param {BINDING_PARAM}.{key} must be a non-empty string, "
                                f"got {given.get(key)!r}")
-    return Binding(run=given["run"], experiment=given["experiment"], data_sha256=str(data_sha256))
+    phase = given.get("phase", "")
+    if not isinstance(phase, str):
+        raise BindingError(f"stage {stage}: param {BINDING_PARAM}.phase must be a string, got {phase!r}")
+    return Binding(run=given["run"], experiment=given["experiment"], data_sha256=str(data_sha256), phase=phase)
 
 
 def _n_lines(path: Path) -> int:
@@ -293,7 +302,8 @@ def append_entry(path: str | Path, entry: LedgerEntry, binding: Binding | None =
     path.parent.mkdir(parents=True, exist_ok=True)
     if binding is not None:
         entry = dataclasses.replace(entry, run=binding.run, experiment=binding.experiment,
-                                    data_sha256=binding.data_sha256, seq=first_seq + _n_lines(path))
+                                    data_sha256=binding.data_sha256, phase=binding.phase,
+                                    seq=first_seq + _n_lines(path))
     line = (entry.to_json() + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask applies, as for every output
     try:

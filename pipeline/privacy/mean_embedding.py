@@ -156,4 +156,4 @@ def _rebuild(entry: ledger.LedgerEntry) -> Expected:
 
 
 for _mechanism in MECHANISMS:
-    register(_mechanism)(_rebuild)
+    register(_mechanism, size="extra.m")(_rebuild)

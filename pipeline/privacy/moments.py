@@ -511,6 +511,14 @@ def ledger_entry(plan: MomentReleasePlan, *, stage: str, config_id: str, seed: i
                **dict(extra or {})})
 
 
+def configured_params(*, N: int, n_classes: int, p: int) -> dict[str, Any]:
+    """The parameters of a :func:`ledger_entry` line that a configuration fixes, by their dotted line paths (what a
+    method registers for the replay, pipeline.registry.TranscriptSpec ``params``): the declared N and number of
+    classes, the PCA rank p, one release. Not R (a quantile of the PUBLIC features, measured) nor sigma (calibrated
+    to a target eps)."""
+    return {"extra.N": N, "extra.n_classes": n_classes, "extra.p": p, "count": 1}
+
+
 def plan_from_entry(entry: ledger.LedgerEntry) -> MomentReleasePlan:
     """The plan a ``moment_release`` line declares (its sigma, R, N, Y, p and delta): what the replay
     recomputes and the one-run audit runs (:mod:`pipeline.audit.moment_canaries`)."""
@@ -519,7 +527,7 @@ def plan_from_entry(entry: ledger.LedgerEntry) -> MomentReleasePlan:
                              p=param(entry, "extra.p", int), delta=entry.delta)
 
 
-@register(MECHANISM)
+@register(MECHANISM, size="extra.N")
 def _moment_release(entry: ledger.LedgerEntry) -> Expected:
     """Prop. B.9: two Gaussians of multiplier sigma on u (sensitivity 2) and M2 (2R^2/N).
 

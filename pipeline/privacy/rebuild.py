@@ -53,16 +53,28 @@ class Expected:
 
 Rebuilder = Callable[[ledger.LedgerEntry], Expected]
 REBUILDERS: dict[str, Rebuilder] = {}
+#: mechanism -> the dotted path of its line that holds the size N of the private set it read (``sampling.n``,
+#: ``extra.N``, ``extra.m``), for mechanisms whose accounting depends on N: the replay holds it to the split's manifest
+SIZE_FIELDS: dict[str, str] = {}
 
 
-def register(mechanism: str) -> Callable[[Rebuilder], Rebuilder]:
-    """Register the rebuilder of the ledger lines whose ``mechanism`` is ``mechanism``."""
+def register(mechanism: str, *, size: str | None = None) -> Callable[[Rebuilder], Rebuilder]:
+    """Register the rebuilder of the ledger lines whose ``mechanism`` is ``mechanism``; ``size``: where its line
+    declares the private set's size N, when its event depends on it (a sampling rate B/N, a sensitivity 2/N)."""
     def wrap(fn: Rebuilder) -> Rebuilder:
         if mechanism in REBUILDERS:
             raise ValueError(f"mechanism {mechanism!r} already has a rebuilder")
         REBUILDERS[mechanism] = fn
+        if size is not None:
+            SIZE_FIELDS[mechanism] = size
         return fn
     return wrap
+
+
+def size_field(mechanism: str) -> str | None:
+    """Where a ``mechanism`` line declares the size N of the private set (None: its event does not depend on N)."""
+    load_rebuilders()
+    return SIZE_FIELDS.get(mechanism)
 
 
 _LOADED = False
@@ -89,10 +101,13 @@ def load_rebuilders() -> None:
 
 # --------------------------------------------------------------------------- reading parameters
 
-_MISSING = object()
+#: what :func:`lookup` returns for a path the line lacks
+MISSING = object()
+_MISSING = MISSING
 
 
-def _lookup(entry: ledger.LedgerEntry, path: str) -> Any:
+def lookup(entry: ledger.LedgerEntry, path: str) -> Any:
+    """The value at dotted ``path`` of the line (``sampling.n``, ``extra.k_steps``), or :data:`MISSING`."""
     head, *rest = path.split(".")
     value: Any = getattr(entry, head, _MISSING)
     for key in rest:
@@ -102,7 +117,7 @@ def _lookup(entry: ledger.LedgerEntry, path: str) -> Any:
 
 def param(entry: ledger.LedgerEntry, path: str, kind: type = float) -> Any:
     """The mechanism parameter at ``path`` of the line, as ``kind``; a missing or ill-typed one raises."""
-    value = _lookup(entry, path)
+    value = lookup(entry, path)
     if value is _MISSING or value is None:
         raise RebuildError(f"mechanism {entry.mechanism!r}: the line lacks parameter {path}, needed to rebuild "
                            f"its event")
@@ -144,7 +159,7 @@ def empden_block(entry: ledger.LedgerEntry) -> EmpdenBlock:
 
 # --------------------------------------------------------------------------- the rebuilders
 
-@register("empden_outputwise_block")
+@register("empden_outputwise_block", size="sampling.n")
 def _empden_outputwise(entry: ledger.LedgerEntry) -> Expected:
     """Algorithm 1 / Prop. 4.1: mu_bar_B (eq. 9) of the k-step block over B records, q_B = B/n."""
     if entry.extra.get("source") == "given":
@@ -160,7 +175,7 @@ def _empden_outputwise(entry: ledger.LedgerEntry) -> Expected:
                             "adjacency": "add_or_remove_one"})
 
 
-@register("empden_per_step_subsampled")
+@register("empden_per_step_subsampled", size="sampling.n")
 def _empden_per_step(entry: ledger.LedgerEntry) -> Expected:
     """Prop. C.1: a fresh B-subset at each of the k private steps, each mu_t (eq. 39) amplified by B/n."""
     m = _empden_block(entry, "per_step").mechanism()
@@ -168,7 +183,7 @@ def _empden_per_step(entry: ledger.LedgerEntry) -> Expected:
                               "sampling.probability": m.q, "adjacency": "add_or_remove_one"})
 
 
-@register("empden_full_batch")
+@register("empden_full_batch", size="sampling.n")
 def _empden_full_batch(entry: ledger.LedgerEntry) -> Expected:
     """Sec. 3.2: k steps over all n records, composed exactly in GDP."""
     m = _empden_block(entry, "full_batch").mechanism()
@@ -197,7 +212,7 @@ def dpsgd_plan(entry: ledger.LedgerEntry) -> DPSGDPlan:
                      dataset_size=n, steps=entry.count, delta=entry.delta, sampling=sampling)
 
 
-@register("dpsgd")
+@register("dpsgd", size="sampling.n")
 def _dpsgd(entry: ledger.LedgerEntry) -> Expected:
     """DP-SGD (Abadi et al. 2016; DPDM App. A): T steps of a sampled Gaussian with multiplier sigma."""
     plan = dpsgd_plan(entry)
@@ -226,7 +241,8 @@ def rebuild(entry: ledger.LedgerEntry) -> Expected:
         raise RebuildError(f"mechanism {entry.mechanism!r}: its parameters build no valid mechanism ({exc})") from None
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
+    """Equal as JSON values, numbers to :data:`REL_TOL` (the same code on the same parameters agrees to ulps)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -234,7 +250,7 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _diff(stored: Any, rebuilt: Any, where: str) -> list[str]:
+def differences(stored: Any, rebuilt: Any, where: str) -> list[str]:
     """Every place ``stored`` and ``rebuilt`` (plain JSON data) differ, as text."""
     if isinstance(stored, Mapping) and isinstance(rebuilt, Mapping):
         out = []
@@ -242,25 +258,25 @@ def _diff(stored: Any, rebuilt: Any, where: str) -> list[str]:
             if key not in stored or key not in rebuilt:
                 out.append(f"{where}.{key}: {'missing from the line' if key not in stored else 'not expected'}")
             else:
-                out += _diff(stored[key], rebuilt[key], f"{where}.{key}")
+                out += differences(stored[key], rebuilt[key], f"{where}.{key}")
         return out
     if isinstance(stored, list) and isinstance(rebuilt, list):
         if len(stored) != len(rebuilt):
             return [f"{where}: {len(stored)} items, the parameters give {len(rebuilt)}"]
-        return [d for i, (s, r) in enumerate(zip(stored, rebuilt)) for d in _diff(s, r, f"{where}[{i}]")]
-    if not _same(stored, rebuilt):
+        return [d for i, (s, r) in enumerate(zip(stored, rebuilt)) for d in differences(s, r, f"{where}[{i}]")]
+    if not same(stored, rebuilt):
         return [f"{where} is {stored!r}, the parameters give {rebuilt!r}"]
     return []
 
 
 def mismatches(entry: ledger.LedgerEntry, expected: Expected) -> list[str]:
     """Every way the line differs from what its parameters imply (empty if it matches)."""
-    out = _diff(entry.event, ledger.event_to_dict(expected.event), "event")
+    out = differences(entry.event, ledger.event_to_dict(expected.event), "event")
     for path, value in expected.fields.items():
-        stored = _lookup(entry, path)
+        stored = lookup(entry, path)
         if stored is _MISSING:
             out.append(f"{path} missing from the line")
-        elif not _same(stored, value):
+        elif not same(stored, value):
             out.append(f"{path} is {stored!r}, the parameters give {value!r}")
     return out
 

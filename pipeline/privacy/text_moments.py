@@ -39,6 +39,7 @@ regression's constant column is the released mean and no extra budget is spent (
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -157,6 +158,57 @@ def slot_indicators(slots: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
     return np.concatenate(blocks, axis=1)
 
 
+#: Table 4's caption featurisations of composed-MNIST's templated captions (App. C (iii);
+#: pipeline/flow/text_conditional.py)
+FEATURISATIONS = ("one_hot_class", "slot_indicators")
+
+
+def caption_slots() -> np.ndarray:
+    """Every caption of composed-MNIST as slots ``[K, 3]`` (class, quadrant, thickness), K = 80."""
+    from pipeline.data.composed import SLOT_SIZES  # its image code (scipy.ndimage) only where captions are made
+
+    return np.array(list(itertools.product(*(range(s) for s in SLOT_SIZES))), dtype=np.int64)
+
+
+def featurise(slots: np.ndarray, kind: str) -> np.ndarray:
+    """e(c) before centring: ``[n, q]`` (q = 10 for one_hot_class, 16 for slot_indicators)."""
+    from pipeline.data.composed import SLOT_SIZES
+
+    if kind == "one_hot_class":
+        return slot_indicators(np.asarray(slots)[:, :1], SLOT_SIZES[:1])
+    if kind == "slot_indicators":
+        return slot_indicators(slots, SLOT_SIZES)
+    raise ValueError(f"caption featurisation must be one of {list(FEATURISATIONS)}, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class CaptionCoding:
+    """A featurisation with its public centre and radius: e(c) = with_intercept(featurise(c) - centre, R_txt).
+
+    Public (a function of the caption set alone), so the release's ``q`` and ``R_txt`` are what the configuration's
+    featurisation fixes: Table 4's stage releases with them and the wiring registers them for the replay."""
+
+    kind: str
+    centre: np.ndarray
+    R_txt: float
+
+    @classmethod
+    def of(cls, kind: str) -> CaptionCoding:
+        e = featurise(caption_slots(), kind)
+        centre = e.mean(axis=0)
+        # with_intercept clips the centred part to R_txt / sqrt 2: this R_txt clips no caption
+        R_txt = math.sqrt(2.0) * float(np.linalg.norm(e - centre, axis=1).max())
+        return cls(kind=kind, centre=centre, R_txt=R_txt)
+
+    @property
+    def q(self) -> int:
+        """Width of e(c), intercept included."""
+        return int(self.centre.shape[0]) + 1
+
+    def encode(self, slots: np.ndarray) -> np.ndarray:
+        return with_intercept(featurise(slots, self.kind) - self.centre, self.R_txt)
+
+
 # --------------------------------------------------------------------------- the mechanism
 
 def whitened_cross_moments(f: np.ndarray, e: np.ndarray, *, R: float, R_txt: float, N: int) -> np.ndarray:
@@ -221,6 +273,14 @@ def ledger_entry(plan: TextReleasePlan, *, stage: str, config_id: str, seed: int
                "reference": "STRAIGHTDP eq. 5, Prop. B.10", **dict(extra or {})})
 
 
+def configured_params(*, N: int, p: int, q: int, R_txt: float) -> dict[str, Any]:
+    """The parameters of a :func:`ledger_entry` line that a configuration fixes, by their dotted line paths (what a
+    method registers for the replay, pipeline.registry.TranscriptSpec ``params``): the declared N, the PCA rank p,
+    the featurisation's width q and radius R_txt (:class:`CaptionCoding`, public), one release. Not R (a quantile
+    of the PUBLIC features, measured) nor sigma (calibrated to a target eps)."""
+    return {"extra.N": N, "extra.p": p, "extra.q": q, "extra.R_txt": R_txt, "count": 1}
+
+
 def plan_from_entry(entry: ledger.LedgerEntry) -> TextReleasePlan:
     """The plan a ``text_moment_release`` line declares (what the replay recomputes)."""
     return TextReleasePlan(sigma=param(entry, "extra.text_noise_multiplier"), R=param(entry, "extra.R"),
@@ -228,7 +288,7 @@ def plan_from_entry(entry: ledger.LedgerEntry) -> TextReleasePlan:
                            p=param(entry, "extra.p", int), q=param(entry, "extra.q", int), delta=entry.delta)
 
 
-@register(MECHANISM)
+@register(MECHANISM, size="extra.N")
 def _text_moment_release(entry: ledger.LedgerEntry) -> Expected:
     """Prop. B.10: one Gaussian of multiplier sigma on the whitened cross moments, sensitivity 2 sqrt(2)/N."""
     plan = plan_from_entry(entry)

@@ -563,6 +563,26 @@ def ledger_entry(plan: THAPlan, *, stage: str, config_id: str, seed: int,
                "time_convention": "t = 0 noise end (STRAIGHTDP Sec. 2)", "reference": REFERENCE, **dict(extra or {})})
 
 
+def configured_params(*, dataset_size: int, sampling_rate: float, steps: int, buckets: int, tau: float | None = None,
+                      uniform_clip: float | None = None) -> dict[str, Any]:
+    """The parameters of a :func:`ledger_entry` line that a configuration fixes before any data is read, by their
+    dotted line paths (what a method registers for the replay, pipeline.registry.TranscriptSpec ``params``): N, q
+    and the expected batch q N, T and the round-robin T_k over ``buckets`` K; with a known horizon ``tau`` the
+    bucket edges; where every candidate is the uniform shape (``uniform_clip`` = C_ref) the clips and beta 0. The
+    noise s is calibrated (registered as a target), and a shaped plan's clips come from Vbar and the proxy."""
+    out: dict[str, Any] = {"sampling.n": dataset_size, "sampling.probability": sampling_rate,
+                           "extra.expected_batch_size": sampling_rate * dataset_size, "count": steps,
+                           "extra.T_k": list(round_robin_counts(steps, buckets))}
+    if tau is not None:
+        out["extra.edges"] = list(bucket_edges(tau, buckets))
+    if uniform_clip is not None:
+        # beta 0 is C_ref in every bucket whatever Vbar and the edges are (clip_shape never calls Vbar at beta 0)
+        out["extra.C_k"] = list(clip_shape(bucket_edges(0.0 if tau is None else tau, buckets), beta=0.0,
+                                           vbar=lambda t: 1.0, c_ref=uniform_clip))
+        out["extra.beta"] = 0.0
+    return out
+
+
 def _numbers(entry: ledger.LedgerEntry, key: str) -> tuple[float, ...]:
     value = entry.extra.get(key)
     if not (isinstance(value, list) and value
@@ -582,7 +602,7 @@ def plan_from_entry(entry: ledger.LedgerEntry) -> THAPlan:
                    steps=entry.count, delta=entry.delta, beta=param(entry, "extra.beta"))
 
 
-@register(MECHANISM)
+@register(MECHANISM, size="sampling.n")
 def _rebuild_tha(entry: ledger.LedgerEntry) -> Expected:
     """THA DP-SGD (STRAIGHTDP Sec. 3.2): the buckets' events from the plan its line declares.
 

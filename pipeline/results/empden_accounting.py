@@ -163,30 +163,41 @@ def account_block(cfg: AccountingConfig, mu_bar: float, q: float) -> dict[str, A
     }
 
 
-def claim_entry(cfg: AccountingConfig, row: Mapping[str, Any], *, stage_name: str, config_id: str,
-                seed: int) -> ledger.LedgerEntry:
-    """The ledger line for one block: its event and its certified eps_u (PLD, pessimistic).
+#: the mechanism every block's claim states (Algorithm 1's output-wise block, Prop. 4.1)
+CLAIM_MECHANISM = "empden_outputwise_block"
+
+
+def claim_parameters(cfg: AccountingConfig, row: Mapping[str, Any]) -> dict[str, Any]:
+    """What the configuration says one block's claim is: its line's ``mechanism``, ``count``, ``sampling`` and
+    ``extra`` (every field but the event, its noise and the eps). :func:`claim_entry` writes them, and the accounting
+    wiring registers them, so the replay holds each line to the block of the configuration it claims.
 
     A grid block also records its schedule, C (the effective clip) and beta, so the replay can
     rebuild mu_bar_B (eq. 9) and the event from them; a block with mu_bar_B given directly
     records only that.
     """
-    event = acc.outputwise_event(row["mu_bar_B"], row["q_B"], cfg.N_out)
     mechanism = {}
     if row["source"] == "schedule":
         block = cfg.block(row["B"], k=row["k_steps"])
-        event = block.event
         mechanism = {k: v for k, v in block.schedule_extra().items() if k not in ("k_steps", "t_end")}
+    return {"mechanism": CLAIM_MECHANISM, "count": cfg.N_out,
+            "sampling": {"scheme": "fixed_size_per_output", "probability": row["q_B"], "B": row["B"], "n": cfg.n},
+            "extra": {"kind": "configuration_claim", "p_percent": _json_num(row["p_percent"]),
+                      "k_steps": row["k_steps"], "source": row["source"], "mu_bar_B": row["mu_bar_B"],
+                      "proposition": "EMPDEN Prop. 4.1", **mechanism}}
+
+
+def claim_entry(cfg: AccountingConfig, row: Mapping[str, Any], *, stage_name: str, config_id: str,
+                seed: int) -> ledger.LedgerEntry:
+    """The ledger line for one block (:func:`claim_parameters`): its event and its certified eps_u (PLD,
+    pessimistic)."""
+    event = (cfg.block(row["B"], k=row["k_steps"]).event if row["source"] == "schedule"
+             else acc.outputwise_event(row["mu_bar_B"], row["q_B"], cfg.N_out))
     return ledger.LedgerEntry(
-        stage=stage_name, mechanism="empden_outputwise_block", event=ledger.event_to_dict(event),
-        sensitivity=1.0, noise_std=1.0 / row["mu_bar_B"],
-        sampling={"scheme": "fixed_size_per_output", "probability": row["q_B"], "B": row["B"], "n": cfg.n},
-        adjacency="add_or_remove_one", count=cfg.N_out, delta=cfg.delta,
-        claimed_epsilon=row["eps_upper_bound"],
+        stage=stage_name, event=ledger.event_to_dict(event), sensitivity=1.0, noise_std=1.0 / row["mu_bar_B"],
+        adjacency="add_or_remove_one", delta=cfg.delta, claimed_epsilon=row["eps_upper_bound"],
         accountant={"name": "pld_pessimistic", **acc.describe(cfg.pld)}, config_id=config_id, seed=seed,
-        extra={"kind": "configuration_claim", "p_percent": _json_num(row["p_percent"]), "k_steps": row["k_steps"],
-               "source": row["source"], "mu_bar_B": row["mu_bar_B"], "proposition": "EMPDEN Prop. 4.1",
-               **mechanism})
+        **claim_parameters(cfg, row))
 
 
 def _json_num(x: float) -> float | None:

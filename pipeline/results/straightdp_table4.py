@@ -42,6 +42,7 @@ from pipeline.privacy import ledger, moments, text_moments
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, manifest_sha256, to_model_scale
+from pipeline.training.straightdp_runs import table4_releases
 
 log = logging.getLogger(__name__)
 
@@ -117,40 +118,42 @@ def straightdp_table4_text(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
     which = np.arange(n) % len(captions)
     asked = captions[which]  # the caption of each sample
     rows, entries = [], []
-    for kind in t4["featurisations"]:
-        coding = tc.CaptionCoding.of(kind)
-        e_private = coding.encode(private.slots)
-        for eps in t4["epsilons"]:
-            for seed in t4["seeds"]:
-                start = time.perf_counter()
-                try:
-                    plan = text_moments.calibrate_release(target_epsilon=float(eps), delta=delta, R=geometry.R,
-                                                          R_txt=coding.R_txt, N=N, p=geometry.p,
-                                                          q=coding.q)
-                except text_moments.TextMomentsError as exc:
-                    raise PipelineError(f"stage {STAGE} {kind} eps {eps}: {exc}") from None
-                noisy = text_moments.release(f_private, e_private, plan,
-                                             generator=seeds.numpy_rng("straightdp.text_release", int(seed)))
-                entry = text_moments.ledger_entry(plan, stage=STAGE, config_id=config_id, seed=int(seed),
-                                                  extra={"featurisation": kind, "target_epsilon": float(eps)})
-                if entry.claimed_epsilon > float(eps):
-                    raise PipelineError(f"stage {STAGE} {kind}: certified eps {entry.claimed_epsilon:.6g} > "
-                                        f"target {eps}")
-                entries.append(entry)
-                ridge = tc.noise_ridge(plan, float(t4["ridge_scale"]))
-                model = tc.text_conditional_model(text_moments.conditional_mean_map(noisy, ridge=ridge), coding,
-                                                  geometry, eigvecs=V, eigvals=s, floor=float(rel["floor"]))
-                x = model.sample(torch.from_numpy(which),
-                                 seeds.torch_generator("straightdp.text_sampling", int(seed)))
-                images = to_uint8(x.reshape(n, *shape).float().clamp(-1, 1))
-                acc = attribute_accuracy(images, asked, threshold=threshold, evalnet=evalnet)
-                rows.append({"featurisation": kind, "eps_target": float(eps), "seed": int(seed),
-                             "eps_certified": entry.claimed_epsilon, "delta": delta, "sigma": plan.sigma,
-                             "q": coding.q, "R_txt": coding.R_txt, "ridge": ridge, **acc, "n_samples": n,
-                             "wall_s": time.perf_counter() - start})
-                log.info("table 4 %s eps %g seed %d: certified eps %.4g, class %.3f quadrant %.3f thickness %.3f",
-                         kind, eps, seed, entry.claimed_epsilon, acc["acc_class"], acc["acc_quadrant"],
-                         acc["acc_thickness"])
+    codings: dict[str, tuple[tc.CaptionCoding, np.ndarray]] = {}
+    # the releases in the order straightdp_runs.table4_releases lists them (the wiring registers their lines)
+    for kind, eps, seed in table4_releases(t4):
+        if kind not in codings:
+            coding = tc.CaptionCoding.of(kind)
+            codings[kind] = coding, coding.encode(private.slots)
+        coding, e_private = codings[kind]
+        start = time.perf_counter()
+        try:
+            plan = text_moments.calibrate_release(target_epsilon=float(eps), delta=delta, R=geometry.R,
+                                                  R_txt=coding.R_txt, N=N, p=geometry.p,
+                                                  q=coding.q)
+        except text_moments.TextMomentsError as exc:
+            raise PipelineError(f"stage {STAGE} {kind} eps {eps}: {exc}") from None
+        noisy = text_moments.release(f_private, e_private, plan,
+                                     generator=seeds.numpy_rng("straightdp.text_release", int(seed)))
+        entry = text_moments.ledger_entry(plan, stage=STAGE, config_id=config_id, seed=int(seed),
+                                          extra={"featurisation": kind, "target_epsilon": float(eps)})
+        if entry.claimed_epsilon > float(eps):
+            raise PipelineError(f"stage {STAGE} {kind}: certified eps {entry.claimed_epsilon:.6g} > "
+                                f"target {eps}")
+        entries.append(entry)
+        ridge = tc.noise_ridge(plan, float(t4["ridge_scale"]))
+        model = tc.text_conditional_model(text_moments.conditional_mean_map(noisy, ridge=ridge), coding,
+                                          geometry, eigvecs=V, eigvals=s, floor=float(rel["floor"]))
+        x = model.sample(torch.from_numpy(which),
+                         seeds.torch_generator("straightdp.text_sampling", int(seed)))
+        images = to_uint8(x.reshape(n, *shape).float().clamp(-1, 1))
+        acc = attribute_accuracy(images, asked, threshold=threshold, evalnet=evalnet)
+        rows.append({"featurisation": kind, "eps_target": float(eps), "seed": int(seed),
+                     "eps_certified": entry.claimed_epsilon, "delta": delta, "sigma": plan.sigma,
+                     "q": coding.q, "R_txt": coding.R_txt, "ridge": ridge, **acc, "n_samples": n,
+                     "wall_s": time.perf_counter() - start})
+        log.info("table 4 %s eps %g seed %d: certified eps %.4g, class %.3f quadrant %.3f thickness %.3f",
+                 kind, eps, seed, entry.claimed_epsilon, acc["acc_class"], acc["acc_quadrant"],
+                 acc["acc_thickness"])
     df = pd.DataFrame(rows)
     df["thickness_threshold"] = threshold
     with atomic_path(outputs["ledger"], suffix=".jsonl") as tmp:

@@ -1,8 +1,9 @@
 """STRAIGHTDP Figure 6 (the 2-D mixture control): stage ``straightdp_figure6_toy``.
 
-Runs every point of the figure (rows of :data:`pipeline.flow.toy.ROWS` x ``straightdp.toy.epsilons``
-x ``straightdp.toy.seeds``, plus the public-only reference per seed) in one process -- each point
-is seconds of CPU on a 2-D MLP, so one job per point would be mostly start-up -- and writes:
+Runs every point of the figure (``straightdp.toy.seeds`` x ``straightdp.toy.epsilons`` x the rows of
+:data:`pipeline.flow.toy.ROWS`, in :func:`pipeline.training.straightdp_runs.toy_points`' order, plus the
+public-only reference per seed) in one process -- each point is seconds of CPU on a 2-D MLP, so one job per
+point would be mostly start-up -- and writes:
 
 * ``table`` (``straightdp_figure6_toy.parquet``): one row per point: ``row``, ``label``,
   ``eps_target``, ``seed``, ``eps_certified`` (recomputed from the point's ledger lines by the
@@ -37,7 +38,7 @@ from pipeline.reporting.figures import readable_log_axis
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 from pipeline.training.data import manifest_sha256
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.training.straightdp_runs import toy_points
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
 
@@ -88,20 +89,19 @@ def straightdp_figure6_toy(inputs: Mapping[str, Path], outputs: Mapping[str, Pat
         rows.append({"row": "public_only", "eps_target": np.nan, "seed": int(seed), "eps_certified": np.nan,
                      "w2": toy.w2_empirical(toy.public_only_samples(public_model, world, cfg, int(seed)), truth),
                      "tau": world.tau, "wall_s": np.nan})
-        for eps in t_cfg["epsilons"]:
-            for row in toy.ROWS:
-                run = StraightRun(row, float(eps), int(seed))
-                try:
-                    point = toy.run_point(run, world, public_model, cfg, config_id=config_id)
-                except ValueError as exc:
-                    raise PipelineError(f"stage straightdp_figure6_toy: {exc}") from None
-                entries += point.entries
-                certified = recompute_cached(composed_entry(point.entries))
-                rows.append({"row": row, "eps_target": float(eps), "seed": int(seed), "eps_certified": certified,
-                             "w2": toy.w2_empirical(point.samples, truth),
-                             "tau": world.tau if run.distills else 0.0, "wall_s": point.wall_s})
-                log.info("toy %s: certified eps %.4g, W2 %.4f (%.1f s)", run.name, certified, rows[-1]["w2"],
-                         point.wall_s)
+        # this seed's points in the order straightdp_runs.toy_points lists them (the wiring registers their lines)
+        for run in toy_points({**t_cfg, "seeds": [seed]}):
+            try:
+                point = toy.run_point(run, world, public_model, cfg, config_id=config_id)
+            except ValueError as exc:
+                raise PipelineError(f"stage straightdp_figure6_toy: {exc}") from None
+            entries += point.entries
+            certified = recompute_cached(composed_entry(point.entries))
+            rows.append({"row": run.row, "eps_target": run.epsilon, "seed": run.seed, "eps_certified": certified,
+                         "w2": toy.w2_empirical(point.samples, truth),
+                         "tau": world.tau if run.distills else 0.0, "wall_s": point.wall_s})
+            log.info("toy %s: certified eps %.4g, W2 %.4f (%.1f s)", run.name, certified, rows[-1]["w2"],
+                     point.wall_s)
     df = pd.DataFrame(rows)
     over = df[df["eps_certified"] > df["eps_target"] * (1 + 1e-9)]
     if not over.empty:

@@ -3,7 +3,8 @@
 * :mod:`.empden` -- EMPDEN's private samplers (full batch, output-wise subsampled hybrid of
   Algorithm 1, per-step resampling) and the public EDM Heun sampler they hand off to;
   :mod:`.empden_stage` / :mod:`.empden_grid` -- one grid cell as a DAG stage and its path names (a cell over
-  several jobs: :mod:`pipeline.shards`).
+  several jobs: :mod:`pipeline.shards`); :mod:`.empden_plan` -- what a cell's run releases, from the configuration
+  alone (torch-free: the stage runs it, the wiring registers it for the replay).
 * :mod:`.dpdm` -- DPDM's samplers (deterministic / stochastic DDIM, EDM with churn,
   classifier-free guidance) for any ``dpgen-denoiser/1`` file; :mod:`.dpdm_stage` -- the stages.
 

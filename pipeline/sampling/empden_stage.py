@@ -37,16 +37,17 @@ from tqdm import tqdm
 
 from pipeline import seeds, shards
 from pipeline.device import resolve_device
-from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.images import to_uint8 as images_to_uint8
 from pipeline.images import to_unit_scale
 from pipeline.io import Split, atomic_path, load_split, read_manifest, save_split
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
-from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
+from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.sampling import empden
 from pipeline.sampling.empden_grid import Cell
+# what a cell's (and Figure 2's) run releases, from the configuration: the wiring registers the same blocks
+from pipeline.sampling.empden_plan import cell_block, figure2_blocks, figure2_rows, job_outputs, schedule_of
 from pipeline.stage import PipelineError, numbered, stage
 from pipeline.training.data import manifest_sha256
 
@@ -82,32 +83,6 @@ def to_model_scale(images: np.ndarray) -> torch.Tensor:
 def to_uint8(x: torch.Tensor) -> np.ndarray:
     """[-1, 1] -> uint8 with clipping (a state still at noise level sigma_min > 0 leaves [-1, 1])."""
     return images_to_uint8(x, torch.float64)
-
-
-def schedule_of(cell: Cell, accounting: Mapping[str, Any]) -> EDMSchedule:
-    """EDM grid of the cell: N_full_batch steps to the cell's sigma_min for full batch, else N steps."""
-    if cell.method == "full_batch":
-        return EDMSchedule(sigma_min=float(cell.sigma_min), sigma_max=float(accounting["sigma_max"]),
-                           rho=float(accounting["rho"]), N=int(accounting["N_full_batch"]))
-    return EDMSchedule(sigma_min=float(accounting["sigma_min"]), sigma_max=float(accounting["sigma_max"]),
-                       rho=float(accounting["rho"]), N=int(accounting["N"]))
-
-
-def cell_block(cell: Cell, accounting: Mapping[str, Any], *, n: int, n_out: int) -> EmpdenBlock:
-    """The private block of a cell over n records, n_out outputs: what its samples and ledger line derive from.
-
-    Full batch: the N_full_batch - 1 steps down to the cell's sigma_min over all n records
-    (Sec. 3.2); hybrid / per_step: the first k = ceil(p N / 100) steps over B records
-    (Algorithm 1 / Prop. C.1). C, its scaling and beta are the accounting section's (beta the cell's).
-    """
-    if not cell.private:
-        raise ValueError(f"a {cell.method} cell reads no private data and has no private block")
-    sched = schedule_of(cell, accounting)
-    if cell.method == "full_batch":
-        return EmpdenBlock.from_accounting(accounting, schedule=sched, B=n, n=n, N_out=n_out, k=sched.N - 1,
-                                           scheme="full_batch", beta=cell.beta)
-    return EmpdenBlock.from_accounting(accounting, schedule=sched, B=cell.B, n=n, N_out=n_out, p_percent=cell.p_percent,
-                                       scheme=CELL_METHOD_SCHEMES[cell.method], beta=cell.beta)
 
 
 #: seed of the fixed random subset of public records behind the public-marginal normaliser: a
@@ -353,7 +328,7 @@ def empden_gather(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
     parts = numbered(inputs, "shard", "empden_gather")
     of = len(parts)
     try:
-        ranges = [shards.Shard(index=i, of=of).outputs(n_run, batch_size) for i in range(of)]
+        ranges = job_outputs(n_run, batch_size, of)
     except ValueError as exc:
         raise PipelineError(f"empden_gather: {exc}") from None
     splits, facts_of = [], []
@@ -408,20 +383,19 @@ def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: fl
     ``public_data``: records of the public-marginal normaliser (None: eq. 38's constant).
     Returns scheme -> [(noise level, state [n_rows, C, H, W] in [-1, 1] scale), ...].
     """
-    sched = EDMSchedule(sigma_min=float(accounting["sigma_min"]), sigma_max=float(accounting["sigma_max"]),
-                        rho=float(accounting["rho"]), N=int(accounting["N"]))
     shape = tuple(private.images.shape[1:])
     prep = emp.prepare_records(to_model_scale(private.images), device=device)
     pub = empden.prepare_public(public_data, prep)
     normaliser = "constant" if pub is None else "public_marginal"
     if B > prep.n:
         raise PipelineError(f"empden figure 2: subsample size B={B} exceeds the private set size n={prep.n}")
+    blocks = figure2_blocks({"p": p_percent, "B": B, "T": T, "n_rows": n_rows}, accounting, beta=beta, seed=seed,
+                            n=prep.n)
+    sched = blocks["per_output"].schedule
     try:
         k, t0, t1 = empden.hybrid_times(sched, p_percent, T)
     except ValueError as exc:
         raise PipelineError(f"empden figure 2: {exc}") from None
-    blocks = {scheme: EmpdenBlock.from_accounting(accounting, schedule=sched, B=B, n=prep.n, N_out=n_rows, k=k,
-                                                  scheme=scheme, beta=beta) for scheme in ("per_output", "per_step")}
     for block in blocks.values():
         emp.record_block(sink, block, normaliser=normaliser)
     C = blocks["per_output"].C_eff
@@ -469,7 +443,7 @@ def empden_figure2_trajectories(inputs: Mapping[str, Path], outputs: Mapping[str
     private = load_split(inputs["private"])
     shape = tuple(private.images.shape[1:])
     public = _public_denoiser(inputs["public"], shape=shape, device=device)
-    seed, n_rows, n_cols = int(params.get("seed", 0)), int(f2.get("n_rows", 4)), int(f2.get("n_columns", 8))
+    seed, n_rows, n_cols = int(params.get("seed", 0)), figure2_rows(f2), int(f2.get("n_columns", 8))
     Path(outputs["ledger"]).unlink(missing_ok=True)
     sink = emp.LedgerSink(path=Path(outputs["ledger"]), stage="empden_figure2_trajectories",
                           config_id=str(params.get("config_id", "unknown")), seed=seed,

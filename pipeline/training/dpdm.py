@@ -49,7 +49,7 @@ import fnmatch
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -234,7 +234,7 @@ class DPDMConfig:
         return None if self.augment is None else RandomShiftFlip(**self.augment)
 
     def n_steps(self, n: int) -> int:
-        return self.steps if self.steps is not None else max(1, math.ceil(self.epochs * n / self.batch_size))
+        return dpsgd.dpsgd_steps(dataset_size=n, batch_size=self.batch_size, epochs=self.epochs, steps=self.steps)
 
 
 def freeze_all_but(model: nn.Module, patterns: tuple[str, ...] | None) -> int:
@@ -342,17 +342,52 @@ def prior_releases(path: Path | None, *, run: str, data_sha256: str) -> list[led
     return lines
 
 
+#: what a private init's checkpoint meta records of the DP-SGD that trained it, and where a ledger line states it
+#: (the meta key -> the line's value); the line's own fields are bound to its event by :func:`rebuild.check`
+INIT_LINE_FIELDS: dict[str, Callable[[ledger.LedgerEntry], Any]] = {
+    "stage": lambda e: e.stage, "data_sha256": lambda e: e.data_sha256, "seed": lambda e: e.seed,
+    "config_id": lambda e: e.config_id, "noise_multiplier": lambda e: e.extra.get("dpsgd_noise_multiplier"),
+    "clip": lambda e: e.extra.get("max_grad_norm"), "sampling_rate": lambda e: e.sampling.get("probability"),
+    "n_train": lambda e: e.sampling.get("n"), "steps": lambda e: e.count, "delta": lambda e: e.delta}
+
+
+def _same(recorded: Any, stated: Any) -> bool:
+    """A recorded value equals a line's: floats up to the rebuild's tolerance (both are the plan's own floats)."""
+    if isinstance(recorded, float) or isinstance(stated, float):
+        try:
+            return math.isclose(float(recorded), float(stated), rel_tol=rebuild.REL_TOL)
+        except (TypeError, ValueError):
+            return False
+    return bool(recorded == stated)
+
+
+def is_init_line(init_meta: Mapping[str, Any], e: ledger.LedgerEntry) -> bool:
+    """Whether ``e`` is the line of the DP-SGD that trained the init: the mechanism, stage, split, seed and config the
+    init's checkpoint records. Any other DP-SGD line on the same data (another run's, another eps's) would compose a
+    release that did not produce these weights and leave the one that did out of the eps."""
+    return e.mechanism == "dpsgd" and all(_same(init_meta.get(k), line(e)) for k, line in INIT_LINE_FIELDS.items())
+
+
+def _recorded(init_meta: Mapping[str, Any]) -> str:
+    """The init's own training as its checkpoint records it, for the one-line refusal."""
+    return ", ".join(f"{k}={str(init_meta.get(k))[:12]}" for k in INIT_LINE_FIELDS)
+
+
 def check_private_init(init_meta: Mapping[str, Any] | None, path: Path | None,
-                       prior: list[ledger.LedgerEntry]) -> None:
+                       prior: list[ledger.LedgerEntry], prior_path: Path | None = None) -> None:
     """A private model as ``init`` (DP-Promise's second phase starts from its first) is a release of the private
-    data: its transcript must be composed into this run (input ``prior``, lines of this run on the same split), or
-    the run's eps would leave it out."""
+    data: its own transcript line (:func:`is_init_line`) must be composed into this run (input ``prior``, lines of
+    this run on the same split), or the run's eps would leave it out."""
     if not init_meta or not init_meta.get("private"):
         return
-    if not any(e.mechanism == "dpsgd" and e.data_sha256 == init_meta.get("data_sha256") for e in prior):
+    if not prior:
         raise PipelineError(f"stage {STAGE}: input init {path} is a private model (trained on data "
                             f"{str(init_meta.get('data_sha256'))[:12]}): give its transcript as input prior so its "
                             "release is composed into this run's eps")
+    if not any(is_init_line(init_meta, e) for e in prior):
+        raise PipelineError(f"stage {STAGE}: input prior {prior_path} holds no line of input init {path}'s own "
+                            f"training ({_recorded(init_meta)}): composing another line would leave its release out "
+                            "of this run's eps")
 
 
 def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str, *,
@@ -420,7 +455,7 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     prior = prior_releases(inputs.get("prior"), run=binding.run, data_sha256=data_sha)
     if prior:  # a run without one keeps its hash
         run_params["prior"] = [e.event for e in prior]
-    check_private_init(run_params["init"], inputs.get("init"), prior)
+    check_private_init(run_params["init"], inputs.get("init"), prior, inputs.get("prior"))
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
         outputs["model"], STAGE)

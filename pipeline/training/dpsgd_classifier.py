@@ -141,7 +141,7 @@ class ClassifierConfig:
             raise bad("lr", "> 0")
 
     def n_steps(self, n: int) -> int:
-        return max(1, math.ceil(self.epochs * n / self.batch_size))
+        return dpsgd.dpsgd_steps(dataset_size=n, batch_size=self.batch_size, epochs=self.epochs)
 
 
 class PixelLogReg(nn.Module):

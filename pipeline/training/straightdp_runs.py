@@ -186,3 +186,71 @@ def arm_section(straightdp: Mapping[str, Any], arm: str) -> dict[str, Any]:
         if key in own:
             out[key] = own[key]
     return out
+
+
+# --------------------------------------------------------------------------- what the configuration fixes
+# Torch-free, so that the stages plan with these and the wiring registers them (pipeline/methods/straightdp/wiring.py
+# ``transcripts``): what a ledger line must say is computed by the code that planned it, never by a copy.
+
+
+@dataclass(frozen=True)
+class Stage2Config:
+    """Stage 2's DP-SGD of a training run as the configuration fixes it, before any data, the horizon tau (measured
+    on the public set) or the planner's public proxy: ``buckets`` K (1 for a uniform row), the shape family's
+    ``betas`` (only 0 for a uniform row), the expected batch B over the declared ``dataset_size`` N, the ``steps`` T
+    and the reference clip C_ref (the mean clip over the buckets)."""
+
+    buckets: int
+    betas: tuple[float, ...]
+    batch_size: int
+    dataset_size: int
+    steps: int
+    clip_ref: float
+
+    @property
+    def sampling_rate(self) -> float:
+        """The Poisson rate q = B / N (capped at 1)."""
+        return min(1.0, self.batch_size / self.dataset_size)
+
+    @property
+    def uniform(self) -> bool:
+        """Every candidate is the uniform shape: every clip is C_ref, whatever tau and the proxy are."""
+        return self.betas == (0.0,)
+
+
+def stage2_config(run: StraightRun, sgd: Mapping[str, Any], n: int) -> Stage2Config:
+    """The :class:`Stage2Config` of training ``run`` under the dpsgd section ``sgd`` and the declared private size
+    ``n`` (pipeline/flow/straightdp.py ``stage2_plan`` plans with it; the wiring registers it)."""
+    if not run.trains:
+        raise ValueError(f"STRAIGHTDP row {run.row} trains no flow")
+    tha = run.plan == "tha"
+    return Stage2Config(buckets=int(sgd["buckets"]) if tha else 1,
+                        betas=tuple(sorted({float(b) for b in sgd["betas"]})) if tha else (0.0,),
+                        batch_size=int(sgd["batch_size"]), dataset_size=int(n), steps=int(sgd["steps"]),
+                        clip_ref=float(sgd["clip_ref"]))
+
+
+#: Fig. 6's lines (pipeline/flow/toy.py): the Table 1 rows the 2-D toy runs, in the order each point runs them
+TOY_ROWS = ("released_only", "uniform", "tha_moments")
+#: the toy's release keeps both dimensions of its 2-D points (the public PCA basis is the plane itself)
+TOY_RELEASE_P = 2
+
+
+def toy_sgd(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The straightdp.dpsgd section (THA buckets, shapes, clip, multiplicity) with the toy's steps, batch, lr."""
+    toy = section["toy"]
+    return {**section["dpsgd"], "steps": int(toy["dpsgd_steps"]), "batch_size": int(toy["dpsgd_batch_size"]),
+            "lr": float(toy["lr"])}
+
+
+def toy_points(toy: Mapping[str, Any]) -> list[StraightRun]:
+    """Fig. 6's points in the order the stage runs them and writes their ledger lines: seeds, then epsilons, then
+    :data:`TOY_ROWS` (each point's release line, if any, before its DP-SGD line)."""
+    return [StraightRun(row, float(eps), int(seed)) for seed in toy["seeds"] for eps in toy["epsilons"]
+            for row in TOY_ROWS]
+
+
+def table4_releases(table4: Mapping[str, Any]) -> list[tuple[str, float, int]]:
+    """Table 4's text releases (featurisation, eps, seed) in the order the stage runs them, one ledger line each."""
+    return [(str(kind), float(eps), int(seed)) for kind in table4["featurisations"] for eps in table4["epsilons"]
+            for seed in table4["seeds"]]

@@ -45,9 +45,19 @@ def run_files(tmp_path_factory):
     return files
 
 
+#: what the tiny run's configuration ran (TRAIN): the declared N, the batch, T and the clip; sigma to eps 1
+CONFIGURED = {"params": [{"sampling.n": 40, "extra.expected_batch_size": 8, "count": 2, "extra.max_grad_norm": 1.0}],
+              "epsilon_target": [1.0], "after": [], "rtol": 1e-3, "phase": ""}
+
+
+def registered(params: dict, target: float | None = None) -> dict:
+    """The rest of a transcript's registration: its line's configured ``params`` and calibration ``target``."""
+    return {"params": [params], "epsilon_target": [target], "after": [], "rtol": 1e-3, "phase": ""}
+
+
 def export(files: dict[str, Path], out: Path, **params) -> Path:
     expected = {TRANSCRIPT: {"claims": 1, "run": RUN, "stage": "train_dpdm", "delta": 1e-5, "data": str(files["data"]),
-                             "configuration": False}}
+                             "configuration": False, **CONFIGURED}}
     export_bundle({"model": files["model"], "samples": files["samples"], "metrics": files["metrics"],
                    f"ledger_{TRANSCRIPT}": files["ledger"]}, {"bundle": out},
                   {"method": "dpdm", "run": RUN, "experiment": "tiny", "kind": "model", "dataset": "tiny digits",
@@ -129,6 +139,21 @@ def _lower_the_cards_eps(root: Path) -> None:
     card.write_text(text.replace(f"epsilon: {cert['epsilon']}", "epsilon: 0.01", 1))
 
 
+def _halve_the_steps(root: Path) -> None:
+    """Issue #54's forgery 3: T halved with the event and the claim restated to match (the line's rebuild passes)."""
+    import dataclasses
+
+    from pipeline.privacy import dpsgd_plan, ledger, rebuild
+    from pipeline.privacy.certify import recompute
+
+    path = root / "ledger" / f"{TRANSCRIPT}.jsonl"
+    (entry,) = [e for _, e in ledger.read_ledger(path)]
+    plan = dataclasses.replace(rebuild.dpsgd_plan(entry), steps=entry.count // 2)
+    forged = dataclasses.replace(entry, event=ledger.event_to_dict(plan.event()), count=plan.steps)
+    rebuild.check(forged)
+    path.write_text(dataclasses.replace(forged, claimed_epsilon=recompute(forged)).to_json() + "\n")
+
+
 @pytest.mark.parametrize("tamper, rehashed, match", [
     (lambda r: _flip_a_byte(_weights_file(r)), False, r"weights/unet/.*differs from the certificate's sha256"),
     (_lower_the_claim, False, rf"ledger/{TRANSCRIPT}.jsonl differs from the certificate's sha256"),
@@ -136,7 +161,8 @@ def _lower_the_cards_eps(root: Path) -> None:
     (_lower_the_cards_eps, False, "README.md differs from the certificate's sha256"),
     (_lower_the_cards_eps, True, r"differential_privacy.epsilon \(0.01\) is not the certificate's"),
     (lambda r: (r / "extra.bin").write_bytes(b"x"), False, "extra.bin is not in the certificate"),
-], ids=["weights", "transcript", "transcript-rehashed", "card", "card-rehashed", "added-file"])
+    (_halve_the_steps, True, "count is 1, the configuration ran 2"),
+], ids=["weights", "transcript", "transcript-rehashed", "card", "card-rehashed", "added-file", "steps-halved"])
 def test_an_altered_bundle_is_refused_in_one_line(bundle, tmp_path, tamper, rehashed, match):
     root = copy(bundle, tmp_path)
     tamper(root)
@@ -165,6 +191,67 @@ def test_weights_of_another_seed_are_refused_even_rehashed(bundle, tmp_path):
     rehash(root)
     with pytest.raises(BundleError, match="trained with seed 4"):
         verify(root)
+
+
+#: what a forger of a bundle's scope writes instead: the caveat about public pretraining folded into the covers, or
+#: dropped from what is not covered
+FORGED_SCOPE = {"covers": ["DP-SGD training on the private split and the public pretraining"], "not_covered": []}
+
+
+def _rewrite_the_certificates(key: str):
+    """The certificate's statement of ``key`` rewritten (the certificate lists no sha256 of itself)."""
+    def tamper(root: Path) -> None:
+        cert = json.loads((root / CERTIFICATE).read_text())
+        cert[key] = FORGED_SCOPE[key]
+        (root / CERTIFICATE).write_text(json.dumps(cert))
+    return tamper
+
+
+def _rewrite_the_cards_list(key: str):
+    """The card body's list of ``key`` (what a reader of the card reads) rewritten; the metadata block kept."""
+    from pipeline.bundles.card import SCOPE_HEADINGS
+
+    def tamper(root: Path) -> None:
+        card = root / "README.md"
+        head, sep, body = card.read_text().partition(f"{SCOPE_HEADINGS[key]}\n\n")
+        listed = body[:body.index("\n\n")]
+        forged = "\n".join(f"- {c}" for c in FORGED_SCOPE[key])
+        card.write_text(head + sep + forged + body[len(listed):])
+    return tamper
+
+
+@pytest.mark.parametrize("key", ["covers", "not_covered"])
+@pytest.mark.parametrize("tamper, rehashed, match", [
+    (_rewrite_the_certificates, False, r"README.md: the card's differential_privacy.{key} \(.*\) is not the "
+                                       r"certificate's \("),
+    (_rewrite_the_cards_list, False, "README.md differs from the certificate's sha256"),
+    (_rewrite_the_cards_list, True, r"README.md: the card's list under .* is not the certificate's {key} \("),
+], ids=["certificate", "card", "card-rehashed"])
+def test_a_rewritten_statement_of_what_the_eps_covers_is_refused_in_one_line(bundle, tmp_path, key, tamper,
+                                                                             rehashed, match):
+    """What a bundle's eps covers and does not is part of its claim: rewriting it in the certificate or the card
+    (with the card's sha256 made current) is refused, naming the field."""
+    root = copy(bundle, tmp_path)
+    tamper(key)(root)
+    if rehashed:
+        rehash(root)
+    with pytest.raises(BundleError, match=match.format(key=key)) as refused:
+        verify(root)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_command_line_refuses_a_rewritten_scope_naming_the_field(bundle, tmp_path, repo):
+    roots = {}
+    for key in ("covers", "not_covered"):
+        roots[key] = copy(bundle, tmp_path / key)
+        _rewrite_the_certificates(key)(roots[key])
+    res = subprocess.run([sys.executable, "-m", "pipeline", "verify_bundle", *map(str, roots.values())], cwd=repo,
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and not res.stdout, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert [line.split(": the card's ")[0] for line in lines] == [f"FAILED {r}/README.md" for r in roots.values()]
+    assert [line.split(": the card's ")[1].split(" ")[0] for line in lines] == [
+        "differential_privacy.covers", "differential_privacy.not_covered"]
 
 
 def test_verify_and_sample_from_the_command_line(bundle, tmp_path, repo):
@@ -204,7 +291,8 @@ def straightdp_bundle(world, tmp_path_factory):  # noqa: F811 -- the fixture imp
         sdp.sample_straightdp({"model": out["model"]}, {"samples": tmp / "samples.npz"},
                               {"straightdp": TINY, "device": "cpu", "run": SDP_RUN, "shape": [1, 8, 8]})
     (tmp / "metrics.json").write_text(json.dumps({"fid": 400.0}))
-    line = {"claims": 1, "run": SDP_RUN, "delta": 1e-5, "data": str(world["data"]), "configuration": False}
+    line = {"claims": 1, "run": SDP_RUN, "delta": 1e-5, "data": str(world["data"]), "configuration": False,
+            **registered({"count": 1})}
     guidance = {**schema_defaults("straightdp", "sampling"), **TINY["sampling"]}["guidance"]
     bundle = tmp / "bundles" / "straightdp" / SDP_RUN
     export_bundle({"model": out["model"], "samples": tmp / "samples.npz", "metrics": tmp / "metrics.json",
@@ -214,7 +302,8 @@ def straightdp_bundle(world, tmp_path_factory):  # noqa: F811 -- the fixture imp
                   {"method": "straightdp", "run": SDP_RUN, "experiment": "tiny", "kind": "model", "dataset": "blobs",
                    "epsilon_target": 1.0,
                    "expected": {f"straightdp_release_{SDP_RUN}": {**line, "stage": "release_moments"},
-                                f"straightdp_train_{SDP_RUN}": {**line, "stage": "train_straightdp"}},
+                                f"straightdp_train_{SDP_RUN}": {**line, "stage": "train_straightdp",
+                                                                **registered({"sampling.scheme": "poisson"})}},
                    "sampling": {"sampler": "straightdp_flow", "steps": TINY["sampling"]["steps"], "guidance": guidance,
                                 "batch_size": 12, "n_samples": 12, "seed": 0}})
     return bundle, tmp / "samples.npz"
@@ -255,7 +344,8 @@ def _release_bundle(world, tmp: Path, run: str, *, shape: list[int], guided: boo
         sdp.sample_straightdp(parts, {"samples": tmp / "samples.npz"},
                               {"straightdp": TINY, "device": "cpu", "run": run, "shape": shape})
     (tmp / "metrics.json").write_text(json.dumps({"fid": 400.0}))
-    line = {"claims": 1, "run": run, "delta": 1e-5, "data": str(world["data"]), "configuration": False}
+    line = {"claims": 1, "run": run, "delta": 1e-5, "data": str(world["data"]), "configuration": False,
+            **registered({"count": 1})}
     smp = {**schema_defaults("straightdp", "sampling"), **TINY["sampling"]}
     sampling = {"sampler": "straightdp_flow", "samples_from": "guided" if guided else "release", "steps": smp["steps"],
                 "guidance": smp["guidance"], "batch_size": 12, "n_samples": 12, "seed": 0, "shape": shape,
@@ -344,7 +434,8 @@ def test_a_dp_merf_bundle_ships_its_generator_verifies_and_samples(splits, tmp_p
                   {"method": "baselines", "run": MERF_RUN, "experiment": "tiny", "kind": "model", "epsilon_target": 2.0,
                    "expected": {f"baselines_{MERF_RUN}": {"claims": 1, "run": MERF_RUN, "stage": "dp_merf",
                                                           "delta": 1e-5, "data": str(splits / "private.npz"),
-                                                          "configuration": False}},
+                                                          "configuration": False,
+                                                          **registered({"count": 1}, target=2.0)}},
                    "sampling": {"sampler": "dp_merf", "seed": 0, "n_samples": 12, "batch_size": 12, "threads": 1}})
     cert = verify(bundle)
     assert cert["mechanisms"] == "dp_merf_embedding" and cert["epsilon"] <= 2.0

@@ -13,7 +13,8 @@ from pipeline.bundles.wiring import Wiring
 from pipeline.registry import BundleSpec, MethodRegistry, TranscriptSpec
 from tests.methods import house
 
-SPEC = TranscriptSpec(claims=1, run="a1", stage="train_alpha", delta=1e-5, data="d/private_train.npz")
+SPEC = TranscriptSpec(claims=1, run="a1", stage="train_alpha", delta=1e-5, data="d/private_train.npz",
+                      params={"count": 1})
 
 
 def wiring(tmp_path: Path, model: bool) -> Wiring:

@@ -20,7 +20,8 @@ def registry(tmp_path: Path) -> MethodRegistry:
     """Every method registers one transcript of ``claims`` = 1 + its index here: the audit's sums tell whose it read."""
     reg = MethodRegistry()
     for i, m in enumerate(["accounting", "baselines", "dpdm", "empden", "straightdp"]):
-        spec = TranscriptSpec(claims=1 + i, run=m, stage=m, delta=1e-5, data=tmp_path / "private_train.npz")
+        spec = TranscriptSpec(claims=1 + i, run=m, stage=m, delta=1e-5, data=tmp_path / "private_train.npz",
+                              params={"count": 1})
         reg.register_transcripts(m, lambda p=tmp_path / f"{m}.jsonl", s=spec: {p: s})
         reg.register_targets(m, lambda: [])
     return reg

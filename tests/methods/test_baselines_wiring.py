@@ -90,6 +90,31 @@ def test_each_run_writes_one_line_per_transcript_bound_to_it_and_its_stage(tmp_p
     assert specs[bl.ledger_path("dp_merf_eps1_seed0")].stage == "dp_merf"
 
 
+def test_each_line_is_held_to_what_the_configuration_ran_and_to_the_eps_its_noise_was_calibrated_to(tmp_path):
+    bl = Wiring(house(tmp_path))
+    specs, sec = bl.transcripts(), bl.section
+    merf = specs[bl.ledger_path("dp_merf_eps1_seed0")]
+    # the mean's divisor m is the declared N (a public constant), never the data's size
+    assert merf.params == ({"extra.m": 2500, "extra.n_classes": 10, "count": 1,
+                            "extra.n_features": sec["dp_merf"]["n_features"]},)
+    assert specs[bl.ledger_path("dp_hp_eps1_seed0")].params == ({"extra.m": 2500, "extra.n_classes": 10, "count": 1},)
+    T = sec["pe"]["iterations"]
+    assert specs[bl.ledger_path("pe_eps1_seed0")].params == ({"extra.iterations": T, "count": T},)
+    own = sec["dp_diffusion"]
+    assert specs[bl.ledger_path("dp_diffusion_eps1_seed0")].params == ({
+        "sampling.scheme": "poisson", "sampling.n": 2500, "extra.expected_batch_size": own["batch_size"],
+        "count": -(-own["epochs"] * 2500 // own["batch_size"]), "extra.max_grad_norm": own["clip"]},)
+    # every noise is calibrated: to the run's eps, PrivImage's query to its share and DP-SGD after it
+    query, dpsgd = specs[bl.query_ledger_path("privimage_eps1_seed0")], specs[bl.ledger_path("privimage_eps1_seed0")]
+    assert query.params == ({"extra.k": sec["privimage"]["k"]},)
+    assert query.epsilon_target == (sec["privimage"]["query_share"],) and query.after == ()
+    assert dpsgd.epsilon_target == (1.0,) and dpsgd.after == (str(bl.query_ledger_path("privimage_eps1_seed0")),)
+    assert all(s.epsilon_target[0] is not None for s in specs.values())
+    # an edited configuration is what the replay then holds the line to
+    edited = Wiring(house(tmp_path, lambda c: c["baselines"]["dp_diffusion"].update(batch_size=100, epochs=2)))
+    assert edited.transcripts()[bl.ledger_path("dp_diffusion_eps1_seed0")].params[0]["count"] == 50
+
+
 def test_all_runs_records_one_per_run_with_its_cost(tmp_path):
     bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
     recs = bl.records()
@@ -414,8 +439,10 @@ def test_dp_promise_runs_phase_one_on_high_noise_levels_then_phase_two_from_it_o
                                   "prior": bl.phase1_ledger_path(run)}
     two = json.loads(bl.dpsgd_params(w))
     assert two["sigma_range"] == [0.0, own["sigma_split"]] and two["epsilon"] == 1.0
-    assert {k: v for k, v in one.items() if k not in ("sigma_range", "epsilon", "config_id")} == \
-        {k: v for k, v in two.items() if k not in ("sigma_range", "epsilon", "config_id")}
+    # the two releases of one run by one stage: each line names its phase (its identity in the replay)
+    assert (one["ledger_binding"]["phase"], two["ledger_binding"]["phase"]) == ("phase1", "phase2")
+    differ = ("sigma_range", "epsilon", "config_id", "ledger_binding")
+    assert {k: v for k, v in one.items() if k not in differ} == {k: v for k, v in two.items() if k not in differ}
     from pipeline.training.dpdm import DPDMConfig
     assert DPDMConfig.from_params(one).sigma_range == (own["sigma_split"], None)
     # the other DP-SGD baselines draw every noise level
@@ -426,8 +453,15 @@ def test_dp_promises_row_composes_both_phases_and_its_bundle_says_what_is_not_co
     bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
     run = "dp_promise_eps1_seed0"
     ts = bl.transcripts()
-    assert ts[bl.phase1_ledger_path(run)].stage == ts[bl.ledger_path(run)].stage == "train_dpdm"
-    assert ts[bl.phase1_ledger_path(run)].data == str(exp / "data" / "private_train.npz")
+    one, two = ts[bl.phase1_ledger_path(run)], ts[bl.ledger_path(run)]
+    assert one.stage == two.stage == "train_dpdm"
+    assert one.data == str(exp / "data" / "private_train.npz")
+    # distinct identities, the same configured DP-SGD; phase I calibrated to its share alone, phase II to eps with
+    # phase I composed before it
+    assert (one.phase, two.phase) == ("phase1", "phase2") and one.params == two.params
+    own = bl.section["dp_promise"]
+    assert (one.epsilon_target, one.after) == ((own["phase1_share"],), ())
+    assert (two.epsilon_target, two.after) == ((1.0,), (str(bl.phase1_ledger_path(run)),))
     rec = next(r for r in bl.records() if r.config == run)
     assert rec.label == "DP-Promise (certified variant)"
     assert [Path(p) for p in rec.ledgers] == [bl.phase1_ledger_path(run), bl.ledger_path(run)]

@@ -13,6 +13,7 @@ from pipeline.config import ConfigError, config_id
 from pipeline.methods.dpdm.wiring import (CLASSIFIER_TABLE, MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, VARIANCE_FIGURE,
                                           Wiring)
 from pipeline.registry import TranscriptSpec
+from pipeline.training import dpdm_runs
 from tests.methods import house as tour_house
 
 
@@ -145,8 +146,14 @@ def test_every_training_run_has_one_transcript_bound_to_its_run_and_the_private_
     specs = w.transcripts()
     assert list(specs) == [*(w.ledger_path(r.name) for r in w.runs()),
                            *(w.classifier_ledger_path(r.name) for r in w.classifier_runs())]
+    # held to the DP-SGD the configuration ran: the declared N, the batch, T = ceil(epochs N / batch), the clip; sigma
+    # to the run's eps
+    d = w.section
+    steps = -(-d["epochs"] * 2500 // d["batch_size"])
     assert specs[w.ledger_path("edm_eps1_K1_seed0")] == TranscriptSpec(
-        claims=1, run="edm_eps1_K1_seed0", stage="train_dpdm", delta=1e-5, data=exp / "data" / "private_train.npz")
+        claims=1, run="edm_eps1_K1_seed0", stage="train_dpdm", delta=1e-5, data=exp / "data" / "private_train.npz",
+        params={"sampling.scheme": "poisson", "sampling.n": 2500, "extra.expected_batch_size": d["batch_size"],
+                "count": steps, "extra.max_grad_norm": d["clip"]}, epsilon_target=1.0)
 
 
 def test_every_evaluated_run_and_sampler_is_an_all_runs_record_and_only_the_main_table_is_the_figures_line(w, exp):
@@ -312,8 +319,13 @@ def test_a_classifier_runs_params_are_its_name_dpdms_delta_the_section_and_the_d
 
 def test_each_classifier_run_has_its_transcript_and_an_all_runs_record_of_its_own_method(w, exp):
     spec = w.transcripts()[w.classifier_ledger_path("cnn_eps1_seed0")]
+    c = dpdm_runs.subsection(w.section, "dpsgd_classifier")
     assert spec == TranscriptSpec(claims=1, run="cnn_eps1_seed0", stage="train_dpsgd_classifier", delta=1e-5,
-                                  data=exp / "data" / "private_train.npz")
+                                  data=exp / "data" / "private_train.npz", epsilon_target=1.0,
+                                  params={"sampling.scheme": "poisson", "sampling.n": 2500,
+                                          "extra.expected_batch_size": c["batch_size"],
+                                          "count": -(-c["epochs"] * 2500 // c["batch_size"]),
+                                          "extra.max_grad_norm": c["clip"]})
     records = w.classifier_records()
     assert records == [r for r in w.records() if r.method == "dpsgd_classifier"] and len(records) == 3
     r = records[1]

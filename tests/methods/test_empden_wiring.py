@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shlex
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import ConfigError
+from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.methods.accounting.wiring import GRID_KEYS
 from pipeline.methods.empden.wiring import FIGURE2, LABELS, Wiring
 from pipeline.sampling.empden_grid import Cell, grid_cells
@@ -148,6 +150,69 @@ def test_every_private_cell_and_figure2_writes_its_own_transcript(tmp_path):
     f2 = specs[em.figure2_ledger]
     assert (f2.claims, f2.run, f2.stage) == (2, FIGURE2, FIGURE2)
     assert em.figure2_ledger not in Wiring(edited(h, figure2=None)).transcripts()
+    # EMPDEN's noise is configured, not calibrated: every line's parameters fix its event
+    assert all(s.epsilon_target == (None,) * s.claims and len(s.params) == s.claims for s in specs.values())
+
+
+def lines(em: Wiring, name: str) -> list[dict]:
+    """The registered parameters of each line of the transcript of cell ``name``."""
+    return [dict(p) for p in em.transcripts()[em.ledger_path(Cell.from_name(name))].params]
+
+
+def test_a_hybrid_cells_line_is_registered_with_the_block_the_configuration_runs(tmp_path):
+    """config.yaml: the cell's p = 50% of the 39-step EDM grid (sigma 0.002 .. 80, rho 7) over B = 100 of the 2,500
+    private records, C = 0.5 scaled with the subset, beta = 1, 250 outputs (empden.n_out)."""
+    (line,) = lines(Wiring(house(tmp_path)), "hybrid/p50_B100_T3_beta1_s0")
+    k = math.ceil(0.50 * 39)
+    assert line == {"mechanism": "empden_outputwise_block", "count": 250,
+                    "sampling.scheme": "fixed_size_per_output", "sampling.B": 100, "sampling.n": 2500,
+                    "sampling.probability": 100 / 2500,
+                    "extra.sigma_min": 0.002, "extra.sigma_max": 80.0, "extra.rho": 7.0, "extra.N": 39,
+                    "extra.k_steps": k, "extra.t_end": EDMSchedule(N=39).times()[k], "extra.C": 0.5 * 100,
+                    "extra.beta": 1.0}
+
+
+def test_each_sampler_and_cell_registers_its_own_block(tmp_path):
+    em = Wiring(house(tmp_path))
+    (per_step,) = lines(em, "per_step/p50_B100_T3_beta1_s0")
+    assert (per_step["mechanism"], per_step["sampling.scheme"]) == ("empden_per_step_subsampled",
+                                                                    "fixed_size_per_step")
+    # full batch: every record at every one of the N_full_batch = 50 steps but the last, down to the cell's sigma_min
+    (full,) = lines(em, "full_batch/smin0p1_beta1_s0")
+    assert full["mechanism"] == "empden_full_batch" and "sampling.B" not in full
+    assert (full["sampling.scheme"], full["sampling.n"], full["extra.N"], full["extra.k_steps"]) == (
+        "none", 2500, 50, 49)
+    assert (full["extra.sigma_min"], full["extra.C"]) == (0.1, 0.5 * 2500)
+    # the beta ablation's cell runs at its own beta
+    (ablated,) = lines(em, "hybrid/p50_B100_T3_beta0p5_s0")
+    assert ablated["extra.beta"] == 0.5 and ablated["extra.C"] == 50.0
+    # a cell of Table 10's repeated seeds: another p, another k
+    (p30,) = lines(em, "hybrid/p30_B100_T3_beta1_s1")
+    assert p30["extra.k_steps"] == math.ceil(0.30 * 39)
+
+
+def test_the_registered_lines_follow_the_configuration(tmp_path):
+    def edit(cfg):
+        cfg["data"]["private"]["n_private_train"] = 2000
+        cfg["accounting"] = {"N": 20, "C": 0.25, "C_scales_with_subset": False, "beta": 2.0, "sigma_max": 40.0}
+        cfg["empden"] = {**cfg["empden"], "n_out": 120, "grid": [{"p": [40], "B": [50], "T": [2]}]}
+
+    (line,) = lines(Wiring(house(tmp_path, edit)), "hybrid/p40_B50_T2_beta2_s0")
+    assert (line["sampling.B"], line["sampling.n"], line["sampling.probability"], line["count"]) == (
+        50, 2000, 50 / 2000, 120)
+    assert (line["extra.N"], line["extra.k_steps"], line["extra.sigma_max"], line["extra.C"], line["extra.beta"]) == (
+        20, math.ceil(0.40 * 20), 40.0, 0.25, 2.0)
+
+
+def test_figure2s_two_lines_are_registered_output_wise_then_per_step(tmp_path):
+    h = house(tmp_path)
+    f2 = [dict(p) for p in Wiring(h).transcripts()[Wiring(h).figure2_ledger].params]
+    assert [p["mechanism"] for p in f2] == ["empden_outputwise_block", "empden_per_step_subsampled"]
+    # its 4 trajectories (the section's default n_rows) at figure2's p = 50%, B = 100
+    assert all((p["count"], p["sampling.B"], p["extra.k_steps"], p["sampling.n"]) == (4, 100, 20, 2500) for p in f2)
+    other = edited(h, figure2={"p": 30, "B": 50, "T": 2, "n_rows": 3})
+    f2 = [dict(p) for p in Wiring(other).transcripts()[Wiring(other).figure2_ledger].params]
+    assert all((p["count"], p["sampling.B"], p["extra.k_steps"]) == (3, 50, math.ceil(0.30 * 39)) for p in f2)
 
 
 def test_all_runs_records_every_cell_and_draws_all_but_full_batch(tmp_path):
@@ -232,6 +297,10 @@ def test_sharded_a_cells_transcript_holds_one_claim_per_shard(tmp_path):
     cells = [c for c in em.cells() if c.private]
     assert all(specs[em.ledger_path(c)].claims == 3 for c in cells)
     assert specs[em.figure2_ledger].claims == 2  # Figure 2 is one job whatever the shards
+    # each shard's line counts the outputs it drew: 250 in batches of 100 over 3 jobs
+    assert all([p["count"] for p in specs[em.ledger_path(c)].params] == [100, 100, 50] for c in cells)
+    assert all(specs[em.ledger_path(c)].params[0] == {**specs[em.ledger_path(c)].params[2], "count": 100}
+               for c in cells)
     # all_runs reads the joined transcript, one per cell
     assert all(r.ledgers == ((str(em.ledger_path(Cell.from_name(r.config))),) if r.private else ())
                for r in em.records())

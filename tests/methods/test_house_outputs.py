@@ -28,7 +28,8 @@ def choosing(tmp_path: Path, methods: list[str]) -> House:
 def registry(tmp_path: Path) -> MethodRegistry:
     """dpdm: a table, a figure, a JSON and one transcript and run; sensgeo: a table only."""
     reg = MethodRegistry()
-    spec = TranscriptSpec(claims=1, run="r1", stage="train_dpdm", delta=1e-5, data=tmp_path / "p.npz")
+    spec = TranscriptSpec(claims=1, run="r1", stage="train_dpdm", delta=1e-5, data=tmp_path / "p.npz",
+                          params={"count": 1})
     run = RunRecord(method="dpdm", config="r1/ddim", seed=0, metrics=tmp_path / "m.json", ledgers=(tmp_path / "l",))
     reg.register_targets("dpdm", lambda: [tmp_path / "dpdm_t.parquet", tmp_path / "dpdm_f.png", tmp_path / "x.json"])
     reg.register_transcripts("dpdm", lambda: {tmp_path / "l.jsonl": spec})

@@ -4,6 +4,7 @@ targets, ledger transcripts and all_runs records, for config.yaml and variants o
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,6 @@ import yaml
 
 from pipeline.config import ConfigError, config_id, deep_merge, validate_config
 from pipeline.methods.straightdp.wiring import LISTING, OWN_SECTIONS, TABLES, Wiring
-from pipeline.registry import TranscriptSpec
 from pipeline.training.straightdp_runs import LABELS, MAIN_ROW, StraightRun
 from pipeline.wiring import House
 
@@ -391,8 +391,9 @@ def test_switched_off_parts_leave_the_targets(tmp_path):
 def test_every_private_job_has_one_transcript_bound_to_its_run(w):
     tr = w.transcripts()
     run = "low_b0-uniform_moments_eps1_seed0"
-    assert tr[w.release_ledger(run)] == TranscriptSpec(claims=1, run=run, stage="release_moments", delta=1e-05,
-                                                       data=w.private_data("low_b0"))
+    release = tr[w.release_ledger(run)]
+    assert (release.claims, release.run, release.stage, release.delta, release.data) == (
+        1, run, "release_moments", 1e-05, str(w.private_data("low_b0")))
     assert tr[w.train_ledger(run)].stage == "train_straightdp"
     lat = "latent-uniform_eps0p3_seed0"
     assert tr[w.train_ledger(lat)].data == str(w.private_data("latent")) and w.release_ledger(lat) not in tr
@@ -401,15 +402,133 @@ def test_every_private_job_has_one_transcript_bound_to_its_run(w):
     assert len(tr) == n_release + n_train + 2  # + the toy's and Table 4's
 
 
-def test_the_toy_and_table4_transcripts_count_their_releases(w):
-    assert w.toy_claims() == 4 * 3 * 1  # 3 toy epsilons, 1 seed
-    assert w.table4_claims() == 2 * 3 * 3  # 2 featurisations x 3 epsilons x 3 seeds
+# the shares of config.yaml's release: Stage 1 targets weight / (weight + sgd_weight) = 0.2 / 0.85 of a run's eps
+SHARE = 0.2 / 0.85
+
+
+def test_a_release_is_registered_with_its_declared_set_its_pca_rank_and_its_share_of_eps(w):
+    spec = w.transcripts()[w.release_ledger("uniform_moments_eps0p3_seed0")]
+    # N and the classes are the declared private set's, p the release's; R is measured on the public set: not here
+    assert spec.params == ({"extra.N": 2500, "extra.n_classes": 10, "extra.p": 32, "count": 1,
+                            "extra.target_epsilon": pytest.approx(0.3 * SHARE), "extra.total_epsilon": 0.3},)
+    # its noise was calibrated to its share alone (nothing composed before it)
+    assert spec.epsilon_target == (pytest.approx(0.3 * SHARE),) and spec.after == () and spec.rtol == 1e-3
+    # a row that spends the whole eps on the release
+    alone = w.transcripts()[w.release_ledger("released_only_eps1_seed0")]
+    assert alone.epsilon_target == (1.0,) and alone.params[0]["extra.target_epsilon"] == 1.0
+
+
+def test_a_uniform_dpsgd_line_without_a_release_is_registered_whole_but_its_noise(w):
+    spec = w.transcripts()[w.train_ledger("uniform_eps1_seed0")]
+    # config.yaml: 30 steps, expected batch 64 of N = 2500, one bucket on [0, 1] clipped at C_ref = 1
+    assert spec.params == ({"sampling.n": 2500, "sampling.probability": pytest.approx(64 / 2500),
+                            "extra.expected_batch_size": pytest.approx(64.0), "count": 30, "extra.T_k": [30],
+                            "extra.edges": [0.0, 1.0], "extra.tau": 0.0, "extra.C_k": [1.0], "extra.beta": 0.0,
+                            "extra.total_target_epsilon": 1.0, "extra.composed_with_release": False},)
+    assert spec.epsilon_target == (1.0,) and spec.after == ()
+
+
+def test_a_distilling_rows_dpsgd_is_calibrated_after_its_release_and_leaves_out_the_measured_horizon(w):
     tr = w.transcripts()
-    assert tr[w.toy_ledger] == TranscriptSpec(claims=12, run="straightdp_figure6_toy", stage="straightdp_figure6_toy",
-                                              delta=1e-05, data=w.layout.split("toy"))
-    assert tr[w.table4_ledger] == TranscriptSpec(claims=18, run="straightdp_table4_text",
-                                                 stage="straightdp_table4_text", delta=1e-05,
-                                                 data=w.layout.split("private_train"))
+    for name in ("uniform_moments_eps1_seed0", "lora_moments_eps1_seed0", "low_b0-uniform_moments_eps0p3_seed0"):
+        spec = tr[w.train_ledger(name)]
+        assert spec.after == (str(w.release_ledger(name)),) and spec.epsilon_target == (StraightRun.from_name(
+            name).epsilon,)
+        # tau (and so the edges) is the knee of a curve measured on the public set: not the configuration's
+        assert "extra.edges" not in spec.params[0] and "extra.tau" not in spec.params[0]
+        assert spec.params[0]["extra.C_k"] == [1.0] and spec.params[0]["extra.composed_with_release"] is True
+
+
+def test_a_tha_plan_registers_its_buckets_steps_but_not_the_clips_its_public_proxy_picks(w, tmp_path):
+    spec = w.transcripts()[w.train_ledger("tha_moments_eps1_seed0")]
+    # K = 4 buckets, T = 30 round robin: 8, 8, 7, 7
+    assert spec.params[0]["extra.T_k"] == [8, 8, 7, 7] and spec.params[0]["count"] == 30
+    assert not {"extra.C_k", "extra.beta", "extra.edges", "extra.tau"} & set(spec.params[0])
+    # without a release (row tha) the buckets' edges are known: tau = 0
+    no_release = replaced(tmp_path / "tha", rows=["tha"], arms={})
+    tha = no_release.transcripts()[no_release.train_ledger("tha_eps1_seed0")]
+    assert tha.params[0]["extra.edges"] == [0.0, 0.25, 0.5, 0.75, 1.0] and "extra.C_k" not in tha.params[0]
+    assert tha.after == ()
+
+
+def test_the_registered_parameters_follow_the_configuration(tmp_path):
+    w = wiring(tmp_path, straightdp={"epsilons": [2], "dpsgd": {"batch_size": 50, "steps": 41, "buckets": 3,
+                                                                  "clip_ref": 0.5},
+                                     "release": {"p": 16, "weight": 0.5, "sgd_weight": 0.5}},
+               data={"private": {"n_private_train": 2000}})
+    tr = w.transcripts()
+    release, train = tr[w.release_ledger("tha_moments_eps2_seed0")], tr[w.train_ledger("tha_moments_eps2_seed0")]
+    assert release.params[0]["extra.N"] == 2000 and release.params[0]["extra.p"] == 16
+    assert release.epsilon_target == (1.0,)  # half of eps 2
+    assert train.epsilon_target == (2.0,)
+    t = train.params[0]
+    assert (t["sampling.n"], t["count"], t["extra.T_k"]) == (2000, 41, [14, 14, 13])
+    assert t["sampling.probability"] == pytest.approx(50 / 2000) and t["extra.expected_batch_size"] == pytest.approx(50)
+    uniform = tr[w.train_ledger("uniform_eps2_seed0")].params[0]
+    assert uniform["extra.C_k"] == [0.5] and uniform["extra.T_k"] == [41]
+
+
+def test_the_toy_registers_each_points_lines_in_the_order_the_stage_writes_them(w):
+    spec = w.transcripts()[w.toy_ledger]
+    assert (spec.claims, spec.run, spec.stage, spec.delta, spec.data) == (
+        12, "straightdp_figure6_toy", "straightdp_figure6_toy", 1e-05, str(w.layout.split("toy")))
+    assert w.toy_claims() == 4 * 3 * 1  # 3 toy epsilons, 1 seed
+    # per point (seed 0; eps 0.1, 0.3, 1): moments only, uniform DP-SGD, StraightDP's release then its DP-SGD
+    runs = [p["extra.run"] for p in spec.params]
+    assert runs[:4] == ["released_only_eps0p1_seed0", "uniform_eps0p1_seed0", "tha_moments_eps0p1_seed0",
+                        "tha_moments_eps0p1_seed0"]
+    moments_only, uniform, release, straight = spec.params[:4]
+    # data.toy: N 2000 points of 8 modes; the release keeps both dimensions of the plane
+    assert moments_only == {"extra.N": 2000, "extra.n_classes": 8, "extra.p": 2, "count": 1, "seed": 0,
+                            "extra.run": "released_only_eps0p1_seed0"}
+    # the toy's own DP-SGD: 300 steps, batch 200 of 2000
+    assert uniform["count"] == 300 and uniform["sampling.probability"] == pytest.approx(0.1)
+    assert uniform["extra.C_k"] == [1.0] and uniform["extra.edges"] == [0.0, 1.0]
+    assert straight["extra.T_k"] == [75] * 4 and straight["extra.composed_with_release"] is True
+    # every noise is calibrated to its point's eps; StraightDP's DP-SGD after the line before it, which a
+    # registration cannot name: its target is left out (its parameters still bind it)
+    assert spec.epsilon_target[:4] == (0.1, 0.1, pytest.approx(0.1 * SHARE), None)
+    assert spec.epsilon_target[8:] == (1.0, 1.0, pytest.approx(SHARE), None)
+
+
+def test_the_toys_registration_follows_its_settings(tmp_path):
+    w = wiring(tmp_path, straightdp={"toy": {"epsilons": [0.5], "seeds": [3, 4], "dpsgd_steps": 10,
+                                             "dpsgd_batch_size": 100}}, data={"toy": {"n": 1000}})
+    spec = w.transcripts()[w.toy_ledger]
+    assert spec.claims == 8 and [p["seed"] for p in spec.params] == [3] * 4 + [4] * 4
+    uniform = spec.params[1]
+    assert (uniform["sampling.n"], uniform["count"]) == (1000, 10)
+    assert uniform["sampling.probability"] == pytest.approx(0.1) and spec.params[0]["extra.N"] == 1000
+
+
+def test_table4_registers_each_release_with_its_featurisations_width_and_radius(w):
+    spec = w.transcripts()[w.table4_ledger]
+    assert (spec.claims, spec.run, spec.stage, spec.data) == (
+        18, "straightdp_table4_text", "straightdp_table4_text", str(w.layout.split("private_train")))
+    assert w.table4_claims() == 2 * 3 * 3  # 2 featurisations x 3 epsilons x 3 seeds
+    # featurisation, then eps, then seed; the caption codings' public widths and radii (intercept included): the
+    # class one-hot (10 + 1 wide, centred norm sqrt(0.9)) and the slot indicators (16 + 1, sqrt(2.15))
+    first, last = spec.params[0], spec.params[-1]
+    assert first == {"extra.N": 2500, "extra.p": 32, "extra.q": 11, "extra.R_txt": pytest.approx(math.sqrt(1.8)),
+                     "count": 1, "seed": 0, "extra.featurisation": "one_hot_class", "extra.target_epsilon": 0.3}
+    assert (last["extra.q"], last["extra.R_txt"], last["seed"], last["extra.featurisation"]) == (
+        17, pytest.approx(math.sqrt(4.3)), 2, "slot_indicators")
+    assert spec.epsilon_target == (0.3,) * 3 + (1.0,) * 3 + (3.0,) * 3 + (0.3,) * 3 + (1.0,) * 3 + (3.0,) * 3
+
+
+def test_every_transcript_registration_survives_the_replays_params(w):
+    # rule replay passes each registration as JSON (TranscriptSpec.as_dict) and the stage reads it back
+    from pipeline.privacy.replay import registered_from_params
+
+    for path, spec in w.transcripts().items():
+        if spec.data:  # the stage reads each split's manifest
+            Path(spec.data).parent.mkdir(parents=True, exist_ok=True)
+            Path(spec.data).with_suffix(".json").write_text(json.dumps({"sha256": "0" * 64, "n": 2500}))
+    expected = {Path(p).stem: s.as_dict() for p, s in w.transcripts().items()}
+    regs = registered_from_params(json.loads(json.dumps(expected)), "digits")
+    train = regs["straightdp_train_uniform_moments_eps1_seed0"]
+    assert train.after == ("straightdp_release_uniform_moments_eps1_seed0",)
+    assert train.params[0]["extra.composed_with_release"] is True
 
 
 def test_all_runs_records_every_run_with_its_transcripts_and_benchmarks(w):

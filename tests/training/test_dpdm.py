@@ -430,3 +430,35 @@ def test_a_second_phase_from_a_private_model_must_compose_its_transcript(private
     assert json.loads(out["metrics"].read_text())["epsilon"] == pytest.approx(both, rel=1e-3)
     # each line claims its own phase only; the run's eps is their composition
     assert first.claimed_epsilon <= 0.5 and second.claimed_epsilon < both
+
+
+def test_a_private_init_composes_its_own_line_not_another_dpsgd_line_on_the_same_data(private_split, tmp_path):
+    """The prior of a private init is the init's own line (the mechanism, stage, split, seed and config its checkpoint
+    records): a DP-SGD line of another run on the same split (here another config's smaller eps, bound to this run's
+    name so it passes the prior's run check) is refused, so is this run's own line beside another run's model; the
+    init's own line is accepted and the run composes exactly it."""
+    import re
+
+    from pipeline.privacy.certify import composed_entry, recompute
+
+    phase_one = {"epsilon": 0.5, "sigma_range": [1.0, None]}
+    own = run(tmp_path / "own", private_split, **phase_one)
+    other = run(tmp_path / "other", private_split, **{**phase_one, "epsilon": 0.2}, seed=4, config_id="another")
+    two_params = {**BASE, "unet": "init", "sigma_range": [0.0, 1.0]}
+
+    def refusal(prior: Path, init: Path) -> str:
+        return rf"input prior {re.escape(str(prior))} holds no line of input init {re.escape(str(init))}'s own training"
+
+    with pytest.raises(PipelineError, match=refusal(other["ledger"], own["model"]) + r" \(.*seed=3.*\)") as refused:
+        train_dpdm({"data": private_split, "init": own["model"], "prior": other["ledger"]},
+                   outputs(tmp_path / "bad"), two_params)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(PipelineError, match=refusal(own["ledger"], other["model"])):
+        train_dpdm({"data": private_split, "init": other["model"], "prior": own["ledger"]},
+                   outputs(tmp_path / "bad2"), two_params)
+    out = outputs(tmp_path / "two")
+    train_dpdm({"data": private_split, "init": own["model"], "prior": own["ledger"]}, out, two_params)
+    first, = [e for _, e in ledger.read_ledger(own["ledger"])]
+    second, = [e for _, e in ledger.read_ledger(out["ledger"])]
+    both = recompute(composed_entry([first, second]))
+    assert json.loads(out["metrics"].read_text())["epsilon"] == pytest.approx(both, rel=1e-3)

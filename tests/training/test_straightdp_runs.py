@@ -47,3 +47,31 @@ def test_an_arm_runs_its_own_grid_and_reads_the_main_section_with_its_switches_o
                                                                   "decoupled_only"}
     with pytest.raises(ValueError, match="not in straightdp.arms"):
         sr.arm_section(s, "nope")
+
+
+SGD = {"buckets": 4, "betas": [1, 0, 0.5], "batch_size": 64, "steps": 30, "clip_ref": 2.0}
+
+
+def test_stage2s_configuration_is_one_uniform_bucket_or_the_tha_buckets_and_shapes():
+    # what stage2_plan plans with and the wiring registers: the uniform plan is one bucket of C_ref
+    uniform = sr.stage2_config(StraightRun("uniform_moments", 1, 0), SGD, 2500)
+    assert (uniform.buckets, uniform.betas, uniform.steps, uniform.clip_ref, uniform.uniform) == (1, (0.0,), 30, 2.0,
+                                                                                                  True)
+    assert uniform.sampling_rate == 64 / 2500 and uniform.dataset_size == 2500
+    shaped = sr.stage2_config(StraightRun("tha", 1, 0), SGD, 2500)
+    assert (shaped.buckets, shaped.betas, shaped.uniform) == (4, (0.0, 0.5, 1.0), False)
+    assert sr.stage2_config(StraightRun("tha", 1, 0), {**SGD, "betas": [0]}, 2500).uniform  # only the uniform shape
+    assert sr.stage2_config(StraightRun("uniform", 1, 0), SGD, 50).sampling_rate == 1.0  # q capped at 1
+    with pytest.raises(ValueError, match="released_only trains no flow"):
+        sr.stage2_config(StraightRun("released_only", 1, 0), SGD, 2500)
+
+
+def test_the_toys_points_and_table4s_releases_in_the_order_their_stages_write_them():
+    points = sr.toy_points({"seeds": [1, 0], "epsilons": [0.3, 0.1]})
+    assert [p.name for p in points[:4]] == ["released_only_eps0p3_seed1", "uniform_eps0p3_seed1",
+                                            "tha_moments_eps0p3_seed1", "released_only_eps0p1_seed1"]
+    assert len(points) == 12 and points[-1] == StraightRun("tha_moments", 0.1, 0)
+    assert sr.table4_releases({"featurisations": ["b", "a"], "epsilons": [1, 3], "seeds": [0, 1]})[:3] == [
+        ("b", 1.0, 0), ("b", 1.0, 1), ("b", 3.0, 0)]
+    assert sr.toy_sgd({"dpsgd": SGD, "toy": {"dpsgd_steps": 5, "dpsgd_batch_size": 10, "lr": 0.1}}) == {
+        **SGD, "steps": 5, "batch_size": 10, "lr": 0.1}

@@ -14,7 +14,8 @@ from typing import Any
 
 import pipeline.resources as cost
 from pipeline.config import ConfigError
-from pipeline.registry import TranscriptSpec
+from pipeline.registry import LineParams, TranscriptSpec
+from pipeline.results.empden_accounting import AccountingConfig, block_plan, claim_parameters
 from pipeline.wiring import House, stage_params
 
 #: accounting keys that only list the accounting tables' grids; the EMPDEN mechanism itself
@@ -30,6 +31,19 @@ def mechanism(accounting: Mapping[str, Any]) -> dict[str, Any]:
     """The ``accounting`` section without its table grids: what an EMPDEN cell's noise and claim depend on (adding a
     p or B to the accounting tables' grid reruns no sampler)."""
     return {k: v for k, v in accounting.items() if k not in GRID_KEYS}
+
+
+def line_params(fields: Mapping[str, Any]) -> LineParams:
+    """A ledger line's configured fields (``mechanism``, ``count``, ``sampling``, ``extra``: a mapping's keys one level
+    down) as the replay reads them, dotted line paths (:data:`pipeline.registry.LineParams`):
+    ``{"sampling": {"n": 2500}}`` -> ``{"sampling.n": 2500}``."""
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, Mapping):
+            out.update({f"{name}.{key}": v for key, v in value.items()})
+        else:
+            out[name] = value
+    return out
 
 
 class Wiring:
@@ -108,9 +122,15 @@ class Wiring:
                 f / "empden_figure5_mu_vs_logsnr.png", f / "empden_figure7_stopping_traces.png"]
 
     def transcripts(self) -> dict[Path, TranscriptSpec]:
-        """One claim per accounted block: configuration claims, which read no private data."""
+        """One claim per accounted block: configuration claims, which read no private data, each registered with its
+        block as the configuration gives it (the stage's own plan: :func:`~pipeline.results.empden_accounting.
+        block_plan` over the section and n, each row's :func:`~pipeline.results.empden_accounting.claim_parameters`):
+        the (p, B) grid's blocks with their schedule, k, C, beta, B, n and N_out (``extra.source = "schedule"``),
+        then one per ``mu_bar_B`` given directly with that mu_bar_B (``"given"``: only these may say so)."""
+        cfg = AccountingConfig.from_params({"accounting": self.section, "n": self.n})
+        params = [line_params(claim_parameters(cfg, row)) for row in block_plan(cfg)]
         return {self.ledger: TranscriptSpec(claims=self.n_blocks, run="empden_blocks", stage="empden_blocks",
-                                            delta=self.section["delta"], configuration=True)}
+                                            delta=self.section["delta"], configuration=True, params=params)}
 
     @staticmethod
     def replay_inputs(transcripts: Iterable[Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.baselines import runs as baseline_runs
 from pipeline.baselines.runs import BaselineRun
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
+from pipeline.privacy import dpsgd_plan
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training.dpdm_runs import UNET_FROM_INIT
 from pipeline.wiring import House, params_json, stage_params
@@ -41,6 +42,8 @@ DP_LDM_CODES = ("public", "private_train")
 PRIVIMAGE_RULES = ("privimage_select", "privimage_pretrain")
 #: DP-Promise's first phase (its benchmark folder): stage train_dpdm on the high noise levels
 PHASE1_RULE = "dp_promise_phase1"
+#: DP-Promise's two releases by stage train_dpdm in one run: each line's phase (its identity in the replay)
+PHASE1, PHASE2 = "phase1", "phase2"
 #: the settings of PrivImage's query (privimage_select's params carry only these: retuning its DP-SGD reruns no query)
 PRIVIMAGE_QUERY_KEYS = ("k", "query_share", "second_domain")
 #: a method's own subsections of the section (its params carry these and the shared keys, so adding or tuning one
@@ -297,11 +300,11 @@ class Wiring:
         run = BaselineRun.from_name(wildcards.run)
         if run.method == "dp_promise":  # phase II: the low noise levels, calibrated to both phases composed
             return self._dpsgd_params(run, run.epsilon, sigma_range=[0.0, self.section["dp_promise"]["sigma_split"]],
-                                      public_start=False)
+                                      public_start=False, phase=PHASE2)
         return self._dpsgd_params(run, run.epsilon)
 
     def _dpsgd_params(self, run: BaselineRun, epsilon: float, sigma_range: list[float | None] | None = None,
-                      public_start: bool = True) -> str:
+                      public_start: bool = True, phase: str = "") -> str:
         own, pretrain, h = self.section[run.method], self.house.config["pretrain"], self.house
         keys = ("clip", "batch_size", "epochs", "lr", "K", "ema_decay", "micro_batch", "checkpoint_every_s")
         # DP-Diffusion's views; PrivImage and DP-LDM fine-tune with noise multiplicity alone (DPDM's recipe)
@@ -315,8 +318,9 @@ class Wiring:
                             **{k: own[k] for k in keys}, augment=augment,
                             unet=UNET_FROM_INIT, label_dropout=pretrain["label_dropout"], trainable=trainable,
                             private=h.private,
-                            ledger_binding=h.ledger_binding(run.name), device=h.device, threads=h.torch_threads,
-                            **({"sigma_range": sigma_range} if sigma_range else {}), **public_model)
+                            ledger_binding=h.ledger_binding(run.name, phase), device=h.device,
+                            threads=h.torch_threads, **({"sigma_range": sigma_range} if sigma_range else {}),
+                            **public_model)
 
     # ---------------------------------------------------------------- DP-Promise's first phase
 
@@ -338,7 +342,8 @@ class Wiring:
     def phase1_params(self, wildcards: Any) -> str:
         """train_dpdm params of DP-Promise's phase I: the noise levels sigma >= sigma_split, phase1_share x eps."""
         run, own = BaselineRun.from_name(wildcards.run), self.section["dp_promise"]
-        return self._dpsgd_params(run, own["phase1_share"] * run.epsilon, sigma_range=[own["sigma_split"], None])
+        return self._dpsgd_params(run, own["phase1_share"] * run.epsilon, sigma_range=[own["sigma_split"], None],
+                                  phase=PHASE1)
 
     def dpsgd_sample_params(self, wildcards: Any) -> str:
         """sample_dpdm params of a DP-SGD baseline run (rule sample_baseline, or sample_dp_ldm for its codes): its
@@ -361,19 +366,44 @@ class Wiring:
 
     def transcripts(self) -> dict[Path, TranscriptSpec]:
         """Each run's lines (one per transcript), bound to the run, its stage, the baselines' delta and the private
-        split."""
+        split, and held to what the configuration ran (:meth:`line_params`; every baseline's noise is calibrated to
+        its eps, composed after its run's earlier release where it has one: PrivImage's query, DP-Promise's phase I)."""
         data, delta = self.house.layout.split("private_train"), self.section["delta"]
         out = {}
         for r in self.runs():
-            out[self.ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage=STAGES[r.method], delta=delta,
-                                                           data=self.private_data(r))
+            last: dict[str, Any] = {"epsilon_target": r.epsilon}
             if r.method == "privimage":
-                out[self.query_ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage="privimage_select",
-                                                                     delta=delta, data=data)
+                query_share = self.section["privimage"]["query_share"]
+                out[self.query_ledger_path(r.name)] = TranscriptSpec(
+                    claims=1, run=r.name, stage="privimage_select", delta=delta, data=data,
+                    params={"extra.k": self.section["privimage"]["k"]}, epsilon_target=query_share * r.epsilon)
+                last["after"] = (self.query_ledger_path(r.name),)
             if r.method == "dp_promise":
-                out[self.phase1_ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage="train_dpdm",
-                                                                      delta=delta, data=data)
+                own = self.section["dp_promise"]
+                out[self.phase1_ledger_path(r.name)] = TranscriptSpec(
+                    claims=1, run=r.name, stage="train_dpdm", delta=delta, data=data, phase=PHASE1,
+                    params=self.line_params(r), epsilon_target=own["phase1_share"] * r.epsilon)
+                last.update(after=(self.phase1_ledger_path(r.name),), phase=PHASE2)
+            out[self.ledger_path(r.name)] = TranscriptSpec(claims=1, run=r.name, stage=STAGES[r.method], delta=delta,
+                                                           data=self.private_data(r), params=self.line_params(r),
+                                                           **last)
         return out
+
+    def line_params(self, run: BaselineRun) -> dict[str, Any]:
+        """What the configuration fixes of a run's private release (its last one; DP-Promise's two phases share
+        them), as dotted paths of its ledger line: the DP-SGD family's N, batch, T and clip; the embedding family's
+        N (the mean's divisor, a declared constant), classes and DP-MERF's features; Private Evolution's T
+        releases. Every noise is calibrated (TranscriptSpec.epsilon_target), so no sigma is here."""
+        N, n_classes = self.house.private["N"], self.house.private["n_classes"]
+        own = self.section[run.method]
+        if run.method in baseline_runs.DPSGD_FAMILY:
+            steps = dpsgd_plan.dpsgd_steps(dataset_size=N, batch_size=own["batch_size"], epochs=own["epochs"])
+            return dpsgd_plan.configured_line(dataset_size=N, batch_size=own["batch_size"], steps=steps,
+                                              max_grad_norm=own["clip"])
+        if run.method == "pe":
+            return {"extra.iterations": own["iterations"], "count": own["iterations"]}
+        out = {"extra.m": N, "extra.n_classes": n_classes, "count": 1}
+        return {**out, "extra.n_features": own["n_features"]} if run.method == "dp_merf" else out
 
     def bundle_runs(self) -> list[str]:
         return [run.name for run in self.runs()]

@@ -15,6 +15,7 @@ from typing import Any
 import pipeline.resources as cost
 from pipeline.config import schema_defaults
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
+from pipeline.privacy import dpsgd_plan
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training import dpdm_runs
 from pipeline.training.dpdm_runs import ClassifierRun, DpdmRun, fmt_num
@@ -150,16 +151,26 @@ class Wiring:
         return out
 
     def transcripts(self) -> dict[Path, TranscriptSpec]:
-        """One claim per training run's own transcript, bound to the run, DPDM's delta and the private split; the
-        same for every task-specific DP-SGD classifier run."""
-        data, delta = self.house.layout.split("private_train"), self.section["delta"]
+        """One claim per training run's own transcript, bound to the run, DPDM's delta and the private split, held to
+        the DP-SGD the configuration ran (N, batch, T, clip; sigma to the run's eps); the same for every task-specific
+        DP-SGD classifier run."""
+        d = self.section
+        data, delta = self.house.layout.split("private_train"), d["delta"]
         out = {self.ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage="train_dpdm", delta=delta,
-                                                        data=data)
+                                                        data=data, params=self._dpsgd_line(d), epsilon_target=r.epsilon)
                for r in self.runs()}
-        out.update({self.classifier_ledger_path(r.name): TranscriptSpec(claims=1, run=r.name, stage=CLASSIFIER_STAGE,
-                                                                        delta=delta, data=data)
-                    for r in self.classifier_runs()})
+        chosen = dpdm_runs.subsection(d, "dpsgd_classifier") or schema_defaults("dpdm", "dpsgd_classifier")
+        out.update({self.classifier_ledger_path(r.name): TranscriptSpec(
+            claims=1, run=r.name, stage=CLASSIFIER_STAGE, delta=delta, data=data, params=self._dpsgd_line(chosen),
+            epsilon_target=r.epsilon) for r in self.classifier_runs()})
         return out
+
+    def _dpsgd_line(self, section: Any) -> dict[str, Any]:
+        """What a DP-SGD line trained by ``section``'s batch, epochs and clip on the declared private set must say."""
+        N = self.house.private["N"]
+        steps = dpsgd_plan.dpsgd_steps(dataset_size=N, batch_size=section["batch_size"], epochs=section["epochs"])
+        return dpsgd_plan.configured_line(dataset_size=N, batch_size=section["batch_size"], steps=steps,
+                                          max_grad_norm=section["clip"])
 
     def records(self) -> list[RunRecord]:
         """all_runs records: every evaluated (run, sampler) of the DPDM tables; the main table's rows are the

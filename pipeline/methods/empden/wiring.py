@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pipeline.resources as cost
-from pipeline.methods.accounting.wiring import EPS_KEYS, mechanism
-from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
+from pipeline.methods.accounting.wiring import EPS_KEYS, line_params, mechanism
+from pipeline.privacy.empden_block import EmpdenBlock
+from pipeline.registry import BundleSpec, LineParams, RunRecord, TranscriptSpec
 from pipeline.sampling.empden_grid import Cell, cell_from_wildcards, grid_cells
+from pipeline.sampling.empden_plan import cell_block, figure2_blocks, job_outputs
 from pipeline.wiring import House, io_args, stage_params
 
 #: the empirical denoiser's normaliser settings (empden.normaliser, empden.normaliser_n): params of every job that
@@ -295,14 +297,30 @@ class Wiring:
     def transcripts(self) -> dict[Path, TranscriptSpec]:
         """Each cell that reads private data writes its own transcript (parallel jobs never append to the same
         file) with one claim per shard (one unsharded), bound to the cell (its ledger stem); Figure 2 writes two
-        (output-wise and per-step). Every line at the accounting delta, on the private split."""
+        (output-wise and per-step). Every line at the accounting delta, on the private split, and with the
+        parameters of the block the configuration runs (:mod:`pipeline.sampling.empden_plan`, as the stages build
+        it): its mechanism, schedule, k, C (as applied), beta, B, n (the declared N) and outputs. EMPDEN's noise is
+        configured, not calibrated: those parameters fix every line's event."""
         common = dict(delta=self.house.config["accounting"]["delta"], data=self.house.layout.split("private_train"))
         claims = {self.ledger_path(c): TranscriptSpec(claims=self.shards, run=c.ledger_stem, stage="empden_sample",
-                                                      **common)
+                                                      params=self._cell_lines(c), **common)
                   for c in self.cells() if c.private}
         if self.section["figure2"]:
-            claims[self.figure2_ledger] = TranscriptSpec(claims=2, run=FIGURE2, stage=FIGURE2, **common)
+            blocks = figure2_blocks(self.section["figure2"], mechanism(self.house.config["accounting"]),
+                                    beta=self.house.config["accounting"]["beta"], seed=self.section["seeds"][0],
+                                    n=self.house.private["N"])
+            claims[self.figure2_ledger] = TranscriptSpec(claims=2, run=FIGURE2, stage=FIGURE2,
+                                                         params=[_block_line(b) for b in blocks.values()], **common)
         return claims
+
+    def _cell_lines(self, cell: Cell) -> list[LineParams]:
+        """The configured parameters of each line of a private cell's transcript: one per job (shard), the cell's
+        block over the declared N for that job's share of the cell's outputs (the params :meth:`sample_params`
+        gives the stage)."""
+        h = self.house
+        jobs = job_outputs(cost.empden_n_out(h.config), self.section["batch_size"], self.shards)
+        return [_block_line(cell_block(cell, mechanism(h.config["accounting"]), n=h.private["N"], n_out=stop - start))
+                for start, stop in jobs]
 
     def bundle_runs(self) -> list[str]:
         """Every private cell (its name with '/' -> '_': one folder)."""
@@ -332,3 +350,10 @@ class Wiring:
                           in_figure=c.method != "full_batch", headline=c.method == MAIN_SAMPLER,
                           benchmarks=self.benchmarks(c))
                 for c in self.cells()]
+
+
+def _block_line(block: EmpdenBlock) -> LineParams:
+    """What an EMPDEN sampler's ledger line states of its block (:func:`pipeline.privacy.empirical_denoiser.
+    record_block`): its mechanism, outputs, sampling and schedule parameters (k, C as applied, beta)."""
+    return line_params({"mechanism": block.mechanism_name, "count": block.N_out, "sampling": block.sampling(),
+                        "extra": block.schedule_extra()})

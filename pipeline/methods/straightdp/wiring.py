@@ -57,6 +57,24 @@ def sample_shape(config: Mapping[str, Any], section: Mapping[str, Any]) -> list[
     return [cost.image_channels(config), side, side]
 
 
+def stage2_line_params(run: StraightRun, sgd: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """What a training run's ``tha_dpsgd`` line must say, as the configuration fixes it (dpsgd section ``sgd``,
+    declared private size ``n``): :func:`pipeline.training.straightdp_runs.stage2_config`, the settings
+    ``stage2_plan`` plans with, on the line's paths (:func:`pipeline.privacy.tha.configured_params`): N, q and the
+    expected batch, T and T_k over K buckets; for a row without a release (tau = 0) the bucket edges and tau; for a
+    plan whose every candidate is uniform the clips (C_ref) and beta 0. Not tau where the release is distilled (the
+    knee of a cosine curve measured on the PUBLIC set by straightdp_geometry), a THA plan's clips and beta (shaped
+    by the released or public spectrum, picked by the public proxy), nor the noise s (calibrated: the transcript's
+    ``epsilon_target``)."""
+    from pipeline.privacy import tha
+
+    st = straightdp_runs.stage2_config(run, sgd, n)
+    tau = None if run.distills else 0.0
+    out = tha.configured_params(dataset_size=st.dataset_size, sampling_rate=st.sampling_rate, steps=st.steps,
+                                buckets=st.buckets, tau=tau, uniform_clip=st.clip_ref if st.uniform else None)
+    return out if tau is None else {**out, "extra.tau": tau}
+
+
 class Wildcards(Protocol):
     """A run rule's wildcards (Snakemake's, or any object with the run name)."""
 
@@ -193,14 +211,12 @@ class Wiring:
 
     def table4_claims(self) -> int:
         """One text release per (featurisation, eps, seed)."""
-        t4 = self.config["straightdp"]["table4"]
-        return len(t4["featurisations"]) * len(t4["epsilons"]) * len(t4["seeds"])
+        return len(straightdp_runs.table4_releases(self.config["straightdp"]["table4"]))
 
     def toy_claims(self) -> int:
-        """Ledger lines of the toy: per (eps, seed), one release (moments only), one DP-SGD (uniform), both
-        (StraightDP)."""
-        toy = self.config["straightdp"]["toy"]
-        return 4 * len(toy["epsilons"]) * len(toy["seeds"])
+        """Ledger lines of the toy (straightdp_runs.toy_points): per (eps, seed), one release (moments only), one
+        DP-SGD (uniform), both (StraightDP)."""
+        return sum(run.releases + run.trains for run in straightdp_runs.toy_points(self.config["straightdp"]["toy"]))
 
     # ------------------------------------------------------------------ an arm's section, space and public files
 
@@ -481,25 +497,91 @@ class Wiring:
     def transcripts(self) -> dict[Path, TranscriptSpec]:
         """One claim per transcript: each releasing run's Stage 1 line, each training run's Stage 2 line (bound to
         the run, its arm's delta and the private split it reads); the toy's and Table 4's lines bound to their
-        table job."""
+        table job. Every line carries what the configuration says ran (:meth:`release_params`,
+        :meth:`train_params`, :meth:`toy_line_specs`, :meth:`table4_line_specs`) and the eps its noise was
+        calibrated to; a Stage 2 line composed after its run's release is calibrated after that transcript."""
         delta = self.config["straightdp"]["delta"]
         out = {}
         for run in self.all_runs():
             common = dict(claims=1, run=run.name, delta=self.arm_section(run.arm)["delta"],
                           data=self.private_data(run.arm))
             if run.releases:
-                out[self.release_ledger(run.name)] = TranscriptSpec(stage="release_moments", **common)
+                out[self.release_ledger(run.name)] = TranscriptSpec(
+                    stage="release_moments", params=self.release_params(run),
+                    epsilon_target=run.release_epsilon(self.arm_section(run.arm)["release"]), **common)
             if run.trains:
-                out[self.train_ledger(run.name)] = TranscriptSpec(stage="train_straightdp", **common)
+                out[self.train_ledger(run.name)] = TranscriptSpec(
+                    stage="train_straightdp", params=self.train_params(run), epsilon_target=run.epsilon,
+                    after=(str(self.release_ledger(run.name)),) if run.distills else (), **common)
         if self.toy_enabled():
+            params, targets = zip(*self.toy_line_specs())
             out[self.toy_ledger] = TranscriptSpec(claims=self.toy_claims(), run="straightdp_figure6_toy",
                                                   stage="straightdp_figure6_toy", delta=delta,
-                                                  data=self.layout.split("toy"))
+                                                  data=self.layout.split("toy"), params=params,
+                                                  epsilon_target=targets)
         if self.table4_enabled():
+            params, targets = zip(*self.table4_line_specs())
             out[self.table4_ledger] = TranscriptSpec(claims=self.table4_claims(), run="straightdp_table4_text",
                                                      stage="straightdp_table4_text", delta=delta,
-                                                     data=self.layout.split("private_train"))
+                                                     data=self.layout.split("private_train"), params=params,
+                                                     epsilon_target=targets)
         return out
+
+    # ------------------------------------------------------------------ what each ledger line must say it ran
+
+    def release_params(self, run: StraightRun) -> dict[str, Any]:
+        """A run's Stage 1 line (``moment_release``) as configured: the declared N and classes, the release's PCA
+        rank p, one release, and the run's Stage-1 target and total eps. Not R (a quantile of the PUBLIC features,
+        measured by straightdp_geometry) nor sigma (calibrated: the transcript's ``epsilon_target``)."""
+        from pipeline.privacy import moments
+
+        private = self.house.private
+        rel = self.arm_section(run.arm)["release"]
+        return {**moments.configured_params(N=private["N"], n_classes=private["n_classes"], p=int(rel["p"])),
+                "extra.target_epsilon": run.release_epsilon(rel), "extra.total_epsilon": run.epsilon}
+
+    def train_params(self, run: StraightRun) -> dict[str, Any]:
+        """A run's Stage 2 line (``tha_dpsgd``) as configured: :func:`stage2_line_params` of its arm's dpsgd section
+        and the declared N, its total target and whether it composes after the run's release."""
+        return {**stage2_line_params(run, self.arm_section(run.arm)["dpsgd"], self.house.private["N"]),
+                "extra.total_target_epsilon": run.epsilon, "extra.composed_with_release": run.distills}
+
+    def toy_line_specs(self) -> list[tuple[dict[str, Any], float | None]]:
+        """(params, calibration target) of each line of the toy's transcript, in the order the stage writes them
+        (straightdp_runs.toy_points): per point its release (data.toy's N and modes, p = 2, its Stage-1 target),
+        then its DP-SGD (the toy's steps and batch: straightdp_runs.toy_sgd). StraightDP's DP-SGD line is calibrated
+        after the release line just before it in the same transcript, which a registration cannot name (``after``
+        names whole transcripts): its target is left None, its configured parameters still bind it."""
+        from pipeline.privacy import moments
+
+        section = self.arm_section()
+        toy_data, rel = self.config["data"]["toy"], section["release"]
+        N, sgd = int(toy_data["n"]), straightdp_runs.toy_sgd(section)
+        out: list[tuple[dict[str, Any], float | None]] = []
+        for run in straightdp_runs.toy_points(section["toy"]):
+            point = {"seed": run.seed, "extra.run": run.name}
+            if run.releases:
+                out.append(({**moments.configured_params(N=N, n_classes=int(toy_data["n_modes"]),
+                                                         p=straightdp_runs.TOY_RELEASE_P), **point},
+                            run.release_epsilon(rel)))
+            if run.trains:
+                out.append(({**stage2_line_params(run, sgd, N), **point, "extra.row": run.row,
+                             "extra.total_target_epsilon": run.epsilon, "extra.composed_with_release": run.releases},
+                            None if run.releases else run.epsilon))
+        return out
+
+    def table4_line_specs(self) -> list[tuple[dict[str, Any], float]]:
+        """(params, calibration target) of each Table 4 release (straightdp_runs.table4_releases' order): the
+        declared N, the release's p, the featurisation's width q and radius R_txt (public: text_moments.CaptionCoding),
+        one release, its featurisation, seed and eps. Not R (measured on the PUBLIC composed images)."""
+        from pipeline.privacy import text_moments
+
+        s = self.config["straightdp"]
+        N, p = self.house.private["N"], int(s["release"]["p"])
+        codings = {kind: text_moments.CaptionCoding.of(kind) for kind in s["table4"]["featurisations"]}
+        return [({**text_moments.configured_params(N=N, p=p, q=codings[kind].q, R_txt=codings[kind].R_txt),
+                  "seed": seed, "extra.featurisation": kind, "extra.target_epsilon": eps}, eps)
+                for kind, eps, seed in straightdp_runs.table4_releases(s["table4"])]
 
     def bundle_runs(self) -> list[str]:
         """Every run ``all`` builds (each releases, trains or both)."""

@@ -11,8 +11,10 @@ TOYMEAN_RECORDS = [RunRecord(method="toymean", config=TOYMEAN_RUN, seed=0, epsil
                              benchmarks=(benchmark_path("toymean_release"),))]
 
 register_targets("toymean", lambda: [TABLES / "toymean_table.parquet"])
-register_transcripts("toymean", lambda: {TOYMEAN_LEDGER: TranscriptSpec(claims=1, run=TOYMEAN_RUN, stage="toymean_release",
-                                                                       delta=TOYMEAN_DELTA, data=DATA / "private_train.npz")})
+# what the configuration ran: sigma (configured, not calibrated) and the declared N, on its one line
+register_transcripts("toymean", lambda: {TOYMEAN_LEDGER: TranscriptSpec(
+    claims=1, run=TOYMEAN_RUN, stage="toymean_release", delta=TOYMEAN_DELTA, data=DATA / "private_train.npz",
+    params={"extra.toymean_sigma": config["toymean"]["sigma"], "extra.N": PRIVATE["N"]})})
 register_runs("toymean", lambda: TOYMEAN_RECORDS)
 
 

@@ -69,7 +69,7 @@ def plan_from_entry(entry: ledger.LedgerEntry) -> Plan:
     return Plan(sigma=param(entry, "extra.toymean_sigma"), N=param(entry, "extra.N", int), delta=entry.delta)
 
 
-@register(MECHANISM)
+@register(MECHANISM, size="extra.N")
 def _toymean(entry: ledger.LedgerEntry) -> Expected:
     plan = plan_from_entry(entry)
     return Expected(plan.event(), {"sensitivity": plan.sensitivity, "noise_std": plan.noise_std,
