@@ -55,7 +55,9 @@ class TranscriptSpec:
     ``epsilon_target``, the eps each line's noise was calibrated to (one for every line or one per line; ``None``:
     its noise is configured, and so in ``params``). A calibrated line's noise must be the calibration's: noise
     smaller by ``(1 + rtol)^2`` must exceed the target (composed after the lines of the transcripts ``after``, the
-    run's earlier releases its calibration composed in), so a line claiming more noise than ran is refused.
+    run's earlier releases its calibration composed in, and after the earlier lines of its own transcript that
+    ``prior_lines`` lists for it: the toy's DP-SGD after its point's release), so a line claiming more noise than
+    ran is refused.
     """
 
     claims: int
@@ -69,6 +71,7 @@ class TranscriptSpec:
     after: tuple[str, ...] = ()
     rtol: float = 1e-3
     phase: str = ""
+    prior_lines: Sequence[Sequence[int]] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", None if self.data is None else str(self.data))
@@ -87,6 +90,11 @@ class TranscriptSpec:
             raise ValueError(f"transcript of run {self.run!r}: epsilon_target must be > 0 or None, got {targets!r}")
         object.__setattr__(self, "epsilon_target", tuple(None if t is None else float(t) for t in targets))
         object.__setattr__(self, "after", tuple(str(p) for p in self.after))
+        priors = tuple(tuple(int(j) for j in p) for p in self.prior_lines) or ((),) * self.claims
+        if len(priors) != self.claims or any(not 0 <= j < i for i, p in enumerate(priors) for j in p):
+            raise ValueError(f"transcript of run {self.run!r}: prior_lines must list, for each of the {self.claims} "
+                             f"lines, earlier lines of the transcript, got {self.prior_lines!r}")
+        object.__setattr__(self, "prior_lines", priors)
         if not 0 < self.rtol < 0.5:
             raise ValueError(f"transcript of run {self.run!r}: rtol must be in (0, 0.5), got {self.rtol!r}")
 
@@ -104,6 +112,7 @@ class TranscriptSpec:
         out = asdict(self)
         out["params"], out["epsilon_target"], out["after"] = ([dict(p) for p in self.params],
                                                               list(self.epsilon_target), list(self.after))
+        out["prior_lines"] = [list(p) for p in self.prior_lines]
         return out
 
 

@@ -75,7 +75,7 @@ def registration(path: Path, data: Path, **overrides) -> dict:
             "delta": first.delta if first else 1e-5, "data": None if configuration else str(data),
             "configuration": configuration, "params": [{"count": c} for c in counts] or [{"count": 1}],
             "epsilon_target": [None] * max(1, len(counts)), "after": [], "rtol": 1e-3,
-            "phase": first.phase if first else ""}
+            "phase": first.phase if first else "", "prior_lines": [[]] * max(1, len(counts))}
     return {**spec, **overrides}
 
 

@@ -79,7 +79,7 @@ def test_a_transcript_is_registered_with_what_the_replay_binds_it_to():
     assert SPEC.as_dict() == {"claims": 2, "run": "alpha_run", "stage": "train_alpha", "delta": 1e-5,
                               "data": "d/private_train.npz", "configuration": False,
                               "params": [{"count": 1}, {"count": 1}], "epsilon_target": [None, None], "after": [],
-                              "rtol": 1e-3, "phase": ""}
+                              "rtol": 1e-3, "phase": "", "prior_lines": [[], []]}
     per_line = TranscriptSpec(**{**SPEC.as_dict(), "params": [{"count": 1}, {"count": 2}], "epsilon_target": 1,
                                  "after": ["l/a.jsonl"]})
     assert per_line.params == ({"count": 1}, {"count": 2}) and per_line.epsilon_target == (1.0, 1.0)
@@ -94,7 +94,9 @@ def test_a_transcript_is_registered_with_what_the_replay_binds_it_to():
                                              ({"params": {}}, "every line needs its configured mechanism "),
                                              ({"epsilon_target": 0}, "epsilon_target must be > 0 or None"),
                                              ({"epsilon_target": [1.0]}, "epsilon_target must be one value"),
-                                             ({"rtol": 0.5}, r"rtol must be in \(0, 0.5\)")])
+                                             ({"rtol": 0.5}, r"rtol must be in \(0, 0.5\)"),
+                                             ({"prior_lines": [[], [1]]}, "prior_lines must list, for each"),
+                                             ({"prior_lines": [[]]}, "prior_lines must list, for each")])
 def test_a_bad_transcript_spec_is_a_one_line_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TranscriptSpec(**{**SPEC.as_dict(), **kwargs})

@@ -75,13 +75,14 @@ def file_hashes(root: Path) -> dict[str, str]:
 #: what the certificate records of each transcript's registration: the replay holds the bundle's lines to it at
 #: export and at every verification (its binding, and what the configuration ran: pipeline.privacy.replay.Registered)
 REGISTRATION_KEYS = ("claims", "run", "stage", "phase", "delta", "data_sha256", "data_n", "configuration", "params",
-                     "epsilon_target", "after", "rtol")
+                     "epsilon_target", "after", "rtol", "prior_lines")
 
 
 def _registration(r: Any) -> dict[str, Any]:
     """A transcript's :class:`~pipeline.privacy.replay.Registered` as the certificate records it (plain JSON)."""
     out = {k: getattr(r, k) for k in REGISTRATION_KEYS}
-    out.update(params=[dict(p) for p in r.params], epsilon_target=list(r.epsilon_target), after=list(r.after))
+    out.update(params=[dict(p) for p in r.params], epsilon_target=list(r.epsilon_target), after=list(r.after),
+               prior_lines=[list(p) for p in r.prior_lines])
     return out
 
 
@@ -102,7 +103,7 @@ def _transcripts_of(certificate: Mapping[str, Any]) -> dict[str, Any]:
                                data_sha256=t["data_sha256"], data_n=t["data_n"],
                                configuration=bool(t["configuration"]), params=tuple(t["params"]),
                                epsilon_target=tuple(t["epsilon_target"]), after=tuple(t["after"]),
-                               rtol=float(t["rtol"]))
+                               rtol=float(t["rtol"]), prior_lines=tuple(tuple(p) for p in t["prior_lines"]))
     return out
 
 

@@ -73,7 +73,8 @@ class Registered:
     configured one), ``data_sha256`` (the manifest sha256 of the split its stage read; ``""`` for
     configuration claims) and ``seq`` = the line's position, ``phase``, the manifest's size ``data_n``, and
     each line's configured ``params`` and calibration target (``epsilon_target``, composed ``after`` other
-    transcripts, to ``rtol``). Only ``configuration`` transcripts may hold a mu_bar_B given directly.
+    transcripts and after the earlier lines ``prior_lines`` of its own, to ``rtol``). Only ``configuration``
+    transcripts may hold a mu_bar_B given directly.
     """
 
     claims: int
@@ -92,6 +93,8 @@ class Registered:
     #: names of the transcripts a calibration composed before this one, and the calibration's tolerance
     after: tuple[str, ...] = ()
     rtol: float = 1e-3
+    #: per line: the indices of earlier lines of this transcript its calibration composed before it
+    prior_lines: tuple[tuple[int, ...], ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -144,7 +147,7 @@ def registered_from_params(expected: Any, experiment: Any) -> dict[str, Register
     out = {}
     for name, spec in expected.items():
         keys = ("claims", "run", "stage", "delta", "data", "configuration", "params", "epsilon_target", "after",
-                "rtol", "phase")
+                "rtol", "phase", "prior_lines")
         if not isinstance(spec, Mapping) or set(spec) != set(keys):
             raise PipelineError(f"replay: params.expected.{name} must hold exactly {', '.join(keys)}, got {spec!r}")
         delta = spec["delta"]
@@ -159,12 +162,18 @@ def registered_from_params(expected: Any, experiment: Any) -> dict[str, Register
         if not all(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0) for t in targets):
             raise PipelineError(f"replay: params.expected.{name}.epsilon_target must be > 0 or null per line, "
                                 f"got {targets!r}")
+        priors = _per_line(name, "prior_lines", spec["prior_lines"], claims)
+        if not all(isinstance(p, list) and all(isinstance(j, int) and not isinstance(j, bool) and 0 <= j < i
+                                                for j in p) for i, p in enumerate(priors)):
+            raise PipelineError(f"replay: params.expected.{name}.prior_lines must list earlier line indices per line, "
+                                f"got {priors!r}")
         sha, n = _manifest(name, spec["data"])
         out[str(name)] = Registered(claims=claims, run=str(spec["run"]), experiment=experiment,
                                     stage=str(spec["stage"]), delta=float(delta), data_sha256=sha, data_n=n,
                                     configuration=bool(spec["configuration"]), phase=str(spec["phase"]),
                                     params=params, epsilon_target=targets,
-                                    after=tuple(Path(a).stem for a in spec["after"]), rtol=float(spec["rtol"]))
+                                    after=tuple(Path(a).stem for a in spec["after"]), rtol=float(spec["rtol"]),
+                                    prior_lines=tuple(tuple(p) for p in priors))
     return out
 
 
@@ -342,11 +351,13 @@ def _check_calibrations(regs: Mapping[str, Registered], lines: Mapping[str, list
         if name not in lines:
             continue
         missing = [a for a in reg.after if a not in lines]
-        prior = [e for a in reg.after if a in lines for e in lines[a]]
+        earlier = [e for a in reg.after if a in lines for e in lines[a]]
         for i, entry in enumerate(lines[name]):
             target = reg.epsilon_target[i] if i < len(reg.epsilon_target) else None
             if target is None:
                 continue
+            own = reg.prior_lines[i] if i < len(reg.prior_lines) else ()
+            prior = [*earlier, *(lines[name][j] for j in own if j < len(lines[name]))]
             where = f"{transcripts[name]}:{i + 1}"
             problems = ([f"its calibration composed transcript(s) {', '.join(missing)} before it, not handed in"]
                         if missing else calibration_failures(entry, target, prior, reg.rtol))
@@ -403,7 +414,7 @@ def replay_transcripts(paths: Sequence[Path]) -> list[dict[str, Any]]:
        params={"config_id": "id of the configuration (recorded in the report)",
                "experiment": "the experiment every line must name",
                "expected": "transcript name -> {claims, run, stage, delta, data, configuration, params, "
-                           "epsilon_target, after, rtol, phase}: the method "
+                           "epsilon_target, after, rtol, phase, prior_lines}: the method "
                            "registry's (pipeline.registry.TranscriptSpec); every --in must be listed and every listed "
                            "name given. Required: without it the stage certifies nothing"})
 def replay(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:

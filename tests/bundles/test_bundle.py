@@ -47,12 +47,13 @@ def run_files(tmp_path_factory):
 
 #: what the tiny run's configuration ran (TRAIN): the declared N, the batch, T and the clip; sigma to eps 1
 CONFIGURED = {"params": [{"sampling.n": 40, "extra.expected_batch_size": 8, "count": 2, "extra.max_grad_norm": 1.0}],
-              "epsilon_target": [1.0], "after": [], "rtol": 1e-3, "phase": ""}
+              "epsilon_target": [1.0], "after": [], "rtol": 1e-3, "phase": "", "prior_lines": [[]]}
 
 
 def registered(params: dict, target: float | None = None) -> dict:
     """The rest of a transcript's registration: its line's configured ``params`` and calibration ``target``."""
-    return {"params": [params], "epsilon_target": [target], "after": [], "rtol": 1e-3, "phase": ""}
+    return {"params": [params], "epsilon_target": [target], "after": [], "rtol": 1e-3, "phase": "",
+            "prior_lines": [[]]}
 
 
 def export(files: dict[str, Path], out: Path, **params) -> Path:

@@ -110,6 +110,10 @@ def test_each_line_is_held_to_what_the_configuration_ran_and_to_the_eps_its_nois
     assert query.epsilon_target == (sec["privimage"]["query_share"],) and query.after == ()
     assert dpsgd.epsilon_target == (1.0,) and dpsgd.after == (str(bl.query_ledger_path("privimage_eps1_seed0")),)
     assert all(s.epsilon_target[0] is not None for s in specs.values())
+    # DP-Promise's two phases share one configured DP-SGD
+    promise = next(r for r in bl.runs() if r.method == "dp_promise")
+    assert specs[bl.phase1_ledger_path(promise.name)].params == specs[bl.ledger_path(promise.name)].params == (
+        bl.line_params(promise),)
     # an edited configuration is what the replay then holds the line to
     edited = Wiring(house(tmp_path, lambda c: c["baselines"]["dp_diffusion"].update(batch_size=100, epochs=2)))
     assert edited.transcripts()[bl.ledger_path("dp_diffusion_eps1_seed0")].params[0]["count"] == 50

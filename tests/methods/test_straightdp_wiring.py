@@ -411,6 +411,7 @@ def test_a_release_is_registered_with_its_declared_set_its_pca_rank_and_its_shar
     # N and the classes are the declared private set's, p the release's; R is measured on the public set: not here
     assert spec.params == ({"extra.N": 2500, "extra.n_classes": 10, "extra.p": 32, "count": 1,
                             "extra.target_epsilon": pytest.approx(0.3 * SHARE), "extra.total_epsilon": 0.3},)
+    assert spec.params == (w.release_params(StraightRun.from_name("uniform_moments_eps0p3_seed0")),)
     # its noise was calibrated to its share alone (nothing composed before it)
     assert spec.epsilon_target == (pytest.approx(0.3 * SHARE),) and spec.after == () and spec.rtol == 1e-3
     # a row that spends the whole eps on the release
@@ -425,6 +426,7 @@ def test_a_uniform_dpsgd_line_without_a_release_is_registered_whole_but_its_nois
                             "extra.expected_batch_size": pytest.approx(64.0), "count": 30, "extra.T_k": [30],
                             "extra.edges": [0.0, 1.0], "extra.tau": 0.0, "extra.C_k": [1.0], "extra.beta": 0.0,
                             "extra.total_target_epsilon": 1.0, "extra.composed_with_release": False},)
+    assert spec.params == (w.train_params(StraightRun.from_name("uniform_eps1_seed0")),)
     assert spec.epsilon_target == (1.0,) and spec.after == ()
 
 
@@ -485,10 +487,12 @@ def test_the_toy_registers_each_points_lines_in_the_order_the_stage_writes_them(
     assert uniform["count"] == 300 and uniform["sampling.probability"] == pytest.approx(0.1)
     assert uniform["extra.C_k"] == [1.0] and uniform["extra.edges"] == [0.0, 1.0]
     assert straight["extra.T_k"] == [75] * 4 and straight["extra.composed_with_release"] is True
-    # every noise is calibrated to its point's eps; StraightDP's DP-SGD after the line before it, which a
-    # registration cannot name: its target is left out (its parameters still bind it)
-    assert spec.epsilon_target[:4] == (0.1, 0.1, pytest.approx(0.1 * SHARE), None)
-    assert spec.epsilon_target[8:] == (1.0, 1.0, pytest.approx(SHARE), None)
+    # every noise is calibrated to its point's eps; StraightDP's DP-SGD composed after its release, the line just
+    # before it
+    assert spec.epsilon_target[:4] == (0.1, 0.1, pytest.approx(0.1 * SHARE), 0.1)
+    assert spec.epsilon_target[8:] == (1.0, 1.0, pytest.approx(SHARE), 1.0)
+    assert spec.prior_lines[:4] == ((), (), (), (2,)) and spec.prior_lines[8:] == ((), (), (), (10,))
+    assert list(zip(spec.params, spec.epsilon_target, spec.prior_lines)) == w.toy_line_specs()
 
 
 def test_the_toys_registration_follows_its_settings(tmp_path):
@@ -514,6 +518,7 @@ def test_table4_registers_each_release_with_its_featurisations_width_and_radius(
     assert (last["extra.q"], last["extra.R_txt"], last["seed"], last["extra.featurisation"]) == (
         17, pytest.approx(math.sqrt(4.3)), 2, "slot_indicators")
     assert spec.epsilon_target == (0.3,) * 3 + (1.0,) * 3 + (3.0,) * 3 + (0.3,) * 3 + (1.0,) * 3 + (3.0,) * 3
+    assert [(p, t) for p, t in w.table4_line_specs()] == list(zip(spec.params, spec.epsilon_target))
 
 
 def test_every_transcript_registration_survives_the_replays_params(w):

@@ -284,3 +284,41 @@ def test_an_rdp_line_with_empty_orders_is_refused_in_one_line(tmp_path):
     with pytest.raises(ReplayError, match=r"a\.jsonl:1: RDP orders \[\] are not a non-empty list"):
         replay({"a": path}, {"report": tmp_path / "r.json"},
                {"config_id": "c", "experiment": "exp", "expected": {"a": registration(path, data)}})
+
+
+# --------------------------------------------------------------------------- a line calibrated after an earlier one
+
+def test_a_line_calibrated_after_an_earlier_line_of_its_transcript_is_checked_composed_with_it(tmp_path, caplog):
+    """Two releases in one transcript (as Fig. 6's toy writes a point's release, then its DP-SGD): the second's sigma
+    was calibrated so both composed meet eps 1. Registered so, the pair replays; registered as if the second were
+    alone, or with its noise doubled, it is refused."""
+    from tests.ledgers import split_file
+
+    data = split_file(tmp_path, n=2500)
+    kw = dict(delta=1e-5, max_grad_norm=1.0, batch_size=256, dataset_size=2500, steps=20)
+    first = dpsgd_plan.plan_for_budget(target_epsilon=0.5, **kw)
+    second = dpsgd_plan.plan_for_budget(target_epsilon=1.0, prior=[first.event()], **kw)
+    binding = ledger.Binding(run="r", experiment="exp", data_sha256="5" * 64)
+    path = tmp_path / "t.jsonl"
+    for plan in (first, second):
+        ledger.append_entry(path, dpsgd_plan.ledger_entry(plan, stage="s", config_id="c", seed=0), binding)
+    line = dpsgd_plan.configured_line(dataset_size=2500, batch_size=256, steps=20, max_grad_norm=1.0)
+    spec = {"claims": 2, "run": "r", "stage": "s", "delta": 1e-5, "data": str(data), "configuration": False,
+            "params": [line, line], "epsilon_target": [0.5, 1.0], "after": [], "rtol": 1e-3, "phase": "",
+            "prior_lines": [[], [0]]}
+
+    def run(transcript: Path, **changes: Any) -> None:
+        replay({"t": transcript}, {"report": tmp_path / "r.json"},
+               {"config_id": "c", "experiment": "exp", "expected": {"t": {**spec, **changes}}})
+
+    run(path)
+    with pytest.raises(ReplayError, match=r"t\.jsonl:2: its noise is not the calibration's"):
+        run(path, prior_lines=[[], []])
+    (one, two) = [e for _, e in ledger.read_ledger(path)]
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text(one.to_json() + "\n" + restated(two, noise_multiplier=2 * second.noise_multiplier).to_json()
+                      + "\n")
+    with pytest.raises(ReplayError):
+        run(forged)
+    assert any("forged.jsonl:2: its noise is not the calibration's" in f and "composed after 1 earlier release" in f
+               for f in failures(caplog))

@@ -514,11 +514,11 @@ class Wiring:
                     stage="train_straightdp", params=self.train_params(run), epsilon_target=run.epsilon,
                     after=(str(self.release_ledger(run.name)),) if run.distills else (), **common)
         if self.toy_enabled():
-            params, targets = zip(*self.toy_line_specs())
+            params, targets, priors = zip(*self.toy_line_specs())
             out[self.toy_ledger] = TranscriptSpec(claims=self.toy_claims(), run="straightdp_figure6_toy",
                                                   stage="straightdp_figure6_toy", delta=delta,
                                                   data=self.layout.split("toy"), params=params,
-                                                  epsilon_target=targets)
+                                                  epsilon_target=targets, prior_lines=priors)
         if self.table4_enabled():
             params, targets = zip(*self.table4_line_specs())
             out[self.table4_ledger] = TranscriptSpec(claims=self.table4_claims(), run="straightdp_table4_text",
@@ -546,28 +546,27 @@ class Wiring:
         return {**stage2_line_params(run, self.arm_section(run.arm)["dpsgd"], self.house.private["N"]),
                 "extra.total_target_epsilon": run.epsilon, "extra.composed_with_release": run.distills}
 
-    def toy_line_specs(self) -> list[tuple[dict[str, Any], float | None]]:
-        """(params, calibration target) of each line of the toy's transcript, in the order the stage writes them
-        (straightdp_runs.toy_points): per point its release (data.toy's N and modes, p = 2, its Stage-1 target),
-        then its DP-SGD (the toy's steps and batch: straightdp_runs.toy_sgd). StraightDP's DP-SGD line is calibrated
-        after the release line just before it in the same transcript, which a registration cannot name (``after``
-        names whole transcripts): its target is left None, its configured parameters still bind it."""
+    def toy_line_specs(self) -> list[tuple[dict[str, Any], float | None, tuple[int, ...]]]:
+        """(params, calibration target, earlier lines composed before it) of each line of the toy's transcript, in
+        the order the stage writes them (straightdp_runs.toy_points): per point its release (data.toy's N and modes,
+        p = 2, its Stage-1 target), then its DP-SGD (the toy's steps and batch: straightdp_runs.toy_sgd), calibrated
+        to the point's eps after the release line just before it when the point releases."""
         from pipeline.privacy import moments
 
         section = self.arm_section()
         toy_data, rel = self.config["data"]["toy"], section["release"]
         N, sgd = int(toy_data["n"]), straightdp_runs.toy_sgd(section)
-        out: list[tuple[dict[str, Any], float | None]] = []
+        out: list[tuple[dict[str, Any], float | None, tuple[int, ...]]] = []
         for run in straightdp_runs.toy_points(section["toy"]):
             point = {"seed": run.seed, "extra.run": run.name}
             if run.releases:
                 out.append(({**moments.configured_params(N=N, n_classes=int(toy_data["n_modes"]),
                                                          p=straightdp_runs.TOY_RELEASE_P), **point},
-                            run.release_epsilon(rel)))
+                            run.release_epsilon(rel), ()))
             if run.trains:
                 out.append(({**stage2_line_params(run, sgd, N), **point, "extra.row": run.row,
                              "extra.total_target_epsilon": run.epsilon, "extra.composed_with_release": run.releases},
-                            None if run.releases else run.epsilon))
+                            run.epsilon, (len(out) - 1,) if run.releases else ()))
         return out
 
     def table4_line_specs(self) -> list[tuple[dict[str, Any], float]]:
