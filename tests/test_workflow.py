@@ -568,7 +568,8 @@ def test_a_method_registered_only_in_its_own_rule_file_reaches_rule_all_the_inde
         assert ("plugin_table" in planned_jobs(res.stdout)) is chosen
         assert (f"plugin_table={results / 'tables' / 'plugin_table.parquet'}" in _index_inputs(res.stdout)) is chosen
         replay = next(l for l in res.stdout.splitlines() if l.startswith("Shell command: python -m pipeline replay"))
-        assert ('"plugin_run": {"claims": 3' in replay) is chosen
+        # the registration as JSON with sorted keys: its calibration's earlier transcripts (none), then its claims
+        assert ('"plugin_run": {"after": [], "claims": 3' in replay) is chosen
 
 
 def test_a_failed_job_shows_its_one_line_cause_on_the_console(repo, tmp_path):
