@@ -351,21 +351,12 @@ INIT_LINE_FIELDS: dict[str, Callable[[ledger.LedgerEntry], Any]] = {
     "n_train": lambda e: e.sampling.get("n"), "steps": lambda e: e.count, "delta": lambda e: e.delta}
 
 
-def _same(recorded: Any, stated: Any) -> bool:
-    """A recorded value equals a line's: floats up to the rebuild's tolerance (both are the plan's own floats)."""
-    if isinstance(recorded, float) or isinstance(stated, float):
-        try:
-            return math.isclose(float(recorded), float(stated), rel_tol=rebuild.REL_TOL)
-        except (TypeError, ValueError):
-            return False
-    return bool(recorded == stated)
-
-
 def is_init_line(init_meta: Mapping[str, Any], e: ledger.LedgerEntry) -> bool:
     """Whether ``e`` is the line of the DP-SGD that trained the init: the mechanism, stage, split, seed and config the
     init's checkpoint records. Any other DP-SGD line on the same data (another run's, another eps's) would compose a
     release that did not produce these weights and leave the one that did out of the eps."""
-    return e.mechanism == "dpsgd" and all(_same(init_meta.get(k), line(e)) for k, line in INIT_LINE_FIELDS.items())
+    return e.mechanism == "dpsgd" and all(rebuild.same(init_meta.get(k), line(e))
+                                          for k, line in INIT_LINE_FIELDS.items())
 
 
 def _recorded(init_meta: Mapping[str, Any]) -> str:
