@@ -48,3 +48,12 @@ rule all:
     input:
         # a function: what each method's rule file registered for the config's `methods`
         lambda wildcards: OUTPUTS.all_targets(),
+
+
+# slurm.cpu_partition: every job that asks for no GPU goes to the CPU partition (many clusters refuse CPU jobs on
+# GPU partitions); GPU jobs keep the profile's default partition (DPGEN_SLURM_PARTITION). A rule's own resource
+# overrides the profile's default-resources, so this is the one place the choice is made.
+if config["slurm"]["cpu_partition"]:
+    for _rule in workflow.rules:
+        if not _rule.resources.get("gpu").raw:
+            _rule.resources["slurm_partition"] = config["slurm"]["cpu_partition"]

@@ -2,7 +2,7 @@
 
 Every job's request comes from the one cost model the rules use (:mod:`pipeline.resources`): the plan
 asks Snakemake for a dry run of the slurm profile (``snakemake -n --profile profiles/slurm all``),
-reads each job's ``runtime``, ``mem_mb`` and ``gpu`` as the profile would submit them, and sums them
+reads each job's ``runtime``, ``mem_mb``, ``gpu`` and predicted ``gpu_mem_mb`` as the profile would submit them, and sums them
 per rule. The dry run is made without ``slurm.max_job_hours`` so that it shows each job's whole
 predicted time; the limit is then applied here with the same functions the rules call
 (:func:`pipeline.resources.segments`): a resumable training job over the limit runs as several
@@ -44,6 +44,7 @@ class Job:
     runtime_min: int
     mem_mb: int
     gpus: int
+    gpu_mem_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class RuleLine:
     segments: int
     mem_gb: float
     fits: bool
+    gpu_mem_gb: float | None = None
+    fits_gpu: bool = True
 
 
 def parse_dry_run(text: str) -> list[Job]:
@@ -74,15 +77,17 @@ def parse_dry_run(text: str) -> list[Job]:
         res = _RESOURCES.match(line)
         if res and rule is not None:
             fields = dict(kv.split("=", 1) for kv in (p.strip() for p in res.group(1).split(",")) if "=" in kv)
+            gpu_mem = fields.get("gpu_mem_mb")
             jobs.append(Job(rule, int(float(fields.get("runtime", 0))), int(float(fields.get("mem_mb", 0))),
-                            int(float(fields.get("gpu", 0)))))
+                            int(float(fields.get("gpu", 0))), None if gpu_mem is None else int(float(gpu_mem))))
             rule = None
     return jobs
 
 
-def plan_lines(jobs: Sequence[Job], max_job_minutes: int | None) -> list[RuleLine]:
+def plan_lines(jobs: Sequence[Job], max_job_minutes: int | None, gpu_mem_gb: float | None = None) -> list[RuleLine]:
     """Per rule: job count, predicted hours (every job, every segment), GPU-hours, the longest job, how many
-    segments it runs as, the largest memory request, and whether every job fits the limit."""
+    segments it runs as, the largest memory request, whether every job fits the limit, the largest predicted GPU
+    memory (rules with a GPU-memory model, resource ``gpu_mem_mb``) and whether it fits ``gpu_mem_gb``."""
     config = {"slurm": {"max_job_hours": None if max_job_minutes is None else max_job_minutes / 60}}
     out = []
     for rule in sorted({j.rule for j in jobs}):
@@ -91,26 +96,39 @@ def plan_lines(jobs: Sequence[Job], max_job_minutes: int | None) -> list[RuleLin
         resumable = rule in cost.RESUMABLE_RULES
         fits = max_job_minutes is None or longest <= max_job_minutes or resumable
         hours = sum(j.runtime_min for j in mine) / 60
+        gpu_mem = [j.gpu_mem_mb for j in mine if j.gpu_mem_mb is not None]
+        gpu_mem_max = max(gpu_mem) / 1024 if gpu_mem else None
         out.append(RuleLine(rule, len(mine), sum(1 for j in mine if j.gpus), hours,
                             sum(j.runtime_min * j.gpus for j in mine) / 60, longest / 60,
                             cost.segments(config, longest) if resumable else 1,
-                            max(j.mem_mb for j in mine) / 1000, fits))
+                            max(j.mem_mb for j in mine) / 1000, fits, gpu_mem_max,
+                            gpu_mem_gb is None or gpu_mem_max is None or gpu_mem_max <= gpu_mem_gb))
     return sorted(out, key=lambda r: -r.hours)
 
 
-def render(lines: Sequence[RuleLine], *, title: str, max_job_minutes: int | None, rates_note: str) -> str:
-    """The plan as a Markdown table with a totals row, under its title and what its rates are (``rates_note``)."""
+def render(lines: Sequence[RuleLine], *, title: str, max_job_minutes: int | None, rates_note: str,
+           gpu_mem_gb: float | None = None) -> str:
+    """The plan as a Markdown table with a totals row, under its title and what its rates are (``rates_note``).
+    The GPU-memory column is each rule's largest predicted peak on one GPU, where the rule has a GPU-memory
+    model (``not modelled`` otherwise: its job is not checked against ``gpu_mem_gb``)."""
     limit = "no limit (slurm.max_job_hours unset)" if max_job_minutes is None else f"{max_job_minutes / 60:g} h"
-    rows = ["| rule | jobs | GPU jobs | hours | GPU-hours | longest job (h) | segments | memory per job (GB) | fits |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    gpu_limit = "" if gpu_mem_gb is None else f"; GPU memory {gpu_mem_gb:g} GB per GPU (slurm.gpu_mem_gb)"
+    rows = ["| rule | jobs | GPU jobs | hours | GPU-hours | longest job (h) | segments | memory per job (GB) | "
+            "GPU memory per job (GB) | fits |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+
+    def gpu_mem(r: RuleLine) -> str:
+        return "" if not r.gpu_jobs else "not modelled" if r.gpu_mem_gb is None else f"{r.gpu_mem_gb:.1f}"
+
     for r in lines:
         rows.append(f"| {r.rule} | {r.jobs} | {r.gpu_jobs} | {r.hours:,.1f} | {r.gpu_hours:,.1f} | {r.longest_h:,.1f} | "
-                    f"{r.segments} | {r.mem_gb:.1f} | {'yes' if r.fits else 'NO'} |")
+                    f"{r.segments} | {r.mem_gb:.1f} | {gpu_mem(r)} | {'yes' if r.fits and r.fits_gpu else 'NO'} |")
+    modelled = [r.gpu_mem_gb for r in lines if r.gpu_mem_gb is not None]
     rows.append(f"| **total** | {sum(r.jobs for r in lines)} | {sum(r.gpu_jobs for r in lines)} | "
                 f"{sum(r.hours for r in lines):,.1f} | {sum(r.gpu_hours for r in lines):,.1f} | "
                 f"{max((r.longest_h for r in lines), default=0):,.1f} | | {max((r.mem_gb for r in lines), default=0):.1f} "
-                f"| {'yes' if all(r.fits for r in lines) else 'NO'} |")
-    return "\n".join([f"plan of {title}: job time limit {limit}", rates_note, "", *rows])
+                f"| {f'{max(modelled):.1f}' if modelled else ''} | {'yes' if all(r.fits and r.fits_gpu for r in lines) else 'NO'} |")
+    return "\n".join([f"plan of {title}: job time limit {limit}{gpu_limit}", rates_note, "", *rows])
 
 
 def dry_run(configfiles: Sequence[str], *, profile: str, repo: Path) -> str:
@@ -137,14 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = load_config(repo / "config.yaml", *files)
     hours = args.max_job_hours if args.max_job_hours is not None else config["slurm"]["max_job_hours"]
     limit = None if hours is None else cost.max_job_minutes({"slurm": {"max_job_hours": hours}})
-    lines = plan_lines(parse_dry_run(dry_run(files, profile=args.profile, repo=repo)), limit)
+    gpu_gb = cost.gpu_mem_gb_limit(config)
+    lines = plan_lines(parse_dry_run(dry_run(files, profile=args.profile, repo=repo)), limit, gpu_gb)
     print(render(lines, title=" + ".join(["config.yaml", *args.configfile]), max_job_minutes=limit,
-                 rates_note=rates.device_rates(config).describe()))
+                 rates_note=rates.device_rates(config).describe(), gpu_mem_gb=gpu_gb))
     too_long = [r.rule for r in lines if not r.fits]
     if too_long:
         print(f"\nplan: jobs of {', '.join(too_long)} need more than the limit and cannot resume", file=sys.stderr)
-        return 1
-    return 0
+    for r in lines:
+        if not r.fits_gpu:
+            print(f"plan: rule {r.rule} is predicted to use {r.gpu_mem_gb:.1f} GB of GPU memory, more than "
+                  f"slurm.gpu_mem_gb = {gpu_gb:g} GB", file=sys.stderr)
+    return 1 if too_long or not all(r.fits_gpu for r in lines) else 0
 
 
 def _located(configfile: str, repo: Path) -> str:

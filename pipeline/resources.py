@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline import rates
 from pipeline.config import RGB_SOURCES
+from pipeline.stage import PipelineError
 
 Config = Mapping[str, Any]
 
@@ -91,6 +93,105 @@ def pretrain_runtime_min(config: Config) -> int:
 
 def pretrain_mem_mb(config: Config) -> int:
     return 4000 if _side(config) <= 16 else 16000
+
+
+# ----------------------------------------------------------------------------- GPU memory
+# A GPU training job holds its training state (weights, gradients, optimiser moments, EMA) and one micro-batch's
+# activations; a configured batch whose activations do not fit is reached by gradient accumulation over
+# micro-batches that do (pipeline/training/accumulate.py), as EDM's batch_gpu. The activations per example are
+# counted on the real network (pipeline/footprint.py), not assumed.
+
+#: bytes per trainable parameter of public training: float32 weights, gradient, Adam's two moments, the EMA copy
+TRAIN_STATE_BYTES_PER_PARAM = 20
+#: what a training step allocates beyond the saved tensors autograd counts (the backward's activation gradients,
+#: kernels' workspaces), as a factor on the counted bytes; measured on the CPU at 1.0-1.2 for the presets' UNets
+#: (tests/training/test_accumulate.py), rounded up
+TRANSIENT_FACTOR = 1.3
+#: the CUDA context, cuDNN/cuBLAS workspaces and the caching allocator's fragmentation: a share of the GPU's
+#: memory kept free, and a fixed amount on top
+GPU_USABLE_FRACTION = 0.9
+GPU_RESERVE_BYTES = 1.5 * 2**30
+#: a class-conditional public denoiser's classes are those of the public images, which the configuration does not
+#: declare: its footprint is counted with ImageNet's 1000 (the embedding, 4 MB at the presets' width, is the only
+#: part they change, so this bounds every public set of at most 1000 classes)
+PUBLIC_CLASSES_BOUND = 1000
+
+
+def gpu_mem_bytes(config: Config) -> float:
+    """The memory one job may use on one GPU: ``slurm.gpu_mem_gb`` less what the driver and allocator keep."""
+    gb = float((config.get("slurm") or {}).get("gpu_mem_gb") or 40)
+    return gb * 2**30 * GPU_USABLE_FRACTION - GPU_RESERVE_BYTES
+
+
+def gpu_mem_gb_limit(config: Config) -> float:
+    """``slurm.gpu_mem_gb`` as configured (the plan's limit)."""
+    return float((config.get("slurm") or {}).get("gpu_mem_gb") or 40)
+
+
+def pretrain_network(config: Config, unet: Mapping[str, Any] | None = None,
+                     shape: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The footprint spec of a public EDM denoiser (stage pretrain_public): ``unet`` (default ``pretrain.unet``) on
+    ``shape`` = (channels, side) examples (default the images'; DP-LDM's latent denoiser passes its codes')."""
+    section = dict(config["pretrain"]["unet"] if unet is None else unet)
+    channels, side = shape if shape is not None else (_channels(config), _side(config))
+    classes = PUBLIC_CLASSES_BOUND if config["pretrain"]["class_conditional"] else 0
+    return {"unet": {**section, "image_size": int(side), "channels": int(channels), "num_classes": classes}}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A GPU training job's micro-batch and the GPU memory it is predicted to use (bytes)."""
+
+    batch: int
+    micro_batch: int
+    predicted_bytes: float
+    state_bytes: float
+    per_example_bytes: float
+
+    @property
+    def micro_batches(self) -> int:
+        return -(-self.batch // self.micro_batch)
+
+    @property
+    def predicted_mb(self) -> int:
+        return int(math.ceil(self.predicted_bytes / 2**20))
+
+
+def memory_plan(config: Config, rule: str, network: Mapping[str, Any], batch: int, *,
+                kind: str = "edm_unet") -> MemoryPlan:
+    """The largest micro-batch of ``network``'s training (``batch`` examples per step) that fits ``slurm.gpu_mem_gb``,
+    and the job's predicted GPU memory with it; a one-line config error naming ``rule`` when not one example fits."""
+    from pipeline import footprint
+
+    try:
+        fp = footprint.footprint(kind, network)
+    except ValueError as exc:  # an architecture that cannot be built on these examples, e.g. levels for the size
+        raise PipelineError(f"config error: rule {rule}'s network: {exc}") from None
+    state = fp.params * TRAIN_STATE_BYTES_PER_PARAM + TRANSIENT_FACTOR * fp.saved_bytes_fixed
+    per_example = TRANSIENT_FACTOR * fp.saved_bytes_per_example
+    budget = gpu_mem_bytes(config)
+    fits = int((budget - state) // per_example) if budget > state else 0
+    if fits < 1:
+        need = (state + per_example + GPU_RESERVE_BYTES) / GPU_USABLE_FRACTION / 2**30
+        raise PipelineError(f"config error at slurm.gpu_mem_gb: rule {rule} needs about {need:.1f} GB of GPU memory "
+                            f"for one example (training state {state / 2**30:.1f} GB, {per_example / 2**20:,.0f} MB "
+                            f"per example), more than the {gpu_mem_gb_limit(config):g} GB declared")
+    micro = min(batch, fits)
+    # the accumulation splits the batch evenly: its largest micro-batch is ceil(batch / micro-batches)
+    largest = -(-batch // -(-batch // micro))
+    return MemoryPlan(batch, micro, state + largest * per_example + GPU_RESERVE_BYTES, state, per_example)
+
+
+def accumulation_params(plan: MemoryPlan) -> dict[str, int]:
+    """A stage's ``micro_batch`` param: only when the batch is split (so a batch that fits keeps its params, and its
+    job is not rerun for a key that changes nothing)."""
+    return {"micro_batch": plan.micro_batch} if plan.micro_batch < plan.batch else {}
+
+
+def pretrain_memory(config: Config, rule: str = "pretrain_public", unet: Mapping[str, Any] | None = None,
+                    shape: tuple[int, int] | None = None) -> MemoryPlan:
+    """The public denoiser's memory plan (rules pretrain_public, privimage_pretrain, dp_ldm_pretrain)."""
+    return memory_plan(config, rule, pretrain_network(config, unet, shape), int(config["pretrain"]["batch_size"]))
 
 
 def _folder_mb(path: str | None) -> float:

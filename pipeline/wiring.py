@@ -20,7 +20,7 @@ from pipeline.config import config_id, declared_private
 
 #: params that change how a job runs, never what it computes: left out of a stage's config id (the ledger
 #: binding names where a line belongs, not what its mechanism is)
-RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s", "ledger_binding")
+RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s", "ledger_binding", "micro_batch")
 #: the splits the data stage writes for every configuration (pipeline/data)
 CORE_SPLITS = ("private_train", "eval_train", "reference", "val", "test")
 

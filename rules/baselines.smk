@@ -198,6 +198,7 @@ rule privimage_pretrain:
     threads: TORCH_THREADS
     resources:
         gpu=1,
+        gpu_mem_mb=lambda wildcards: cost.pretrain_memory(config, "privimage_pretrain").predicted_mb,
         mem_mb=cost.pretrain_mem_mb(config),
         runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
     retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))
@@ -267,7 +268,7 @@ rule dp_ldm_pretrain:
         model=BASELINES.ldm_denoiser_path,
         metrics=BASELINES.ldm_denoiser_metrics_path,
     params:
-        p=BASELINES.ldm_pretrain_params(),
+        p=lambda wildcards: BASELINES.ldm_pretrain_params(),
     log:
         LOGS / "baselines" / "dp_ldm_pretrain.log",
     benchmark:
@@ -275,6 +276,7 @@ rule dp_ldm_pretrain:
     threads: TORCH_THREADS
     resources:
         gpu=1,
+        gpu_mem_mb=lambda wildcards: BASELINES.ldm_pretrain_memory.predicted_mb,
         mem_mb=cost.pretrain_mem_mb(config),
         runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
     retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))

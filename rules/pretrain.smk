@@ -43,8 +43,10 @@ else:
             model=PUBLIC_DENOISER,
             metrics=EXPDIR / "train" / "pretrain_public" / "metrics.json",
         params:
-            p=stage_params(pretrain=config["pretrain"], seed=SEED, device=config["device"],
-                          threads=TORCH_THREADS),
+            # functions: a job's micro-batch and GPU memory are counted only for a DAG that runs it
+            p=lambda wildcards: stage_params(pretrain=config["pretrain"], seed=SEED, device=config["device"],
+                                             threads=TORCH_THREADS,
+                                             **cost.accumulation_params(cost.pretrain_memory(config))),
         benchmark:
             benchmark_path("pretrain_public")
         log:
@@ -52,6 +54,7 @@ else:
         threads: TORCH_THREADS
         resources:
             gpu=1,
+            gpu_mem_mb=lambda wildcards: cost.pretrain_memory(config).predicted_mb,
             mem_mb=cost.pretrain_mem_mb(config),
             runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
         retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))

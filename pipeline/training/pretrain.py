@@ -33,14 +33,16 @@ from pipeline.io import write_json
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond, edm_draw_loss, edm_sigma_sampler
 from pipeline.models.unet import build_unet
-from pipeline.stage import reject_unknown_params, stage
+from pipeline.stage import PipelineError, reject_unknown_params, stage
 from pipeline.training import loop
+from pipeline.training.accumulate import accumulate_backward
 from pipeline.training.data import drop_labels, load_training_split, to_model_scale, unet_spec_for
 
 log = logging.getLogger(__name__)
 
 STAGE = "pretrain_public"
-#: keys that change neither the mathematics nor the result on the CPU: a run resumes across them
+#: keys that change neither the mathematics nor the result on the CPU: a run resumes across them (params.micro_batch
+#: is not in the run's hash either: it changes float rounding and dropout's masks only, pipeline/training/accumulate.py)
 RESUME_INSENSITIVE = ("checkpoint_every_s", "device", "threads")
 
 
@@ -92,6 +94,18 @@ def fixed_draw_loss(model: nn.Module, images: Tensor, labels: Tensor | None, *, 
     return total / count
 
 
+def edm_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, sigma: Tensor, noise: Tensor,
+             cond: tuple[Tensor, ...], *, sigma_data: float, micro_batch: int | None = None) -> float:
+    """One optimiser step on the batch's mean EDM loss (Karras et al. 2022 eq. 2/8) of the drawn ``sigma`` and
+    ``noise``, its forward and backward passes over micro-batches of at most ``micro_batch`` examples
+    (:mod:`pipeline.training.accumulate`: the batch's draws are made once, by the caller); returns the mean loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_backward(lambda s: edm_draw_loss(model, x[s], sigma[s], noise[s], *(c[s] for c in cond),
+                                                       sigma_data=sigma_data), len(x), micro_batch)
+    optimizer.step()
+    return loss
+
+
 PARAMS_DOC = {
     "pretrain": "the `pretrain` config section (steps, batch_size, lr, ema_decay, class_conditional, label_dropout, "
                 "p_mean, p_std, sigma_data, checkpoint_every_s, unet); defaults from the schema",
@@ -99,6 +113,8 @@ PARAMS_DOC = {
     "config_id": "id of the configuration (recorded in the model's meta)",
     "device": "auto | cpu | cuda[:N]",
     "threads": "torch CPU threads (default 1)",
+    "micro_batch": "optional: examples per forward/backward pass; the batch is reached by gradient accumulation "
+                   "(the plan's, pipeline.resources.memory_plan, when the batch does not fit slurm.gpu_mem_gb)",
     "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/pretrain_public/<model name>)",
 }
 
@@ -125,17 +141,17 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     sampler = edm_sigma_sampler(cfg["p_mean"], cfg["p_std"])
     batch = min(cfg["batch_size"], len(split))
 
+    micro_batch = params.get("micro_batch")
+    if micro_batch is not None and not (isinstance(micro_batch, int) and micro_batch >= 1):
+        raise PipelineError(f"{STAGE}: params.micro_batch must be an integer >= 1, got {micro_batch!r}")
+
     def step(i: int) -> float:
         idx = epoch_batches(len(split), batch, i, seed).to(device)
         x = to_model_scale(images[idx])
         sigma = sampler(len(idx), gen).to(device)
         noise = torch.randn(x.shape, generator=gen).to(device)
         cond = () if labels is None else (drop_labels(labels[idx], cfg["label_dropout"], spec.num_classes, gen),)
-        loss = edm_draw_loss(model, x, sigma, noise, *cond, sigma_data=cfg["sigma_data"]).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+        return edm_step(model, optimizer, x, sigma, noise, cond, sigma_data=cfg["sigma_data"], micro_batch=micro_batch)
 
     run_params = {"pretrain": cfg, "seed": seed, "data_sha256": data_sha, "unet": spec.to_json()}
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
@@ -148,11 +164,14 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     eval_loss = fixed_draw_loss(res.ema, images, labels, p_mean=cfg["p_mean"], p_std=cfg["p_std"],
                                 sigma_data=cfg["sigma_data"])
     tail = res.losses[-max(1, len(res.losses) // 10):]
+    # recorded only when the batch was split, so a batch that fits writes the files it wrote before accumulation
+    accumulated = {} if micro_batch is None or micro_batch >= batch else {"micro_batch": micro_batch}
     meta = {"stage": STAGE, "steps": res.steps, "data": "public", "data_sha256": data_sha, "n_train": len(split),
             "config_id": config_id, "seed": seed, "loss": "edm", "p_mean": cfg["p_mean"], "p_std": cfg["p_std"],
             "sigma_data": cfg["sigma_data"], "class_conditional": cfg["class_conditional"],
             "label_dropout": cfg["label_dropout"], "lr": cfg["lr"], "batch_size": batch,
-            "ema_decay": cfg["ema_decay"], "weights": "ema", "ema_eval_loss": eval_loss, "private": False}
+            "ema_decay": cfg["ema_decay"], "weights": "ema", "ema_eval_loss": eval_loss, "private": False,
+            **accumulated}
     save_denoiser(outputs["model"], res.ema.cpu(), unet=spec, precond="edm",
                   precond_kwargs={"sigma_data": cfg["sigma_data"]}, meta=meta)
     log.info("%s: %d steps (resumed from %d) in %.1f s; train loss (last 10%%) %.4f, EMA fixed-draw loss %.4f",
@@ -160,7 +179,7 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     write_json(outputs["metrics"], {
         "format": "dpgen-train-metrics/1", "stage": STAGE, "config_id": config_id, "seed": seed,
         "steps": res.steps, "resumed_from": res.resumed_from, "wall_s_this_run": res.wall_s,
-        "device": str(device), "n_train": len(split), "n_parameters": sum(p.numel() for p in model.parameters()),
+        "device": str(device), **accumulated, "n_train": len(split), "n_parameters": sum(p.numel() for p in model.parameters()),
         "final_train_loss": float(np.mean(tail)), "ema_eval_loss": eval_loss,
         "loss_units": "EDM loss lambda(sigma)||D - y||^2 summed over pixels, mean over images",
         "curve": smoothed_curve(res.losses), "data_sha256": data_sha, "unet": spec.to_json()})

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline import resources as cost
 from pipeline.baselines import runs as baseline_runs
 from pipeline.baselines.runs import BaselineRun
+from pipeline.config import schema_defaults
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.privacy import dpsgd_plan
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
@@ -160,7 +162,8 @@ class Wiring:
         set, the run's seed."""
         run, h = BaselineRun.from_name(wildcards.run), self.house
         return stage_params(pretrain=self._pretrain_recipe(self.section["privimage"]["pretrain_steps"]),
-                            seed=run.seed, device=h.device, threads=h.torch_threads)
+                            seed=run.seed, device=h.device, threads=h.torch_threads,
+                            **cost.accumulation_params(cost.pretrain_memory(h.config, "privimage_pretrain")))
 
     def _pretrain_recipe(self, steps: int | None, **changes: Any) -> dict[str, Any]:
         """The pretrain section as stage pretrain_public's recipe (less the public model's source, which no baseline's
@@ -223,7 +226,18 @@ class Wiring:
         latent unet (and its steps when set), the configuration's seed."""
         h, own = self.house, self.section["dp_ldm"]
         return stage_params(pretrain=self._pretrain_recipe(own["pretrain_steps"], unet=own["unet"]), seed=h.seed,
-                            device=h.device, threads=h.torch_threads)
+                            device=h.device, threads=h.torch_threads,
+                            **cost.accumulation_params(self.ldm_pretrain_memory))
+
+    @property
+    def ldm_pretrain_memory(self) -> cost.MemoryPlan:
+        """dp_ldm_pretrain's micro-batch and GPU memory: baselines.dp_ldm.unet on the autoencoder's codes
+        (code_channels at H/4 x W/4, pipeline/flow/autoencoder.py)."""
+        ae = {**schema_defaults("baselines", "dp_ldm", "autoencoder"), **self.section["dp_ldm"]["autoencoder"]}
+        code_channels = int(ae["code_channels"])
+        side = cost.image_side(self.house.config) // 4
+        return cost.pretrain_memory(self.house.config, "dp_ldm_pretrain", unet=self.section["dp_ldm"]["unet"],
+                                    shape=(code_channels, side))
 
     def ldm_decode_params(self, wildcards: Any) -> str:
         """dp_ldm_decode's params: the sample set's name (the evaluation's)."""

@@ -1,0 +1,179 @@
+"""What one example costs a network's training step: saved activation bytes and FLOPs, counted, not guessed.
+
+The GPU-memory side of the cost models (:mod:`pipeline.resources`) needs, for the real network a rule
+builds from the configuration, how many bytes autograd keeps per example between the forward and the
+backward pass: that is what grows with the batch and what runs a GPU out of memory (issue #55: the
+cifar10 preset's public UNet keeps ~205 MiB per 32x32 image, ~100 GiB at its batch of 512). It is
+counted here by running the training loss's forward once at batch 1 and once at batch 2 on PyTorch's
+``meta`` device (shapes only: no memory, no arithmetic, a few seconds even for a paper-size UNet)
+under :func:`torch.autograd.graph.saved_tensors_hooks`, each saved storage counted once and the
+parameters (saved by every convolution, but held anyway) left out; the per-example bytes are the
+difference of the two counts. :class:`torch.utils.flop_counter.FlopCounterMode` counts the same pass's
+FLOPs (forward and backward) per example, which the runtime side reads.
+
+Counting needs torch and a few seconds, and the workflow's cost models run whenever Snakemake parses
+the DAG (without torch). So each count is kept by the hash of what it depends on (the workload kind, the
+architecture, the example's shape): :data:`CACHE_FILE` in the repository holds every network of the
+embedded default and the paper presets (a test keeps it equal to a fresh count), and a configuration
+with another network is counted once and kept in the user's cache (:func:`user_cache_file`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = Path(__file__).with_name("footprints.json")
+FORMAT = "dpgen-footprints/1"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One network workload's counts (bytes and FLOPs; float32 unless stated)."""
+
+    params: int
+    saved_bytes_per_example: float
+    saved_bytes_fixed: float
+    train_flops_per_example: float
+    forward_flops_per_example: float
+
+    def activation_bytes(self, micro_batch: int) -> float:
+        """Bytes autograd keeps for one micro-batch of ``micro_batch`` examples (parameters not included)."""
+        return self.saved_bytes_fixed + micro_batch * self.saved_bytes_per_example
+
+
+def workload_key(kind: str, spec: Mapping[str, Any]) -> str:
+    """The cache key of a workload: its kind and a hash of its canonical description."""
+    blob = json.dumps({"kind": kind, **spec}, sort_keys=True, separators=(",", ":"))
+    return f"{kind}:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+# ----------------------------------------------------------------------------- the workloads counted
+
+
+def _edm_unet(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """The EDM-preconditioned UNet2DModel (rule pretrain_public; DPDM's denoiser) and its loss (eq. 2/8 of Karras
+    et al. 2022) on a batch of ``b`` examples, every tensor on the meta device."""
+    import torch
+
+    from pipeline.models.edm import EDMPrecond, edm_draw_loss
+    from pipeline.models.unet import UNetSpec, build_unet
+
+    unet = UNetSpec.from_json(dict(spec["unet"]))
+    model = EDMPrecond(build_unet(unet), sigma_data=0.5)
+
+    def loss(b: int) -> Any:
+        x = torch.zeros(b, unet.channels, unet.image_size, unet.image_size)
+        cond = (torch.zeros(b, dtype=torch.long),) if unet.num_classes else ()
+        return edm_draw_loss(model, x, torch.ones(b), torch.zeros_like(x), *cond, sigma_data=0.5).sum()
+
+    return model, loss
+
+
+#: kind -> (spec) -> (model on the current default device, loss of a batch of b examples)
+BUILDERS: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Callable[[int], Any]]]] = {"edm_unet": _edm_unet}
+
+
+def count(kind: str, spec: Mapping[str, Any]) -> Footprint:
+    """Count ``kind``'s footprint for ``spec`` on the meta device (batch 1 and 2; see the module)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model, loss_of = BUILDERS[kind](spec)
+        held = {p.untyped_storage()._cdata for p in model.parameters()}
+        counts = []
+        for b in (1, 2):
+            storages: dict[int, int] = {}
+
+            def pack(t: Any) -> Any:
+                # a storage saved by several operations is held once; the parameters are held anyway
+                s = t.untyped_storage()
+                if s._cdata not in held:
+                    storages[s._cdata] = s.nbytes()
+                return t
+
+            with FlopCounterMode(display=False) as flops:
+                with torch.no_grad():
+                    loss_of(b)
+                forward = flops.get_total_flops()
+            with FlopCounterMode(display=False) as flops:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    value = loss_of(b)
+                value.backward()
+            model.zero_grad(set_to_none=True)
+            counts.append((sum(storages.values()), flops.get_total_flops(), forward))
+    (s1, f1, g1), (s2, f2, g2) = counts
+    return Footprint(params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+                     saved_bytes_per_example=float(s2 - s1), saved_bytes_fixed=float(max(0, 2 * s1 - s2)),
+                     train_flops_per_example=float(f2 - f1), forward_flops_per_example=float(g2 - g1))
+
+
+# ----------------------------------------------------------------------------- the caches
+
+
+def user_cache_file() -> Path:
+    """Counts of networks the repository's file does not hold: ``$DPGEN_FOOTPRINT_CACHE``, else
+    ``$XDG_CACHE_HOME/dpgen/footprints.json`` (``~/.cache`` when unset)."""
+    if os.environ.get("DPGEN_FOOTPRINT_CACHE"):
+        return Path(os.environ["DPGEN_FOOTPRINT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpgen" / "footprints.json"
+
+
+def read_cache(path: Path) -> dict[str, Footprint]:
+    """Every count in ``path`` ({} when it does not exist or is not a footprints file)."""
+    try:
+        blob = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(blob, Mapping) or blob.get("format") != FORMAT:
+        return {}
+    return {key: Footprint(**value["footprint"]) for key, value in (blob.get("workloads") or {}).items()}
+
+
+def write_cache(path: Path, entries: Mapping[str, tuple[Mapping[str, Any], Footprint]]) -> None:
+    """Add ``entries`` (key -> (what was counted, its footprint)) to ``path``, atomically, keeping the others."""
+    try:
+        blob = json.loads(path.read_text())
+        workloads = dict(blob.get("workloads") or {}) if blob.get("format") == FORMAT else {}
+    except (OSError, ValueError):
+        workloads = {}
+    for key, (spec, fp) in entries.items():
+        workloads[key] = {"spec": dict(spec), "footprint": asdict(fp)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps({"format": FORMAT, "workloads": dict(sorted(workloads.items()))}, indent=1,
+                                        sort_keys=True) + "\n")
+
+
+@functools.lru_cache(maxsize=256)
+def _footprint(kind: str, spec_json: str) -> Footprint:
+    spec = json.loads(spec_json)
+    key = workload_key(kind, spec)
+    for path in (CACHE_FILE, user_cache_file()):
+        hit = read_cache(path).get(key)
+        if hit is not None:
+            return hit
+    log.info("counting the footprint of %s (a network not in %s; kept in %s)", key, CACHE_FILE.name, user_cache_file())
+    fp = count(kind, spec)
+    try:
+        write_cache(user_cache_file(), {key: (spec, fp)})
+    except OSError as exc:  # a read-only home: the count is kept for this process only
+        log.warning("footprint cache not written (%s)", exc)
+    return fp
+
+
+def footprint(kind: str, spec: Mapping[str, Any]) -> Footprint:
+    """``kind``'s footprint for ``spec``: from the repository's file, the user's cache, or counted now."""
+    return _footprint(kind, json.dumps(spec, sort_keys=True))
