@@ -12,7 +12,10 @@ and the same diffusion draws from the run's one named stream (so the sample is t
 the global dataset that the ledger line accounts for), computes the clipped sums of its share of the
 micro-batches, and the shares are summed by one all-reduce; rank 0 adds the Gaussian noise once, before the
 sum. Only rank 0 writes checkpoints and outputs (:func:`is_main`); a stop signal seen by any rank stops
-every rank after the same step (:func:`any_rank`).
+every rank after the same step (:func:`any_rank`). What a stage chooses by itself before its first private step
+(a plan picked from public gradients, a horizon) is rank 0's on every rank, and every rank's own choice is
+checked against it (:func:`agree_with_rank0`), so the mechanism every rank runs is the one rank 0's ledger line
+certifies.
 
 torch.distributed does the communication; what is written here is only the glue the stages share.
 """
@@ -20,10 +23,11 @@ torch.distributed does the communication; what is written here is only the glue 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -121,6 +125,69 @@ def broadcast_module(model: nn.Module) -> None:
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, src=0)
+
+
+def _field_texts(decision: Mapping[str, Any], what: str) -> dict[str, str]:
+    """Each field of ``decision`` as canonical JSON text (the form :func:`agree_with_rank0` compares)."""
+    texts = {}
+    for field, value in decision.items():
+        try:
+            # allow_nan=False: NaN equals nothing, so a decision holding one could never be found equal
+            texts[str(field)] = json.dumps(value, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise PipelineError(f"{what}: field {field} = {value!r} is not a finite JSON value ({exc})") from None
+    return texts
+
+
+def agree_with_rank0(decision: Mapping[str, Any], *, what: str) -> Mapping[str, Any]:
+    """Rank 0's ``decision`` on every rank, after checking every rank's own ``decision`` against it field by field.
+
+    For what a data-parallel stage chooses by itself before its first private step (a plan picked from public
+    gradients, a horizon, a hyperparameter): every rank computes its own, but the noise rank 0 adds and the
+    ledger line rank 0 writes describe rank 0's, so a rank that used another (a clip C_k of its own) would break
+    the certificate. On CUDA, nondeterministic kernels can make ranks that ran the same code on the same inputs
+    choose differently; the gloo tests on the CPU cannot, so the check must be in the run itself.
+
+    ``decision`` maps field names to JSON values (numbers, strings, lists, dicts; no NaN or inf). Fields are
+    compared as canonical JSON text: exactly (Python writes a float as the shortest text that reads back to the
+    same bits, so equal text is equal bits) and with their types (3 and 3.0 differ). A rank whose decision
+    differs from rank 0's stops EVERY rank: one ``all_gather_object`` brings every rank's fields to every rank,
+    each rank makes the same comparison and raises the same one-line :class:`PipelineError`, naming the first
+    differing rank, its first differing field (in rank 0's order) and both values; no rank is left waiting in a
+    later collective for one that stopped. A decision that is not JSON-able stops every rank the same way. Every
+    rank must call it, at the same point of the stage.
+
+    Returns rank 0's decision as rank 0 passed it (on rank 0, ``decision`` itself). In one process nothing is
+    communicated and ``decision`` itself is returned; it is still checked to be JSON-able, so a single-process
+    test catches a decision that several processes could not compare.
+    """
+    world = current()
+    try:
+        mine, error = _field_texts(decision, what), None
+    except PipelineError as exc:
+        if world.size == 1:
+            raise
+        mine, error = {}, f"rank {world.rank}'s {exc}"
+    if world.size == 1:
+        return decision
+    # a rank's JSON texts always pickle; rank 0 also sends its decision itself, which the others return
+    payload = (mine, error, dict(decision) if world.main and error is None else None)
+    gathered: list[Any] = [None] * world.size
+    dist.all_gather_object(gathered, payload)
+    errors = [e for _, e, _ in gathered if e is not None]
+    if errors:
+        raise PipelineError(errors[0])
+    ref = gathered[0][0]
+    for rank in range(1, world.size):
+        theirs = gathered[rank][0]
+        differ = [f for f in [*ref, *(f for f in theirs if f not in ref)] if ref.get(f) != theirs.get(f)]
+        if differ:
+            first, missing = differ[0], "(missing)"
+            also = f" (also differ: {', '.join(differ[1:])})" if len(differ) > 1 else ""
+            raise PipelineError(f"{what}: rank {rank}'s {first} = {theirs.get(first, missing)} differs from rank "
+                                f"0's {first} = {ref.get(first, missing)}{also}; every data-parallel rank must use "
+                                f"rank 0's, so every rank stops here")
+    return decision if world.main else gathered[0][2]
 
 
 #: what :func:`gather_ordered` gathers per index: a tensor or a tuple of tensors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -88,3 +89,45 @@ def test_the_plan_of_a_paper_preset_fits_every_job_in_the_limit_and_the_rules_re
     assert dry.returncode == 0, dry.stderr[-2000:]
     jobs = parse_dry_run(dry.stdout)
     assert jobs and max(j.runtime_min for j in jobs) == 48 * 60
+
+
+def test_a_job_s_predicted_gpu_memory_is_shown_and_one_over_the_declared_gpu_does_not_fit():
+    listing = ("rule pretrain_public:\n    resources: tmpdir=<TBD>, gpu=1, mem_mb=16000, runtime=2010, gpu_mem_mb=30271\n"
+               "rule empden_sample_subsampled:\n    resources: tmpdir=<TBD>, gpu=1, mem_mb=4000, runtime=60\n"
+               "rule export_bundle:\n    resources: tmpdir=<TBD>, mem_mb=4000, runtime=15\n")
+    jobs = parse_dry_run(listing)
+    assert jobs[0] == Job("pretrain_public", 2010, 16000, 1, 30271) and jobs[1].gpu_mem_mb is None
+    fits = {r.rule: r for r in plan_lines(jobs, None, gpu_mem_gb=40)}
+    assert fits["pretrain_public"].gpu_mem_gb == pytest.approx(29.56, abs=0.01) and fits["pretrain_public"].fits_gpu
+    table = render(list(fits.values()), title="t", max_job_minutes=None, rates_note="r", gpu_mem_gb=40)
+    assert "GPU memory 40 GB per GPU (slurm.gpu_mem_gb)" in table
+    assert "| pretrain_public | 1 | 1 | 33.5 | 33.5 | 33.5 | 1 | 16.0 | 29.6 | yes |" in table
+    assert "| empden_sample_subsampled | 1 | 1 | 1.0 | 1.0 | 1.0 | 1 | 4.0 | not modelled | yes |" in table
+    assert "| export_bundle | 1 | 0 | 0.2 | 0.0 | 0.2 | 1 | 4.0 |  | yes |" in table
+    small = {r.rule: r for r in plan_lines(jobs, None, gpu_mem_gb=24)}
+    assert not small["pretrain_public"].fits_gpu and small["empden_sample_subsampled"].fits_gpu
+    assert render(list(small.values()), title="t", max_job_minutes=None, rates_note="r",
+                  gpu_mem_gb=24).endswith("| 29.6 | NO |")
+
+
+@pytest.mark.slow
+def test_the_cifar10_preset_plans_its_public_pretraining_as_micro_batches_that_fit_and_cpu_jobs_on_their_partition(
+        repo, tmp_path):
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--forceall", "--profile", "profiles/slurm", "all",
+                          "-p", "--configfile", "configs/cifar10.yaml",
+                          "--config", "slurm={gpu_mem_gb: 40, cpu_partition: cpuq}", f"results_dir={tmp_path}"],
+                         cwd=repo, capture_output=True, text=True, timeout=300, env={**os.environ, "DPGEN_PLAN_ONLY": "1"})
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    jobs = parse_dry_run(dry.stdout)
+    pretrain = next(j for j in jobs if j.rule == "pretrain_public")
+    assert pretrain.gpu_mem_mb is not None and pretrain.gpu_mem_mb <= 40 * 1024
+    command = next(line for line in dry.stdout.splitlines() if "pipeline pretrain_public" in line)
+    params = json.loads(re.search(r"--params '(\{.*?\})'", command).group(1))
+    assert params["pretrain"]["batch_size"] == 512 and 1 <= params["micro_batch"] < 512
+    # slurm.cpu_partition: a job without a GPU goes there, a GPU job keeps the default partition
+    blocks = re.findall(r"^rule (\S+):\n(?:.*\n)*?\s+resources: (.*)$", dry.stdout, flags=re.M)
+    assert blocks
+    for rule, resources in blocks:
+        gpu = re.search(r"\bgpu=(\d+)", resources)
+        partition = re.search(r"slurm_partition=([^,]*)", resources).group(1)
+        assert partition == ("" if gpu and int(gpu.group(1)) else "cpuq"), (rule, resources)

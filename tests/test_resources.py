@@ -15,13 +15,16 @@ def config(**sections):
 
 
 LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segment_retries")
+#: the GPU-memory plan returns plans and specs, not a request (tested below)
+MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
+               "pretrain_memory")
 
 
 def test_every_cost_model_is_a_positive_integer_of_the_default_config():
     cfg = config()
     for name, fn in inspect.getmembers(cost, inspect.isfunction):
         # the time-limit arithmetic takes a prediction and may say "no limit" (tests/test_plan.py)
-        if name.startswith("_") or fn.__module__ != cost.__name__ or name in LIMIT_ARITHMETIC:
+        if name.startswith("_") or fn.__module__ != cost.__name__ or name in LIMIT_ARITHMETIC + MEMORY_PLAN:
             continue
         args = (cfg, 20) if name in ("accounting_runtime_min", "audit_runtime_min") else (cfg,)
         value = fn(*args)
@@ -58,3 +61,45 @@ def test_a_finer_pld_grid_costs_more_per_accounted_block():
 def test_only_images_above_16x16_get_more_than_one_torch_thread():
     assert cost.torch_threads(config()) == 1
     assert cost.torch_threads(config(data={"image_size": 32})) == 4
+
+
+# ----------------------------------------------------------------------------- GPU memory
+
+
+def test_a_batch_that_fits_the_gpu_is_one_pass_and_keeps_its_params():
+    plan = cost.pretrain_memory(config())
+    assert plan.micro_batch == plan.batch == 64 and plan.micro_batches == 1
+    assert cost.accumulation_params(plan) == {}  # the job's params, and so its config id, as before
+    assert plan.predicted_bytes < cost.gpu_mem_bytes(config()) + cost.GPU_RESERVE_BYTES
+
+
+def test_the_paper_public_unet_is_split_into_micro_batches_that_fit_the_declared_gpu():
+    from pipeline.config import load_config
+    from tests.conftest import REPO
+
+    cifar = load_config(REPO / "config.yaml", REPO / "configs" / "cifar10.yaml")
+    plans = {}
+    for gb in (24, 40, 80):
+        cifar["slurm"]["gpu_mem_gb"] = gb
+        plans[gb] = plan = cost.pretrain_memory(cifar)
+        assert plan.batch == 512 and plan.micro_batches > 1
+        assert plan.predicted_bytes <= gb * 2**30  # the plan's own column never exceeds the GPU
+        assert cost.accumulation_params(plan) == {"micro_batch": plan.micro_batch}
+        # the micro-batch is the largest that fits: one more example would not
+        over = plan.state_bytes + (plan.micro_batch + 1) * plan.per_example_bytes
+        assert over > cost.gpu_mem_bytes(cifar)
+    assert plans[24].micro_batch < plans[40].micro_batch < plans[80].micro_batch
+    # ~206 MiB of saved activations per 32x32 image (x1.3 for what the count does not see)
+    assert plans[40].per_example_bytes == pytest.approx(1.3 * 216e6, rel=0.05)
+
+
+def test_a_gpu_too_small_for_one_example_is_a_one_line_config_error_naming_the_rule():
+    from pipeline.config import load_config
+    from pipeline.stage import PipelineError
+    from tests.conftest import REPO
+
+    cifar = load_config(REPO / "config.yaml", REPO / "configs" / "cifar10.yaml")
+    cifar["slurm"]["gpu_mem_gb"] = 2
+    with pytest.raises(PipelineError, match=r"^config error at slurm.gpu_mem_gb: rule dp_x needs about [0-9.]+ GB .* "
+                                            r"more than the 2 GB declared$"):
+        cost.pretrain_memory(cifar, "dp_x")

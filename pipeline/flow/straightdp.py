@@ -29,6 +29,7 @@ whose defaults live in the schema only (:func:`pipeline.config.schema_defaults`)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -371,6 +372,43 @@ def stage2_plan(run: StraightRun, cfg: Mapping[str, Any], *, n: int, tau: float,
         raise PipelineError(f"stage {stage} {run.name}: {exc}") from None
 
 
+def stage2_decision(plan: tha.THAPlan, *, tau: float, data_sha256: str) -> dict[str, Any]:
+    """What every data-parallel rank of Stage 2 must hold exactly as rank 0 does before the first private step:
+    the horizon tau, the private split the shared Poisson sample indexes (its SHA-256, which rank 0's ledger
+    line binds) and every field of the THA plan (buckets, C_k, the one noise std s, q, N, T, delta, beta)."""
+    return {"tau": tau, "data_sha256": data_sha256, **dataclasses.asdict(plan)}
+
+
+def agreed_stage2_plan(run: StraightRun, cfg: Mapping[str, Any], *, n: int, tau: float, spectrum: np.ndarray,
+                       prior: Any, proxy_grads: Any, data_sha256: str, stage: str = "train_straightdp"
+                       ) -> tuple[tha.THAPlan, dict[float, float]]:
+    """:func:`stage2_plan` on this rank, then rank 0's plan on every rank, each rank's own checked against it.
+
+    Sec. 3.2 runs Stage 2 as a fully pre-declared workload whose exact composition is verified before training,
+    and App. B.5 certifies only "the single plan that is eventually executed". Under data parallelism that plan
+    is rank 0's: rank 0 adds the noise (std s) and writes the ledger line. Every rank plans by itself (the
+    proxy's public gradients are computed where the model is), but on CUDA nondeterministic kernels can move
+    the proxy's arg max over beta, and a rank clipping at its own C_k would break rank 0's certificate. So the
+    plan, tau and the data's hash are compared field by field, exactly, with rank 0's
+    (:func:`pipeline.distributed.agree_with_rank0`): a difference stops every rank in one line before any
+    private step, and otherwise every rank runs rank 0's plan object. Exact float equality is principled: C_k
+    and s are CPU float64 functions of beta, tau, the spectrum and the configuration, the same bits on every
+    rank that chose the same beta from the same inputs.
+
+    The proxy scores stay each rank's own and are not compared: only rank 0 writes them, and on CUDA they can
+    differ in their last bits while the arg max, the only thing that reaches the mechanism, does not.
+    One process: the plan :func:`stage2_plan` returns, untouched.
+    """
+    plan, scores = stage2_plan(run, cfg, n=n, tau=tau, spectrum=spectrum, prior=prior, proxy_grads=proxy_grads,
+                               stage=stage)
+    mine = stage2_decision(plan, tau=tau, data_sha256=data_sha256)
+    agreed = distributed.agree_with_rank0(mine, what=f"stage {stage} {run.name}: the Stage-2 plan")
+    if agreed is mine:  # rank 0, or one process
+        return plan, scores
+    fields = {f.name for f in dataclasses.fields(tha.THAPlan)}
+    return tha.THAPlan(**{k: v for k, v in agreed.items() if k in fields}), scores
+
+
 def dpsgd_flow_training(model: torch.nn.Module, plan: tha.THAPlan, images: Tensor, labels: Tensor, *,
                         sgd: Mapping[str, Any], seed: int, num_classes: int, device: torch.device,
                         state_path: Path | None, run_hash: str, checkpoint_every_s: float, desc: str
@@ -410,8 +448,9 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     """Stage 2 (Sec. 3.2): [distillation of the release for t < tau], then uniform / THA DP-SGD of the flow.
 
     Data parallel under ``--nproc N`` (``straightdp.gpus``; :mod:`pipeline.distributed`): every rank repeats the
-    distillation and the planning (public, deterministic), the DP-SGD steps are split over the ranks, rank 0
-    writes the state and the outputs."""
+    distillation (public), then takes rank 0's weights; every rank plans, and every rank runs rank 0's plan, its
+    own checked against it before any private step (:func:`agreed_stage2_plan`); the DP-SGD steps are split over
+    the ranks, rank 0 writes the state and the outputs."""
     with distributed.data_parallel(str(params.get("device", "auto"))) as (world, device):
         _train_straightdp(inputs, outputs, params, world, device)
 
@@ -472,6 +511,11 @@ def _train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
                                    run_hash=run_hash, checkpoint_every_s=float(cfg["checkpoint_every_s"]),
                                    desc=f"distill {run.name}")
             model.load_state_dict(res.ema.state_dict())
+    # Every rank distils rather than rank 0 alone: the training loop joins one all-reduce per step, which rank 0
+    # alone would wait in for ever, and ranks idle in a broadcast through hours of distillation would pass the
+    # collective timeout. Then every rank plans from (and trains) rank 0's weights, distilled or not: on CUDA the
+    # ranks' distilled weights can differ in their last bits, and the planner's proxy reads them.
+    distributed.broadcast_module(model)
 
     # Stage 2's mechanism, fixed before any private record is used
     proxy_gen = seeds.torch_generator("straightdp.proxy", run.seed)
@@ -487,7 +531,8 @@ def _train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
         return cache[plan.edges]
 
     t0 = time.perf_counter()
-    plan, scores = stage2_plan(run, cfg, n=n, tau=tau, spectrum=spectrum, prior=prior, proxy_grads=proxy_grads)
+    plan, scores = agreed_stage2_plan(run, cfg, n=n, tau=tau, spectrum=spectrum, prior=prior,
+                                      proxy_grads=proxy_grads, data_sha256=sha)
     total_eps = acc.pld_epsilon(tha.with_prior(plan.event(), prior), plan.delta,
                                     settings=dpsgd.DPSGD_PLD_SETTINGS)
     if total_eps > run.epsilon:

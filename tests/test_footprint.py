@@ -1,0 +1,81 @@
+"""pipeline.footprint: the saved bytes and FLOPs per example of a network's training step, counted on the meta device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline import footprint
+from pipeline.models.edm import EDMPrecond, edm_draw_loss
+from pipeline.models.unet import UNetSpec, build_unet
+
+TINY = {"unet": {"block_out_channels": [8, 16], "attention": [False, True], "layers_per_block": 1,
+                 "norm_num_groups": 4, "image_size": 8, "channels": 3, "num_classes": 10}}
+
+
+def _saved_on_cpu(spec: dict, b: int) -> int:
+    """Bytes autograd really keeps for a batch of ``b`` on the CPU (each storage once, parameters left out)."""
+    torch.manual_seed(0)
+    unet = UNetSpec.from_json(spec["unet"])
+    model = EDMPrecond(build_unet(unet), sigma_data=0.5)
+    held = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in held:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    x = torch.randn(b, unet.channels, unet.image_size, unet.image_size)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        edm_draw_loss(model, x, torch.rand(b) + 0.1, torch.randn_like(x), torch.zeros(b, dtype=torch.long)).sum()
+    return sum(storages.values())
+
+
+def test_the_meta_count_is_what_autograd_keeps_on_a_real_device_or_a_little_more():
+    fp = footprint.count("edm_unet", TINY)
+    per_example = _saved_on_cpu(TINY, 4) - _saved_on_cpu(TINY, 3)
+    # the meta kernels keep a few small tensors the CPU's do not: the count errs on the safe side, by little
+    assert per_example <= fp.saved_bytes_per_example <= 1.1 * per_example
+    assert _saved_on_cpu(TINY, 64) <= fp.activation_bytes(64) <= 1.1 * _saved_on_cpu(TINY, 64)
+    model = EDMPrecond(build_unet(UNetSpec.from_json(TINY["unet"])), sigma_data=0.5)
+    assert fp.params == sum(p.numel() for p in model.parameters())
+    # a training step costs about three forward passes (the backward two)
+    assert 2.5 < fp.train_flops_per_example / fp.forward_flops_per_example < 3.5
+
+
+def test_a_wider_network_or_larger_images_keep_more_per_example():
+    base = footprint.count("edm_unet", TINY)
+    wide = footprint.count("edm_unet", {"unet": {**TINY["unet"], "block_out_channels": [16, 32], "norm_num_groups": 8}})
+    large = footprint.count("edm_unet", {"unet": {**TINY["unet"], "image_size": 16}})
+    assert wide.saved_bytes_per_example > 1.8 * base.saved_bytes_per_example
+    assert large.saved_bytes_per_example > 3.5 * base.saved_bytes_per_example  # 4x the pixels
+
+
+def test_a_count_is_kept_by_its_workload_hash_and_read_back(tmp_path, monkeypatch):
+    cache = tmp_path / "footprints.json"
+    monkeypatch.setenv("DPGEN_FOOTPRINT_CACHE", str(cache))
+    spec = {"unet": {**TINY["unet"], "num_classes": 3}}
+    first = footprint.footprint("edm_unet", spec)
+    key = footprint.workload_key("edm_unet", spec)
+    assert footprint.read_cache(cache) == {key: first}
+    footprint._footprint.cache_clear()
+    monkeypatch.setattr(footprint, "count", lambda *a: pytest.fail("a cached workload is counted again"))
+    assert footprint.footprint("edm_unet", spec) == first
+    assert footprint.workload_key("edm_unet", spec) != footprint.workload_key("edm_unet", TINY)
+
+
+def test_the_repository_file_holds_fresh_counts():
+    """pipeline/footprints.json is what the cost models read for the embedded default and every preset: each entry is
+    recounted here, so a change to a network's code that moves its footprint cannot leave the file stale."""
+    blob = json.loads(footprint.CACHE_FILE.read_text())
+    assert blob["format"] == footprint.FORMAT and blob["workloads"]
+    for key, entry in blob["workloads"].items():
+        kind = key.split(":")[0]
+        assert footprint.workload_key(kind, entry["spec"]) == key
+        fresh = footprint.count(kind, entry["spec"])
+        for field, value in entry["footprint"].items():
+            assert getattr(fresh, field) == pytest.approx(value, rel=1e-9), (key, field)
