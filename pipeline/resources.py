@@ -188,6 +188,40 @@ def accumulation_params(plan: MemoryPlan) -> dict[str, int]:
     return {"micro_batch": plan.micro_batch} if plan.micro_batch < plan.batch else {}
 
 
+#: per-example gradients the vmap route holds per example of a micro-batch, in parameter copies: the gradients and
+#: their clipped, scaled copy before the sum (pipeline/privacy/dpsgd.py clip_and_sum)
+PER_EXAMPLE_GRAD_COPIES = 2
+
+
+def dpsgd_memory(network: Mapping[str, Any], micro_batch: int, K: int, *, kind: str = "edm_unet") -> MemoryPlan:
+    """A DP-SGD job's GPU memory (pipeline/privacy/dpsgd.py): the training state, one physical micro-batch's
+    ``micro_batch`` x ``K`` example-draws of activations and, by the vmap route, its examples' per-example gradients
+    (ghost clipping holds none; the bound is the vmap route's, which ``auto`` may fall back to). The micro-batch is the
+    configured one: it is part of the run's configuration, since it orders the diffusion draws."""
+    from pipeline import footprint
+
+    fp = footprint.footprint(kind, network)
+    state = fp.params * TRAIN_STATE_BYTES_PER_PARAM + TRANSIENT_FACTOR * fp.saved_bytes_fixed
+    per_example = K * TRANSIENT_FACTOR * fp.saved_bytes_per_example + PER_EXAMPLE_GRAD_COPIES * 4 * fp.params
+    return MemoryPlan(micro_batch, micro_batch, state + micro_batch * per_example + GPU_RESERVE_BYTES, state,
+                      per_example)
+
+
+def dpdm_network(config: Config) -> dict[str, Any]:
+    """The footprint spec of DPDM's denoiser (dpdm.unet on the private images; the declared classes when
+    class-conditional). Its preconditioning (EDM or v-prediction) wraps the same UNet: counted as EDM's."""
+    from pipeline.config import declared_private
+
+    d = config["dpdm"]
+    classes = declared_private(config)["n_classes"] if d["class_conditional"] else 0
+    return {"unet": {**d["unet"], "image_size": _side(config), "channels": _channels(config), "num_classes": classes}}
+
+
+def dpdm_train_gpu_mem_mb(config: Config, K: int) -> int:
+    """One DPDM run's predicted GPU memory per process (rule train_dpdm; its K from the run name)."""
+    return dpsgd_memory(dpdm_network(config), int(config["dpdm"]["micro_batch"]), K).predicted_mb
+
+
 def pretrain_memory(config: Config, rule: str = "pretrain_public", unet: Mapping[str, Any] | None = None,
                     shape: tuple[int, int] | None = None) -> MemoryPlan:
     """The public denoiser's memory plan (rules pretrain_public, privimage_pretrain, dp_ldm_pretrain)."""

@@ -57,6 +57,7 @@ rule train_dpdm:
     resources:
         # dpdm.gpus data-parallel processes in one SLURM task (torchrun starts them: pipeline/distributed.py)
         gpu=DPDM.train_gpus,
+        gpu_mem_mb=DPDM.train_gpu_mem_mb,
         tasks=1,
         mem_mb=DPDM.train_mem_mb,
         runtime=cost.segment_runtime_min(config, DPDM.train_runtime_min),

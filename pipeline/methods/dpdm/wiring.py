@@ -370,6 +370,11 @@ class Wiring:
     def train_runtime_min(self) -> int:
         return cost.dpdm_train_runtime_min(self.house.config)
 
+    def train_gpu_mem_mb(self, wildcards: Any) -> int:
+        """A training job's predicted GPU memory per process: dpdm.micro_batch examples x the run's K draws
+        (pipeline.resources.dpsgd_memory; the plan refuses a job over slurm.gpu_mem_gb)."""
+        return cost.dpdm_train_gpu_mem_mb(self.house.config, DpdmRun.from_name(wildcards.run).K)
+
     @property
     def sample_runtime_min(self) -> int:
         return cost.dpdm_sample_runtime_min(self.house.config)
