@@ -184,9 +184,9 @@ def memory_plan(config: Config, rule: str, network: Mapping[str, Any], batch: in
 
 
 def accumulation_params(plan: MemoryPlan) -> dict[str, int]:
-    """A stage's ``micro_batch`` param: only when the batch is split (so a batch that fits keeps its params, and its
-    job is not rerun for a key that changes nothing)."""
-    return {"micro_batch": plan.micro_batch} if plan.micro_batch < plan.batch else {}
+    """A public training stage's ``batch_gpu`` param (EDM's name: examples per forward/backward pass), only when the
+    batch is split (so a batch that fits keeps its params, and its job is not rerun for a key that changes nothing)."""
+    return {"batch_gpu": plan.micro_batch} if plan.micro_batch < plan.batch else {}
 
 
 #: per-example gradients the vmap route holds per example of a micro-batch, in parameter copies: the gradients and

@@ -19,8 +19,9 @@ from typing import Any
 from pipeline.config import config_id, declared_private
 
 #: params that change how a job runs, never what it computes: left out of a stage's config id (the ledger
-#: binding names where a line belongs, not what its mechanism is)
-RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s", "ledger_binding", "micro_batch")
+#: binding names where a line belongs, not what its mechanism is; batch_gpu, a public training's micro-batch of
+#: gradient accumulation, changes float rounding only)
+RUNTIME_PARAMS = ("device", "threads", "checkpoint_every_s", "ledger_binding", "batch_gpu")
 #: the splits the data stage writes for every configuration (pipeline/data)
 CORE_SPLITS = ("private_train", "eval_train", "reference", "val", "test")
 

@@ -123,7 +123,7 @@ def test_the_cifar10_preset_plans_its_public_pretraining_as_micro_batches_that_f
     assert pretrain.gpu_mem_mb is not None and pretrain.gpu_mem_mb <= 40 * 1024
     command = next(line for line in dry.stdout.splitlines() if "pipeline pretrain_public" in line)
     params = json.loads(re.search(r"--params '(\{.*?\})'", command).group(1))
-    assert params["pretrain"]["batch_size"] == 512 and 1 <= params["micro_batch"] < 512
+    assert params["pretrain"]["batch_size"] == 512 and 1 <= params["batch_gpu"] < 512
     # slurm.cpu_partition: a job without a GPU goes there, a GPU job keeps the default partition
     blocks = re.findall(r"^rule (\S+):\n(?:.*\n)*?\s+resources: (.*)$", dry.stdout, flags=re.M)
     assert blocks

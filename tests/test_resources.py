@@ -84,7 +84,7 @@ def test_the_paper_public_unet_is_split_into_micro_batches_that_fit_the_declared
         plans[gb] = plan = cost.pretrain_memory(cifar)
         assert plan.batch == 512 and plan.micro_batches > 1
         assert plan.predicted_bytes <= gb * 2**30  # the plan's own column never exceeds the GPU
-        assert cost.accumulation_params(plan) == {"micro_batch": plan.micro_batch}
+        assert cost.accumulation_params(plan) == {"batch_gpu": plan.micro_batch}
         # the micro-batch is the largest that fits: one more example would not
         over = plan.state_bytes + (plan.micro_batch + 1) * plan.per_example_bytes
         assert over > cost.gpu_mem_bytes(cifar)

@@ -41,7 +41,7 @@ from pipeline.training.data import drop_labels, load_training_split, to_model_sc
 log = logging.getLogger(__name__)
 
 STAGE = "pretrain_public"
-#: keys that change neither the mathematics nor the result on the CPU: a run resumes across them (params.micro_batch
+#: keys that change neither the mathematics nor the result on the CPU: a run resumes across them (params.batch_gpu
 #: is not in the run's hash either: it changes float rounding and dropout's masks only, pipeline/training/accumulate.py)
 RESUME_INSENSITIVE = ("checkpoint_every_s", "device", "threads")
 
@@ -113,8 +113,8 @@ PARAMS_DOC = {
     "config_id": "id of the configuration (recorded in the model's meta)",
     "device": "auto | cpu | cuda[:N]",
     "threads": "torch CPU threads (default 1)",
-    "micro_batch": "optional: examples per forward/backward pass; the batch is reached by gradient accumulation "
-                   "(the plan's, pipeline.resources.memory_plan, when the batch does not fit slurm.gpu_mem_gb)",
+    "batch_gpu": "optional: examples per forward/backward pass; the batch is reached by gradient accumulation "
+                 "(the plan's, pipeline.resources.memory_plan, when the batch does not fit slurm.gpu_mem_gb)",
     "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/pretrain_public/<model name>)",
 }
 
@@ -141,9 +141,9 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     sampler = edm_sigma_sampler(cfg["p_mean"], cfg["p_std"])
     batch = min(cfg["batch_size"], len(split))
 
-    micro_batch = params.get("micro_batch")
+    micro_batch = params.get("batch_gpu")
     if micro_batch is not None and not (isinstance(micro_batch, int) and micro_batch >= 1):
-        raise PipelineError(f"{STAGE}: params.micro_batch must be an integer >= 1, got {micro_batch!r}")
+        raise PipelineError(f"{STAGE}: params.batch_gpu must be an integer >= 1, got {micro_batch!r}")
 
     def step(i: int) -> float:
         idx = epoch_batches(len(split), batch, i, seed).to(device)
@@ -165,7 +165,7 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
                                 sigma_data=cfg["sigma_data"])
     tail = res.losses[-max(1, len(res.losses) // 10):]
     # recorded only when the batch was split, so a batch that fits writes the files it wrote before accumulation
-    accumulated = {} if micro_batch is None or micro_batch >= batch else {"micro_batch": micro_batch}
+    accumulated = {} if micro_batch is None or micro_batch >= batch else {"batch_gpu": micro_batch}
     meta = {"stage": STAGE, "steps": res.steps, "data": "public", "data_sha256": data_sha, "n_train": len(split),
             "config_id": config_id, "seed": seed, "loss": "edm", "p_mean": cfg["p_mean"], "p_std": cfg["p_std"],
             "sigma_data": cfg["sigma_data"], "class_conditional": cfg["class_conditional"],
