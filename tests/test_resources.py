@@ -17,7 +17,7 @@ def config(**sections):
 LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segment_retries")
 #: the GPU-memory plan returns plans and specs, not a request (tested below)
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
-               "pretrain_memory")
+               "pretrain_memory", "dpsgd_memory", "dpdm_network", "dpdm_train_gpu_mem_mb")
 
 
 def test_every_cost_model_is_a_positive_integer_of_the_default_config():
@@ -103,3 +103,13 @@ def test_a_gpu_too_small_for_one_example_is_a_one_line_config_error_naming_the_r
     with pytest.raises(PipelineError, match=r"^config error at slurm.gpu_mem_gb: rule dp_x needs about [0-9.]+ GB .* "
                                             r"more than the 2 GB declared$"):
         cost.pretrain_memory(cifar, "dp_x")
+
+
+def test_dp_sgd_memory_grows_with_the_micro_batch_and_k_and_the_configured_micro_batch_is_kept():
+    net = cost.dpdm_network(config())
+    small, large_k, large_m = (cost.dpsgd_memory(net, 16, 1), cost.dpsgd_memory(net, 16, 8),
+                               cost.dpsgd_memory(net, 64, 1))
+    assert small.predicted_bytes < large_k.predicted_bytes and small.predicted_bytes < large_m.predicted_bytes
+    assert (large_m.batch, large_m.micro_batch, large_m.micro_batches) == (64, 64, 1)
+    cfg = config()
+    assert cost.dpdm_train_gpu_mem_mb(cfg, 8) == cost.dpsgd_memory(net, cfg["dpdm"]["micro_batch"], 8).predicted_mb
