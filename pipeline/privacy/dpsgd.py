@@ -51,6 +51,11 @@ r, r + N, r + 2N, ...; one all-reduce sums them, and rank 0 adds the Gaussian no
 sum, so the noise is drawn once per logical step from the one mechanism stream. The released gradient is the
 single process's (to float summation order), and so is the ledger line. The draws of the micro-batches a rank
 does not compute are still made (and discarded), to keep the stream aligned: that is CPU work every rank repeats.
+With ``draws="counter"`` (:func:`counter_generator`) each micro-batch's diffusion draws come instead from a
+generator of its own on the parameters' device, keyed by (the run's seed, the step, the micro-batch's index): a
+rank draws only its own micro-batches' examples, on its GPU, and the draws are the same for any number of
+processes (one process's counter draws differ from its stream draws; both are public randomness, independent of
+the data, so the mechanism and its ledger line are the same).
 
 Randomness: ``torch.Generator`` (Mersenne twister) is not a cryptographically secure source;
 like Opacus without ``secure_mode`` this is adequate for research reproducibility, not for a
@@ -59,6 +64,8 @@ deployment that must resist an attacker who can predict the noise.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -309,6 +316,21 @@ def summarise_norm_quantiles(rows: Sequence[Mapping[str, float] | None]) -> dict
 
 
 Clipping = Literal["vmap", "ghost", "auto"]
+#: how the diffusion draws of a micro-batch are made: one CPU stream in one process's order, or per micro-batch from
+#: a counter-keyed generator on the device (module docstring, "Data parallel")
+Draws = Literal["stream", "counter"]
+DRAWS = ("stream", "counter")
+
+
+def counter_generator(key: int, step: int, microbatch: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on ``device`` whose stream is a function of (``key``, ``step``, ``microbatch``) alone.
+
+    Written here rather than taken from a library: torch's generators are seeded by one integer, and what is needed
+    is that integer as a fixed function of the three counters (SHA-256, so that neighbouring counters give
+    unrelated seeds); the generator itself is torch's (Philox on CUDA, Mersenne twister on the CPU).
+    """
+    digest = hashlib.sha256(f"dpsgd-draws:{key}:{step}:{microbatch}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 CLIPPING: tuple[str, ...] = ("vmap", "ghost", "auto")
 
 
@@ -370,15 +392,23 @@ class DPSGD:
 
     ``world`` (default: the initialised process group, else one process): the data-parallel ranks this
     engine is one of (module docstring, "Data parallel"); every rank must construct it with the same
-    arguments. Rank 0's weights are broadcast to the others here.
+    arguments. Rank 0's weights are broadcast to the others here. ``draws``: ``stream`` (default) draws every
+    micro-batch's diffusion draws from ``generator`` in one process's order; ``counter`` draws micro-batch j of
+    step i on the data's device from :func:`counter_generator` keyed by ``generator``'s seed, so each rank draws
+    only its own and any number of processes gives the single process's draws.
     """
 
     def __init__(self, model: nn.Module, loss_fn: ExampleLoss, plan: StepPlan, *, microbatch_size: int = 64,
                  multiplicity: NoiseMultiplicity | None = None, generator: torch.Generator | None = None,
                  noise_generator: torch.Generator | None = None, clipping: Clipping = "auto",
-                 world: distributed.World | None = None) -> None:
+                 world: distributed.World | None = None, draws: Draws = "stream") -> None:
         if not (isinstance(microbatch_size, int) and microbatch_size >= 1):
             raise DPSGDError(f"micro-batch size must be an integer >= 1, got {microbatch_size!r}")
+        if draws not in DRAWS:
+            raise DPSGDError(f"draws must be one of {', '.join(DRAWS)}, got {draws!r}")
+        self.draws = draws
+        # the counters' key: the run's stream's seed (public randomness, like the stream itself)
+        self.draw_key = int(generator.initial_seed()) if generator is not None else int(torch.initial_seed())
         self.model, self.loss_fn, self.plan = model, loss_fn, plan
         self.requested_clipping = clipping
         self.clipping = resolve_clipping(clipping, model, loss_fn)
@@ -402,13 +432,19 @@ class DPSGD:
         for j, start in enumerate(range(0, len(indices), self.microbatch_size)):
             idx = indices[start:start + self.microbatch_size]
             if j % size != rank:
-                if self.multiplicity is not None:
+                if self.multiplicity is not None and self.draws == "stream":
                     self.multiplicity.skip(len(idx), data[0].shape[1:], data[0].dtype, self.generator, time_range)
                 continue
             chunk = tuple(t[idx.to(t.device)] for t in data)
             if self.multiplicity is not None:
-                sigma, noise = self.multiplicity.draw(chunk[0], self.generator, time_range)
-                chunk = (self.multiplicity.views(chunk[0], self.generator), sigma, noise, *chunk[1:])
+                if self.draws == "stream":
+                    gen, where = self.generator, contextlib.nullcontext()
+                else:  # the samplers call torch's factories without a device: the data's device becomes the default
+                    device = chunk[0].device
+                    gen, where = counter_generator(self.draw_key, self.steps_taken, j, device), torch.device(device)
+                with where:
+                    sigma, noise = self.multiplicity.draw(chunk[0], gen, time_range)
+                    chunk = (self.multiplicity.views(chunk[0], gen), sigma, noise, *chunk[1:])
             yield j, chunk
 
     def clipped_sum(self, chunk: Sequence[Tensor], clip: float, params: Mapping[str, Tensor]

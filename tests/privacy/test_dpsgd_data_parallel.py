@@ -1,6 +1,7 @@
 """Data-parallel DP-SGD (pipeline.privacy.dpsgd.DPSGD over pipeline.distributed): two gloo processes release, step
 by step, the gradient one process releases (same Poisson sample, diffusion draws and Gaussian noise, drawn once),
-and end at the same weights, with either clipping route and a THA plan's per-bucket clips."""
+and end at the same weights, with either clipping route, a THA plan's per-bucket clips, and either way of drawing
+the diffusion draws (one stream, or counter-keyed per micro-batch on each rank's device)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def plan(kind: str) -> dpsgd.StepPlan:
                        steps=STEPS, delta=1e-5)
 
 
-def train(route: str, kind: str, world: distributed.World | None = None):
+def train(route: str, kind: str, draws: str = "stream", world: distributed.World | None = None):
     """STEPS steps of the engine; per step the released gradient and the gathered norms; the final weights."""
     model = tiny_model()
     if world is not None and world.rank == 1:
@@ -52,7 +53,7 @@ def train(route: str, kind: str, world: distributed.World | None = None):
     sampler = edm_sigma_sampler() if kind == "dpsgd" else tha.uniform_time_sampler
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(edm_draw_loss), plan(kind), microbatch_size=3,
                          multiplicity=dpsgd.NoiseMultiplicity(2, sampler), generator=torch.Generator().manual_seed(1),
-                         noise_generator=torch.Generator().manual_seed(2), clipping=route, world=world)
+                         noise_generator=torch.Generator().manual_seed(2), clipping=route, world=world, draws=draws)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     released, norms = [], []
     for _ in range(STEPS):
@@ -66,7 +67,10 @@ def train(route: str, kind: str, world: distributed.World | None = None):
     return released, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-CASES = [("vmap", "dpsgd"), ("ghost", "dpsgd"), ("ghost", "tha")]
+#: (clipping route, plan, diffusion draws): "counter" draws each micro-batch's on its rank alone, from a generator
+#: keyed by (seed, step, micro-batch), so two processes must still give the single process's gradient
+CASES = [("vmap", "dpsgd", "stream"), ("ghost", "dpsgd", "stream"), ("ghost", "tha", "stream"),
+         ("vmap", "dpsgd", "counter"), ("ghost", "tha", "counter")]
 
 
 def _rank(rank: int, size: int, init_file: str, out_dir: str) -> None:
@@ -119,8 +123,24 @@ def test_two_gloo_processes_end_at_the_single_process_weights(two_processes, one
 
 def test_a_rank_that_also_drew_the_noise_would_be_caught(one_process):
     """The equality above is sensitive to the noise: a second draw of std s moves the released gradient."""
-    released, _, _ = one_process[("vmap", "dpsgd")]
+    released, _, _ = one_process[("vmap", "dpsgd", "stream")]
     p = plan("dpsgd")
     extra = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(9)) * p.noise_std / p.expected_batch_size
              for k, v in released[0].items()}
     assert not all(close(released[0][k] + extra[k], released[0][k]) for k in released[0])
+
+
+def test_counter_draws_are_other_draws_than_the_stream_s_and_a_function_of_the_counters_alone():
+    a, _, _ = train("vmap", "dpsgd", "stream")
+    b, _, _ = train("vmap", "dpsgd", "counter")
+    # the same Poisson sample and noise, other diffusion draws: another released gradient
+    assert not all(close(a[0][k], b[0][k]) for k in a[0])
+    draw = lambda key, step, j: torch.randn(4, generator=dpsgd.counter_generator(key, step, j))  # noqa: E731
+    assert torch.equal(draw(1, 0, 0), draw(1, 0, 0))
+    assert not torch.equal(draw(1, 0, 0), draw(1, 0, 1)) and not torch.equal(draw(1, 0, 0), draw(1, 1, 0))
+    assert not torch.equal(draw(1, 0, 0), draw(2, 0, 0))
+
+
+def test_an_unknown_way_of_drawing_is_a_one_line_error():
+    with pytest.raises(dpsgd.DPSGDError, match="draws must be one of stream, counter, got 'philox'"):
+        dpsgd.DPSGD(tiny_model(), dpsgd.multiplicity_loss(edm_draw_loss), plan("dpsgd"), draws="philox")
