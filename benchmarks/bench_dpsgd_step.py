@@ -123,7 +123,8 @@ def run_arm(arm: str, args, queue, rank: int = 0, init_file: str = "") -> None:
     elif arm in ("torch.func", "ghost", "ghost-2proc"):
         engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(draw_loss), plan, microbatch_size=args.microbatch,
                              multiplicity=mult, generator=torch.Generator().manual_seed(0),
-                             clipping="vmap" if arm == "torch.func" else "ghost")  # ghost-2proc: world from the group
+                             clipping="vmap" if arm == "torch.func" else "ghost",  # ghost-2proc: world from the group
+                             draws=args.draws)
 
         def step(rows: int):
             engine.privatised_gradient((data,), idx[:rows])
@@ -206,12 +207,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--draws", default="stream", choices=["stream", "counter"],
+                    help="the engine arms' diffusion draws (pipeline.privacy.dpsgd): stream = one stream every rank "
+                         "repeats in full; counter = per micro-batch, each rank its own")
     args = ap.parse_args()
 
     n_params = sum(p.numel() for p in build_unet(tuple(args.channels)).parameters())
     print(f"UNet2DModel 16x16, block_out_channels={tuple(args.channels)}, {n_params:,} parameters; "
           f"logical batch {args.batch} x K={args.K}, micro-batch {args.microbatch}, device {args.device}, "
-          f"{args.threads} threads, best of {args.rounds} alternating rounds x {args.repeats} steps")
+          f"{args.threads} threads, best of {args.rounds} alternating rounds x {args.repeats} steps, "
+          f"{args.draws} draws")
     arms = list(args.arms)
     if {"opacus", "opacus-ghost"} & set(arms):
         import importlib.util

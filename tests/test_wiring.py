@@ -33,7 +33,7 @@ def test_stage_params_carry_the_id_of_what_the_output_depends_on_and_nothing_els
     a = json.loads(stage_params(epsilon=1.0, seed=0, device="cpu", threads=2, ledger_binding={"run": "x"}))
     b = json.loads(stage_params(epsilon=1.0, seed=0, device="cuda", threads=8, checkpoint_every_s=60))
     assert a["config_id"] == b["config_id"] == config_id({"epsilon": 1.0, "seed": 0})
-    assert set(RUNTIME_PARAMS) == {"device", "threads", "checkpoint_every_s", "ledger_binding"}
+    assert set(RUNTIME_PARAMS) == {"device", "threads", "checkpoint_every_s", "ledger_binding", "batch_gpu"}
     # a setting that changes the output changes the id
     assert json.loads(stage_params(epsilon=2.0, seed=0))["config_id"] != a["config_id"]
 

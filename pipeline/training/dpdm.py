@@ -97,6 +97,9 @@ PARAMS_DOC = {
     "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only",
     "clipping": "vmap | ghost | auto (default auto): how the clipped sum is formed (pipeline.privacy.dpsgd."
                 "resolve_clipping); the same mechanism",
+    "draws": "stream | counter (default stream): how each micro-batch's diffusion draws are made (pipeline.privacy."
+             "dpsgd.counter_generator): one CPU stream, or on the device per micro-batch, the same for any number of "
+             "data-parallel processes; the same mechanism, other draws",
     "augment": "optional augmentation multiplicity {max_shift, flip}: each of an example's K draws sees its own random "
                "view (translation by up to max_shift pixels, a left-right flip when flip) (DP-Diffusion, Ghalebikesabi "
                "et al. 2023); null = none",
@@ -146,6 +149,7 @@ class DPDMConfig:
     steps: int | None = None
     seed: int = 0
     clipping: str = "auto"
+    draws: str = "stream"
     augment: dict[str, Any] | None = None
     sigma_range: tuple[float, float | None] | None = None
 
@@ -211,6 +215,8 @@ class DPDMConfig:
             raise bad("checkpoint_every_s", "> 0")
         if self.clipping not in dpsgd.CLIPPING:
             raise bad("clipping", f"one of {', '.join(dpsgd.CLIPPING)}")
+        if self.draws not in dpsgd.DRAWS:
+            raise bad("draws", f"one of {', '.join(dpsgd.DRAWS)}")
         a = self.augment
         if a is not None and not (isinstance(a, Mapping) and set(a) <= {"max_shift", "flip"}
                                   and isinstance(a.get("flip", False), bool)
@@ -476,7 +482,8 @@ def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[st
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(config.draw_loss), plan, microbatch_size=cfg.micro_batch,
                          multiplicity=dpsgd.NoiseMultiplicity(cfg.K, cfg.sigma_sampler(config.sigma_sampler),
                                                               augment=cfg.augmentation()),
-                         generator=gen, noise_generator=noise_gen, clipping=cfg.clipping, world=world)
+                         generator=gen, noise_generator=noise_gen, clipping=cfg.clipping, world=world,
+                         draws=cfg.draws)
     log.info("%s: clipped sums by %s (dpdm.clipping %s), process %d of %d", STAGE, engine.clipping, cfg.clipping,
              world.rank + 1, world.size)
     images = to_model_scale(split.images).to(device)

@@ -406,6 +406,23 @@ def test_dp_ldms_public_stages_read_only_its_subsection_and_the_pretrain_recipe(
     assert Wiring(house(tmp_path, retune)).ldm_pretrain_params() == bl.ldm_pretrain_params()
 
 
+def test_dp_ldms_latent_denoiser_is_sized_for_the_gpu_on_its_codes_not_the_images(tmp_path):
+    from pipeline import resources as cost
+
+    h = house(tmp_path)
+    bl, own = Wiring(h), h.config["baselines"]["dp_ldm"]
+    plan = bl.ldm_pretrain_memory
+    codes = cost.pretrain_network(h.config, own["unet"], (own["autoencoder"]["code_channels"], 16 // 4))
+    assert plan == cost.memory_plan(h.config, "dp_ldm_pretrain", codes, h.config["pretrain"]["batch_size"])
+    assert plan.micro_batch == plan.batch  # the embedded codes fit: no batch_gpu in the params
+    assert "batch_gpu" not in json.loads(bl.ldm_pretrain_params())
+    # on a GPU too small for the batch (1.69 GB leaves ~6 MB after the reserve and the training state), the stage is
+    # told its micro-batch
+    small = Wiring(house(tmp_path, lambda cfg: cfg.setdefault("slurm", {}).update(gpu_mem_gb=1.69)))
+    assert 1 <= small.ldm_pretrain_memory.micro_batch < small.ldm_pretrain_memory.batch
+    assert json.loads(small.ldm_pretrain_params())["batch_gpu"] == small.ldm_pretrain_memory.micro_batch
+
+
 def test_dp_ldms_line_binds_the_private_codes_and_its_bundle_is_the_decoded_synthetic_set(tmp_path):
     bl, exp = Wiring(house(tmp_path)), tmp_path / "r" / "digits"
     run = "dp_ldm_eps1_seed0"

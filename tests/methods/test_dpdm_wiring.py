@@ -225,6 +225,11 @@ def test_a_sample_job_names_its_sampler_settings_and_generates_with_the_runs_see
 
 def test_the_jobs_costs_come_from_the_cost_models(w):
     assert w.train_mem_mb > 0 and w.train_runtime_min > 0 and w.sample_runtime_min > 0
+    # the GPU memory of a run: its own K from its name (the K ablation's K = 1 run holds fewer draws than K = 4)
+    from pipeline import resources as cost
+
+    one, four = (w.train_gpu_mem_mb(SimpleNamespace(run=f"edm_eps10_K{k}_seed0")) for k in (1, 4))
+    assert one < four == cost.dpdm_train_gpu_mem_mb(w.house.config, 4)
 
 
 def test_dpdm_gpus_sets_a_training_jobs_processes_cores_and_memory_but_not_its_params(w, tmp_path):

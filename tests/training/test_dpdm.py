@@ -129,7 +129,9 @@ def test_init_from_a_public_denoiser_copies_matching_weights(private_split, tmp_
                                            r"input data holds 40 records but the declared private size N is 41"),
                                           ({"ledger_binding": None}, r"param ledger_binding = \{run, experiment\}"),
                                           ({"clipping": "hooks"},
-                                           r"param clipping must be one of vmap, ghost, auto, got 'hooks'")])
+                                           r"param clipping must be one of vmap, ghost, auto, got 'hooks'"),
+                                          ({"draws": "philox"},
+                                           r"param draws must be one of stream, counter, got 'philox'")])
 def test_bad_params_are_one_line_errors(private_split, tmp_path, params, match):
     p = {**BASE, **params}
     if p.get("epsilon") is None:

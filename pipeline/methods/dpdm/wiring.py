@@ -25,7 +25,7 @@ from pipeline.wiring import House, params_json, stage_params
 TRAIN_KEYS = ("delta", "clip", "batch_size", "epochs", "lr", "ema_decay", "label_dropout", "class_conditional",
               "unet", "checkpoint_every_s", "micro_batch")
 #: dpdm keys with no schema default (absent: the stage's own), passed only when set: configs without them keep their ids
-OPTIONAL_TRAIN_KEYS = ("clipping",)
+OPTIONAL_TRAIN_KEYS = ("clipping", "draws")
 #: the table whose val columns choose the main sampler (it never waits for the choice it feeds)
 SAMPLER_TABLE = "dpdm_table_samplers"
 #: the table whose rows are the privacy-utility figure's DPDM line
