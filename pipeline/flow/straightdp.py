@@ -423,7 +423,8 @@ def dpsgd_flow_training(model: torch.nn.Module, plan: tha.THAPlan, images: Tenso
     noise_gen = seeds.torch_generator("straightdp.mechanism_noise", seed, device=device)
     engine = dpsgd.DPSGD(model, dpsgd.multiplicity_loss(flow_loss), plan, microbatch_size=int(sgd["micro_batch"]),
                          multiplicity=dpsgd.NoiseMultiplicity(int(sgd["noise_multiplicity"]), tha.uniform_time_sampler),
-                         generator=gen, noise_generator=noise_gen, clipping=str(sgd.get("clipping", "auto")))
+                         generator=gen, noise_generator=noise_gen, clipping=str(sgd.get("clipping", "auto")),
+                         draws=str(sgd.get("draws", "stream")))
     log.info("STRAIGHTDP DP-SGD: clipped sums by %s", engine.clipping)
     grad_norms: list[dict[str, float] | None] = []
 
