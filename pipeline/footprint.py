@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,32 @@ def _edm_unet(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
     return model, loss
 
 
+def _flow_mmdit(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """STRAIGHTDP's class-conditional MM-DiT (pipeline/flow/straightdp.py ``flow_spec`` of the ``flow`` section on
+    examples of ``shape`` [C, H, W]) and its rectified-flow loss (eq. 1) on a batch of ``b`` examples."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pipeline.flow.backbone import build_flow_model
+    from pipeline.flow.rectified import flow_loss
+    from pipeline.flow.straightdp import flow_spec
+
+    c, h, w = (int(v) for v in spec["shape"])
+    # flow_spec reads only the split's image shape
+    model = build_flow_model(flow_spec({"flow": dict(spec["flow"])}, SimpleNamespace(images=np.empty((1, c, h, w))),
+                                       int(spec["num_classes"])))
+
+    def loss(b: int) -> Any:
+        z = torch.zeros(b, c, h, w)
+        return flow_loss(model, z, torch.full((b,), 0.5), torch.zeros_like(z), torch.zeros(b, dtype=torch.long)).sum()
+
+    return model, loss
+
+
 #: kind -> (spec) -> (model on the current default device, loss of a batch of b examples)
-BUILDERS: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Callable[[int], Any]]]] = {"edm_unet": _edm_unet}
+BUILDERS: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Callable[[int], Any]]]] = {
+    "edm_unet": _edm_unet, "flow_mmdit": _flow_mmdit}
 
 
 def count(kind: str, spec: Mapping[str, Any]) -> Footprint:

@@ -104,7 +104,7 @@ rule straightdp_geometry:
         geometry=STRAIGHTDP.geometry(),
         horizon=STRAIGHTDP.horizon(),
     params:
-        p=lambda wildcards: STRAIGHTDP.params(seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.pretrain_params(),
     benchmark:
         benchmark_path("straightdp_geometry")
     log:
@@ -127,7 +127,7 @@ rule pretrain_straightdp:
     output:
         model=STRAIGHTDP.public_flow(),
     params:
-        p=lambda wildcards: STRAIGHTDP.params(seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.pretrain_params(),
     benchmark:
         benchmark_path("pretrain_straightdp")
     log:
@@ -135,6 +135,7 @@ rule pretrain_straightdp:
     threads: TORCH_THREADS
     resources:
         gpu=1,
+        gpu_mem_mb=lambda wildcards: STRAIGHTDP.pretrain_gpu_mem_mb(getattr(wildcards, "arm", "")),
         mem_mb=4000,
         runtime=cost.segment_runtime_min(config, cost.straightdp_pretrain_runtime_min(config)),
     retries: cost.segment_retries(config, cost.straightdp_pretrain_runtime_min(config))
@@ -215,7 +216,7 @@ use rule straightdp_geometry as straightdp_geometry_arm with:
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:
-        p=lambda wildcards: STRAIGHTDP.params(arm=wildcards.arm, seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.pretrain_params(wildcards.arm),
     benchmark:
         benchmark_path("straightdp_geometry", "{arm}")
     log:
@@ -230,7 +231,7 @@ use rule pretrain_straightdp as pretrain_straightdp_arm with:
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:
-        p=lambda wildcards: STRAIGHTDP.params(arm=wildcards.arm, seed=SEED),
+        p=lambda wildcards: STRAIGHTDP.pretrain_params(wildcards.arm),
     benchmark:
         benchmark_path("pretrain_straightdp", "{arm}")
     log:
@@ -284,6 +285,7 @@ rule train_straightdp:
     resources:
         # straightdp.gpus data-parallel processes in one SLURM task (torchrun starts them: pipeline/distributed.py)
         gpu=STRAIGHTDP.train_gpus,
+        gpu_mem_mb=STRAIGHTDP.train_gpu_mem_mb,
         tasks=1,
         mem_mb=STRAIGHTDP.train_mem_mb,
         runtime=cost.segment_runtime_min(config, cost.straightdp_train_runtime_min(config)),

@@ -93,6 +93,9 @@ COMMON_DOC = {
     ledger.BINDING_PARAM: ledger.BINDING_DOC + " (release_moments, train_straightdp)",
     "public_model": "the imported public flow's hashes (train_straightdp, sample_straightdp of a main run; "
                     "pipeline/flow/public.py): in the config id only",
+    "batch_gpu": "optional: examples per forward/backward pass of pretrain_straightdp and train_straightdp's "
+                 "distillation, reached by gradient accumulation (the plan's, when a batch does not fit "
+                 "slurm.gpu_mem_gb); not in the config id",
 }
 
 
@@ -123,6 +126,15 @@ def _setup(params: Mapping[str, Any]) -> tuple[dict[str, Any], int, torch.device
     if device.type == "cpu":
         torch.set_num_threads(int(params.get("threads", 1)))
     return cfg, seed, device
+
+
+def _batch_gpu(params: Mapping[str, Any]) -> int | None:
+    """params.batch_gpu: examples per forward/backward pass of a public training (pretraining, distillation), the
+    plan's when the batch does not fit slurm.gpu_mem_gb (pipeline/training/accumulate.py); None: the whole batch."""
+    value = params.get("batch_gpu")
+    if value is not None and not (isinstance(value, int) and value >= 1):
+        raise PipelineError(f"param batch_gpu must be an integer >= 1, got {value!r}")
+    return value
 
 
 def _run(params: Mapping[str, Any]) -> StraightRun:
@@ -238,7 +250,8 @@ def pretrain_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
                         lr=float(pre["lr"]), ema_decay=float(pre["ema_decay"]), p_uncond=float(pre["p_uncond"]),
                         generator=seeds.torch_generator("straightdp.pretrain", seed),
                         state_path=ck_dir / loop.STATE_FILE, run_hash=loop.params_hash(run_params),
-                        checkpoint_every_s=float(cfg["checkpoint_every_s"]), desc="pretrain_straightdp")
+                        checkpoint_every_s=float(cfg["checkpoint_every_s"]), desc="pretrain_straightdp",
+                        micro_batch=_batch_gpu(params))
     tail = res.losses[-50:] if len(res.losses) else [float("nan")]
     meta = {"stage": "pretrain_straightdp", "private": False, "public_sha256": sha, "steps": int(pre["steps"]),
             "final_loss_mean50": float(np.mean(tail)), "seed": seed, "config_id": params.get("config_id")}
@@ -510,7 +523,7 @@ def _train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
                                    generator=seeds.torch_generator("straightdp.distill", run.seed),
                                    p_uncond=float(sgd["p_uncond"]), state_path=ck_dir / "distill" / loop.STATE_FILE,
                                    run_hash=run_hash, checkpoint_every_s=float(cfg["checkpoint_every_s"]),
-                                   desc=f"distill {run.name}")
+                                   desc=f"distill {run.name}", micro_batch=_batch_gpu(params))
             model.load_state_dict(res.ema.state_dict())
     # Every rank distils rather than rank 0 alone: the training loop joins one all-reduce per step, which rank 0
     # alone would wait in for ever, and ranks idle in a broadcast through hours of distillation would pass the

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from pipeline.flow.field import GaussianMomentModel
 from pipeline.flow.rectified import flow_loss, sample_t, x_t_from
 from pipeline.training import loop
+from pipeline.training.accumulate import accumulate_backward, micro_slices
 from pipeline.training.data import drop_labels
 
 
@@ -91,7 +92,7 @@ def pretrain_flow(model: nn.Module, images: Tensor, labels: Tensor | None, *, st
                   ema_decay: float, p_uncond: float, generator: torch.Generator, progress: bool = True,
                   weight_decay: float = 0.01, null_label: int | None = None, state_path: str | Path | None = None,
                   run_hash: str | None = None, checkpoint_every_s: float = 300.0,
-                  desc: str = "pretrain_flow") -> loop.TrainResult:
+                  desc: str = "pretrain_flow", micro_batch: int | None = None) -> loop.TrainResult:
     """Public pretraining of ``model`` (v(x, t, y) -> velocity) on ``images`` by eq. 1 (Table 9).
 
     ``images`` ``[N, ...]`` in the model's scale ([-1, 1] for pixels; any shape the model takes,
@@ -100,7 +101,8 @@ def pretrain_flow(model: nn.Module, images: Tensor, labels: Tensor | None, *, st
     WITH replacement (a function of the generator alone, so resuming needs no sampler state),
     t ~ U[0, 1), xi ~ N(0, I), labels dropped to ``null_label`` (default ``model.null_label``) with
     probability ``p_uncond``; AdamW(``lr``, ``weight_decay``; torch's default 0.01) on the mean
-    of :func:`~pipeline.flow.rectified.flow_loss`. Returns the loop's
+    of :func:`~pipeline.flow.rectified.flow_loss`, its forward and backward over micro-batches of at most
+    ``micro_batch`` examples (:mod:`pipeline.training.accumulate`; the step's draws made first). Returns the loop's
     :class:`~pipeline.training.loop.TrainResult`: ``.ema`` is the model to sample with,
     ``.losses`` the per-step losses. ``state_path`` + ``run_hash``: resumable (see the module).
     """
@@ -118,11 +120,10 @@ def pretrain_flow(model: nn.Module, images: Tensor, labels: Tensor | None, *, st
         t = sample_t(batch_size, generator, dtype=z.dtype).to(device)
         xi = torch.randn(z.shape, generator=generator, dtype=z.dtype).to(device)
         y = _labels_or_null(labels, idx, null, p_uncond, generator, device)
-        loss = flow_loss(model, z, t, xi, y).mean()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = accumulate_backward(lambda s: flow_loss(model, z[s], t[s], xi[s], y[s]), batch_size, micro_batch)
         optimizer.step()
-        return loss.item()
+        return loss
 
     return _run(model, step, optimizer=optimizer, steps=steps, ema_decay=ema_decay, generator=generator,
                 state_path=state_path, run_hash=run_hash, checkpoint_every_s=checkpoint_every_s, desc=desc,
@@ -160,7 +161,8 @@ def distill_to_field(model: nn.Module, field_model: GaussianMomentModel, *, tau:
                      distill_fraction: float = 0.5, p_uncond: float = 0.1, ema_decay: float = 0.999,
                      weight_decay: float = 0.01, null_label: int | None = None, progress: bool = True,
                      state_path: str | Path | None = None, run_hash: str | None = None,
-                     checkpoint_every_s: float = 300.0, desc: str = "distill_to_field") -> loop.TrainResult:
+                     checkpoint_every_s: float = 300.0, desc: str = "distill_to_field",
+                     micro_batch: int | None = None) -> loop.TrainResult:
     """Stage 1 distillation (Sec. 3.1 "Conditional distillation"; Table 9): v_theta -> v̄ on t < tau, replay beyond.
 
     The mix, per step of ``batch_size`` examples:
@@ -179,7 +181,9 @@ def distill_to_field(model: nn.Module, field_model: GaussianMomentModel, *, tau:
     (``field_model.dim`` must equal the product of the image dimensions). ``replay=None`` needs
     ``distill_fraction=1``. AdamW, EMA, resumable exactly as :func:`pretrain_flow`; returns the
     loop's :class:`~pipeline.training.loop.TrainResult` (``.ema`` to sample with). Only the
-    release and public data are read.
+    release and public data are read. ``micro_batch``: the forward and backward passes of both parts over
+    micro-batches of at most that many examples (gradient accumulation; the step's draws made first, in the
+    one-pass order).
     """
     _check_common(steps, batch_size, lr, p_uncond)
     if not 0.0 < tau < 1.0:
@@ -204,13 +208,18 @@ def distill_to_field(model: nn.Module, field_model: GaussianMomentModel, *, tau:
         raise ValueError(f"the moment model has d={field_model.dim} coordinates but the images are {shape}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
+    def distill_losses(x: Tensor, t: Tensor, y: Tensor, target: Tensor) -> Tensor:
+        v = model(x.reshape(len(x), *shape).to(device, dtype), t.to(device, dtype), y.to(device))
+        return (v - target.reshape(v.shape).to(device, dtype)).pow(2).flatten(1).mean(1)
+
     def step(i: int) -> float:
+        if micro_batch is not None and micro_batch < batch_size:
+            return accumulated_step()
         total = torch.zeros((), device=device)
         if n_distill:
             x, t, y, target = field_targets(field_model, n=n_distill, tau=tau, p_uncond=p_uncond, null_label=null,
                                             generator=generator)
-            v = model(x.reshape(n_distill, *shape).to(device, dtype), t.to(device, dtype), y.to(device))
-            total = total + (v - target.reshape(v.shape).to(device, dtype)).pow(2).flatten(1).mean(1).sum()
+            total = total + distill_losses(x, t, y, target).sum()
         if n_replay:
             idx = torch.randint(images.shape[0], (n_replay,), generator=generator)
             z = images[idx.to(device)]
@@ -223,6 +232,31 @@ def distill_to_field(model: nn.Module, field_model: GaussianMomentModel, *, tau:
         loss.backward()
         optimizer.step()
         return loss.item()
+
+    def accumulated_step() -> float:
+        # the one-pass step's draws, in its order, then its two parts over micro-batches of at most micro_batch
+        # (pipeline/training/accumulate.py); a batch that fits keeps step()'s own expression above
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        if n_distill:
+            drawn = field_targets(field_model, n=n_distill, tau=tau, p_uncond=p_uncond, null_label=null,
+                                  generator=generator)
+        if n_replay:
+            idx = torch.randint(images.shape[0], (n_replay,), generator=generator)
+            z = images[idx.to(device)]
+            t_r = sample_t(n_replay, generator, tau, 1.0, dtype=dtype).to(device)
+            xi = torch.randn(z.shape, generator=generator, dtype=dtype).to(device)
+            y_r = _labels_or_null(labels, idx, null, p_uncond, generator, device)
+        for s in micro_slices(n_distill, micro_batch) if n_distill else []:
+            part = distill_losses(*(d[s] for d in drawn)).sum()
+            (part / batch_size).backward()
+            total += part.item()
+        for s in micro_slices(n_replay, micro_batch) if n_replay else []:
+            part = flow_loss(model, z[s], t_r[s], xi[s], y_r[s]).sum()
+            (part / batch_size).backward()
+            total += part.item()
+        optimizer.step()
+        return total / batch_size
 
     return _run(model, step, optimizer=optimizer, steps=steps, ema_decay=ema_decay, generator=generator,
                 state_path=state_path, run_hash=run_hash, checkpoint_every_s=checkpoint_every_s, desc=desc,

@@ -212,6 +212,33 @@ def test_straightdp_gpus_sets_a_training_jobs_processes_cores_and_memory_but_no_
         wc("tha_moments_eps1_seed0"), train=True)
 
 
+def test_the_flows_are_sized_for_the_gpu_on_their_own_space_and_a_batch_that_fits_keeps_its_params(tmp_path, w):
+    from pipeline import resources as cost
+
+    # the latent arm's flow sees its codes, the main flow the images
+    assert w.flow_network()["shape"] == w.sample_shape() != w.flow_network("latent")["shape"] == w.sample_shape("latent")
+    pre, dist = w.pretrain_memory(), w.distill_memory()
+    assert pre == cost.memory_plan(w.config, "pretrain_straightdp", w.flow_network(),
+                                   w.config["straightdp"]["pretrain"]["batch_size"], kind="flow_mmdit")
+    assert pre.micro_batches == dist.micro_batches == 1 and w.pretrain_gpu_mem_mb() == pre.predicted_mb
+    assert "batch_gpu" not in json.loads(w.pretrain_params()) and json.loads(w.pretrain_params())["seed"] == 0
+    sgd = w.config["straightdp"]["dpsgd"]
+    dpsgd = cost.dpsgd_memory(w.flow_network(), sgd["micro_batch"], sgd["noise_multiplicity"], kind="flow_mmdit")
+    # a row with a release distils first: its job holds the larger of the two
+    assert w.train_gpu_mem_mb(wc("tha_moments_eps1_seed0")) == max(dpsgd.predicted_mb, dist.predicted_mb)
+    assert w.train_gpu_mem_mb(wc("uniform_eps1_seed0")) == dpsgd.predicted_mb
+    # a GPU too small for the batches: pretraining and distillation are told their micro-batch, DP-SGD is not
+    # (its micro-batch orders its draws: part of the run)
+    small = wiring(tmp_path, slurm={"gpu_mem_gb": 1.68})
+    assert small.pretrain_memory().micro_batch < small.pretrain_memory().batch
+    assert json.loads(small.pretrain_params())["batch_gpu"] == small.pretrain_memory().micro_batch
+    params = json.loads(small.private_run_params(wc("tha_moments_eps1_seed0"), train=True))
+    assert params["batch_gpu"] == small.distill_memory().micro_batch
+    assert "batch_gpu" not in json.loads(small.private_run_params(wc("uniform_eps1_seed0"), train=True))
+    assert params["config_id"] == json.loads(w.private_run_params(wc("tha_moments_eps1_seed0"), train=True))[
+        "config_id"]
+
+
 def test_adding_an_eps_seed_or_arm_moves_no_jobs_params(tmp_path, w):
     more = replaced(tmp_path, epsilons=[0.3, 1, 3], seeds=[0, 1], arms={})
     assert more.params(seed=0) == w.params(seed=0)

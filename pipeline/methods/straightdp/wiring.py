@@ -327,6 +327,41 @@ class Wiring:
         """A train_straightdp job's host memory: 6 GB per process (data, flow, distillation and one micro-batch)."""
         return 6000 * self.train_gpus
 
+    # ------------------------------------------------------------------ GPU memory (pipeline/resources.py)
+
+    def flow_network(self, arm: str = "") -> dict[str, Any]:
+        """The footprint spec of the main section's or an arm's MM-DiT (pipeline/footprint.py ``flow_mmdit``), on its
+        space's examples, with the declared classes (a public set's own labels, at most as many rows, weigh alike)."""
+        return {"flow": dict(self.arm_section(arm)["flow"]), "shape": [int(v) for v in self.sample_shape(arm)],
+                "num_classes": int(self.house.private["n_classes"])}
+
+    def pretrain_memory(self, arm: str = "") -> cost.MemoryPlan:
+        """pretrain_straightdp's micro-batch and GPU memory (its batch by accumulation when it does not fit)."""
+        return cost.memory_plan(self.config, "pretrain_straightdp", self.flow_network(arm),
+                                int(self.arm_section(arm)["pretrain"]["batch_size"]), kind="flow_mmdit")
+
+    def distill_memory(self, arm: str = "") -> cost.MemoryPlan:
+        """train_straightdp's distillation (the public part of Stage 2): its micro-batch and GPU memory."""
+        return cost.memory_plan(self.config, "train_straightdp", self.flow_network(arm),
+                                int(self.arm_section(arm)["distill"]["batch_size"]), kind="flow_mmdit")
+
+    def pretrain_params(self, arm: str = "") -> str:
+        """pretrain_straightdp's params: :meth:`params` of the arm, the configuration's seed, and ``batch_gpu`` when the
+        batch is split."""
+        return self.params(arm=arm, seed=self.house.seed, **cost.accumulation_params(self.pretrain_memory(arm)))
+
+    def pretrain_gpu_mem_mb(self, arm: str = "") -> int:
+        return self.pretrain_memory(arm).predicted_mb
+
+    def train_gpu_mem_mb(self, wildcards: Wildcards) -> int:
+        """A train_straightdp job's predicted GPU memory per process: the larger of its distillation (rows with a
+        release) and its DP-SGD micro-batch of dpsgd.micro_batch examples x noise_multiplicity time draws."""
+        run = self.run(wildcards)
+        sgd = self.arm_section(run.arm)["dpsgd"]
+        dpsgd = cost.dpsgd_memory(self.flow_network(run.arm), int(sgd["micro_batch"]), int(sgd["noise_multiplicity"]),
+                                  kind="flow_mmdit")
+        return max(dpsgd.predicted_mb, self.distill_memory(run.arm).predicted_mb if run.distills else 0)
+
     # ------------------------------------------------------------------ params
 
     def section(self, *, keep: tuple[str, ...] = (), arm: str = "") -> dict[str, Any]:
@@ -352,8 +387,10 @@ class Wiring:
     def private_run_params(self, wildcards: Wildcards, *, train: bool = False) -> str:
         """A private stage's params (release_moments, train_straightdp): :meth:`run_params` with the declared
         private set and the ledger binding of the run."""
+        run = self.run(wildcards)
+        split = cost.accumulation_params(self.distill_memory(run.arm)) if train and run.distills else {}
         return self.run_params(wildcards, train=train, private=self.house.private,
-                               ledger_binding=self.house.ledger_binding(wildcards.run))
+                               ledger_binding=self.house.ledger_binding(wildcards.run), **split)
 
     def sample_params(self, wildcards: Wildcards) -> str:
         """rule sample_straightdp's params: the run's, with the shape of what its release models."""
