@@ -13,6 +13,11 @@ The rates behind the predictions are the entry of ``pipeline/device_rates.yaml``
 published GPU throughput, not a GPU measurement), or one ``make gpu-check`` measured; the plan's
 second line says which.
 
+GPU memory: each job of a rule with a GPU-memory model carries its predicted peak on one GPU (resource
+``gpu_mem_mb``, :func:`pipeline.resources.memory_plan` and :func:`~pipeline.resources.dpsgd_memory`, from the
+activations counted on its network, :mod:`pipeline.footprint`); the plan shows the largest per rule and marks a
+rule over ``slurm.gpu_mem_gb`` ``NO`` with one line naming it, its prediction and the limit (exit status 1).
+
     python -m pipeline plan --configfile configs/cifar10.yaml [--max-job-hours 48]
     make plan CONFIG=configs/cifar10.yaml
 """

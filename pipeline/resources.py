@@ -5,7 +5,8 @@ The one home of the workflow's cost models: the rules in ``rules/*.smk`` read th
 Every function is a pure function of the validated config (defaults filled). The models are
 rough and deliberately generous (x4 headroom where a job runs on a shared CPU): a job that
 hits its SLURM time limit is killed and loses its work, one that asks for too much only queues
-a little longer. Pure Python (no torch, no Snakemake).
+a little longer. Pure Python (no Snakemake; no torch at import: a GPU-memory plan of a network that the footprint
+caches do not hold counts it once with torch, pipeline/footprint.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import rates
-from pipeline.config import RGB_SOURCES
+from pipeline.config import RGB_SOURCES, schema_defaults
 from pipeline.stage import PipelineError
 
 Config = Mapping[str, Any]
@@ -118,15 +119,15 @@ GPU_RESERVE_BYTES = 1.5 * 2**30
 PUBLIC_CLASSES_BOUND = 1000
 
 
+def gpu_mem_gb_limit(config: Config) -> float:
+    """``slurm.gpu_mem_gb`` as configured (the plan's limit; the schema's default where a partial config has none)."""
+    gb = (config.get("slurm") or {}).get("gpu_mem_gb")
+    return float(schema_defaults("slurm")["gpu_mem_gb"] if gb is None else gb)
+
+
 def gpu_mem_bytes(config: Config) -> float:
     """The memory one job may use on one GPU: ``slurm.gpu_mem_gb`` less what the driver and allocator keep."""
-    gb = float((config.get("slurm") or {}).get("gpu_mem_gb") or 40)
-    return gb * 2**30 * GPU_USABLE_FRACTION - GPU_RESERVE_BYTES
-
-
-def gpu_mem_gb_limit(config: Config) -> float:
-    """``slurm.gpu_mem_gb`` as configured (the plan's limit)."""
-    return float((config.get("slurm") or {}).get("gpu_mem_gb") or 40)
+    return gpu_mem_gb_limit(config) * 2**30 * GPU_USABLE_FRACTION - GPU_RESERVE_BYTES
 
 
 def pretrain_network(config: Config, unet: Mapping[str, Any] | None = None,
@@ -137,6 +138,17 @@ def pretrain_network(config: Config, unet: Mapping[str, Any] | None = None,
     channels, side = shape if shape is not None else (_channels(config), _side(config))
     classes = PUBLIC_CLASSES_BOUND if config["pretrain"]["class_conditional"] else 0
     return {"unet": {**section, "image_size": int(side), "channels": int(channels), "num_classes": classes}}
+
+
+def _footprint(rule: str, kind: str, network: Mapping[str, Any]) -> Any:
+    """The network's footprint (pipeline/footprint.py: cached, else counted with torch); a network that cannot be built
+    on its examples (e.g. more levels than the size allows) is a one-line config error naming ``rule``."""
+    from pipeline import footprint
+
+    try:
+        return footprint.footprint(kind, network)
+    except ValueError as exc:
+        raise PipelineError(f"config error: rule {rule}'s network: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -162,12 +174,7 @@ def memory_plan(config: Config, rule: str, network: Mapping[str, Any], batch: in
                 kind: str = "edm_unet") -> MemoryPlan:
     """The largest micro-batch of ``network``'s training (``batch`` examples per step) that fits ``slurm.gpu_mem_gb``,
     and the job's predicted GPU memory with it; a one-line config error naming ``rule`` when not one example fits."""
-    from pipeline import footprint
-
-    try:
-        fp = footprint.footprint(kind, network)
-    except ValueError as exc:  # an architecture that cannot be built on these examples, e.g. levels for the size
-        raise PipelineError(f"config error: rule {rule}'s network: {exc}") from None
+    fp = _footprint(rule, kind, network)
     state = fp.params * TRAIN_STATE_BYTES_PER_PARAM + TRANSIENT_FACTOR * fp.saved_bytes_fixed
     per_example = TRANSIENT_FACTOR * fp.saved_bytes_per_example
     budget = gpu_mem_bytes(config)
@@ -199,9 +206,7 @@ def dpsgd_memory(network: Mapping[str, Any], micro_batch: int, K: int, *, kind: 
     ``micro_batch`` x ``K`` example-draws of activations and, by the vmap route, its examples' per-example gradients
     (ghost clipping holds none; the bound is the vmap route's, which ``auto`` may fall back to). The micro-batch is the
     configured one: it is part of the run's configuration, since it orders the diffusion draws."""
-    from pipeline import footprint
-
-    fp = footprint.footprint(kind, network)
+    fp = _footprint("DP-SGD", kind, network)
     state = fp.params * TRAIN_STATE_BYTES_PER_PARAM + TRANSIENT_FACTOR * fp.saved_bytes_fixed
     per_example = K * TRANSIENT_FACTOR * fp.saved_bytes_per_example + PER_EXAMPLE_GRAD_COPIES * 4 * fp.params
     return MemoryPlan(micro_batch, micro_batch, state + micro_batch * per_example + GPU_RESERVE_BYTES, state,
