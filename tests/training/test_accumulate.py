@@ -83,11 +83,12 @@ def test_a_batch_that_fits_runs_the_one_pass_expression_bit_for_bit():
 
 # one pretraining step of the cifar10 preset's full-width public UNet (59M parameters, ~206 MiB of saved activations
 # per 32x32 image) at its batch of 512, by accumulation over the micro-batches the plan gives for an 8 GB GPU; in a
-# fresh process, so that its peak resident memory is the step's
+# fresh process, so that its peak resident memory is the step's (~13 CPU-minutes: started first in the slow tier,
+# tests/conftest.py LONGEST_FIRST)
 PEAK_SCRIPT = r"""
 import json, resource, sys
 import torch
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # the slow tier's other worker has the other core
 from pipeline import resources as cost
 from pipeline.config import load_config
 from pipeline.models.edm import EDMPrecond
