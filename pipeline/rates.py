@@ -26,11 +26,17 @@ RATES_FILE = Path(__file__).with_name("device_rates.yaml")
 FORMAT = "dpgen-device-rates/1"
 DEFAULT_ENTRY = "estimate"
 KINDS = ("estimate", "measured")
+#: the number formats a peak may be stated for: what the code runs (the UNets' convolutions in TF32, cuDNN's default;
+#: the MM-DiT's matmuls in FP32, torch's default; EMPDEN's private step in FP64)
+DTYPES = ("fp64", "fp32", "tf32", "bf16")
 HEADER = """\
 # Device rates: what one unit of each heavy workload costs on a device (seconds), the numbers behind every
 # runtime request of the slurm profile and the plan (pipeline/resources.py, python -m pipeline plan).
 # slurm.device_rates names the entry a run uses (default: estimate). `make gpu-check` measures an entry on the
 # machine it runs on and, with WRITE=name, stores it here (pipeline/rates.py; units and sizes: rates.WORKLOADS).
+# An entry with peak_tflops (a named GPU's published dense peaks), efficiency and headroom grounds the runtimes of
+# the rules whose networks are counted (pipeline/footprint.py) in FLOPs / (peak x efficiency) x headroom; the
+# other rules read its rates.
 """
 
 
@@ -68,6 +74,25 @@ class DeviceRates:
     measured_on: str | None = None
     date: str | None = None
     peak_mem_mb: dict[str, float] = field(default_factory=dict)
+    #: a GPU's published dense peak, TFLOP/s per dtype (:data:`DTYPES`): the entry then grounds the runtimes of the
+    #: rules whose FLOPs are counted (pipeline/footprint.py) in FLOPs / (peak x efficiency) x headroom
+    peak_tflops: dict[str, float] = field(default_factory=dict)
+    #: the share of the peak the workloads are assumed (or measured) to reach
+    efficiency: float | None = None
+    #: the factor a runtime request asks for over the FLOP estimate at that efficiency
+    headroom: float | None = None
+
+    @property
+    def counts_flops(self) -> bool:
+        """Whether the entry grounds runtimes in FLOPs (it states a peak, an efficiency and a headroom)."""
+        return bool(self.peak_tflops) and self.efficiency is not None and self.headroom is not None
+
+    def flop_seconds(self, flops: float, dtype: str) -> float:
+        """Seconds ``flops`` take at the entry's efficiency of its ``dtype`` peak (no headroom)."""
+        if dtype not in self.peak_tflops:
+            raise PipelineError(f"config error at slurm.device_rates: entry {self.name!r} of {RATES_FILE.name} states "
+                                f"no {dtype} peak (peak_tflops: {', '.join(self.peak_tflops) or 'none'})")
+        return flops / (self.peak_tflops[dtype] * 1e12 * float(self.efficiency))
 
     def rate(self, workload: str) -> float:
         """Seconds per unit of ``workload`` at its reference side."""
@@ -78,14 +103,21 @@ class DeviceRates:
 
     def describe(self) -> str:
         """One line for the plan: what the rates are and where they come from."""
+        peaks = ", ".join(f"{k} {v:g}" for k, v in self.peak_tflops.items())
+        flops = (f"; the rules whose networks are counted: FLOPs at {self.efficiency:g} of its peaks ({peaks} "
+                 f"TFLOP/s) x {self.headroom:g}, an ESTIMATE until gpu-check measures the efficiency"
+                 if self.counts_flops else "")
         if self.kind == "measured":
-            return f"rates: measured on {self.measured_on} ({self.date}, make gpu-check; entry {self.name})"
+            return f"rates: measured on {self.measured_on} ({self.date}, make gpu-check; entry {self.name}){flops}"
         return (f"rates: estimates, not a GPU measurement (entry {self.name} of pipeline/{RATES_FILE.name}: "
-                f"{self.note.strip()})")
+                f"{self.note.strip()}){flops}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "measured_on": self.measured_on, "date": self.date, "note": self.note,
+        blob = {"kind": self.kind, "measured_on": self.measured_on, "date": self.date, "note": self.note,
                 "rates": dict(self.rates), "peak_mem_mb": dict(self.peak_mem_mb)}
+        if self.peak_tflops:
+            blob.update(peak_tflops=dict(self.peak_tflops), efficiency=self.efficiency, headroom=self.headroom)
+        return blob
 
 
 def _entry(name: str, blob: Any, where: str) -> DeviceRates:
@@ -104,10 +136,29 @@ def _entry(name: str, blob: Any, where: str) -> DeviceRates:
             raise PipelineError(f"{where}: entry {name!r}: rate of {workload} must be seconds > 0, got {value!r}")
     if blob["kind"] == "measured" and not (blob.get("measured_on") and blob.get("date")):
         raise PipelineError(f"{where}: entry {name!r}: a measured entry names its device (measured_on) and date")
+    peaks = blob.get("peak_tflops") or {}
+    if not isinstance(peaks, Mapping) or any(k not in DTYPES for k in peaks) or not all(
+            _positive(v) for v in peaks.values()):
+        raise PipelineError(f"{where}: entry {name!r}: peak_tflops must map dtypes ({', '.join(DTYPES)}) to TFLOP/s "
+                            f"> 0, got {peaks!r}")
+    if peaks:
+        eff, head = blob.get("efficiency"), blob.get("headroom")
+        if not (_positive(eff) and eff <= 1):
+            raise PipelineError(f"{where}: entry {name!r}: efficiency must be a share of the peak in (0, 1], "
+                                f"got {eff!r}")
+        if not (_positive(head) and head >= 1):
+            raise PipelineError(f"{where}: entry {name!r}: headroom must be a factor >= 1, got {head!r}")
     return DeviceRates(name=name, kind=blob["kind"], note=str(blob.get("note") or ""),
                        rates={k: float(v) for k, v in rates.items()}, measured_on=blob.get("measured_on"),
                        date=None if blob.get("date") is None else str(blob["date"]),
-                       peak_mem_mb={k: float(v) for k, v in (blob.get("peak_mem_mb") or {}).items()})
+                       peak_mem_mb={k: float(v) for k, v in (blob.get("peak_mem_mb") or {}).items()},
+                       peak_tflops={k: float(v) for k, v in peaks.items()},
+                       efficiency=float(blob["efficiency"]) if peaks else None,
+                       headroom=float(blob["headroom"]) if peaks else None)
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 @functools.lru_cache(maxsize=8)

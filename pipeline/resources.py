@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,43 @@ def _rate(config: Config, workload: str) -> float:
     """Seconds per unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on the device entry ``slurm.device_rates``
     names in ``pipeline/device_rates.yaml`` (default ``estimate``)."""
     return rates.device_rates(config).rate(workload)
+
+
+#: a DP-SGD step's FLOPs over a non-private step's on the same draws (the per-example norms and clipped sums: ghost
+#: clipping's second backward, or vmap's per-example weight gradients): ASSUMED, not counted (Bu et al. 2023 report
+#: 1.1-1.5x for ghost clipping; gpu-check measures the DP-SGD workloads themselves)
+DPSGD_FLOP_FACTOR = 1.5
+
+
+def _flop_minutes(config: Config, units: float, kind: str, network: Callable[[], Mapping[str, Any]], *,
+                  forward_only: bool = False, dtype: str) -> float | None:
+    """Minutes to ask for ``units`` training steps (or forward passes) of one example of ``network()`` (a footprint
+    spec, pipeline/footprint.py, formed only when needed) on the entry ``slurm.device_rates`` names, when it grounds
+    runtimes in FLOPs (:attr:`pipeline.rates.DeviceRates.counts_flops`): the counted FLOPs / (its ``dtype`` peak x
+    efficiency) x headroom. None on an entry of rates only: the cost model then uses its rate, and no network is
+    counted."""
+    entry = rates.device_rates(config)
+    if not entry.counts_flops:
+        return None
+    fp = _counted(kind, network())
+    flops = units * (fp.forward_flops_per_example if forward_only else fp.train_flops_per_example)
+    return float(entry.headroom) * entry.flop_seconds(flops, dtype) / 60
+
+
+def _counted(kind: str, network: Mapping[str, Any]) -> Any:
+    """The counted footprint of ``network`` (pipeline/footprint.py), for a runtime grounded in FLOPs."""
+    return _footprint("runtime", kind, network)
+
+
+def straightdp_network(config: Config) -> dict[str, Any]:
+    """The footprint spec of STRAIGHTDP's main MM-DiT (the straightdp section's flow on its space's examples, the
+    declared classes), as pipeline.methods.straightdp.wiring ``flow_network`` forms it for the main section."""
+    from pipeline.config import declared_private
+    from pipeline.methods.straightdp.wiring import sample_shape
+
+    return {"flow": dict(config["straightdp"]["flow"]), "shape": [int(v) for v in sample_shape(config,
+                                                                                            config["straightdp"])],
+            "num_classes": int(declared_private(config)["n_classes"])}
 
 
 def torch_threads(config: Config) -> int:
@@ -81,11 +118,15 @@ def evaluation_runtime_min(config: Config) -> int:
 def pretrain_runtime_min(config: Config) -> int:
     """The public EDM denoiser (rule pretrain_public).
 
-    At <= 16x16 it runs on one CPU core at ~0.3 s per step of 64 images (x4 headroom for a shared
-    machine); paper presets run on one GPU at the device rate ``pretrain_public`` per 32x32 image
-    (the estimate: EDM's DDPM++ at ~4e-4 GPU-s, Karras et al. 2022 App. F), x1.5 headroom.
+    On an entry with peaks (:func:`_flop_minutes`): the UNet's counted training FLOPs per image, in TF32. Else: at
+    <= 16x16 it runs on one CPU core at ~0.3 s per step of 64 images (x4 headroom for a shared machine); paper
+    presets run on one GPU at the device rate ``pretrain_public`` per 32x32 image (the estimate: EDM's DDPM++ at
+    ~4e-4 GPU-s, Karras et al. 2022 App. F), x1.5 headroom.
     """
     images = config["pretrain"]["steps"] * config["pretrain"]["batch_size"]
+    counted = _flop_minutes(config, images, "edm_unet", lambda: pretrain_network(config), dtype="tf32")
+    if counted is not None:
+        return 10 + int(counted)
     side = _side(config)
     if side <= 16:
         return 10 + int(4 * images / 64 * 0.3 / 60)
@@ -318,16 +359,20 @@ def empden_diagnostics_mem_mb(config: Config) -> int:
 # ----------------------------------------------------------------------------- DPDM
 
 
-def dpdm_train_runtime_min(config: Config) -> int:
-    """One DP-SGD run: T steps x B x K example-draws.
+def dpdm_train_runtime_min(config: Config, K: int | None = None) -> int:
+    """One DP-SGD run: T steps x B x K example-draws (``K`` the run's, default dpdm.K).
 
-    The device rate ``dpdm_dpsgd`` per 16x16 example-draw with its per-example gradient (the estimate:
-    2e-5 s on one GPU; ~1e-2 s on one CPU core), x4 headroom.
+    On an entry with peaks (:func:`_flop_minutes`): the counted training FLOPs of DPDM's UNet per example-draw x
+    :data:`DPSGD_FLOP_FACTOR`, in TF32. Else the device rate ``dpdm_dpsgd`` per 16x16 example-draw with its
+    per-example gradient (the estimate: 2e-5 s on one GPU; ~1e-2 s on one CPU core), x4 headroom.
     """
     d = config["dpdm"]
     n = config["data"]["private"]["n_private_train"] or 60000
     steps = -(-int(d["epochs"] * n) // d["batch_size"])
-    work = steps * d["batch_size"] * d["K"]
+    work = steps * d["batch_size"] * (d["K"] if K is None else K)
+    counted = _flop_minutes(config, work * DPSGD_FLOP_FACTOR, "edm_unet", lambda: dpdm_network(config), dtype="tf32")
+    if counted is not None:
+        return max(30, int(counted) + 10)
     return max(30, int(4 * work * (_side(config) / 16) ** 2 * _rate(config, "dpdm_dpsgd") / 60) + 10)
 
 
@@ -338,9 +383,14 @@ def dpdm_train_mem_mb(config: Config) -> int:
 
 
 def dpdm_sample_runtime_min(config: Config) -> int:
-    """One sample set: n_samples x network evaluations (~1 ms per 16x16 image-NFE on CPU) of the costliest sampler."""
+    """One sample set: n_samples x network evaluations of the costliest sampler (on an entry with peaks the UNet's
+    counted forward FLOPs in TF32; else ~1 ms per 16x16 image-NFE on CPU)."""
     s = config["dpdm"]["sampling"]
     steps = max(2 * c.get("steps", 50) * (2 if c.get("guidance", 0) else 1) for c in s["samplers"].values())
+    counted = _flop_minutes(config, s["n_samples"] * steps, "edm_unet", lambda: dpdm_network(config),
+                            forward_only=True, dtype="tf32")
+    if counted is not None:
+        return max(10, int(counted) + 10)
     return max(10, int(4 * s["n_samples"] * steps * (_side(config) / 16) ** 2 * 1e-3 / 60) + 10)
 
 
@@ -375,23 +425,39 @@ def sensgeo_sdp_runtime_min(config: Config) -> int:
 # schema's small MM-DiT); x4 headroom, as above.
 
 def straightdp_pretrain_runtime_min(config: Config) -> int:
-    """Public flow pretraining: steps x batch image-passes (~2e-3 s per 16x16 image forward+backward on CPU)."""
+    """Public flow pretraining: steps x batch image-passes (on an entry with peaks the MM-DiT's counted FLOPs in FP32;
+    else ~2e-3 s per 16x16 image forward+backward on CPU)."""
     p = config["straightdp"]["pretrain"]
+    counted = _flop_minutes(config, p["steps"] * p["batch_size"], "flow_mmdit", lambda: straightdp_network(config),
+                            dtype="fp32")
+    if counted is not None:
+        return max(10, int(counted) + 5)
     return max(10, int(4 * p["steps"] * p["batch_size"] * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
 
 
 def straightdp_train_runtime_min(config: Config) -> int:
-    """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients, at the device rate
-    ``straightdp_dpsgd`` per 16x16 example-draw (the estimate: ~1e-2 s on one CPU core)."""
+    """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients: on an entry with peaks
+    the MM-DiT's counted training FLOPs (the DP-SGD draws x :data:`DPSGD_FLOP_FACTOR`) in FP32; else at the device
+    rate ``straightdp_dpsgd`` per 16x16 example-draw (the estimate: ~1e-2 s on one CPU core)."""
     s = config["straightdp"]
-    work = s["dpsgd"]["steps"] * s["dpsgd"]["batch_size"] * s["dpsgd"]["noise_multiplicity"]
-    work += s["distill"]["steps"] * s["distill"]["batch_size"] // 5
+    dpsgd_draws = s["dpsgd"]["steps"] * s["dpsgd"]["batch_size"] * s["dpsgd"]["noise_multiplicity"]
+    distilled = s["distill"]["steps"] * s["distill"]["batch_size"]
+    counted = _flop_minutes(config, DPSGD_FLOP_FACTOR * dpsgd_draws + distilled, "flow_mmdit",
+                            lambda: straightdp_network(config), dtype="fp32")
+    if counted is not None:
+        return max(10, int(counted) + 10)
+    work = dpsgd_draws + distilled // 5
     return max(10, int(4 * work * (_side(config) / 16) ** 2 * _rate(config, "straightdp_dpsgd") / 60) + 10)
 
 
 def straightdp_sample_runtime_min(config: Config) -> int:
-    """One sample set: n_samples x Euler steps x 2 (guidance) network evaluations (~1 ms per 16x16 image-NFE)."""
+    """One sample set: n_samples x Euler steps x 2 (guidance) network evaluations (on an entry with peaks the MM-DiT's
+    counted forward FLOPs in FP32; else ~1 ms per 16x16 image-NFE)."""
     s = config["straightdp"]["sampling"]
+    counted = _flop_minutes(config, s["n_samples"] * s["steps"] * 2, "flow_mmdit", lambda: straightdp_network(config),
+                            forward_only=True, dtype="fp32")
+    if counted is not None:
+        return max(5, int(counted) + 5)
     return max(5, int(4 * s["n_samples"] * s["steps"] * 2 * (_side(config) / 16) ** 2 * 1e-3 / 60) + 5)
 
 

@@ -60,7 +60,7 @@ rule train_dpdm:
         gpu_mem_mb=DPDM.train_gpu_mem_mb,
         tasks=1,
         mem_mb=DPDM.train_mem_mb,
-        runtime=cost.segment_runtime_min(config, DPDM.train_runtime_min),
+        runtime=lambda wildcards: cost.segment_runtime_min(config, DPDM.run_train_runtime_min(wildcards)),
     retries: cost.segment_retries(config, DPDM.train_runtime_min)
     conda:
         GPU_ENV

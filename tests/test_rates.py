@@ -63,6 +63,12 @@ def test_a_config_naming_no_entry_of_the_file_fails_in_one_line_before_any_job()
     ({"estimate": estimate(warp_drive=1.0)}, {}, "unknown workload 'warp_drive'"),
     ({"estimate": {**estimate(), "kind": "guess"}}, {}, "kind must be one of estimate, measured"),
     ({"estimate": estimate(), "h100": {**estimate(), "kind": "measured"}}, {}, "names its device"),
+    ({"estimate": estimate(), "g": {**estimate(), "peak_tflops": {"fp8": 9.0}, "efficiency": 0.3, "headroom": 2}}, {},
+     "peak_tflops must map dtypes"),
+    ({"estimate": estimate(), "g": {**estimate(), "peak_tflops": {"tf32": 9.0}, "efficiency": 1.5, "headroom": 2}}, {},
+     r"efficiency must be a share of the peak in \(0, 1\], got 1.5"),
+    ({"estimate": estimate(), "g": {**estimate(), "peak_tflops": {"tf32": 9.0}, "efficiency": 0.3}}, {},
+     "headroom must be a factor >= 1, got None"),
 ])
 def test_a_malformed_rates_file_is_refused_with_the_entry_and_key(devices, top, message, tmp_path):
     path = write(tmp_path / "r.yaml", devices, **top)
@@ -87,3 +93,23 @@ def test_writing_an_entry_keeps_the_others_and_reads_back_equal(tmp_path):
     assert path.read_text().startswith(rates.HEADER)
     assert back["h200"].describe() == "rates: measured on NVIDIA H200 (2026-12-05, make gpu-check; entry h200)"
     assert "not a GPU measurement" in back["estimate"].describe()
+
+
+def test_the_named_gpus_state_their_datasheet_peaks_an_assumed_efficiency_and_say_so_in_the_plan():
+    entries = rates.load_rates()
+    for name, tf32 in (("a100-40gb", 156.0), ("h100-80gb", 494.7), ("l40s", 183.0)):
+        e = entries[name]
+        assert e.counts_flops and e.kind == "estimate" and e.peak_tflops["tf32"] == tf32
+        assert e.flop_seconds(tf32 * 1e12 * 0.3, "tf32") == pytest.approx(1.0)  # one second at 30% of the peak
+        assert "ESTIMATE until gpu-check measures the efficiency" in e.describe()
+        assert set(COST_MODELED) <= set(e.rates)  # the rules not yet counted read the rates
+    assert not entries["estimate"].counts_flops
+    with pytest.raises(PipelineError, match="states no fp16 peak"):
+        entries["a100-40gb"].flop_seconds(1.0, "fp16")
+
+
+def test_an_entry_with_peaks_writes_and_reads_back_equal(tmp_path):
+    path = write(tmp_path / "r.yaml", {"estimate": estimate()})
+    named = rates.load_rates()["h100-80gb"]
+    rates.write_entry(named, path)
+    assert rates.load_rates(path)["h100-80gb"] == named

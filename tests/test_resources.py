@@ -17,7 +17,7 @@ def config(**sections):
 LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segment_retries")
 #: the GPU-memory plan returns plans and specs, not a request (tested below)
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
-               "pretrain_memory", "dpsgd_memory", "dpdm_network", "dpdm_train_gpu_mem_mb")
+               "pretrain_memory", "dpsgd_memory", "dpdm_network", "dpdm_train_gpu_mem_mb", "straightdp_network")
 
 
 def test_every_cost_model_is_a_positive_integer_of_the_default_config():
@@ -113,3 +113,56 @@ def test_dp_sgd_memory_grows_with_the_micro_batch_and_k_and_the_configured_micro
     assert (large_m.batch, large_m.micro_batch, large_m.micro_batches) == (64, 64, 1)
     cfg = config()
     assert cost.dpdm_train_gpu_mem_mb(cfg, 8) == cost.dpsgd_memory(net, cfg["dpdm"]["micro_batch"], 8).predicted_mb
+
+
+# ----------------------------------------------------------------------------- runtimes grounded in FLOPs
+
+
+def test_on_a_named_gpu_a_counted_rule_asks_for_its_flops_at_the_entry_s_efficiency_times_its_headroom():
+    from pipeline import footprint, rates
+    from pipeline.config import load_config
+    from tests.conftest import REPO
+
+    cifar = load_config(REPO / "config.yaml", REPO / "configs" / "cifar10.yaml")
+    cifar["slurm"]["device_rates"] = "h100-80gb"
+    entry = rates.device_rates(cifar)
+    assert entry.counts_flops and entry.headroom == 2.0 and entry.efficiency == 0.3
+    fp = footprint.footprint("edm_unet", cost.pretrain_network(cifar))
+    flops = cifar["pretrain"]["steps"] * cifar["pretrain"]["batch_size"] * fp.train_flops_per_example
+    estimate_min = flops / (494.7e12 * 0.3) / 60  # the FLOP estimate at the entry's efficiency of TF32's peak
+    asked = cost.pretrain_runtime_min(cifar)
+    assert asked == 10 + int(2.0 * estimate_min)
+    assert 1 <= asked / estimate_min <= 4
+    # 200 Mimg x 127 GFLOP: ~47.5 h at 30% of an H100's TF32 peak (the old rate asked for 33.5 h, under it)
+    assert 40 * 60 < estimate_min < 55 * 60
+    cifar["slurm"]["device_rates"] = "a100-40gb"
+    assert cost.pretrain_runtime_min(cifar) > 3 * asked  # 156 against 494.7 TFLOP/s
+
+
+def test_dp_sgd_on_a_named_gpu_asks_for_its_runs_own_k_and_the_estimate_entry_is_unchanged(monkeypatch):
+    from pipeline.config import load_config
+    from tests.conftest import REPO
+
+    mnist = load_config(REPO / "config.yaml", REPO / "configs" / "mnist.yaml")
+    before = (cost.dpdm_train_runtime_min(mnist), cost.dpdm_sample_runtime_min(mnist))
+    mnist["slurm"]["device_rates"] = "h100-80gb"
+    one, full = cost.dpdm_train_runtime_min(mnist, K=1), cost.dpdm_train_runtime_min(mnist)
+    assert full > 8 * one  # K = 32's draws against K = 1's (which asks for the 30-minute floor)
+    assert cost.dpdm_sample_runtime_min(mnist) < before[1]
+    # the estimate entry has no peaks: its requests are the rates', and no network is counted for them
+    mnist["slurm"]["device_rates"] = "estimate"
+    monkeypatch.setattr(cost, "_counted", lambda *a: pytest.fail("the estimate entry counted a network"))
+    assert (cost.dpdm_train_runtime_min(mnist), cost.dpdm_sample_runtime_min(mnist)) == before
+
+
+def test_straightdp_on_a_named_gpu_asks_for_its_counted_work_not_the_cpu_rate():
+    from pipeline.config import load_config
+    from tests.conftest import REPO
+
+    kmnist = load_config(REPO / "config.yaml", REPO / "configs" / "straightdp_kmnist.yaml")
+    cpu = cost.straightdp_train_runtime_min(kmnist)
+    kmnist["slurm"]["device_rates"] = "l40s"
+    gpu = cost.straightdp_train_runtime_min(kmnist)
+    # STRAIGHTDP: "a pixel-space MNIST pipeline run completes in under two GPU-hours" (Sec. 4); the CPU rate asked 332 h
+    assert gpu < 4 * 60 < 100 * 60 < cpu
+    assert cost.straightdp_pretrain_runtime_min(kmnist) >= 10 and cost.straightdp_sample_runtime_min(kmnist) >= 5

@@ -230,6 +230,9 @@ def test_the_jobs_costs_come_from_the_cost_models(w):
 
     one, four = (w.train_gpu_mem_mb(SimpleNamespace(run=f"edm_eps10_K{k}_seed0")) for k in (1, 4))
     assert one < four == cost.dpdm_train_gpu_mem_mb(w.house.config, 4)
+    # and its runtime at its own K, from the run name
+    assert w.run_train_runtime_min(SimpleNamespace(run="edm_eps10_K4_seed0")) == cost.dpdm_train_runtime_min(
+        w.house.config, 4)
 
 
 def test_dpdm_gpus_sets_a_training_jobs_processes_cores_and_memory_but_not_its_params(w, tmp_path):

@@ -370,6 +370,11 @@ class Wiring:
     def train_runtime_min(self) -> int:
         return cost.dpdm_train_runtime_min(self.house.config)
 
+    def run_train_runtime_min(self, wildcards: Any) -> int:
+        """One training job's runtime at its own K (from the run name): the K ablation's K = 1 run asks for 1/32 of
+        K = 32's work where the entry counts FLOPs."""
+        return cost.dpdm_train_runtime_min(self.house.config, DpdmRun.from_name(wildcards.run).K)
+
     def train_gpu_mem_mb(self, wildcards: Any) -> int:
         """A training job's predicted GPU memory per process: dpdm.micro_batch examples x the run's K draws
         (pipeline.resources.dpsgd_memory; the plan refuses a job over slurm.gpu_mem_gb)."""
