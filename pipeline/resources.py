@@ -73,14 +73,18 @@ def _counted(kind: str, network: Mapping[str, Any]) -> Any:
 
 
 def straightdp_network(config: Config) -> dict[str, Any]:
-    """The footprint spec of STRAIGHTDP's main MM-DiT (the straightdp section's flow on its space's examples, the
-    declared classes), as pipeline.methods.straightdp.wiring ``flow_network`` forms it for the main section."""
+    """The footprint spec of STRAIGHTDP's main MM-DiT in pixel space (the straightdp section's flow on the images, the
+    declared classes). The rules pass their wiring's ``flow_network`` instead (pipeline/methods/straightdp), which
+    also knows the latent variant's codes; the two agree in pixel space (tested)."""
     from pipeline.config import declared_private
-    from pipeline.methods.straightdp.wiring import sample_shape
 
-    return {"flow": dict(config["straightdp"]["flow"]), "shape": [int(v) for v in sample_shape(config,
-                                                                                            config["straightdp"])],
+    side = _side(config)
+    return {"flow": dict(config["straightdp"]["flow"]), "shape": [_channels(config), side, side],
             "num_classes": int(declared_private(config)["n_classes"])}
+
+
+#: a footprint spec formed only when a runtime is counted (pipeline/footprint.py)
+Network = Callable[[], Mapping[str, Any]]
 
 
 def torch_threads(config: Config) -> int:
@@ -424,18 +428,18 @@ def sensgeo_sdp_runtime_min(config: Config) -> int:
 # Scaled by image area and work from 2-CPU-core measurements at the embedded size (16x16, the
 # schema's small MM-DiT); x4 headroom, as above.
 
-def straightdp_pretrain_runtime_min(config: Config) -> int:
+def straightdp_pretrain_runtime_min(config: Config, network: Network | None = None) -> int:
     """Public flow pretraining: steps x batch image-passes (on an entry with peaks the MM-DiT's counted FLOPs in FP32;
     else ~2e-3 s per 16x16 image forward+backward on CPU)."""
     p = config["straightdp"]["pretrain"]
-    counted = _flop_minutes(config, p["steps"] * p["batch_size"], "flow_mmdit", lambda: straightdp_network(config),
-                            dtype="fp32")
+    counted = _flop_minutes(config, p["steps"] * p["batch_size"], "flow_mmdit",
+                            network or (lambda: straightdp_network(config)), dtype="fp32")
     if counted is not None:
         return max(10, int(counted) + 5)
     return max(10, int(4 * p["steps"] * p["batch_size"] * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
 
 
-def straightdp_train_runtime_min(config: Config) -> int:
+def straightdp_train_runtime_min(config: Config, network: Network | None = None) -> int:
     """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients: on an entry with peaks
     the MM-DiT's counted training FLOPs (the DP-SGD draws x :data:`DPSGD_FLOP_FACTOR`) in FP32; else at the device
     rate ``straightdp_dpsgd`` per 16x16 example-draw (the estimate: ~1e-2 s on one CPU core)."""
@@ -443,19 +447,19 @@ def straightdp_train_runtime_min(config: Config) -> int:
     dpsgd_draws = s["dpsgd"]["steps"] * s["dpsgd"]["batch_size"] * s["dpsgd"]["noise_multiplicity"]
     distilled = s["distill"]["steps"] * s["distill"]["batch_size"]
     counted = _flop_minutes(config, DPSGD_FLOP_FACTOR * dpsgd_draws + distilled, "flow_mmdit",
-                            lambda: straightdp_network(config), dtype="fp32")
+                            network or (lambda: straightdp_network(config)), dtype="fp32")
     if counted is not None:
         return max(10, int(counted) + 10)
     work = dpsgd_draws + distilled // 5
     return max(10, int(4 * work * (_side(config) / 16) ** 2 * _rate(config, "straightdp_dpsgd") / 60) + 10)
 
 
-def straightdp_sample_runtime_min(config: Config) -> int:
+def straightdp_sample_runtime_min(config: Config, network: Network | None = None) -> int:
     """One sample set: n_samples x Euler steps x 2 (guidance) network evaluations (on an entry with peaks the MM-DiT's
     counted forward FLOPs in FP32; else ~1 ms per 16x16 image-NFE)."""
     s = config["straightdp"]["sampling"]
-    counted = _flop_minutes(config, s["n_samples"] * s["steps"] * 2, "flow_mmdit", lambda: straightdp_network(config),
-                            forward_only=True, dtype="fp32")
+    counted = _flop_minutes(config, s["n_samples"] * s["steps"] * 2, "flow_mmdit",
+                            network or (lambda: straightdp_network(config)), forward_only=True, dtype="fp32")
     if counted is not None:
         return max(5, int(counted) + 5)
     return max(5, int(4 * s["n_samples"] * s["steps"] * 2 * (_side(config) / 16) ** 2 * 1e-3 / 60) + 5)

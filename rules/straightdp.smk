@@ -137,8 +137,8 @@ rule pretrain_straightdp:
         gpu=1,
         gpu_mem_mb=lambda wildcards: STRAIGHTDP.pretrain_gpu_mem_mb(getattr(wildcards, "arm", "")),
         mem_mb=4000,
-        runtime=cost.segment_runtime_min(config, cost.straightdp_pretrain_runtime_min(config)),
-    retries: cost.segment_retries(config, cost.straightdp_pretrain_runtime_min(config))
+        runtime=cost.segment_runtime_min(config, cost.straightdp_pretrain_runtime_min(config, STRAIGHTDP.flow_network)),
+    retries: cost.segment_retries(config, cost.straightdp_pretrain_runtime_min(config, STRAIGHTDP.flow_network))
     conda:
         GPU_ENV
     shell:
@@ -288,8 +288,8 @@ rule train_straightdp:
         gpu_mem_mb=STRAIGHTDP.train_gpu_mem_mb,
         tasks=1,
         mem_mb=STRAIGHTDP.train_mem_mb,
-        runtime=cost.segment_runtime_min(config, cost.straightdp_train_runtime_min(config)),
-    retries: cost.segment_retries(config, cost.straightdp_train_runtime_min(config))
+        runtime=cost.segment_runtime_min(config, cost.straightdp_train_runtime_min(config, STRAIGHTDP.flow_network)),
+    retries: cost.segment_retries(config, cost.straightdp_train_runtime_min(config, STRAIGHTDP.flow_network))
     conda:
         GPU_ENV
     shell:
@@ -317,7 +317,7 @@ rule sample_straightdp:
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=cost.straightdp_sample_runtime_min(config),
+        runtime=cost.straightdp_sample_runtime_min(config, STRAIGHTDP.flow_network),
     conda:
         GPU_ENV
     shell:
