@@ -104,7 +104,7 @@ rule straightdp_geometry:
         geometry=STRAIGHTDP.geometry(),
         horizon=STRAIGHTDP.horizon(),
     params:
-        p=lambda wildcards: STRAIGHTDP.pretrain_params(),
+        p=lambda wildcards: STRAIGHTDP.params(seed=SEED),
     benchmark:
         benchmark_path("straightdp_geometry")
     log:
@@ -216,7 +216,7 @@ use rule straightdp_geometry as straightdp_geometry_arm with:
     wildcard_constraints:
         arm=straightdp_runs.ARM_PATTERN,
     params:
-        p=lambda wildcards: STRAIGHTDP.pretrain_params(wildcards.arm),
+        p=lambda wildcards: STRAIGHTDP.params(arm=wildcards.arm, seed=SEED),
     benchmark:
         benchmark_path("straightdp_geometry", "{arm}")
     log:
