@@ -217,7 +217,8 @@ def test_the_flows_are_sized_for_the_gpu_on_their_own_space_and_a_batch_that_fit
 
     # the latent arm's flow sees its codes, the main flow the images (as the house's pixel-space spec has it)
     assert w.flow_network() == cost.straightdp_network(w.config)
-    assert w.flow_network()["shape"] == w.sample_shape() != w.flow_network("latent")["shape"] == w.sample_shape("latent")
+    assert w.flow_network()["shape"] == w.sample_shape() != w.sample_shape("latent")
+    assert w.flow_network("latent")["shape"] == w.sample_shape("latent")
     pre, dist = w.pretrain_memory(), w.distill_memory()
     assert pre == cost.memory_plan(w.config, "pretrain_straightdp", w.flow_network(),
                                    w.config["straightdp"]["pretrain"]["batch_size"], kind="flow_mmdit")
