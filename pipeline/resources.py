@@ -196,6 +196,12 @@ def _footprint(rule: str, kind: str, network: Mapping[str, Any]) -> Any:
         raise PipelineError(f"config error: rule {rule}'s network: {exc}") from None
 
 
+def _train_state_bytes(fp: Any) -> float:
+    """What a training job holds whatever its micro-batch: the training state per parameter and the activations that
+    do not grow with the batch."""
+    return fp.params * TRAIN_STATE_BYTES_PER_PARAM + TRANSIENT_FACTOR * fp.saved_bytes_fixed
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """A GPU training job's micro-batch and the GPU memory it is predicted to use (bytes)."""
@@ -220,7 +226,7 @@ def memory_plan(config: Config, rule: str, network: Mapping[str, Any], batch: in
     """The largest micro-batch of ``network``'s training (``batch`` examples per step) that fits ``slurm.gpu_mem_gb``,
     and the job's predicted GPU memory with it; a one-line config error naming ``rule`` when not one example fits."""
     fp = _footprint(rule, kind, network)
-    state = fp.params * TRAIN_STATE_BYTES_PER_PARAM + TRANSIENT_FACTOR * fp.saved_bytes_fixed
+    state = _train_state_bytes(fp)
     per_example = TRANSIENT_FACTOR * fp.saved_bytes_per_example
     budget = gpu_mem_bytes(config)
     fits = int((budget - state) // per_example) if budget > state else 0
@@ -252,7 +258,7 @@ def dpsgd_memory(network: Mapping[str, Any], micro_batch: int, K: int, *, kind: 
     (ghost clipping holds none; the bound is the vmap route's, which ``auto`` may fall back to). The micro-batch is the
     configured one: it is part of the run's configuration, since it orders the diffusion draws."""
     fp = _footprint("DP-SGD", kind, network)
-    state = fp.params * TRAIN_STATE_BYTES_PER_PARAM + TRANSIENT_FACTOR * fp.saved_bytes_fixed
+    state = _train_state_bytes(fp)
     per_example = K * TRANSIENT_FACTOR * fp.saved_bytes_per_example + PER_EXAMPLE_GRAD_COPIES * 4 * fp.params
     return MemoryPlan(micro_batch, micro_batch, state + micro_batch * per_example + GPU_RESERVE_BYTES, state,
                       per_example)

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from pipeline.flow.field import GaussianMomentModel
 from pipeline.flow.rectified import flow_loss, sample_t, x_t_from
 from pipeline.training import loop
-from pipeline.training.accumulate import accumulate_backward, micro_slices
+from pipeline.training.accumulate import accumulate_backward, backward_in_parts
 from pipeline.training.data import drop_labels
 
 
@@ -212,6 +212,14 @@ def distill_to_field(model: nn.Module, field_model: GaussianMomentModel, *, tau:
         v = model(x.reshape(len(x), *shape).to(device, dtype), t.to(device, dtype), y.to(device))
         return (v - target.reshape(v.shape).to(device, dtype)).pow(2).flatten(1).mean(1)
 
+    def replay_draws() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The replay rows (z, t ~ U[tau, 1), xi, labels or null), from the generator."""
+        idx = torch.randint(images.shape[0], (n_replay,), generator=generator)
+        z = images[idx.to(device)]
+        t = sample_t(n_replay, generator, tau, 1.0, dtype=dtype).to(device)
+        xi = torch.randn(z.shape, generator=generator, dtype=dtype).to(device)
+        return z, t, xi, _labels_or_null(labels, idx, null, p_uncond, generator, device)
+
     def step(i: int) -> float:
         if micro_batch is not None and micro_batch < batch_size:
             return accumulated_step()
@@ -221,12 +229,7 @@ def distill_to_field(model: nn.Module, field_model: GaussianMomentModel, *, tau:
                                             generator=generator)
             total = total + distill_losses(x, t, y, target).sum()
         if n_replay:
-            idx = torch.randint(images.shape[0], (n_replay,), generator=generator)
-            z = images[idx.to(device)]
-            t = sample_t(n_replay, generator, tau, 1.0, dtype=dtype).to(device)
-            xi = torch.randn(z.shape, generator=generator, dtype=dtype).to(device)
-            y = _labels_or_null(labels, idx, null, p_uncond, generator, device)
-            total = total + flow_loss(model, z, t, xi, y).sum()
+            total = total + flow_loss(model, *replay_draws()).sum()
         loss = total / batch_size
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -237,24 +240,16 @@ def distill_to_field(model: nn.Module, field_model: GaussianMomentModel, *, tau:
         # the one-pass step's draws, in its order, then its two parts over micro-batches of at most micro_batch
         # (pipeline/training/accumulate.py); a batch that fits keeps step()'s own expression above
         optimizer.zero_grad(set_to_none=True)
+        drawn = field_targets(field_model, n=n_distill, tau=tau, p_uncond=p_uncond, null_label=null,
+                              generator=generator) if n_distill else ()
+        replay_rows = replay_draws() if n_replay else ()
         total = 0.0
         if n_distill:
-            drawn = field_targets(field_model, n=n_distill, tau=tau, p_uncond=p_uncond, null_label=null,
-                                  generator=generator)
+            total += backward_in_parts(lambda s: distill_losses(*(d[s] for d in drawn)), n_distill, micro_batch,
+                                       divisor=batch_size)
         if n_replay:
-            idx = torch.randint(images.shape[0], (n_replay,), generator=generator)
-            z = images[idx.to(device)]
-            t_r = sample_t(n_replay, generator, tau, 1.0, dtype=dtype).to(device)
-            xi = torch.randn(z.shape, generator=generator, dtype=dtype).to(device)
-            y_r = _labels_or_null(labels, idx, null, p_uncond, generator, device)
-        for s in micro_slices(n_distill, micro_batch) if n_distill else []:
-            part = distill_losses(*(d[s] for d in drawn)).sum()
-            (part / batch_size).backward()
-            total += part.item()
-        for s in micro_slices(n_replay, micro_batch) if n_replay else []:
-            part = flow_loss(model, z[s], t_r[s], xi[s], y_r[s]).sum()
-            (part / batch_size).backward()
-            total += part.item()
+            total += backward_in_parts(lambda s: flow_loss(model, *(r[s] for r in replay_rows)), n_replay,
+                                       micro_batch, divisor=batch_size)
         optimizer.step()
         return total / batch_size
 

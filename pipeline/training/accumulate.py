@@ -35,14 +35,21 @@ def accumulate_backward(losses_of: Callable[[slice], Tensor], batch: int, micro_
     One slice keeps the one-pass expression (``losses.mean().backward()``), so a batch that fits runs exactly
     the computation it ran before accumulation existed.
     """
-    slices = micro_slices(batch, micro_batch)
-    if len(slices) == 1:
-        loss = losses_of(slices[0]).mean()
+    if len(micro_slices(batch, micro_batch)) == 1:
+        loss = losses_of(slice(0, batch)).mean()
         loss.backward()
         return loss.item()
+    return backward_in_parts(losses_of, batch, micro_batch, divisor=batch) / batch
+
+
+def backward_in_parts(losses_of: Callable[[slice], Tensor], n: int, micro_batch: int | None, *,
+                      divisor: float) -> float:
+    """Back-propagate ``sum(losses_of(s)) / divisor`` over the micro-batches of ``n`` examples, one at a time; returns
+    the summed loss. For a step whose batch has several parts with losses of their own (a distillation's field rows
+    and replay rows), each part is passed in turn with the whole batch's size as ``divisor``."""
     total = 0.0
-    for s in slices:
+    for s in micro_slices(n, micro_batch):
         part = losses_of(s).sum()
-        (part / batch).backward()
+        (part / divisor).backward()
         total += part.item()
-    return total / batch
+    return total

@@ -26,11 +26,9 @@ import pytest
 import torch
 
 from pipeline.flow import straightdp as sdp
-from pipeline.io import save_split
 from pipeline.stage import PipelineError
 from pipeline.training import loop
-from tests.conftest import one_thread
-from tests.flow.test_straightdp_stages import BINDING, PRIVATE, TINY, blobs, release
+from tests.flow.test_straightdp_stages import BINDING, PRIVATE, TINY, make_world, release
 
 RUN = "tha_moments_eps1_seed0"
 #: several micro-batches per logical batch, so both ranks have a share of the clipped sum
@@ -41,16 +39,7 @@ CFG = {**TINY, "dpsgd": {**TINY["dpsgd"], "micro_batch": 8}}
 def inputs(tmp_path_factory) -> dict[str, Path]:
     """The stage's inputs for RUN: private and public data, public geometry, a public flow and its release."""
     root = tmp_path_factory.mktemp("straightdp_dp")
-    paths = {"data": root / "private.npz", "public": root / "public.npz", "geometry": root / "geometry.npz",
-             "horizon": root / "horizon.json", "init": root / "public_flow.pt"}
-    save_split(paths["data"], blobs(150, 3, 0), name="train", source="test", seed=0)
-    save_split(paths["public"], blobs(120, 3, 1), name="public", source="test", seed=0)
-    with one_thread():
-        sdp.straightdp_geometry({"public": paths["public"]}, {k: paths[k] for k in ("geometry", "horizon")},
-                                {"straightdp": CFG})
-        sdp.pretrain_straightdp({"public": paths["public"]}, {"model": paths["init"]},
-                                {"straightdp": CFG, "n_classes": 3, "device": "cpu",
-                                 "checkpoint_dir": str(root / "ck_pretrain")})
+    paths = make_world(root, CFG)
     rel = release(paths, root, RUN)
     return {**paths, "moments": rel["moments"], "release_ledger": rel["ledger"]}
 

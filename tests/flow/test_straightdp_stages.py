@@ -56,16 +56,20 @@ def blobs(n: int, n_classes: int, seed: int) -> Split:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """Private data (3 classes), a public set of another domain (3 other glyphs), geometry and a public flow."""
-    root = tmp_path_factory.mktemp("straightdp")
+    return make_world(tmp_path_factory.mktemp("straightdp"), TINY)
+
+
+def make_world(root: Path, cfg: dict) -> dict[str, Path]:
+    """:func:`world` under ``root`` with the straightdp section ``cfg``."""
     paths = {"data": root / "private.npz", "public": root / "public.npz", "geometry": root / "geometry.npz",
              "horizon": root / "horizon.json", "init": root / "public_flow.pt"}
     save_split(paths["data"], blobs(150, 3, 0), name="train", source="test", seed=0)
     save_split(paths["public"], blobs(120, 3, 1), name="public", source="test", seed=0)
     with one_thread():
         sdp.straightdp_geometry({"public": paths["public"]}, {k: paths[k] for k in ("geometry", "horizon")},
-                                {"straightdp": TINY})
+                                {"straightdp": cfg})
         sdp.pretrain_straightdp({"public": paths["public"]}, {"model": paths["init"]},
-                                {"straightdp": TINY, "n_classes": 3, "device": "cpu",
+                                {"straightdp": cfg, "n_classes": 3, "device": "cpu",
                                  "checkpoint_dir": str(root / "ck_pretrain")})
     return paths
 
