@@ -38,7 +38,7 @@ def planned_jobs(output: str) -> dict[str, int]:
 #: pytest-xdist worker per core (Makefile test-slow), and a long test picked up last would run alone while the
 #: other core idles
 LONGEST_FIRST = ("test_embedded_default_end_to_end_tiny",
-                 "test_the_cifar10_public_unet_takes_its_batch_of_512_in_micro_batches_that_stay_under_the_plan",
+                 "test_the_cifar10_public_unets_micro_batches_for_its_batch_of_512_stay_under_the_plan",
                  "test_a_toy_method_added_by_its_own_files_is_in_every_house_list",
                  "test_a_missing_data_source_stops_before_any_job_and_a_finished_data_stage_survives")
 

@@ -82,9 +82,11 @@ def test_a_batch_that_fits_runs_the_one_pass_expression_bit_for_bit():
 
 
 # one pretraining step of the cifar10 preset's full-width public UNet (59M parameters, ~206 MiB of saved activations
-# per 32x32 image) at its batch of 512, by accumulation over the micro-batches the plan gives for an 8 GB GPU; in a
-# fresh process, so that its peak resident memory is the step's (~13 CPU-minutes: started first in the slow tier,
-# tests/conftest.py LONGEST_FIRST)
+# per 32x32 image) by accumulation over the micro-batches the plan gives its batch of 512 on an 8 GB GPU; in a fresh
+# process, so that its peak resident memory is the step's. The step runs two of the plan's micro-batches, not all 35:
+# a micro-batch's activations are freed by its backward, so the peak (weights, gradients, Adam's moments, one
+# micro-batch's activations) is the same for 2 as for 35 (measured at 512 in docs/measurements.md: 5.68 GB against
+# 6.06 predicted) and the test costs ~1 CPU-minute instead of ~13
 PEAK_SCRIPT = r"""
 import json, resource, sys
 import torch
@@ -102,7 +104,7 @@ config = load_config("config.yaml", "configs/cifar10.yaml")
 config["slurm"]["gpu_mem_gb"] = float(sys.argv[1])
 plan = cost.pretrain_memory(config)
 spec = UNetSpec.from_json(cost.pretrain_network(config)["unet"])
-batch = config["pretrain"]["batch_size"]
+batch = 2 * plan.micro_batch
 gen = torch.Generator().manual_seed(0)
 x = torch.rand((batch, 3, 32, 32), generator=gen) * 2 - 1
 sigma, noise = torch.rand(batch, generator=gen) + 0.1, torch.randn(x.shape, generator=gen)
@@ -114,18 +116,19 @@ opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 loss = edm_step(model, opt, x, sigma, noise, (y,), sigma_data=0.5, micro_batch=plan.micro_batch)
 print(json.dumps({"peak": rss() - before, "predicted": plan.predicted_bytes - cost.GPU_RESERVE_BYTES,
                   "micro_batch": plan.micro_batch, "micro_batches": plan.micro_batches, "loss": loss,
+                  "batch": config["pretrain"]["batch_size"],
                   "state": plan.state_bytes, "per_example": plan.per_example_bytes}))
 """
 
 
 @pytest.mark.slow
-def test_the_cifar10_public_unet_takes_its_batch_of_512_in_micro_batches_that_stay_under_the_plan(repo):
+def test_the_cifar10_public_unets_micro_batches_for_its_batch_of_512_stay_under_the_plan(repo):
     res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "8"], cwd=repo, capture_output=True, text=True,
                          timeout=1800)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     print(out)
-    assert out["micro_batches"] > 1 and out["micro_batch"] < 512
+    assert out["batch"] == 512 and out["micro_batches"] > 1 and out["micro_batch"] * out["micro_batches"] >= 512
     assert torch.isfinite(torch.tensor(out["loss"]))
     # the step's peak (weights, gradients, Adam's moments, one micro-batch's activations) is under the prediction,
     # and the prediction is no more than ~1.5x it (it was a measurement, not a bound pulled from the air)
