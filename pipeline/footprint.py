@@ -106,9 +106,51 @@ def _flow_mmdit(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
     return model, loss
 
 
+def _evalnet(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """The evaluation CNN (pipeline/evaluation/evalnet.py: the evaluation network and the downstream CNN, which shares
+    its architecture) on examples of ``shape``, and its cross-entropy on a batch of ``b``."""
+    import torch
+
+    from pipeline.evaluation.evalnet import EvalNet
+
+    shape = tuple(int(v) for v in spec["shape"])
+    model = EvalNet(shape, int(spec["n_classes"]), width=int(spec["width"]), feature_dim=int(spec["feature_dim"]))
+
+    def loss(b: int) -> Any:
+        logits = model(torch.zeros(b, *shape))
+        return torch.nn.functional.cross_entropy(logits, torch.zeros(b, dtype=torch.long), reduction="sum")
+
+    return model, loss
+
+
+def inception_architecture() -> Any:
+    """torch-fidelity's Inception-V3 feature network with random weights: its constructor reads a weights file,
+    which machines here do not have and nothing may download; the cost of a forward pass is its architecture's."""
+    from unittest import mock
+
+    import torch
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    with mock.patch.object(torch, "load", return_value={}), \
+            mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict"):
+        return FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path="-")
+
+
+def _inception_v3(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """torch-fidelity's Inception-V3 feature network (``inception-v3-compat``, random weights: its architecture is the
+    cost) on uint8 images of ``shape``, which it resizes to 299x299 itself; forward only (:data:`FORWARD_ONLY`)."""
+    import torch
+
+    shape = tuple(int(v) for v in spec["shape"])
+    model = inception_architecture().eval()
+    return model, lambda b: model(torch.zeros(b, *shape, dtype=torch.uint8))
+
+
 #: kind -> (spec) -> (model on the current default device, loss of a batch of b examples)
 BUILDERS: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Callable[[int], Any]]]] = {
-    "edm_unet": _edm_unet, "flow_mmdit": _flow_mmdit}
+    "edm_unet": _edm_unet, "flow_mmdit": _flow_mmdit, "evalnet": _evalnet, "inception_v3": _inception_v3}
+#: kinds that are never trained here: only their forward is counted (their training counts are 0)
+FORWARD_ONLY = frozenset({"inception_v3"})
 
 
 def count(kind: str, spec: Mapping[str, Any]) -> Footprint:
@@ -134,6 +176,9 @@ def count(kind: str, spec: Mapping[str, Any]) -> Footprint:
                 with torch.no_grad():
                     loss_of(b)
                 forward = flops.get_total_flops()
+            if kind in FORWARD_ONLY:
+                counts.append((0, 0, forward))
+                continue
             with FlopCounterMode(display=False) as flops:
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     value = loss_of(b)

@@ -47,6 +47,7 @@ from typing import Any
 
 from pipeline import rates
 from pipeline.config import deep_merge, load_config
+from pipeline.footprint import inception_architecture
 from pipeline.resources import image_channels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,25 +241,12 @@ def _straightdp_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[
     return step, b * K
 
 
-def _inception_architecture() -> Any:
-    """torch-fidelity's Inception-V3 feature network with random weights: its constructor reads a weights file,
-    which machines here do not have and nothing may download; the cost of a forward pass is its architecture's."""
-    from unittest import mock
-
-    import torch
-    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
-    with mock.patch.object(torch, "load", return_value={}), \
-            mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict"):
-        return FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path="-")
-
-
 def _features(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
     import torch
 
     b = min(int(config["evaluation"]["batch_size"]), MAX_BATCH["features"])
     side = int(config["data"]["image_size"])
-    net = _inception_architecture().to(device).eval()
+    net = inception_architecture().to(device).eval()
     images = torch.randint(0, 256, (b, 3, side, side), dtype=torch.uint8, device=device)
 
     def step() -> None:

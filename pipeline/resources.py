@@ -72,6 +72,11 @@ def _counted(kind: str, network: Mapping[str, Any]) -> Any:
     return _footprint("runtime", kind, network)
 
 
+def counted_forward_flops(kind: str, network: Mapping[str, Any]) -> float:
+    """FLOPs of one example's forward pass through ``network`` (a footprint spec), counted (pipeline/footprint.py)."""
+    return float(_counted(kind, network).forward_flops_per_example)
+
+
 def straightdp_network(config: Config) -> dict[str, Any]:
     """The footprint spec of STRAIGHTDP's main MM-DiT in pixel space (the straightdp section's flow on the images, the
     declared classes). The rules pass their wiring's ``flow_network`` instead (pipeline/methods/straightdp), which
@@ -104,15 +109,98 @@ def prepare_data_runtime_min(config: Config) -> int:
     return 120 if config["data"]["private"]["source"] == "celeba" else 20
 
 
+def evalnet_network(config: Config) -> dict[str, Any]:
+    """The footprint spec of the evaluation CNN (pipeline/evaluation/evalnet.py; the downstream CNN shares it)."""
+    from pipeline.config import declared_private
+
+    ev = config["evaluation"]["evalnet"]
+    side = _side(config)
+    return {"shape": [_channels(config), side, side], "n_classes": int(declared_private(config)["n_classes"]),
+            "width": int(ev["width"]), "feature_dim": int(ev["feature_dim"])}
+
+
 def evalnet_runtime_min(config: Config) -> int:
-    """Training the evaluation net: ~2 ms per 16x16 image-epoch on one CPU core, x4 headroom (GPUs are far faster)."""
+    """Training the evaluation net: epochs x n_eval_train images. On an entry with peaks (:func:`_flop_minutes`) the
+    CNN's counted training FLOPs in TF32; else ~2 ms per 16x16 image-epoch on one CPU core, x4 headroom."""
     ev = config["evaluation"]["evalnet"]
     n = config["data"]["private"]["n_eval_train"]
+    counted = _flop_minutes(config, ev["epochs"] * n, "evalnet", lambda: evalnet_network(config), dtype="tf32")
+    if counted is not None:
+        return max(10, int(counted) + 5)
     return max(10, int(4 * ev["epochs"] * n * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
 
 
-def evaluation_runtime_min(config: Config) -> int:
-    """Scoring one sample set: features + 3 downstream classifiers, each repeated, on the test split."""
+# The evaluation's host (CPU) work, measured on one core of the 2-core development machine (2026-12-07; a cluster
+# node's core is assumed no slower): numpy's float64 covariance of [20000, 2048] features (torch-fidelity's FID
+# statistics) ran at 105 GFLOP/s, scipy's sqrtm of a 2048x2048 covariance took 11 s (8.5 s on 2 cores), and
+# scikit-learn's fits at the cost models' FLOP counts (below) took 1.8e-11 s (the MLP, 56 GFLOP/s) and 5.1e-10 s
+# (lbfgs logistic regression, whose line searches and float64 copies dominate) per FLOP.
+HOST_COV_FLOPS_PER_S = 1.0e11
+SQRTM_S_AT_2048 = 11.0
+SKLEARN_S_PER_FLOP = {"mlp": 1.8e-11, "logreg": 5.1e-10}
+#: scikit-learn's iteration caps of the downstream classifiers (pipeline/evaluation/downstream.py: a fit that does
+#: not converge stops there, so the cap bounds the work)
+SKLEARN_MAX_ITER = {"logreg": 500, "mlp": 200}
+#: torch-fidelity's Inception-V3 pool features
+INCEPTION_FEATURE_DIM = 2048
+
+
+def _feature_network(config: Config) -> tuple[str, Mapping[str, Any], int]:
+    """(footprint kind, spec, feature dimension) of the configured feature extractor."""
+    if config["evaluation"]["feature_extractor"] == "evalnet":
+        net = evalnet_network(config)
+        return "evalnet", net, int(net["feature_dim"])
+    side = _side(config)
+    # grey images reach Inception as RGB (pipeline/evaluation/fidelity.py repeats the channel)
+    return "inception_v3", {"shape": [3, side, side]}, INCEPTION_FEATURE_DIM
+
+
+def evaluation_seconds(config: Config, n_samples: int, *, features_only: bool = False) -> tuple[float, float]:
+    """(GPU FLOPs, host seconds) of scoring ``n_samples`` samples (pipeline/evaluation/stage.py ``evaluate``): the
+    feature extractor's forward over the samples (twice: FID against test and against val), test and val; the
+    evaluation net's forward over the samples (label consistency); the downstream CNN's training (cnn_epochs x
+    repeats over the samples) and scoring; on the host, the FID covariances (whole sets and per class) and their
+    matrix square roots, and scikit-learn's classifiers at their iteration caps. ``features_only``: a sharded cell's
+    feature job, the extractor's forward over its samples alone."""
+    from pipeline.config import declared_private
+
+    private = config["data"]["private"]
+    kind, net, dim = _feature_network(config)
+    extract = counted_forward_flops(kind, net)
+    if features_only:
+        return n_samples * extract, 0.0
+    n_test, n_val = int(private["n_test"]), int(private.get("n_val") or 0)
+    ev = _counted("evalnet", evalnet_network(config))
+    down = config["evaluation"]["downstream"]
+    repeats = int(down["repeats"])
+    flops = (2 * n_samples + n_test + n_val) * extract + n_samples * ev.forward_flops_per_example
+    if "cnn" in down["classifiers"]:
+        flops += repeats * (down["cnn_epochs"] * n_samples * ev.train_flops_per_example
+                            + (n_test + n_val) * ev.forward_flops_per_example)
+    n_classes = int(declared_private(config)["n_classes"])
+    cov_flops = 2 * (2 * (n_samples + n_test) + (n_samples + n_val)) * dim**2
+    host = cov_flops / HOST_COV_FLOPS_PER_S + (2 + n_classes) * SQRTM_S_AT_2048 * (dim / 2048) ** 3
+    pixels = _channels(config) * _side(config) ** 2
+    per_iter = {"logreg": 4 * n_samples * pixels * n_classes,
+                "mlp": 6 * n_samples * (pixels * down["mlp_hidden"] + down["mlp_hidden"] * n_classes)}
+    for kind_ in ("logreg", "mlp"):
+        if kind_ in down["classifiers"]:
+            host += repeats * SKLEARN_MAX_ITER[kind_] * per_iter[kind_] * SKLEARN_S_PER_FLOP[kind_]
+    return float(flops), float(host)
+
+
+def evaluation_runtime_min(config: Config, n_samples: int | None = None, *, features_only: bool = False) -> int:
+    """Scoring one sample set of ``n_samples`` (default: the test split's size).
+
+    On an entry with peaks: :func:`evaluation_seconds`, the network FLOPs at the entry's TF32 peak x efficiency and
+    the host work at its measured rates, x headroom, with a 10-minute floor. Else (the ``estimate`` entry): features +
+    3 downstream classifiers, each repeated, on the test split at ~2 ms per 16x16 image-epoch on one CPU core, x4.
+    """
+    entry = rates.device_rates(config)
+    if entry.counts_flops:
+        n = int(config["data"]["private"]["n_test"] if n_samples is None else n_samples)
+        flops, host = evaluation_seconds(config, n, features_only=features_only)
+        return max(10, int(entry.headroom * (entry.flop_seconds(flops, "tf32") + host) / 60) + 10)
     n = config["data"]["private"]["n_test"]
     down = config["evaluation"]["downstream"]
     epochs = down["cnn_epochs"] * down["repeats"]

@@ -451,7 +451,7 @@ rule evaluate_baseline:
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config),
+        runtime=cost.evaluation_runtime_min(config, config["baselines"]["n_samples"]),
     conda:
         GPU_ENV
     shell:

@@ -122,7 +122,7 @@ rule evaluate_dpdm:
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config),
+        runtime=cost.evaluation_runtime_min(config, config["dpdm"]["sampling"]["n_samples"]),
     conda:
         GPU_ENV
     shell:

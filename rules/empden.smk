@@ -9,6 +9,7 @@
 
 from pipeline.runs import NUMBER_PATTERN
 from pipeline.sampling.empden_grid import CELL_PATTERN
+from pipeline.methods.empden import costs as EMPDEN_COSTS
 from pipeline.methods.empden.wiring import Wiring as _EmpdenWiring
 
 #: EMPDEN's cells, paths and params (pipeline/methods/empden/wiring.py)
@@ -46,7 +47,7 @@ rule empden_sample_subsampled:
     resources:
         gpu=1,
         mem_mb=EMPDEN.sample_mem_mb,
-        runtime=EMPDEN.sample_runtime_min,
+        runtime=EMPDEN.sample_runtime_min(),
     conda:
         GPU_ENV
     shell:
@@ -76,7 +77,7 @@ rule empden_sample_full_batch:
     resources:
         gpu=1,
         mem_mb=EMPDEN.sample_mem_mb,
-        runtime=EMPDEN.sample_runtime_min,
+        runtime=EMPDEN.sample_runtime_min("full_batch"),
     conda:
         GPU_ENV
     shell:
@@ -103,7 +104,7 @@ rule empden_sample_public_only:
     resources:
         gpu=1,
         mem_mb=4000,
-        runtime=EMPDEN.sample_runtime_min,
+        runtime=EMPDEN.sample_runtime_min("public_only"),
     conda:
         GPU_ENV
     shell:
@@ -170,7 +171,7 @@ if EMPDEN.sharded:
         resources:
             gpu=1,
             mem_mb=6000,
-            runtime=cost.evaluation_runtime_min(config),
+            runtime=cost.evaluation_runtime_min(config, EMPDEN_COSTS.job_outputs(config), features_only=True),
         conda:
             GPU_ENV
         shell:
@@ -205,7 +206,7 @@ rule empden_evaluate:
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config),
+        runtime=cost.evaluation_runtime_min(config, cost.empden_n_out(config)),
     conda:
         GPU_ENV
     shell:

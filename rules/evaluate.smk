@@ -110,7 +110,7 @@ rule evaluate_reference_real:
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config),
+        runtime=cost.evaluation_runtime_min(config, config["data"]["private"]["n_reference"]),
     conda:
         GPU_ENV
     shell:

@@ -348,7 +348,7 @@ rule evaluate_straightdp:
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config),
+        runtime=cost.evaluation_runtime_min(config, config["straightdp"]["sampling"]["n_samples"]),
     conda:
         GPU_ENV
     shell:

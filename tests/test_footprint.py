@@ -88,3 +88,23 @@ def test_the_repository_file_holds_fresh_counts():
         fresh = footprint.count(kind, entry["spec"])
         for field, value in entry["footprint"].items():
             assert getattr(fresh, field) == pytest.approx(value, rel=1e-9), (key, field)
+
+
+def test_the_evaluation_cnn_s_forward_flops_are_its_layers_multiply_adds():
+    """EvalNet (pipeline/evaluation/evalnet.py): two 3x3 convolutions, each followed by a 2x2 max-pool, an adaptive
+    average pool to POOLED_SIDE, a linear map to the features and the class head: 2 FLOPs per multiply-add."""
+    from pipeline.evaluation.evalnet import POOLED_SIDE
+
+    c, side, w, fd, k = 3, 32, 8, 16, 10
+    fp = footprint.count("evalnet", {"shape": [c, side, side], "n_classes": k, "width": w, "feature_dim": fd})
+    macs = (c * w * 9 * side**2 + w * 2 * w * 9 * (side // 2) ** 2 + 2 * w * POOLED_SIDE**2 * fd + fd * k)
+    assert fp.forward_flops_per_example == 2 * macs
+    assert 2.5 * fp.forward_flops_per_example < fp.train_flops_per_example <= 3 * fp.forward_flops_per_example
+
+
+def test_inception_is_counted_at_its_own_299_pixels_whatever_the_image_side():
+    small = footprint.count("inception_v3", {"shape": [3, 16, 16]})
+    large = footprint.count("inception_v3", {"shape": [3, 64, 64]})
+    assert 10e9 < small.forward_flops_per_example < 13e9  # ~5.7 GMAC (Szegedy et al. 2016, Table 3)
+    assert large.forward_flops_per_example == pytest.approx(small.forward_flops_per_example, rel=1e-3)
+    assert small.train_flops_per_example == 0 and small.saved_bytes_per_example == 0  # never trained here

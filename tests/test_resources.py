@@ -18,13 +18,15 @@ LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segme
 #: the GPU-memory plan returns plans and specs, not a request (tested below)
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
                "pretrain_memory", "dpsgd_memory", "dpdm_network", "dpdm_train_gpu_mem_mb", "straightdp_network")
+#: counts of a network's work, not a request
+COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network")
 
 
 def test_every_cost_model_is_a_positive_integer_of_the_default_config():
     cfg = config()
     for name, fn in inspect.getmembers(cost, inspect.isfunction):
         # the time-limit arithmetic takes a prediction and may say "no limit" (tests/test_plan.py)
-        if name.startswith("_") or fn.__module__ != cost.__name__ or name in LIMIT_ARITHMETIC + MEMORY_PLAN:
+        if name.startswith("_") or fn.__module__ != cost.__name__ or name in LIMIT_ARITHMETIC + MEMORY_PLAN + COUNTS:
             continue
         args = (cfg, 20) if name in ("accounting_runtime_min", "audit_runtime_min") else (cfg,)
         value = fn(*args)
@@ -166,3 +168,36 @@ def test_straightdp_on_a_named_gpu_asks_for_its_counted_work_not_the_cpu_rate():
     # STRAIGHTDP: "a pixel-space MNIST pipeline run completes in under two GPU-hours" (Sec. 4); the CPU rate asked 332 h
     assert gpu < 4 * 60 < 100 * 60 < cpu
     assert cost.straightdp_pretrain_runtime_min(kmnist) >= 10 and cost.straightdp_sample_runtime_min(kmnist) >= 5
+
+
+def test_the_evaluation_on_a_named_gpu_asks_for_its_counted_networks_and_its_measured_host_work(monkeypatch):
+    from pipeline import footprint
+    from pipeline.config import load_config
+    from tests.conftest import REPO
+
+    cifar = load_config(REPO / "config.yaml", REPO / "configs" / "cifar10.yaml")
+    before = cost.evaluation_runtime_min(cifar, 50000)
+    cifar["slurm"]["device_rates"] = "h100-80gb"
+    flops, host = cost.evaluation_seconds(cifar, 50000)
+    inception = footprint.footprint("inception_v3", {"shape": [3, 32, 32]}).forward_flops_per_example
+    assert 10e9 < inception < 13e9  # torch-fidelity's Inception-V3 at 299x299: ~5.7 GMAC
+    # the samples twice (FID against test and against val), test and val once
+    assert flops > (2 * 50000 + 5000 + 500) * inception
+    assert 60 < host < 15 * 60  # 12 square roots of 2048x2048 covariances and the covariances themselves
+    asked = cost.evaluation_runtime_min(cifar, 50000)
+    assert asked == 10 + int(2.0 * (flops / (494.7e12 * 0.3) + host) / 60)
+    assert asked < before / 3  # the CPU rate asked for 90 minutes a cell
+    # more samples, more time; a shard's feature job only extracts its samples
+    assert cost.evaluation_runtime_min(cifar, 10000) <= asked
+    assert cost.evaluation_seconds(cifar, 12500, features_only=True) == (12500 * inception, 0.0)
+    # scikit-learn's classifiers are host work, at their iteration caps
+    mnist = load_config(REPO / "config.yaml", REPO / "configs" / "mnist.yaml")
+    mnist["slurm"]["device_rates"] = "h100-80gb"
+    with_sklearn = cost.evaluation_seconds(mnist, 60000)[1]
+    mnist["evaluation"]["downstream"]["classifiers"] = ["cnn"]
+    assert with_sklearn > cost.evaluation_seconds(mnist, 60000)[1] + 10 * 60
+    # the estimate entry counts nothing
+    cifar["slurm"]["device_rates"] = "estimate"
+    monkeypatch.setattr(cost, "_counted", lambda *a: pytest.fail("the estimate entry counted a network"))
+    monkeypatch.setattr(cost, "counted_forward_flops", lambda *a: pytest.fail("the estimate entry counted a network"))
+    assert cost.evaluation_runtime_min(cifar, 50000) == before

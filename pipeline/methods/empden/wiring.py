@@ -8,11 +8,12 @@ Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/me
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pipeline.resources as cost
+from pipeline.methods.empden import costs
 from pipeline.methods.accounting.wiring import EPS_KEYS, line_params, mechanism
 from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.registry import BundleSpec, LineParams, RunRecord, TranscriptSpec
@@ -193,9 +194,16 @@ class Wiring:
     def sample_mem_mb(self) -> int:
         return cost.empden_sample_mem_mb(self.house.config)
 
-    @property
-    def sample_runtime_min(self) -> int:
-        return cost.empden_sample_runtime_min(self.house.config)
+    def sample_runtime_min(self, method: str | None = None) -> Callable[[Mapping[str, str]], int]:
+        """The runtime resource of a sampling rule: each job its own cell's minutes (pipeline/methods/empden/costs.py),
+        the cell read from the job's wildcards; ``method`` for the rules whose paths do not name it."""
+        h = self.house
+
+        def minutes(wildcards: Mapping[str, str]) -> int:
+            cell = cell_from_wildcards(method or wildcards.get("method"), wildcards)
+            return costs.sample_runtime_min(h.config, cell, counts_public_network=not h.imports_public_denoiser)
+
+        return minutes
 
     # ---------------------------------------------------------------- params
 

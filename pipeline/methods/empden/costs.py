@@ -1,0 +1,133 @@
+"""What one EMPDEN cell costs: its counted FLOPs per output, and the runtime a job asks for on a device entry.
+
+A cell's output runs two kinds of work (EMPDEN Algorithm 1; Sec. 3.2 for full batch):
+
+* the private block: k steps of the clipped empirical denoiser (eq. 38) over S records each (S = B for the
+  subsampled cells, n for full batch), in float64 (the precision note of pipeline.privacy.empirical_denoiser),
+  plus, with the public-marginal normaliser, one kernel row over m public records per step (eq. 37's Z);
+* the public denoiser: EDM Heun (Karras et al. 2022, Alg. 1) from t1 = t_{k-T} down to 0, two network
+  evaluations per step and one for the last (Euler) step, in float32 (TF32 on a GPU's convolutions).
+
+The FLOPs per (output x record x dimension) of a private step and per (output x public record x dimension) of the
+normaliser are counted once by ``torch.utils.flop_counter`` on a tiny step of the real code (4 and 2: the kernel
+matmul and the weighted sum; the normaliser's kernel matmul), the public UNet's forward by pipeline/footprint.py;
+nothing here is a rate. At paper scale the public evaluations are most of a subsampled cell's FLOPs (cifar10, p 65,
+B 50: 99.9%), the private block all of a full-batch cell's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline import rates
+from pipeline import resources as cost
+from pipeline.privacy.empirical_denoiser import GATHER_MAX_FRACTION
+from pipeline.privacy.schedule import k_private_steps
+from pipeline.sampling.empden_grid import Cell
+
+Config = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CellWork:
+    """One output's work in a cell: private steps over ``records`` records each, public-normaliser rows over
+    ``normaliser_records`` public records, and ``public_evaluations`` of the public denoiser."""
+
+    private_steps: int
+    records: int
+    normaliser_records: int
+    public_evaluations: int
+
+
+def heun_evaluations(steps: int) -> int:
+    """Network evaluations of EDM Heun over ``steps`` steps ending at t = 0: two per step, one for the last
+    (pipeline.diffusion.steps.heun_step takes an Euler step into 0)."""
+    return max(0, 2 * steps - 1)
+
+
+def private_records(config: Config) -> int:
+    """n, the private records an empirical denoiser reads (accounting.n, else the private split's declared size)."""
+    return int(config["accounting"]["n"] or config["data"]["private"]["n_private_train"] or 50000)
+
+
+def normaliser_records(config: Config) -> int:
+    """m, the public records of the public-marginal normaliser (empden.normaliser_n, else the public split); 0 for
+    eq. 38's constant normaliser."""
+    e = config["empden"]
+    if e["normaliser"] != "public_marginal":
+        return 0
+    return int(e["normaliser_n"] or config["data"]["public"]["n"])
+
+
+def cell_work(config: Config, cell: Cell) -> CellWork:
+    """Per-output work of ``cell`` on the accounting section's grids (pipeline.sampling.empden_plan.schedule_of)."""
+    a = config["accounting"]
+    n, m = private_records(config), normaliser_records(config)
+    if cell.method == "full_batch":
+        return CellWork(int(a["N_full_batch"]) - 1, n, m, 0)
+    N = int(a["N"])
+    if cell.method == "public_only":
+        return CellWork(0, 0, 0, heun_evaluations(N))
+    k, B = k_private_steps(N, float(cell.p_percent)), int(cell.B)
+    # a subset above GATHER_MAX_FRACTION of n runs the masked matmul over all n records (same result)
+    records = B if B <= GATHER_MAX_FRACTION * n else n
+    return CellWork(k, records, m, heun_evaluations(N - (k - int(cell.T))))
+
+
+@functools.cache
+def private_flops_per_entry() -> tuple[float, float]:
+    """(FLOPs per output x record x dimension of one private step, FLOPs per output x public record x dimension
+    of the normaliser), counted on a tiny float64 step of the real code; the gathered and masked paths agree."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pipeline.privacy import empirical_denoiser as emp
+
+    gen = torch.Generator().manual_seed(0)
+    b, n, d = 4, 128, 8
+    data = emp.prepare_records(torch.randn(n, d, generator=gen))
+    x = torch.randn(b, d, generator=gen, dtype=torch.float64)
+    with FlopCounterMode(display=False) as step:
+        emp.private_step(x, data, 1.0, 0.5, C=1.0, beta=1.0, generator=gen)
+    with FlopCounterMode(display=False) as norm:
+        emp.log_public_marginal(x, data, 1.0)
+    return step.get_total_flops() / (b * n * d), norm.get_total_flops() / (b * n * d)
+
+
+def cell_flops(config: Config, cell: Cell) -> tuple[float, float]:
+    """(float64 FLOPs of the private block, float32 FLOPs of the public denoiser) for one output of ``cell``."""
+    work = cell_work(config, cell)
+    per_record, per_public = private_flops_per_entry()
+    d = cost.image_channels(config) * cost.image_side(config) ** 2
+    private = work.private_steps * d * (per_record * work.records + per_public * work.normaliser_records)
+    public = 0.0
+    if work.public_evaluations:
+        public = work.public_evaluations * cost.counted_forward_flops("edm_unet", cost.pretrain_network(config))
+    return float(private), float(public)
+
+
+def job_outputs(config: Config) -> int:
+    """Outputs of one sampling job: the cell's n_out, or its shard's share (sampling.shards)."""
+    return math.ceil(cost.empden_n_out(config) / config["sampling"]["shards"])
+
+
+def sample_runtime_min(config: Config, cell: Cell, *, counts_public_network: bool = True) -> int:
+    """Minutes one sampling job of ``cell`` asks for.
+
+    On a device entry with peaks (:attr:`pipeline.rates.DeviceRates.counts_flops`): its outputs x the cell's counted
+    FLOPs, the private block at the entry's FP64 peak and the public denoiser at TF32, / efficiency x headroom, with a
+    15-minute floor. Else (or when the public denoiser is a folder the user brings, whose network is not counted:
+    ``counts_public_network`` False) the device rate ``empden_sample`` per output, as before
+    (:func:`pipeline.resources.empden_sample_runtime_min`).
+    """
+    entry = rates.device_rates(config)
+    if not entry.counts_flops or (not counts_public_network and cell.method != "full_batch"):
+        return cost.empden_sample_runtime_min(config)
+    private, public = cell_flops(config, cell)
+    n_job = job_outputs(config)
+    seconds = entry.flop_seconds(n_job * private, "fp64") + entry.flop_seconds(n_job * public, "tf32")
+    return max(15, int(entry.headroom * seconds / 60) + 10)
