@@ -24,7 +24,11 @@ from pipeline.stage import PipelineError
 
 RATES_FILE = Path(__file__).with_name("device_rates.yaml")
 FORMAT = "dpgen-device-rates/1"
-DEFAULT_ENTRY = "estimate"
+#: the entry every rates file holds: the rates of the workloads no FLOP count grounds yet (named GPU entries copy them)
+BASE_ENTRY = "estimate"
+#: the entry a config that names none uses (the schema's default of slurm.device_rates): the GPU slurm.gpu_mem_gb's
+#: default of 40 GB describes, its requests from counted FLOPs at an assumed efficiency (an estimate until measured)
+DEFAULT_ENTRY = "a100-40gb"
 KINDS = ("estimate", "measured")
 #: the number formats a peak may be stated for: what the code runs (the UNets' convolutions in TF32, cuDNN's default;
 #: the MM-DiT's matmuls in FP32, torch's default; EMPDEN's private step in FP64)
@@ -171,8 +175,8 @@ def _load(path: Path, mtime_ns: int) -> dict[str, DeviceRates]:
     if not isinstance(blob, Mapping) or blob.get("format") != FORMAT:
         raise PipelineError(f"{where}: not a device rates file (expected format: {FORMAT})")
     devices = blob.get("devices")
-    if not isinstance(devices, Mapping) or DEFAULT_ENTRY not in devices:
-        raise PipelineError(f"{where}: devices must be a mapping holding at least the {DEFAULT_ENTRY!r} entry")
+    if not isinstance(devices, Mapping) or BASE_ENTRY not in devices:
+        raise PipelineError(f"{where}: devices must be a mapping holding at least the {BASE_ENTRY!r} entry")
     return {str(name): _entry(str(name), entry, where) for name, entry in devices.items()}
 
 
@@ -202,8 +206,8 @@ def write_entry(entry: DeviceRates, path: str | Path | None = None) -> Path:
     p = Path(path) if path is not None else RATES_FILE
     entries = load_rates(p) if p.exists() else {}
     entries[entry.name] = entry
-    if DEFAULT_ENTRY not in entries:
-        raise PipelineError(f"{p}: a rates file needs the {DEFAULT_ENTRY!r} entry; write into a copy of {RATES_FILE}")
+    if BASE_ENTRY not in entries:
+        raise PipelineError(f"{p}: a rates file needs the {BASE_ENTRY!r} entry; write into a copy of {RATES_FILE}")
     blob = {"devices": {name: e.to_json() for name, e in entries.items()}, "format": FORMAT}
     with atomic_path(p, suffix=".yaml") as tmp:
         tmp.write_text(HEADER + yaml.safe_dump(blob, sort_keys=False, width=110))

@@ -14,7 +14,7 @@ def test_a_measurement_is_stated_per_unit_at_the_workloads_reference_side():
     # 0.8 s per step of 4 images at 64x64 = 0.2 s per image there = 0.05 s per image at the 32x32 reference
     m = Measurement("pretrain_public", "celeba64", side=64, units=4, step_s=0.8, peak_mem_mb=1.0)
     assert m.seconds_per_unit == pytest.approx(0.2) and m.rate == pytest.approx(0.05)
-    entry = rates.load_rates()[rates.DEFAULT_ENTRY]
+    entry = rates.load_rates()[rates.BASE_ENTRY]
     assert m.predicted_per_unit(entry) == pytest.approx(entry.rates["pretrain_public"] * 4)
     # features have no reference side and no cost model yet: measured, not predicted
     f = Measurement("features", "cifar10", side=299, units=2, step_s=1.0, peak_mem_mb=1.0)

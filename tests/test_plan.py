@@ -48,7 +48,7 @@ def test_a_resumable_job_over_the_limit_runs_in_segments_and_any_other_does_not_
     assert all(r.fits and r.segments == 1 for r in plan_lines(parse_dry_run(DRY_RUN), max_job_minutes=None))
     note = rates.device_rates({}).describe()
     table = render(list(lines.values()), title="t", max_job_minutes=48 * 60, rates_note=note)
-    assert "job time limit 48 h" in table and "rates: estimates, not a GPU measurement (entry estimate" in table
+    assert "job time limit 48 h" in table and "rates: estimates, not a GPU measurement (entry a100-40gb" in table
     assert re.search(r"\| \*\*total\*\* \| 4 \| 2 \| .* \| NO \|$", table)
 
 
@@ -76,14 +76,15 @@ def test_the_resumable_rules_are_exactly_those_whose_requests_are_segmented(repo
 
 @pytest.mark.slow
 def test_the_plan_of_a_paper_preset_fits_every_job_in_the_limit_and_the_rules_request_no_more(repo, tmp_path):
-    res = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--configfile", "configs/straightdp_kmnist.yaml",
+    res = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--configfile", "configs/cifar10.yaml",
                           "--max-job-hours", "48"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    row = next(line for line in res.stdout.splitlines() if line.startswith("| train_straightdp |"))
+    # public pretraining's counted 200 Mimg at the default entry (a100-40gb): ~301 h, in 48 h segments
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| pretrain_public |"))
     assert row.split("|")[7].strip() == "7" and row.endswith("| yes |")
     # the rules themselves: with the limit in the config no job of the dry run asks for more than 48 h
     dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--forceall", "--profile", "profiles/slurm", "all",
-                          "--configfile", "configs/straightdp_kmnist.yaml", "--config", "slurm={max_job_hours: 48}",
+                          "--configfile", "configs/cifar10.yaml", "--config", "slurm={max_job_hours: 48}",
                           f"results_dir={tmp_path}"], cwd=repo, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "DPGEN_PLAN_ONLY": "1"})
     assert dry.returncode == 0, dry.stderr[-2000:]

@@ -24,10 +24,9 @@ def estimate(**rates_):
     return {"kind": "estimate", "note": "n", "rates": rates_ or {w: 1.0 for w in COST_MODELED}}
 
 
-def test_the_shipped_file_has_the_default_estimate_with_a_rate_for_every_cost_model():
-    entry = rates.load_rates()[rates.DEFAULT_ENTRY]
-    assert entry.kind == "estimate" and set(COST_MODELED) <= set(entry.rates)
-    assert rates.device_rates(validate_config({})) == entry
+def test_the_shipped_file_has_the_base_estimate_with_a_rate_for_every_cost_model():
+    entry = rates.load_rates()[rates.BASE_ENTRY]
+    assert entry.kind == "estimate" and set(COST_MODELED) <= set(entry.rates) and not entry.counts_flops
     for workload, spec in COST_MODELED.items():
         # the cost model named for a workload exists and reads its rate
         assert f'rate(config, "{workload}")' in inspect.getsource(getattr(cost, spec.cost_model))
@@ -40,15 +39,23 @@ def test_the_shipped_file_has_the_default_estimate_with_a_rate_for_every_cost_mo
     ("pretrain_public", cost.pretrain_runtime_min, {"data": {"image_size": 32}, "pretrain": {"steps": 390625}}),
 ])
 def test_a_cost_model_scales_with_the_rate_of_the_entry_the_config_names(workload, fn, extra, tmp_path, monkeypatch):
-    base = rates.load_rates()[rates.DEFAULT_ENTRY].rates
+    base = rates.load_rates()[rates.BASE_ENTRY].rates
     slower = {**base, workload: base[workload] * 10}
     monkeypatch.setattr(rates, "RATES_FILE", write(tmp_path / "r.yaml", {
         "estimate": estimate(**base),
         "slow": {"kind": "measured", "measured_on": "GPU X", "date": "2026-12-05", "note": "", "rates": slower}}))
     fast, slow = (fn(validate_config({**extra, "slurm": {"device_rates": name}})) for name in ("estimate", "slow"))
-    assert fast == fn(validate_config(extra))  # the default entry is the estimate
     # every model is a fixed overhead plus headroom x work x rate: ten times the rate, ~ten times the variable part
     assert slow > 5 * fast
+
+
+def test_the_default_entry_is_a_named_gpu_that_counts_flops_and_is_labelled_an_estimate():
+    entry = rates.device_rates(validate_config({}))
+    assert entry.name == rates.DEFAULT_ENTRY == "a100-40gb"
+    # the GPU slurm.gpu_mem_gb's default of 40 GB describes
+    assert validate_config({})["slurm"]["gpu_mem_gb"] == 40
+    assert entry.counts_flops and entry.kind == "estimate" and entry.efficiency == 0.3
+    assert entry.peak_tflops["tf32"] == 156.0 and "assumed" in entry.describe()
 
 
 def test_a_config_naming_no_entry_of_the_file_fails_in_one_line_before_any_job():

@@ -37,7 +37,7 @@ def test_every_cost_model_is_a_positive_integer_of_the_default_config():
     (cost.dpdm_train_runtime_min, {"dpdm": {"epochs": 8}}, {"dpdm": {"epochs": 80000}}),
     (cost.dpdm_train_mem_mb, {"dpdm": {"K": 1}}, {"dpdm": {"K": 32}}),
     (cost.dpdm_sample_runtime_min, {"dpdm": {"sampling": {"n_samples": 500}}},
-     {"dpdm": {"sampling": {"n_samples": 50000}}}),
+     {"dpdm": {"sampling": {"n_samples": 5000000}}}),
     (cost.empden_sample_runtime_min, {"empden": {"n_out": 100}}, {"empden": {"n_out": 100000}}),
     # a shard asks for its share of the cell's time (100,000 outputs in batches of 256: 391 batches)
     (cost.empden_sample_runtime_min, {"empden": {"n_out": 100000}, "sampling": {"shards": 8}},
@@ -46,11 +46,13 @@ def test_every_cost_model_is_a_positive_integer_of_the_default_config():
     (cost.empden_diagnostics_runtime_min, {"empden_diagnostics": {"n_trajectories": 64}},
      {"empden_diagnostics": {"n_trajectories": 20000}}),
     (cost.evalnet_runtime_min, {"evaluation": {"evalnet": {"epochs": 1}}},
-     {"evaluation": {"evalnet": {"epochs": 1000}}}),
-    (cost.pretrain_runtime_min, {"pretrain": {"steps": 100}}, {"pretrain": {"steps": 100000}}),
+     {"evaluation": {"evalnet": {"epochs": 10000000}}}),
+    (cost.pretrain_runtime_min, {"pretrain": {"steps": 100}}, {"pretrain": {"steps": 10000000}}),
 ])
-def test_a_bigger_job_asks_for_more(fn, small, large):
-    assert fn(config(**large)) > fn(config(**small))
+@pytest.mark.parametrize("entry", ["estimate", "a100-40gb"])  # rates only; the default, from counted FLOPs
+def test_a_bigger_job_asks_for_more(fn, small, large, entry):
+    slurm = {"slurm": {"device_rates": entry}}
+    assert fn(config(**large, **slurm)) > fn(config(**small, **slurm))
 
 
 def test_a_finer_pld_grid_costs_more_per_accounted_block():
@@ -146,6 +148,7 @@ def test_dp_sgd_on_a_named_gpu_asks_for_its_runs_own_k_and_the_estimate_entry_is
     from tests.conftest import REPO
 
     mnist = load_config(REPO / "config.yaml", REPO / "configs" / "mnist.yaml")
+    mnist["slurm"]["device_rates"] = "estimate"
     before = (cost.dpdm_train_runtime_min(mnist), cost.dpdm_sample_runtime_min(mnist))
     mnist["slurm"]["device_rates"] = "h100-80gb"
     one, full = cost.dpdm_train_runtime_min(mnist, K=1), cost.dpdm_train_runtime_min(mnist)
@@ -162,6 +165,7 @@ def test_straightdp_on_a_named_gpu_asks_for_its_counted_work_not_the_cpu_rate():
     from tests.conftest import REPO
 
     kmnist = load_config(REPO / "config.yaml", REPO / "configs" / "straightdp_kmnist.yaml")
+    kmnist["slurm"]["device_rates"] = "estimate"
     cpu = cost.straightdp_train_runtime_min(kmnist)
     kmnist["slurm"]["device_rates"] = "l40s"
     gpu = cost.straightdp_train_runtime_min(kmnist)
@@ -176,6 +180,7 @@ def test_the_evaluation_on_a_named_gpu_asks_for_its_counted_networks_and_its_mea
     from tests.conftest import REPO
 
     cifar = load_config(REPO / "config.yaml", REPO / "configs" / "cifar10.yaml")
+    cifar["slurm"]["device_rates"] = "estimate"
     before = cost.evaluation_runtime_min(cifar, 50000)
     cifar["slurm"]["device_rates"] = "h100-80gb"
     flops, host = cost.evaluation_seconds(cifar, 50000)
