@@ -32,6 +32,11 @@ from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.privacy import accountants as acc
 from pipeline.privacy.schedule import block_mu, k_private_steps, step_mu
 
+#: the subsampled sum gathers each output's B records instead of masking all n when B/n is at
+#: most this (the masked matmul wastes n/B of its FLOPs; the gather is bandwidth-bound: on one
+#: CPU core it was 2x slower than the mask at B/n = 1/30, see benchmarks/bench_empirical_denoiser.py).
+#: Here, not in pipeline.privacy.empirical_denoiser, so that the cost model reads it without torch.
+GATHER_MAX_FRACTION = 1 / 64
 #: how the block's subsets are drawn: ``per_output`` (Algorithm 1, one B-subset per output reused
 #: over the block), ``per_step`` (a fresh B-subset at every private step), ``full_batch`` (S = D).
 Scheme = Literal["per_output", "per_step", "full_batch"]

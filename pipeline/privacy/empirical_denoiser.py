@@ -76,7 +76,7 @@ from pipeline.diffusion.steps import eq1_noise_std, eq1_step
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 # the block's facts (sensitivity, mu_t, mu_bar_B, event) live in one value; sensitivity re-exported
-from pipeline.privacy.empden_block import EmpdenBlock, sensitivity  # noqa: F401
+from pipeline.privacy.empden_block import GATHER_MAX_FRACTION, EmpdenBlock, sensitivity  # noqa: F401
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -189,10 +189,6 @@ def clipped_log_norms_shifted(x_t: torch.Tensor, data: PreparedData, t: float, *
     return a.clamp_(max=(math.log(C) - r)[:, None]), r
 
 
-#: the subsampled sum gathers each output's B records instead of masking all n when B/n is at
-#: most this (the masked matmul wastes n/B of its FLOPs; the gather is bandwidth-bound: on one
-#: CPU core it was 2x slower than the mask at B/n = 1/30, see benchmarks/bench_empirical_denoiser.py).
-GATHER_MAX_FRACTION = 1 / 64
 #: elements of the gathered [outputs, B, d] block processed at once (bounds the memory).
 GATHER_BLOCK_ELEMENTS = 2**24
 

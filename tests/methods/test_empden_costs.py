@@ -61,9 +61,15 @@ def test_a_subsampled_cell_s_work_is_what_the_sampler_runs(tmp_path, n, B, m):
     work = costs.cell_work(config, cell)
     assert work.records == (n if B > n / 64 else B) and work.normaliser_records == m
     assert counter.outputs == n_out * work.public_evaluations
-    per_record, per_public = costs.private_flops_per_entry()
+    per_record, per_public = costs.PRIVATE_FLOPS_PER_ENTRY
     assert flops.get_total_flops() == n_out * work.private_steps * 16 * (per_record * work.records
                                                                           + per_public * work.normaliser_records)
+
+
+def test_the_private_steps_flops_per_entry_are_the_counted_ones():
+    """Gathered (B << n) and masked subsets and the full batch cost the same per record read (the sampler test above
+    runs both paths against the constants)."""
+    assert costs.count_private_flops_per_entry() == costs.PRIVATE_FLOPS_PER_ENTRY
 
 
 def test_full_batch_and_public_only_cells_run_one_kind_of_work():

@@ -9,15 +9,14 @@ A cell's output runs two kinds of work (EMPDEN Algorithm 1; Sec. 3.2 for full ba
   evaluations per step and one for the last (Euler) step, in float32 (TF32 on a GPU's convolutions).
 
 The FLOPs per (output x record x dimension) of a private step and per (output x public record x dimension) of the
-normaliser are counted once by ``torch.utils.flop_counter`` on a tiny step of the real code (4 and 2: the kernel
-matmul and the weighted sum; the normaliser's kernel matmul), the public UNet's forward by pipeline/footprint.py;
+normaliser are counted by ``torch.utils.flop_counter`` on a tiny step of the real code (4 and 2: the kernel matmul and
+the weighted sum; the normaliser's kernel matmul; :data:`PRIVATE_FLOPS_PER_ENTRY`), the public UNet's forward by pipeline/footprint.py;
 nothing here is a rate. At paper scale the public evaluations are most of a subsampled cell's FLOPs (cifar10, p 65,
 B 50: 99.9%), the private block all of a full-batch cell's.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Any
 
 from pipeline import rates
 from pipeline import resources as cost
-from pipeline.privacy.empirical_denoiser import GATHER_MAX_FRACTION
+from pipeline.privacy.empden_block import GATHER_MAX_FRACTION
 from pipeline.privacy.schedule import k_private_steps
 from pipeline.sampling.empden_grid import Cell
 
@@ -78,10 +77,16 @@ def cell_work(config: Config, cell: Cell) -> CellWork:
     return CellWork(k, records, m, heun_evaluations(N - (k - int(cell.T))))
 
 
-@functools.cache
-def private_flops_per_entry() -> tuple[float, float]:
-    """(FLOPs per output x record x dimension of one private step, FLOPs per output x public record x dimension
-    of the normaliser), counted on a tiny float64 step of the real code; the gathered and masked paths agree."""
+#: FLOPs per (output x record x dimension) of one private step and per (output x public record x dimension) of the
+#: public-marginal normaliser: counted by :func:`count_private_flops_per_entry` (tests/methods/test_empden_costs.py
+#: recounts them, so a change to the step's code cannot leave them stale); kept as numbers because the runtime of
+#: every cell is asked whenever Snakemake builds the DAG, and a count there costs ~2 s
+PRIVATE_FLOPS_PER_ENTRY = (4.0, 2.0)
+
+
+def count_private_flops_per_entry() -> tuple[float, float]:
+    """:data:`PRIVATE_FLOPS_PER_ENTRY`, counted by ``torch.utils.flop_counter`` on a tiny float64 step of the real code
+    (the kernel matmul and the weighted sum; the normaliser's kernel matmul)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -101,7 +106,7 @@ def private_flops_per_entry() -> tuple[float, float]:
 def cell_flops(config: Config, cell: Cell) -> tuple[float, float]:
     """(float64 FLOPs of the private block, float32 FLOPs of the public denoiser) for one output of ``cell``."""
     work = cell_work(config, cell)
-    per_record, per_public = private_flops_per_entry()
+    per_record, per_public = PRIVATE_FLOPS_PER_ENTRY
     d = cost.image_channels(config) * cost.image_side(config) ** 2
     private = work.private_steps * d * (per_record * work.records + per_public * work.normaliser_records)
     public = 0.0
