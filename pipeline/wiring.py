@@ -146,6 +146,14 @@ class House:
         return str(self.config["device"])
 
     @property
+    def precision(self) -> dict[str, str]:
+        """``{"precision": "bf16"}`` for the public training and sampling stages of a config that asks for it, ``{}``
+        for fp32: spread into their params, so a float32 run's params and config ids are what they were
+        (pipeline/models/precision.py)."""
+        value = str(self.config.get("precision", "fp32"))
+        return {} if value == "fp32" else {"precision": value}
+
+    @property
     def private(self) -> dict[str, int]:
         """The private set's declared size N and number of classes (public constants): the ``private`` param of
         every stage whose release normalises or shapes by them (:func:`pipeline.config.declared_private`)."""

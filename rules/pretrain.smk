@@ -45,7 +45,7 @@ else:
         params:
             # functions: a job's micro-batch and GPU memory are counted only for a DAG that runs it
             p=lambda wildcards: stage_params(pretrain=config["pretrain"], seed=SEED, device=config["device"],
-                                             threads=TORCH_THREADS,
+                                             threads=TORCH_THREADS, **HOUSE.precision,
                                              **cost.accumulation_params(cost.pretrain_memory(config))),
         benchmark:
             benchmark_path("pretrain_public")

@@ -51,6 +51,8 @@ from pipeline.flow.train import distill_to_field, pretrain_flow
 from pipeline.images import to_uint8
 from pipeline.io import Split, atomic_path, read_json, save_split, write_json
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_backbone, save_denoiser
+from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
+from pipeline.models.precision import precision_of, refuse_in_private_training
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, moments, tha
 from pipeline.stage import PipelineError, stage
@@ -224,7 +226,7 @@ def public_horizon(model: GaussianMomentModel, z: Tensor, y: Tensor, hor: Mappin
 
 @stage("pretrain_straightdp", inputs=("public",), outputs=("model",),
        params={**COMMON_DOC, "n_classes": "number of private classes (the label tables' size; public knowledge)",
-               "checkpoint_dir": "optional folder of the resumable state"})
+               "checkpoint_dir": "optional folder of the resumable state", "precision": PRECISION_DOC})
 def pretrain_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Public pretraining of the class-conditional MM-DiT flow by eq. 1 (App. E, Table 9)."""
     cfg, seed, device = _setup(params)
@@ -243,7 +245,10 @@ def pretrain_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
     model = build_flow_model(spec).to(device)
     images = to_model_scale(public.images).to(device)
     labels = torch.from_numpy(public.labels.astype(np.int64)).to(device)
-    run_params = {"pretrain": pre, "spec": spec.to_json(), "public_sha256": sha, "seed": seed}
+    precision = precision_of(params, "pretrain_straightdp")
+    # recorded only when not float32, so a float32 run resumes and writes what it did before mixed precision existed
+    mixed = {} if precision == "fp32" else {"precision": precision}
+    run_params = {"pretrain": pre, "spec": spec.to_json(), "public_sha256": sha, "seed": seed, **mixed}
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
         outputs["model"], "pretrain_straightdp")
     res = pretrain_flow(model, images, labels, steps=int(pre["steps"]), batch_size=int(pre["batch_size"]),
@@ -251,10 +256,10 @@ def pretrain_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
                         generator=seeds.torch_generator("straightdp.pretrain", seed),
                         state_path=ck_dir / loop.STATE_FILE, run_hash=loop.params_hash(run_params),
                         checkpoint_every_s=float(cfg["checkpoint_every_s"]), desc="pretrain_straightdp",
-                        micro_batch=_batch_gpu(params))
+                        micro_batch=_batch_gpu(params), precision=precision)
     tail = res.losses[-50:] if len(res.losses) else [float("nan")]
     meta = {"stage": "pretrain_straightdp", "private": False, "public_sha256": sha, "steps": int(pre["steps"]),
-            "final_loss_mean50": float(np.mean(tail)), "seed": seed, "config_id": params.get("config_id")}
+            "final_loss_mean50": float(np.mean(tail)), "seed": seed, "config_id": params.get("config_id"), **mixed}
     save_denoiser(outputs["model"], res.ema.cpu(), backbone=spec, precond=FLOW_PRECOND, meta=meta)
     log.info("pretrain_straightdp: %d steps in %.1f s, public loss (last 50) %.4f", int(pre["steps"]), res.wall_s,
              meta["final_loss_mean50"])
@@ -465,6 +470,7 @@ def train_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], pa
     distillation (public), then takes rank 0's weights; every rank plans, and every rank runs rank 0's plan, its
     own checked against it before any private step (:func:`agreed_stage2_plan`); the DP-SGD steps are split over
     the ranks, rank 0 writes the state and the outputs."""
+    refuse_in_private_training(params, "train_straightdp")
     with distributed.data_parallel(str(params.get("device", "auto"))) as (world, device):
         _train_straightdp(inputs, outputs, params, world, device)
 

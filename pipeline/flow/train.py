@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from pipeline.flow.field import GaussianMomentModel
 from pipeline.flow.rectified import flow_loss, sample_t, x_t_from
+from pipeline.models.precision import autocast
 from pipeline.training import loop
 from pipeline.training.accumulate import accumulate_backward, backward_in_parts
 from pipeline.training.data import drop_labels
@@ -92,7 +93,8 @@ def pretrain_flow(model: nn.Module, images: Tensor, labels: Tensor | None, *, st
                   ema_decay: float, p_uncond: float, generator: torch.Generator, progress: bool = True,
                   weight_decay: float = 0.01, null_label: int | None = None, state_path: str | Path | None = None,
                   run_hash: str | None = None, checkpoint_every_s: float = 300.0,
-                  desc: str = "pretrain_flow", micro_batch: int | None = None) -> loop.TrainResult:
+                  desc: str = "pretrain_flow", micro_batch: int | None = None,
+                  precision: str = "fp32") -> loop.TrainResult:
     """Public pretraining of ``model`` (v(x, t, y) -> velocity) on ``images`` by eq. 1 (Table 9).
 
     ``images`` ``[N, ...]`` in the model's scale ([-1, 1] for pixels; any shape the model takes,
@@ -102,7 +104,8 @@ def pretrain_flow(model: nn.Module, images: Tensor, labels: Tensor | None, *, st
     t ~ U[0, 1), xi ~ N(0, I), labels dropped to ``null_label`` (default ``model.null_label``) with
     probability ``p_uncond``; AdamW(``lr``, ``weight_decay``; torch's default 0.01) on the mean
     of :func:`~pipeline.flow.rectified.flow_loss`, its forward and backward over micro-batches of at most
-    ``micro_batch`` examples (:mod:`pipeline.training.accumulate`; the step's draws made first). Returns the loop's
+    ``micro_batch`` examples (:mod:`pipeline.training.accumulate`; the step's draws made first), the forward passes
+    in ``precision`` (:mod:`pipeline.models.precision`). Returns the loop's
     :class:`~pipeline.training.loop.TrainResult`: ``.ema`` is the model to sample with,
     ``.losses`` the per-step losses. ``state_path`` + ``run_hash``: resumable (see the module).
     """
@@ -121,9 +124,14 @@ def pretrain_flow(model: nn.Module, images: Tensor, labels: Tensor | None, *, st
         xi = torch.randn(z.shape, generator=generator, dtype=z.dtype).to(device)
         y = _labels_or_null(labels, idx, null, p_uncond, generator, device)
         optimizer.zero_grad(set_to_none=True)
-        loss = accumulate_backward(lambda s: flow_loss(model, z[s], t[s], xi[s], y[s]), batch_size, micro_batch)
+        loss = accumulate_backward(lambda s: losses(z[s], t[s], xi[s], y[s]), batch_size, micro_batch)
         optimizer.step()
         return loss
+
+    def losses(z: Tensor, t: Tensor, xi: Tensor, y: Tensor) -> Tensor:
+        with autocast(device, precision):
+            out = flow_loss(model, z, t, xi, y)
+        return out.float()  # float32 already: the same tensor
 
     return _run(model, step, optimizer=optimizer, steps=steps, ema_decay=ema_decay, generator=generator,
                 state_path=state_path, run_hash=run_hash, checkpoint_every_s=checkpoint_every_s, desc=desc,

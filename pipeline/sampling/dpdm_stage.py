@@ -26,6 +26,8 @@ from pipeline.device import resolve_device
 from pipeline.io import Split, load_split, save_split
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
 from pipeline.models.denoiser import VE_SIGMA
+from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
+from pipeline.models.precision import autocast, precision_of
 from pipeline.sampling.dpdm import SamplerConfig, generate, to_uint8
 from pipeline.stage import PipelineError, stage
 
@@ -66,6 +68,7 @@ def denoiser_image_shape(denoiser: nn.Module) -> tuple[int, int, int]:
         "threads": "torch CPU threads (default 1)",
         "per_class": "images per class in the optional figure (default: dpdm.sampling's)",
         "name": "label of this sample set (manifest and figure title)",
+        "precision": PRECISION_DOC,
     },
 )
 def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
@@ -89,19 +92,24 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
     name = str(params.get("name", Path(outputs["samples"]).stem))
     log.info("%s: %d samples of %s (%d classes) with %s, %d network evaluations each", name, n, shape,
              num_classes, config.to_json(), config.denoiser_evaluations())
+    precision = precision_of(params, "sample_dpdm")
     start = time.perf_counter()
     with tqdm(total=n, desc=f"sample_dpdm {name}", unit="img") as bar:
         try:
-            x, labels = generate(denoiser, n, shape=shape, config=config, num_classes=num_classes, seed=seed,
-                                 batch_size=int(params.get("batch_size", sampling["batch_size"])), device=device,
-                                 progress=bar.update)
+            # autocast turns only the network's matmuls and convolutions to bfloat16: the samplers' state arithmetic
+            # is elementwise and stays float32 (a bfloat16 output promotes against a float32 state)
+            with autocast(device, precision):
+                x, labels = generate(denoiser, n, shape=shape, config=config, num_classes=num_classes, seed=seed,
+                                     batch_size=int(params.get("batch_size", sampling["batch_size"])), device=device,
+                                     progress=bar.update)
         except ValueError as exc:
             raise PipelineError(f"stage sample_dpdm: {exc}") from None
     wall_s = time.perf_counter() - start
     split = Split(to_uint8(x), labels)
     save_split(outputs["samples"], split, name=name, source="sample_dpdm", seed=seed,
                extra={"sampler": config.to_json(), "nfe": config.denoiser_evaluations(), "wall_s": wall_s,
-                      "denoiser": str(inputs["denoiser"]), "denoiser_meta": meta})
+                      "denoiser": str(inputs["denoiser"]), "denoiser_meta": meta,
+                      **({} if precision == "fp32" else {"precision": precision})})
     log.info("%s: %d samples in %.1f s", name, n, wall_s)
     if "figure" in outputs:
         fig = sample_grid_figure({name: split}, per_class=int(params.get("per_class", sampling["per_class"])))

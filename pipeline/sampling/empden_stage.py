@@ -40,6 +40,8 @@ from pipeline.device import resolve_device
 from pipeline.images import to_uint8 as images_to_uint8
 from pipeline.images import to_unit_scale
 from pipeline.io import Split, atomic_path, load_split, read_manifest, save_split
+from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
+from pipeline.models.precision import in_precision, precision_of
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
@@ -72,6 +74,7 @@ PARAMS_DOC = {
     "config_id": "id of the configuration (ledger and manifest provenance)",
     "ledger_binding": "{run, experiment} the cell's ledger line is bound to (the replay checks them against the "
                       "registry)",
+    "precision": PRECISION_DOC + "; the public denoiser's only: the private block is float64 always",
 }
 
 
@@ -257,7 +260,8 @@ def empden_sample(inputs: Mapping[str, Path], outputs: Mapping[str, Path], param
         public_data = public_normaliser_data(params, inputs.get("public_data"), shape=shape)
     public = None
     if cell.method != "full_batch":
-        public = _public_denoiser(inputs.get("public"), shape=shape, device=device)
+        public = in_precision(_public_denoiser(inputs.get("public"), shape=shape, device=device), device,
+                              precision_of(params, "empden_sample"))
     sink = None
     shard_facts = {} if shard is None else {"shard": {**shard.as_dict(), "outputs": [start, stop]}}
     if cell.private:

@@ -63,6 +63,7 @@ from pipeline.config import schema_defaults
 from pipeline.io import atomic_path, read_json, write_json
 from pipeline.models.checkpoint import BACKBONES, read_denoiser_backbone, read_denoiser_meta, save_denoiser
 from pipeline.models.edm import edm_sigma_sampler
+from pipeline.models.precision import refuse_in_private_training
 from pipeline.models.precond import parameterisation as get_parameterisation
 from pipeline.privacy import dpsgd, ledger, rebuild
 from pipeline.stage import PipelineError, stage
@@ -423,6 +424,7 @@ def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: 
     Optional input ``prior``: the transcript of releases this run made earlier on the same private split
     (PrivImage's semantic query); sigma is then calibrated so their composition with this DP-SGD meets ``epsilon``.
     """
+    refuse_in_private_training(params, "train_dpdm")
     cfg = DPDMConfig.from_params(params)
     with distributed.data_parallel(str(params.get("device", "auto"))) as (world, device):
         _train_dpdm(cfg, inputs, outputs, params, world, device)

@@ -32,6 +32,8 @@ from pipeline.device import resolve_device
 from pipeline.io import write_json
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond, edm_draw_loss, edm_sigma_sampler
+from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
+from pipeline.models.precision import autocast, precision_of
 from pipeline.models.unet import build_unet
 from pipeline.stage import PipelineError, reject_unknown_params, stage
 from pipeline.training import loop
@@ -95,13 +97,20 @@ def fixed_draw_loss(model: nn.Module, images: Tensor, labels: Tensor | None, *, 
 
 
 def edm_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, sigma: Tensor, noise: Tensor,
-             cond: tuple[Tensor, ...], *, sigma_data: float, micro_batch: int | None = None) -> float:
+             cond: tuple[Tensor, ...], *, sigma_data: float, micro_batch: int | None = None,
+             precision: str = "fp32") -> float:
     """One optimiser step on the batch's mean EDM loss (Karras et al. 2022 eq. 2/8) of the drawn ``sigma`` and
     ``noise``, its forward and backward passes over micro-batches of at most ``micro_batch`` examples
-    (:mod:`pipeline.training.accumulate`: the batch's draws are made once, by the caller); returns the mean loss."""
+    (:mod:`pipeline.training.accumulate`: the batch's draws are made once, by the caller), the forward passes in
+    ``precision`` (:mod:`pipeline.models.precision`; the losses reduced in float32); returns the mean loss."""
+
+    def losses(s: slice) -> Tensor:
+        with autocast(x.device, precision):
+            out = edm_draw_loss(model, x[s], sigma[s], noise[s], *(c[s] for c in cond), sigma_data=sigma_data)
+        return out.float()  # float32 already: the same tensor
+
     optimizer.zero_grad(set_to_none=True)
-    loss = accumulate_backward(lambda s: edm_draw_loss(model, x[s], sigma[s], noise[s], *(c[s] for c in cond),
-                                                       sigma_data=sigma_data), len(x), micro_batch)
+    loss = accumulate_backward(losses, len(x), micro_batch)
     optimizer.step()
     return loss
 
@@ -113,6 +122,7 @@ PARAMS_DOC = {
     "config_id": "id of the configuration (recorded in the model's meta)",
     "device": "auto | cpu | cuda[:N]",
     "threads": "torch CPU threads (default 1)",
+    "precision": PRECISION_DOC,
     "batch_gpu": "optional: examples per forward/backward pass; the batch is reached by gradient accumulation "
                  "(the plan's, pipeline.resources.memory_plan, when the batch does not fit slurm.gpu_mem_gb)",
     "checkpoint_dir": "optional: folder of the resumable state (default results/<exp>/checkpoints/pretrain_public/<model name>)",
@@ -141,6 +151,7 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     sampler = edm_sigma_sampler(cfg["p_mean"], cfg["p_std"])
     batch = min(cfg["batch_size"], len(split))
 
+    precision = precision_of(params, STAGE)
     micro_batch = params.get("batch_gpu")
     if micro_batch is not None and not (isinstance(micro_batch, int) and micro_batch >= 1):
         raise PipelineError(f"{STAGE}: params.batch_gpu must be an integer >= 1, got {micro_batch!r}")
@@ -151,9 +162,12 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
         sigma = sampler(len(idx), gen).to(device)
         noise = torch.randn(x.shape, generator=gen).to(device)
         cond = () if labels is None else (drop_labels(labels[idx], cfg["label_dropout"], spec.num_classes, gen),)
-        return edm_step(model, optimizer, x, sigma, noise, cond, sigma_data=cfg["sigma_data"], micro_batch=micro_batch)
+        return edm_step(model, optimizer, x, sigma, noise, cond, sigma_data=cfg["sigma_data"], micro_batch=micro_batch,
+                        precision=precision)
 
-    run_params = {"pretrain": cfg, "seed": seed, "data_sha256": data_sha, "unet": spec.to_json()}
+    # recorded only when not float32, so a float32 run writes and resumes what it did before mixed precision existed
+    mixed = {} if precision == "fp32" else {"precision": precision}
+    run_params = {"pretrain": cfg, "seed": seed, "data_sha256": data_sha, "unet": spec.to_json(), **mixed}
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
         outputs["model"], STAGE)
@@ -171,7 +185,7 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
             "sigma_data": cfg["sigma_data"], "class_conditional": cfg["class_conditional"],
             "label_dropout": cfg["label_dropout"], "lr": cfg["lr"], "batch_size": batch,
             "ema_decay": cfg["ema_decay"], "weights": "ema", "ema_eval_loss": eval_loss, "private": False,
-            **accumulated}
+            **accumulated, **mixed}
     save_denoiser(outputs["model"], res.ema.cpu(), unet=spec, precond="edm",
                   precond_kwargs={"sigma_data": cfg["sigma_data"]}, meta=meta)
     log.info("%s: %d steps (resumed from %d) in %.1f s; train loss (last 10%%) %.4f, EMA fixed-draw loss %.4f",

@@ -107,3 +107,15 @@ def test_bad_params_are_one_line_errors(public_split, tmp_path, params, match):
     with pytest.raises((PipelineError, ConfigError), match=match):
         pretrain_public({"public": public_split}, {"model": tmp_path / "m.pt", "metrics": tmp_path / "m.json"},
                         {"device": "cpu", **params})
+
+
+def test_a_bf16_run_records_its_precision_and_learns_like_the_float32_one(trained, public_split, tmp_path):
+    out = {"model": tmp_path / "m.pt", "metrics": tmp_path / "m.json"}
+    pretrain_public({"public": public_split}, out, {"pretrain": {**TINY, "steps": 30}, "seed": 7, "config_id": "cfg",
+                                                    "device": "cpu", "precision": "bf16"})
+    meta, fp32 = read_denoiser_meta(out["model"]), read_denoiser_meta(trained["model"])
+    assert meta["precision"] == "bf16" and "precision" not in fp32  # a float32 run writes what it wrote before
+    assert meta["ema_eval_loss"] != fp32["ema_eval_loss"]
+    assert meta["ema_eval_loss"] == pytest.approx(fp32["ema_eval_loss"], rel=0.25)
+    model = load_denoiser(out["model"], device="cpu")
+    assert all(p.dtype == torch.float32 for p in model.parameters())

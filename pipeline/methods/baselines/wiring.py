@@ -162,7 +162,7 @@ class Wiring:
         set, the run's seed."""
         run, h = BaselineRun.from_name(wildcards.run), self.house
         return stage_params(pretrain=self._pretrain_recipe(self.section["privimage"]["pretrain_steps"]),
-                            seed=run.seed, device=h.device, threads=h.torch_threads,
+                            seed=run.seed, device=h.device, threads=h.torch_threads, **h.precision,
                             **cost.accumulation_params(cost.pretrain_memory(h.config, "privimage_pretrain")))
 
     def _pretrain_recipe(self, steps: int | None, **changes: Any) -> dict[str, Any]:
@@ -226,7 +226,7 @@ class Wiring:
         latent unet (and its steps when set), the configuration's seed."""
         h, own = self.house, self.section["dp_ldm"]
         return stage_params(pretrain=self._pretrain_recipe(own["pretrain_steps"], unet=own["unet"]), seed=h.seed,
-                            device=h.device, threads=h.torch_threads,
+                            device=h.device, threads=h.torch_threads, **h.precision,
                             **cost.accumulation_params(self.ldm_pretrain_memory))
 
     @property
@@ -365,7 +365,8 @@ class Wiring:
         run, h = BaselineRun.from_name(wildcards.run), self.house
         n = int(self.section["n_samples"])
         return params_json(sampler=self.section[run.method]["sampler"], n_samples=n, seed=run.seed,
-                           batch_size=n, device=h.device, threads=h.torch_threads, name=f"baselines/{run.name}")
+                           batch_size=n, device=h.device, threads=h.torch_threads, **h.precision,
+                           name=f"baselines/{run.name}")
 
     def evaluate_params(self, wildcards: Any) -> str:
         """Params of evaluate_baseline for ``wildcards.run`` (the evaluation core's, named baselines/<run>)."""

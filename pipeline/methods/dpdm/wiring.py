@@ -344,7 +344,7 @@ class Wiring:
         s, h = self.section["sampling"], self.house
         return params_json(sampler=self.sampler_settings(wildcards.sampler), n_samples=s["n_samples"],
                            seed=DpdmRun.from_name(wildcards.run).seed, batch_size=s["batch_size"],
-                           per_class=s["per_class"], device=h.device, threads=h.torch_threads,
+                           per_class=s["per_class"], device=h.device, threads=h.torch_threads, **h.precision,
                            name=f"dpdm/{wildcards.run}/{wildcards.sampler}")
 
     def evaluate_params(self, wildcards: Any) -> str:

@@ -218,7 +218,7 @@ class Wiring:
                             n_out=cost.empden_n_out(h.config), batch_size=self.section["batch_size"],
                             device=h.config["device"], threads=h.torch_threads,
                             ledger_binding=h.ledger_binding(cell.ledger_stem), **self.normaliser_params,
-                            **h.public_model(), **shard)
+                            **h.public_model(), **shard, **(h.precision if cell.method != "full_batch" else {}))
 
     def table8_params(self) -> str:
         """Tables 8/9 (rule empden_table8_grid): the accounting keys its eps columns read, nothing of the grid."""

@@ -346,9 +346,10 @@ class Wiring:
                                 int(self.arm_section(arm)["distill"]["batch_size"]), kind="flow_mmdit")
 
     def pretrain_params(self, arm: str = "") -> str:
-        """pretrain_straightdp's params: :meth:`params` of the arm, the configuration's seed, and ``batch_gpu`` when the
-        batch is split."""
-        return self.params(arm=arm, seed=self.house.seed, **cost.accumulation_params(self.pretrain_memory(arm)))
+        """pretrain_straightdp's params: :meth:`params` of the arm, the configuration's seed, the precision when not
+        fp32, and ``batch_gpu`` when the batch is split."""
+        return self.params(arm=arm, seed=self.house.seed, **self.house.precision,
+                           **cost.accumulation_params(self.pretrain_memory(arm)))
 
     def pretrain_gpu_mem_mb(self, arm: str = "") -> int:
         return self.pretrain_memory(arm).predicted_mb
