@@ -1,5 +1,5 @@
-"""EMPDEN's cost model (pipeline/methods/empden/costs.py): a cell's work is what the sampler runs, counted on the sampler
-itself, and a job on a named GPU asks for its own cell's FLOPs."""
+"""EMPDEN's cost model (pipeline/methods/empden/costs.py): a cell's work is what the sampler runs, counted on the
+sampler itself, and a job on a named GPU asks for its own cell's FLOPs."""
 
 from __future__ import annotations
 

@@ -126,8 +126,8 @@ print(json.dumps({"peak": rss() - before, "predicted": plan.predicted_bytes - co
 @pytest.mark.slow
 def test_the_cifar10_public_unets_micro_batches_for_its_batch_of_512_stay_under_the_plan(repo):
     full = os.environ.get("DPGEN_PEAK_FULL_BATCH") == "1"
-    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "8", "full" if full else "two"], cwd=repo, capture_output=True, text=True,
-                         timeout=1800)
+    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "8", "full" if full else "two"], cwd=repo,
+                         capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     print(out)

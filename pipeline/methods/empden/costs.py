@@ -10,8 +10,8 @@ A cell's output runs two kinds of work (EMPDEN Algorithm 1; Sec. 3.2 for full ba
 
 The FLOPs per (output x record x dimension) of a private step and per (output x public record x dimension) of the
 normaliser are counted by ``torch.utils.flop_counter`` on a tiny step of the real code (4 and 2: the kernel matmul and
-the weighted sum; the normaliser's kernel matmul; :data:`PRIVATE_FLOPS_PER_ENTRY`), the public UNet's forward by pipeline/footprint.py;
-nothing here is a rate. At paper scale the public evaluations are most of a subsampled cell's FLOPs (cifar10, p 65,
+the weighted sum; the normaliser's kernel matmul; :data:`PRIVATE_FLOPS_PER_ENTRY`), the public UNet's forward by
+pipeline/footprint.py; nothing here is a rate. At paper scale the public evaluations are most of a subsampled cell's FLOPs (cifar10, p 65,
 B 50: 99.9%), the private block all of a full-batch cell's.
 """
 
