@@ -416,10 +416,15 @@ def empden_n_out(config: Config) -> int:
     return config["empden"]["n_out"] or config["accounting"]["N_out"]
 
 
+def empden_job_outputs(config: Config) -> int:
+    """Outputs of one EMPDEN sampling job: the cell's n_out, or its shard's share (sampling.shards)."""
+    return math.ceil(empden_n_out(config) / config["sampling"]["shards"])
+
+
 def empden_sample_runtime_min(config: Config) -> int:
     """One EMPDEN sampling job: its outputs at the device rate ``empden_sample`` per 16x16 output (all its
     private steps), x4 headroom; sharded (sampling.shards), its shard's share of the cell's outputs."""
-    n_job = math.ceil(empden_n_out(config) / config["sampling"]["shards"])
+    n_job = empden_job_outputs(config)
     return max(15, int(n_job * (_side(config) / 16) ** 2 * _rate(config, "empden_sample") / 60 * 4) + 10)
 
 

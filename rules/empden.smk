@@ -9,7 +9,6 @@
 
 from pipeline.runs import NUMBER_PATTERN
 from pipeline.sampling.empden_grid import CELL_PATTERN
-from pipeline.methods.empden import costs as EMPDEN_COSTS
 from pipeline.methods.empden.wiring import Wiring as _EmpdenWiring
 
 #: EMPDEN's cells, paths and params (pipeline/methods/empden/wiring.py)
@@ -171,7 +170,7 @@ if EMPDEN.sharded:
         resources:
             gpu=1,
             mem_mb=6000,
-            runtime=cost.evaluation_runtime_min(config, EMPDEN_COSTS.job_outputs(config), features_only=True),
+            runtime=EMPDEN.features_runtime_min,
         conda:
             GPU_ENV
         shell:
@@ -206,7 +205,7 @@ rule empden_evaluate:
     resources:
         gpu=1,
         mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config, cost.empden_n_out(config)),
+        runtime=EMPDEN.evaluate_runtime_min,
     conda:
         GPU_ENV
     shell:

@@ -52,7 +52,7 @@ from pipeline.images import to_uint8
 from pipeline.io import Split, atomic_path, read_json, save_split, write_json
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_backbone, save_denoiser
 from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
-from pipeline.models.precision import precision_of, refuse_in_private_training
+from pipeline.models.precision import precision_of, recorded, refuse_in_private_training
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, moments, tha
 from pipeline.stage import PipelineError, stage
@@ -246,8 +246,7 @@ def pretrain_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path],
     images = to_model_scale(public.images).to(device)
     labels = torch.from_numpy(public.labels.astype(np.int64)).to(device)
     precision = precision_of(params, "pretrain_straightdp")
-    # recorded only when not float32, so a float32 run resumes and writes what it did before mixed precision existed
-    mixed = {} if precision == "fp32" else {"precision": precision}
+    mixed = recorded(precision)
     run_params = {"pretrain": pre, "spec": spec.to_json(), "public_sha256": sha, "seed": seed, **mixed}
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(
         outputs["model"], "pretrain_straightdp")

@@ -33,6 +33,12 @@ def precision_of(params: Mapping[str, Any], stage: str) -> str:
     return value
 
 
+def recorded(precision: str) -> dict[str, str]:
+    """What a run records of its precision in its resume hash and model meta: nothing for fp32 (a float32 run resumes
+    and writes what it did before mixed precision existed), ``{"precision": ...}`` otherwise."""
+    return {} if precision == "fp32" else {"precision": precision}
+
+
 def autocast(device: torch.device | str, precision: str) -> ContextManager[Any]:
     """The forward passes' context: bfloat16 autocast on ``device``'s type for ``bf16``, nothing for ``fp32``."""
     if precision == "fp32":

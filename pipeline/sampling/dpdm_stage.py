@@ -27,7 +27,7 @@ from pipeline.io import Split, load_split, save_split
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
 from pipeline.models.denoiser import VE_SIGMA
 from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
-from pipeline.models.precision import autocast, precision_of
+from pipeline.models.precision import autocast, precision_of, recorded
 from pipeline.sampling.dpdm import SamplerConfig, generate, to_uint8
 from pipeline.stage import PipelineError, stage
 
@@ -109,7 +109,7 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
     save_split(outputs["samples"], split, name=name, source="sample_dpdm", seed=seed,
                extra={"sampler": config.to_json(), "nfe": config.denoiser_evaluations(), "wall_s": wall_s,
                       "denoiser": str(inputs["denoiser"]), "denoiser_meta": meta,
-                      **({} if precision == "fp32" else {"precision": precision})})
+                      **recorded(precision)})
     log.info("%s: %d samples in %.1f s", name, n, wall_s)
     if "figure" in outputs:
         fig = sample_grid_figure({name: split}, per_class=int(params.get("per_class", sampling["per_class"])))

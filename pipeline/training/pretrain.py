@@ -33,7 +33,7 @@ from pipeline.io import write_json
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond, edm_draw_loss, edm_sigma_sampler
 from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
-from pipeline.models.precision import autocast, precision_of
+from pipeline.models.precision import autocast, precision_of, recorded
 from pipeline.models.unet import build_unet
 from pipeline.stage import PipelineError, reject_unknown_params, stage
 from pipeline.training import loop
@@ -165,8 +165,7 @@ def pretrain_public(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
         return edm_step(model, optimizer, x, sigma, noise, cond, sigma_data=cfg["sigma_data"], micro_batch=micro_batch,
                         precision=precision)
 
-    # recorded only when not float32, so a float32 run writes and resumes what it did before mixed precision existed
-    mixed = {} if precision == "fp32" else {"precision": precision}
+    mixed = recorded(precision)
     run_params = {"pretrain": cfg, "seed": seed, "data_sha256": data_sha, "unet": spec.to_json(), **mixed}
     run_hash = loop.params_hash(run_params, ignore=RESUME_INSENSITIVE)
     ck_dir = Path(params["checkpoint_dir"]) if params.get("checkpoint_dir") else loop.checkpoint_dir_for(

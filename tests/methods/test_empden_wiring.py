@@ -86,6 +86,7 @@ def test_a_cells_params_hold_the_mechanism_not_the_accounting_grids(tmp_path):
                               ("public_only", {"seed": "0"})):
         runtime = em.sample_runtime_min(None if method == "hybrid" else method)
         assert runtime(dict(wildcards, method=method) if method == "hybrid" else wildcards) >= 15
+    assert em.features_runtime_min >= 10 and em.evaluate_runtime_min >= 10  # the evaluation core's, at the cell's n
 
 
 def test_the_tables_and_figures_params(tmp_path):

@@ -17,7 +17,6 @@ B 50: 99.9%), the private block all of a full-batch cell's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -115,11 +114,6 @@ def cell_flops(config: Config, cell: Cell) -> tuple[float, float]:
     return float(private), float(public)
 
 
-def job_outputs(config: Config) -> int:
-    """Outputs of one sampling job: the cell's n_out, or its shard's share (sampling.shards)."""
-    return math.ceil(cost.empden_n_out(config) / config["sampling"]["shards"])
-
-
 def sample_runtime_min(config: Config, cell: Cell, *, counts_public_network: bool = True) -> int:
     """Minutes one sampling job of ``cell`` asks for.
 
@@ -133,6 +127,6 @@ def sample_runtime_min(config: Config, cell: Cell, *, counts_public_network: boo
     if not entry.counts_flops or (not counts_public_network and cell.method != "full_batch"):
         return cost.empden_sample_runtime_min(config)
     private, public = cell_flops(config, cell)
-    n_job = job_outputs(config)
+    n_job = cost.empden_job_outputs(config)
     seconds = entry.flop_seconds(n_job * private, "fp64") + entry.flop_seconds(n_job * public, "tf32")
     return max(15, int(entry.headroom * seconds / 60) + 10)

@@ -205,6 +205,17 @@ class Wiring:
 
         return minutes
 
+    @property
+    def features_runtime_min(self) -> int:
+        """A sharded cell's feature job: the extractor over its shard's samples (pipeline.resources)."""
+        return cost.evaluation_runtime_min(self.house.config, cost.empden_job_outputs(self.house.config),
+                                           features_only=True)
+
+    @property
+    def evaluate_runtime_min(self) -> int:
+        """Scoring one cell's n_out samples (pipeline.resources.evaluation_runtime_min)."""
+        return cost.evaluation_runtime_min(self.house.config, cost.empden_n_out(self.house.config))
+
     # ---------------------------------------------------------------- params
 
     def sample_params(self, method: str, wildcards: Mapping[str, str]) -> str:
