@@ -1,8 +1,13 @@
-"""What a job costs: SLURM runtime (minutes), memory (MB) and threads of every rule, from the config.
+"""What a job costs: the shared arithmetic of runtimes (minutes), memory (MB) and threads, and the house's requests.
 
-The one home of the workflow's cost models: the rules in ``rules/*.smk`` read their
-``resources:`` and ``threads:`` from here, so a cost is read, tested and changed in one place.
-Every function is a pure function of the validated config (defaults filled). The models are
+Each method's cost model lives with the method: ``pipeline/methods/<method>/costs.py`` holds its functions and its
+table of rule -> :class:`Request`. Here is what several methods or the house's own stages share: the image size, the
+device rates and counted FLOPs (:func:`rate`, :func:`flop_minutes`), torch threads, the data stage, the evaluation
+core, the shared public pretraining, the GPU-memory plans (the shared DP-SGD engine's :func:`dpsgd_memory`
+included), the cluster's time limit (segments and retries), and the house's own rules' requests
+(:data:`HOUSE_REQUESTS`). A rule reads its whole ``resources:`` from its method's wiring, the house's rules from
+``HOUSE``: ``resources: **DPDM.resources("sample_dpdm")`` (:func:`resources`), so no rule file holds a number. This
+module imports no method. Every function is a pure function of the validated config (defaults filled). The models are
 rough and deliberately generous (x4 headroom where a job runs on a shared CPU): a job that
 hits its SLURM time limit is killed and loses its work, one that asks for too much only queues
 a little longer. Pure Python (no Snakemake; no torch at import: a GPU-memory plan of a network that the footprint
@@ -40,7 +45,7 @@ _side = image_side
 _channels = image_channels
 
 
-def _rate(config: Config, workload: str) -> float:
+def rate(config: Config, workload: str) -> float:
     """Seconds per unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on the device entry ``slurm.device_rates``
     names in ``pipeline/device_rates.yaml`` (default ``estimate``)."""
     return rates.device_rates(config).rate(workload)
@@ -52,8 +57,8 @@ def _rate(config: Config, workload: str) -> float:
 DPSGD_FLOP_FACTOR = 1.5
 
 
-def _flop_minutes(config: Config, units: float, kind: str, network: Callable[[], Mapping[str, Any]], *,
-                  forward_only: bool = False, dtype: str) -> float | None:
+def flop_minutes(config: Config, units: float, kind: str, network: Callable[[], Mapping[str, Any]], *,
+                 forward_only: bool = False, dtype: str) -> float | None:
     """Minutes to ask for ``units`` training steps (or forward passes) of one example of ``network()`` (a footprint
     spec, pipeline/footprint.py, formed only when needed) on the entry ``slurm.device_rates`` names, when it grounds
     runtimes in FLOPs (:attr:`pipeline.rates.DeviceRates.counts_flops`): the counted FLOPs / (its ``dtype`` peak x
@@ -75,17 +80,6 @@ def _counted(kind: str, network: Mapping[str, Any]) -> Any:
 def counted_forward_flops(kind: str, network: Mapping[str, Any]) -> float:
     """FLOPs of one example's forward pass through ``network`` (a footprint spec), counted (pipeline/footprint.py)."""
     return float(_counted(kind, network).forward_flops_per_example)
-
-
-def straightdp_network(config: Config) -> dict[str, Any]:
-    """The footprint spec of STRAIGHTDP's main MM-DiT in pixel space (the straightdp section's flow on the images, the
-    declared classes). The rules pass their wiring's ``flow_network`` instead (pipeline/methods/straightdp), which
-    also knows the latent variant's codes; the two agree in pixel space (tested)."""
-    from pipeline.config import declared_private
-
-    side = _side(config)
-    return {"flow": dict(config["straightdp"]["flow"]), "shape": [_channels(config), side, side],
-            "num_classes": int(declared_private(config)["n_classes"])}
 
 
 #: a footprint spec formed only when a runtime is counted (pipeline/footprint.py)
@@ -120,14 +114,21 @@ def evalnet_network(config: Config) -> dict[str, Any]:
 
 
 def evalnet_runtime_min(config: Config) -> int:
-    """Training the evaluation net: epochs x n_eval_train images. On an entry with peaks (:func:`_flop_minutes`) the
+    """Training the evaluation net: epochs x n_eval_train images. On an entry with peaks (:func:`flop_minutes`) the
     CNN's counted training FLOPs in TF32; else ~2 ms per 16x16 image-epoch on one CPU core, x4 headroom."""
     ev = config["evaluation"]["evalnet"]
     n = config["data"]["private"]["n_eval_train"]
-    counted = _flop_minutes(config, ev["epochs"] * n, "evalnet", lambda: evalnet_network(config), dtype="tf32")
+    counted = flop_minutes(config, ev["epochs"] * n, "evalnet", lambda: evalnet_network(config), dtype="tf32")
     if counted is not None:
         return max(10, int(counted) + 5)
     return max(10, int(4 * ev["epochs"] * n * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
+
+
+def clip_runtime_min(config: Config) -> int:
+    """The small CLIP: steps x groups x classes images through a 2-layer ViT (~0.25 s per step of 16 x 10 16x16
+    images on one CPU core), x4 headroom."""
+    c = config["evaluation"]["clip"]
+    return max(5, int(4 * c["steps"] * c["groups"] * 10 * (_side(config) / 16) ** 2 * 1.6e-3 / 60) + 5)
 
 
 # The evaluation's host (CPU) work, measured on one core of the 2-core development machine (2026-12-07; a cluster
@@ -210,19 +211,19 @@ def evaluation_runtime_min(config: Config, n_samples: int | None = None, *, feat
 def pretrain_runtime_min(config: Config) -> int:
     """The public EDM denoiser (rule pretrain_public).
 
-    On an entry with peaks (:func:`_flop_minutes`): the UNet's counted training FLOPs per image, in TF32. Else: at
+    On an entry with peaks (:func:`flop_minutes`): the UNet's counted training FLOPs per image, in TF32. Else: at
     <= 16x16 it runs on one CPU core at ~0.3 s per step of 64 images (x4 headroom for a shared machine); paper
     presets run on one GPU at the device rate ``pretrain_public`` per 32x32 image (the estimate: EDM's DDPM++ at
     ~4e-4 GPU-s, Karras et al. 2022 App. F), x1.5 headroom.
     """
     images = config["pretrain"]["steps"] * config["pretrain"]["batch_size"]
-    counted = _flop_minutes(config, images, "edm_unet", lambda: pretrain_network(config), dtype="tf32")
+    counted = flop_minutes(config, images, "edm_unet", lambda: pretrain_network(config), dtype="tf32")
     if counted is not None:
         return 10 + int(counted)
     side = _side(config)
     if side <= 16:
         return 10 + int(4 * images / 64 * 0.3 / 60)
-    return 10 + int(1.5 * images * (side / 32) ** 2 * _rate(config, "pretrain_public") / 60)
+    return 10 + int(1.5 * images * (side / 32) ** 2 * rate(config, "pretrain_public") / 60)
 
 
 def pretrain_mem_mb(config: Config) -> int:
@@ -352,28 +353,13 @@ def dpsgd_memory(network: Mapping[str, Any], micro_batch: int, K: int, *, kind: 
                       per_example)
 
 
-def dpdm_network(config: Config) -> dict[str, Any]:
-    """The footprint spec of DPDM's denoiser (dpdm.unet on the private images; the declared classes when
-    class-conditional). Its preconditioning (EDM or v-prediction) wraps the same UNet: counted as EDM's."""
-    from pipeline.config import declared_private
-
-    d = config["dpdm"]
-    classes = declared_private(config)["n_classes"] if d["class_conditional"] else 0
-    return {"unet": {**d["unet"], "image_size": _side(config), "channels": _channels(config), "num_classes": classes}}
-
-
-def dpdm_train_gpu_mem_mb(config: Config, K: int) -> int:
-    """One DPDM run's predicted GPU memory per process (rule train_dpdm; its K from the run name)."""
-    return dpsgd_memory(dpdm_network(config), int(config["dpdm"]["micro_batch"]), K).predicted_mb
-
-
 def pretrain_memory(config: Config, rule: str = "pretrain_public", unet: Mapping[str, Any] | None = None,
                     shape: tuple[int, int] | None = None) -> MemoryPlan:
     """The public denoiser's memory plan (rules pretrain_public, privimage_pretrain, dp_ldm_pretrain)."""
     return memory_plan(config, rule, pretrain_network(config, unet, shape), int(config["pretrain"]["batch_size"]))
 
 
-def _folder_mb(path: str | None) -> float:
+def folder_mb(path: str | None) -> float:
     """MB of every file under the folder ``path`` (0 when it is not one: the input check names that)."""
     folder = Path(os.path.expanduser(str(path or "")))
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20 if folder.is_dir() else 0
@@ -382,244 +368,7 @@ def _folder_mb(path: str | None) -> float:
 def import_public_mem_mb(config: Config) -> int:
     """Loading the user's public UNet2DModel (rule import_public): the weights in memory about three times over
     (diffusers' load, the state dict copied out, torch.save's buffer) and 2 GB for torch and diffusers."""
-    return 2000 + int(3 * _folder_mb(config["pretrain"].get("path")))
-
-
-def import_straightdp_mem_mb(config: Config) -> int:
-    """Loading the user's SD3Transformer2DModel (rule import_straightdp): diffusers' fp32 load, the backbone it is
-    copied into and torch.save's buffer, each up to twice a half-precision folder's size, and 2 GB for the libraries."""
-    return 2000 + int(6 * _folder_mb(config["straightdp"]["pretrain"].get("path")))
-
-
-# ----------------------------------------------------------------------------- EMPDEN accounting
-
-
-def _fine_pld(config: Config) -> bool:
-    """PLD cost grows ~10x per decade of the discretisation h (EMPDEN's h = 1e-5 takes ~1 min and GBs per strong block)."""
-    return config["accounting"]["discretisation"] < 1e-4
-
-
-def accounting_runtime_min(config: Config, n_blocks: int) -> int:
-    """Accounting ``n_blocks`` EMPDEN blocks with the PLD accountant (also the replay's, which recomputes them)."""
-    return 30 + n_blocks * (10 if _fine_pld(config) else 1)
-
-
-def accounting_mem_mb(config: Config) -> int:
-    return 16000 if _fine_pld(config) else 4000
-
-
-# ----------------------------------------------------------------------------- EMPDEN sampling
-
-
-def empden_n_out(config: Config) -> int:
-    """Samples per EMPDEN cell: empden.n_out, else the N_out of the accounting section."""
-    return config["empden"]["n_out"] or config["accounting"]["N_out"]
-
-
-def empden_job_outputs(config: Config) -> int:
-    """Outputs of one EMPDEN sampling job: the cell's n_out, or its shard's share (sampling.shards)."""
-    return math.ceil(empden_n_out(config) / config["sampling"]["shards"])
-
-
-def empden_sample_runtime_min(config: Config) -> int:
-    """One EMPDEN sampling job: its outputs at the device rate ``empden_sample`` per 16x16 output (all its
-    private steps), x4 headroom; sharded (sampling.shards), its shard's share of the cell's outputs."""
-    n_job = empden_job_outputs(config)
-    return max(15, int(n_job * (_side(config) / 16) ** 2 * _rate(config, "empden_sample") / 60 * 4) + 10)
-
-
-def empden_sample_mem_mb(config: Config) -> int:
-    """One EMPDEN cell: the private set in float64 plus [batch, n] work matrices."""
-    n = config["accounting"]["n"] or config["data"]["private"]["n_private_train"] or 50000
-    side, ch = _side(config), _channels(config)
-    return max(4000, int(3 * n * ch * side * side * 8 / 2**20 + 8 * config["empden"]["batch_size"] * n * 8 / 2**20))
-
-
-def empden_gather_mem_mb(config: Config) -> int:
-    """Joining a sharded EMPDEN cell (sampling.shards): its uint8 samples about twice, and the interpreter."""
-    return 1000 + int(2 * empden_n_out(config) * _channels(config) * _side(config) ** 2 / 2**20)
-
-
-def empden_diagnostics_runtime_min(config: Config) -> int:
-    """One proxy-diagnostics rule, from the trajectory count and image size.
-
-    ~1 ms per 16x16 image and denoiser call on one CPU core (x4 headroom); the window swap runs
-    ~(1 + 2 * windows) N calls per trajectory, the proxy grid N per seed and trajectory.
-    """
-    d = config["empden_diagnostics"]
-    calls = d["n_trajectories"] * max(d["proxy_seeds"] * d["proxy_N"], (1 + 2 * len(d["windows"])) * d["swap_N"])
-    return max(10, int(4 * calls * (_side(config) / 16) ** 2 * 1e-3 / 60) + 10)
-
-
-def empden_diagnostics_mem_mb(config: Config) -> int:
-    """A diagnostics job holds about 3 float64 copies of the private set (the split as float, the
-    records and their unit vectors, pipeline.privacy.empirical_denoiser)."""
-    n = config["data"]["private"]["n_private_train"] or config["accounting"]["n"] or 50000
-    d = _channels(config) * _side(config) ** 2
-    return 3000 + int(3 * n * d * 8 / 2**20)
-
-
-# ----------------------------------------------------------------------------- DPDM
-
-
-def dpdm_train_runtime_min(config: Config, K: int | None = None) -> int:
-    """One DP-SGD run: T steps x B x K example-draws (``K`` the run's, default dpdm.K).
-
-    On an entry with peaks (:func:`_flop_minutes`): the counted training FLOPs of DPDM's UNet per example-draw x
-    :data:`DPSGD_FLOP_FACTOR`, in TF32. Else the device rate ``dpdm_dpsgd`` per 16x16 example-draw with its
-    per-example gradient (the estimate: 2e-5 s on one GPU; ~1e-2 s on one CPU core), x4 headroom.
-    """
-    d = config["dpdm"]
-    n = config["data"]["private"]["n_private_train"] or 60000
-    steps = -(-int(d["epochs"] * n) // d["batch_size"])
-    work = steps * d["batch_size"] * (d["K"] if K is None else K)
-    counted = _flop_minutes(config, work * DPSGD_FLOP_FACTOR, "edm_unet", lambda: dpdm_network(config), dtype="tf32")
-    if counted is not None:
-        return max(30, int(counted) + 10)
-    return max(30, int(4 * work * (_side(config) / 16) ** 2 * _rate(config, "dpdm_dpsgd") / 60) + 10)
-
-
-def dpdm_train_mem_mb(config: Config) -> int:
-    """Host memory of one run: data, model and one micro-batch x K draws of activations (~0.5 MB each at 16x16)."""
-    d = config["dpdm"]
-    return 4000 + int(d["micro_batch"] * d["K"] * (_side(config) / 16) ** 2 * 0.5)
-
-
-def dpdm_sample_runtime_min(config: Config) -> int:
-    """One sample set: n_samples x network evaluations of the costliest sampler (on an entry with peaks the UNet's
-    counted forward FLOPs in TF32; else ~1 ms per 16x16 image-NFE on CPU)."""
-    s = config["dpdm"]["sampling"]
-    steps = max(2 * c.get("steps", 50) * (2 if c.get("guidance", 0) else 1) for c in s["samplers"].values())
-    counted = _flop_minutes(config, s["n_samples"] * steps, "edm_unet", lambda: dpdm_network(config),
-                            forward_only=True, dtype="tf32")
-    if counted is not None:
-        return max(10, int(counted) + 10)
-    return max(10, int(4 * s["n_samples"] * steps * (_side(config) / 16) ** 2 * 1e-3 / 60) + 10)
-
-
-def dpsgd_classifier_runtime_min(config: Config) -> int:
-    """One task-specific DP-SGD classifier run (rule train_dpsgd_classifier): epochs x N examples' clipped
-    gradients of the downstream CNN, ~0.3 ms each at 16x16 on one CPU core (measured 8 CPU-s for 12,500 with
-    ghost clipping), x4 headroom."""
-    c = config["dpdm"].get("dpsgd_classifier") or {}
-    n = config["data"]["private"]["n_private_train"] or 60000
-    examples = float(c.get("epochs", 0)) * n
-    return max(10, int(4 * examples * (_side(config) / 16) ** 2 * 3e-4 / 60) + 5)
-
-
-def dpdm_gradient_variance_runtime_min(config: Config) -> int:
-    """DPDM Fig. 3 (rule dpdm_gradient_variance): n_images x repeats x sum(K) per-example denoiser gradients,
-    ~9 ms each at 16x16 on one CPU core (measured 20 CPU-s for 2,232), x4 headroom."""
-    g = config["dpdm"].get("gradient_variance") or {}
-    draws = g.get("n_images", 0) * g.get("repeats", 0) * sum(g.get("K", []))
-    return max(5, int(4 * draws * (_side(config) / 16) ** 2 * 9e-3 / 60) + 5)
-
-
-# ----------------------------------------------------------------------------- SENSGEO
-
-
-def sensgeo_sdp_runtime_min(config: Config) -> int:
-    """The covariance SDPs of sensgeo.sdp: one minute per 100 of sum(m^2) over the dimensions m, at least 10."""
-    return max(10, sum(m * m for m in config["sensgeo"]["sdp"]["m"]) // 100)
-
-
-# ----------------------------------------------------------------------------- STRAIGHTDP
-# Scaled by image area and work from 2-CPU-core measurements at the embedded size (16x16, the
-# schema's small MM-DiT); x4 headroom, as above.
-
-def straightdp_pretrain_runtime_min(config: Config, network: Network | None = None) -> int:
-    """Public flow pretraining: steps x batch image-passes (on an entry with peaks the MM-DiT's counted FLOPs in FP32;
-    else ~2e-3 s per 16x16 image forward+backward on CPU)."""
-    p = config["straightdp"]["pretrain"]
-    counted = _flop_minutes(config, p["steps"] * p["batch_size"], "flow_mmdit",
-                            network or (lambda: straightdp_network(config)), dtype="fp32")
-    if counted is not None:
-        return max(10, int(counted) + 5)
-    return max(10, int(4 * p["steps"] * p["batch_size"] * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
-
-
-def straightdp_train_runtime_min(config: Config, network: Network | None = None) -> int:
-    """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients: on an entry with peaks
-    the MM-DiT's counted training FLOPs (the DP-SGD draws x :data:`DPSGD_FLOP_FACTOR`) in FP32; else at the device
-    rate ``straightdp_dpsgd`` per 16x16 example-draw (the estimate: ~1e-2 s on one CPU core)."""
-    s = config["straightdp"]
-    dpsgd_draws = s["dpsgd"]["steps"] * s["dpsgd"]["batch_size"] * s["dpsgd"]["noise_multiplicity"]
-    distilled = s["distill"]["steps"] * s["distill"]["batch_size"]
-    counted = _flop_minutes(config, DPSGD_FLOP_FACTOR * dpsgd_draws + distilled, "flow_mmdit",
-                            network or (lambda: straightdp_network(config)), dtype="fp32")
-    if counted is not None:
-        return max(10, int(counted) + 10)
-    work = dpsgd_draws + distilled // 5
-    return max(10, int(4 * work * (_side(config) / 16) ** 2 * _rate(config, "straightdp_dpsgd") / 60) + 10)
-
-
-def straightdp_sample_runtime_min(config: Config, network: Network | None = None) -> int:
-    """One sample set: n_samples x Euler steps x 2 (guidance) network evaluations (on an entry with peaks the MM-DiT's
-    counted forward FLOPs in FP32; else ~1 ms per 16x16 image-NFE)."""
-    s = config["straightdp"]["sampling"]
-    counted = _flop_minutes(config, s["n_samples"] * s["steps"] * 2, "flow_mmdit",
-                            network or (lambda: straightdp_network(config)), forward_only=True, dtype="fp32")
-    if counted is not None:
-        return max(5, int(counted) + 5)
-    return max(5, int(4 * s["n_samples"] * s["steps"] * 2 * (_side(config) / 16) ** 2 * 1e-3 / 60) + 5)
-
-
-# ----------------------------------------------------------------------------- audits
-
-def audit_runtime_min(config: Config, n_lines: int, n_empden_lines: int = 0) -> int:
-    """The one-run audit of ``n_lines`` ledger lines, ``n_empden_lines`` of them EMPDEN sampler blocks, x4 headroom.
-    Any other line is costed as a DP-SGD line, T engine steps over the expected batch and the sampled canaries on a
-    16-wide model (~5e-3 s per 64 records on one CPU core; 0.4 s for DPDM's embedded 79 steps), at the largest T
-    and batch of DPDM and STRAIGHTDP (a release line costs far less); an EMPDEN line, the full grid's steps for
-    N_out outputs over n + m records of m + 16 coordinates (~4 GFLOP/s on one CPU core: 12 s for an embedded
-    hybrid block, 20 s full batch)."""
-    d, s = config["dpdm"], config["straightdp"]["dpsgd"]
-    n = config["data"]["private"]["n_private_train"] or 60000
-    steps = max(-(-int(d["epochs"] * n) // d["batch_size"]), s["steps"])
-    m = config["audit"]["canaries"]
-    batch = max(d["batch_size"], s["batch_size"]) + m * max(d["batch_size"], 64) / n
-    dpsgd_s = steps * max(batch, 64) / 64 * 5e-3
-    n_out = config["empden"]["n_out"] or config["accounting"]["N_out"]
-    empden_s = 2 * n_out * (n + m) * (m + 16) * config["accounting"]["N"] * 2.5e-10
-    return max(5, int(4 * ((n_lines - n_empden_lines) * dpsgd_s + n_empden_lines * empden_s) / 60) + 5)
-
-
-def dpdm_twin_runtime_min(config: Config) -> int:
-    """DPDM's non-private twin: T steps of one backward pass over B x K example-draws (no per-example
-    gradients: ~5e-4 s per 16x16 draw on two CPU cores, ~1e-5 s on one GPU; x4 headroom on the GPU rate)."""
-    d, m = config["dpdm"], config["audit"]["mia"]
-    p = config["data"]["private"]
-    n = (p["n_reference"] or 500) if m["twin_train_on"] == "members" else (p["n_private_train"] or 60000)
-    batch = min(d["batch_size"], n)
-    steps = -(-int(m["twin_epochs"] * n) // batch)
-    return max(10, int(4 * steps * batch * m["twin_K"] * (_side(config) / 16) ** 2 * 1e-5 / 60) + 10)
-
-
-def mia_runtime_min(config: Config) -> int:
-    """Membership attacks on one model: (loss draws x sigmas + SecMI's inversion) forward passes over
-    2 x n_reference records (~1e-4 s per 16x16 record-pass on two CPU cores), x4 headroom."""
-    m = config["audit"]["mia"]
-    n = 2 * (config["data"]["private"]["n_reference"] or 500)
-    passes = m["loss_draws"] * len(m["loss_sigmas"]) + m["secmi_inversion_steps"] + 8
-    return max(5, int(4 * passes * n * (_side(config) / 16) ** 2 * 1e-4 / 60) + 5)
-
-
-def clip_runtime_min(config: Config) -> int:
-    """The small CLIP: steps x groups x classes images through a 2-layer ViT (~0.25 s per step of 16 x 10 16x16
-    images on one CPU core), x4 headroom."""
-    c = config["evaluation"]["clip"]
-    return max(5, int(4 * c["steps"] * c["groups"] * 10 * (_side(config) / 16) ** 2 * 1.6e-3 / 60) + 5)
-
-
-def baseline_runtime_min(config: Config) -> int:
-    """One baseline run: DP-MERF's generator (steps x batch through an MLP and the RFF map; its successors' through
-    their maps, up to ~6x slower per step: DP-MEPF's CLIP tower) or Private Evolution's T + 1 passes of the public
-    denoiser over n_per_class x 10 images (measured on one CPU thread at 16 x 16: ~1-3 min each), x4 headroom at
-    larger images."""
-    b = config["baselines"]
-    successors = 6.0 if set(b["methods"]) - {"dp_merf", "pe"} else 1.0
-    work = max(successors * b["dp_merf"]["steps"] / 2000, (b["pe"]["iterations"] + 1) * b["pe"]["n_per_class"] / 250)
-    return max(10, int(12 * work * (_side(config) / 16) ** 2) + 5)
+    return 2000 + int(3 * folder_mb(config["pretrain"].get("path")))
 
 
 # ----------------------------------------------------------------------------- the cluster's time limit
@@ -660,3 +409,90 @@ def segment_retries(config: Config, minutes: int) -> int | None:
     if max_job_minutes(config) is None:
         return None
     return segments(config, minutes) - 1 + TRANSIENT_RETRIES
+
+
+# ----------------------------------------------------------------------------- each rule's request
+
+#: a resource's value: a number, or a function of a job's wildcards where the jobs of one rule differ (Snakemake
+#: calls it per job; a function also defers a count, e.g. a GPU-memory plan, to the DAGs that run the rule)
+Value = int | Callable[..., int]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What each job of one rule asks the cluster for: the rule's ``resources:``.
+
+    ``mem_mb`` host memory (MB) and ``runtime`` (minutes); ``gpu`` GPUs (None: a CPU job); ``gpu_mem_mb`` the predicted
+    GPU memory per process, which the plan checks against ``slurm.gpu_mem_gb`` (pipeline/plan.py); ``tasks`` SLURM
+    tasks (a data-parallel job's processes share one).
+    """
+
+    mem_mb: Value
+    runtime: Value
+    gpu: Value | None = None
+    gpu_mem_mb: Value | None = None
+    tasks: int | None = None
+
+    def resources(self) -> dict[str, Any]:
+        """The rule's ``resources:`` (``resources: **X.resources("rule")`` in its rule file): the keys asked for, in
+        the order gpu, gpu_mem_mb, tasks, mem_mb, runtime."""
+        keys = {"gpu": self.gpu, "gpu_mem_mb": self.gpu_mem_mb, "tasks": self.tasks, "mem_mb": self.mem_mb,
+                "runtime": self.runtime}
+        return {k: v for k, v in keys.items() if v is not None}
+
+
+#: a table or figure read from a few small files (the accountants' blocks, a ledger, the index): 1 GB, 5 minutes
+LIGHT_JOB = Request(mem_mb=1000, runtime=5)
+#: a table or figure joining many runs' metrics and ledgers: 2 GB, 10 minutes
+TABLE_JOB = Request(mem_mb=2000, runtime=10)
+#: a figure or grid of samples drawn from a few sample sets: 2 GB, 5 minutes
+FIGURE_JOB = Request(mem_mb=2000, runtime=5)
+#: host memory of one job of the evaluation core: the sample set, the test and val splits, the feature network
+EVALUATION_MEM_MB = 6000
+
+
+def evaluation_request(config: Config, n_samples: int | None = None, *, features_only: bool = False) -> Request:
+    """One job of the evaluation core on one GPU scoring ``n_samples`` samples (:func:`evaluation_runtime_min`; a
+    sharded cell's feature job with ``features_only``)."""
+    return Request(gpu=1, mem_mb=EVALUATION_MEM_MB,
+                   runtime=evaluation_runtime_min(config, n_samples, features_only=features_only))
+
+
+#: a rule's entry in its owner's table: its request, or a function of the configuration and the owner's wiring (the
+#: object the rule file asks, which knows its runs and paths) that forms it when the rule file is read
+Requested = Request | Callable[[Config, Any], Request]
+
+#: the house's own rules (rules/data.smk, evaluate.smk, pretrain.smk, report.smk, review.smk, bundles.smk): each
+#: method's are in pipeline/methods/<method>/costs.py
+HOUSE_REQUESTS: dict[str, Requested] = {
+    "prepare_data": lambda c, _: Request(mem_mb=prepare_data_mem_mb(c), runtime=prepare_data_runtime_min(c)),
+    "train_evalnet": lambda c, _: Request(gpu=1, mem_mb=4000, runtime=evalnet_runtime_min(c)),
+    "train_clip": lambda c, _: Request(gpu=1, mem_mb=3000, runtime=clip_runtime_min(c)),
+    "import_clip": Request(mem_mb=8000, runtime=10),
+    "evaluate_reference_real": lambda c, _: evaluation_request(c, c["data"]["private"]["n_reference"]),
+    "import_public": lambda c, _: Request(mem_mb=import_public_mem_mb(c), runtime=10),
+    # the GPU-memory plan a function: a job's micro-batch and GPU memory are counted only for a DAG that runs it
+    "pretrain_public": lambda c, _: Request(
+        gpu=1, gpu_mem_mb=lambda wildcards: pretrain_memory(c).predicted_mb, mem_mb=pretrain_mem_mb(c),
+        runtime=segment_runtime_min(c, pretrain_runtime_min(c))),
+    "reference_real": LIGHT_JOB,
+    "data_samples": FIGURE_JOB,
+    "index_html": LIGHT_JOB,
+    "all_runs_table": Request(mem_mb=4000, runtime=30),
+    "privacy_utility_figure": FIGURE_JOB,
+    "runtime_table": LIGHT_JOB,
+    "runtime_figure": FIGURE_JOB,
+    "report_tables": TABLE_JOB,
+    "export_bundle": Request(mem_mb=4000, runtime=15),
+}
+
+
+def resources(requests: Mapping[str, Requested], rule: str, config: Config, wiring: Any = None) -> dict[str, Any]:
+    """``rule``'s ``resources:`` from its owner's table of requests (:data:`HOUSE_REQUESTS`, a method's
+    ``costs.REQUESTS``), formed with ``config`` and the asking ``wiring``; a rule the table lacks is a KeyError naming
+    it and the rules it has."""
+    try:
+        request = requests[rule]
+    except KeyError:
+        raise KeyError(f"no request for rule {rule!r} (the table has {', '.join(sorted(requests))})") from None
+    return (request if isinstance(request, Request) else request(config, wiring)).resources()

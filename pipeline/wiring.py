@@ -137,6 +137,14 @@ class House:
 
         return cls(config, Layout(Path(config["results_dir"]), config["experiment"]), torch_threads(config))
 
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (one of the house's own rules: data, evaluation, public pretraining, report,
+        review, bundles) asks the cluster for, its whole ``resources:``: its request in
+        :data:`pipeline.resources.HOUSE_REQUESTS`."""
+        from pipeline import resources as cost
+
+        return cost.resources(cost.HOUSE_REQUESTS, rule, self.config)
+
     @property
     def seed(self) -> int:
         return int(self.config["seed"])

@@ -4,6 +4,7 @@
 #
 # `empden_blocks` accounts every private block once (the expensive part) and writes its
 # claims to the ledger; the table rules only select columns from its JSON.
+# Each rule's resources: its request in pipeline/methods/accounting/costs.py (REQUESTS).
 
 from pipeline.methods.accounting.wiring import Wiring as _AccountingWiring
 
@@ -31,9 +32,7 @@ rule empden_blocks:
     log:
         LOGS / "empden_blocks.log",
     threads: 1
-    resources:
-        mem_mb=ACCOUNTING.mem_mb,
-        runtime=ACCOUNTING.runtime_min,
+    resources: **ACCOUNTING.resources("empden_blocks")
     conda:
         CPU_ENV
     shell:
@@ -52,9 +51,7 @@ rule empden_table7_accountants:
     log:
         LOGS / "empden_table7_accountants.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **ACCOUNTING.resources("empden_table7_accountants")
     conda:
         CPU_ENV
     shell:
@@ -73,9 +70,7 @@ rule empden_table8_9_eps:
     log:
         LOGS / "empden_table8_9_eps.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **ACCOUNTING.resources("empden_table8_9_eps")
     conda:
         CPU_ENV
     shell:
@@ -94,9 +89,7 @@ rule empden_table11_edgeworth_clt_pld:
     log:
         LOGS / "empden_table11_edgeworth_clt_pld.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **ACCOUNTING.resources("empden_table11_edgeworth_clt_pld")
     conda:
         CPU_ENV
     shell:
@@ -115,9 +108,7 @@ rule empden_table12_rdp:
     log:
         LOGS / "empden_table12_rdp.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **ACCOUNTING.resources("empden_table12_rdp")
     conda:
         CPU_ENV
     shell:
@@ -136,9 +127,7 @@ rule empden_table13_theoretical_asr:
     log:
         LOGS / "empden_table13_theoretical_asr.log",
     threads: 1
-    resources:
-        mem_mb=ACCOUNTING.mem_mb,
-        runtime=ACCOUNTING.runtime_min,
+    resources: **ACCOUNTING.resources("empden_table13_theoretical_asr")
     conda:
         CPU_ENV
     shell:
@@ -158,9 +147,7 @@ rule empden_figure4_full_batch:
     log:
         LOGS / "empden_figure4_full_batch.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **ACCOUNTING.resources("empden_figure4_full_batch")
     conda:
         CPU_ENV
     shell:
@@ -179,9 +166,7 @@ rule empden_figure5_mu_vs_logsnr:
     log:
         LOGS / "empden_figure5_mu_vs_logsnr.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **ACCOUNTING.resources("empden_figure5_mu_vs_logsnr")
     conda:
         CPU_ENV
     shell:
@@ -200,9 +185,7 @@ rule empden_figure7_stopping_traces:
     log:
         LOGS / "empden_figure7_stopping_traces.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **ACCOUNTING.resources("empden_figure7_stopping_traces")
     conda:
         CPU_ENV
     shell:
@@ -226,9 +209,7 @@ rule replay:
     log:
         LOGS / "replay.log",
     threads: 1
-    resources:
-        mem_mb=ACCOUNTING.mem_mb,
-        runtime=ACCOUNTING.runtime_min,
+    resources: **ACCOUNTING.resources("replay")
     conda:
         CPU_ENV
     shell:

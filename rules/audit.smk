@@ -2,7 +2,7 @@
 # methods whose mechanism it can rerun: DP-SGD (DPDM's `dpsgd`, STRAIGHTDP's `tha_dpsgd`), STRAIGHTDP's
 # moment release, EMPDEN's sampler blocks and the baselines' releases (DP-MERF, PE).
 # Code: pipeline/audit/ (stage pipeline.audit.stage:audit_one_run); wiring: pipeline/methods/audit/wiring.py
-# (AUDIT, unit-tested in tests/methods/test_audit_wiring.py).
+# (AUDIT, unit-tested in tests/methods/test_audit_wiring.py); each rule's resources: pipeline/methods/audit/costs.py.
 # A line whose eps_lb exceeds its claim fails the job. Membership inference (loss + SecMI attacks) on
 # every trained model and on DPDM's non-private twin (the positive control): table audit_mia, and
 # EMPDEN Table 13's numerical column (pipeline/audit/mia_stage.py).
@@ -35,9 +35,7 @@ rule audit_one_run:
     log:
         LOGS / "audit_one_run.log",
     threads: TORCH_THREADS
-    resources:
-        mem_mb=2000,
-        runtime=lambda wildcards: AUDIT.one_run_runtime_min(),
+    resources: **AUDIT.resources("audit_one_run")
     conda:
         CPU_ENV
     shell:
@@ -62,10 +60,7 @@ rule train_dpdm_twin:
     log:
         LOGS / "train_dpdm_twin" / "twin_seed{seed}.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=4000,
-        runtime=cost.segment_runtime_min(config, AUDIT.twin_runtime_min),
+    resources: **AUDIT.resources("train_dpdm_twin")
     retries: cost.segment_retries(config, AUDIT.twin_runtime_min)
     conda:
         GPU_ENV
@@ -91,10 +86,7 @@ rule audit_mia:
     log:
         LOGS / "audit_mia" / "{method}_{run}.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=AUDIT.mia_runtime_min,
+    resources: **AUDIT.resources("audit_mia")
     conda:
         GPU_ENV
     shell:
@@ -117,9 +109,7 @@ rule audit_mia_table:
     log:
         LOGS / "audit_mia_table.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **AUDIT.resources("audit_mia_table")
     conda:
         CPU_ENV
     shell:
@@ -141,9 +131,7 @@ rule empden_table13:
     log:
         LOGS / "empden_table13.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **AUDIT.resources("empden_table13")
     conda:
         CPU_ENV
     shell:

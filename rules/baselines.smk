@@ -10,7 +10,8 @@
 # the shared evaluation, certified by the same ledger. Code:
 # pipeline/baselines/ (stages), pipeline/privacy/dp_merf.py, mean_embedding.py, private_evolution.py and
 # semantic_histogram.py (mechanisms),
-# pipeline/results/baselines.py (table). Runs and names: pipeline/baselines/runs.py.
+# pipeline/results/baselines.py (table). Runs and names: pipeline/baselines/runs.py. Each rule's resources:
+# pipeline/methods/baselines/costs.py (the engines they share: DPDM's and the public pretraining's costs).
 #
 #   snakemake results/tables/baselines.parquet                         the table
 #   snakemake results/digits/eval/baselines/pe_eps1_seed0/metrics.json one run, evaluated
@@ -48,10 +49,7 @@ rule dp_merf:
     benchmark:
         benchmark_path("dp_merf", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=cost.baseline_runtime_min(config),
+    resources: **BASELINES.resources("dp_merf")
     conda:
         GPU_ENV
     shell:
@@ -82,10 +80,7 @@ rule embedding_baseline:
     benchmark:
         benchmark_path("embedding_baseline", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=6000,
-        runtime=cost.baseline_runtime_min(config),
+    resources: **BASELINES.resources("embedding_baseline")
     conda:
         GPU_ENV
     shell:
@@ -114,10 +109,7 @@ rule private_evolution:
     benchmark:
         benchmark_path("private_evolution", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=cost.baseline_runtime_min(config),
+    resources: **BASELINES.resources("private_evolution")
     conda:
         GPU_ENV
     shell:
@@ -140,10 +132,7 @@ rule privimage_query_net:
     benchmark:
         benchmark_path("privimage_query_net")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=cost.evaluation_runtime_min(config),
+    resources: **BASELINES.resources("privimage_query_net")
     conda:
         GPU_ENV
     shell:
@@ -169,10 +158,7 @@ rule privimage_select:
     benchmark:
         benchmark_path("privimage_select", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=cost.evaluation_runtime_min(config),
+    resources: **BASELINES.resources("privimage_select")
     conda:
         GPU_ENV
     shell:
@@ -196,11 +182,7 @@ rule privimage_pretrain:
     benchmark:
         benchmark_path("privimage_pretrain", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        gpu_mem_mb=lambda wildcards: cost.pretrain_memory(config, "privimage_pretrain").predicted_mb,
-        mem_mb=cost.pretrain_mem_mb(config),
-        runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
+    resources: **BASELINES.resources("privimage_pretrain")
     retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))
     conda:
         GPU_ENV
@@ -223,9 +205,7 @@ rule dp_ldm_autoencoder:
     benchmark:
         benchmark_path("dp_ldm_autoencoder")
     threads: TORCH_THREADS
-    resources:
-        mem_mb=3000,
-        runtime=20,
+    resources: **BASELINES.resources("dp_ldm_autoencoder")
     conda:
         CPU_ENV
     shell:
@@ -250,9 +230,7 @@ rule dp_ldm_encode:
     benchmark:
         benchmark_path("dp_ldm_encode", "{name}")
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **BASELINES.resources("dp_ldm_encode")
     conda:
         CPU_ENV
     shell:
@@ -274,11 +252,7 @@ rule dp_ldm_pretrain:
     benchmark:
         benchmark_path("dp_ldm_pretrain")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        gpu_mem_mb=lambda wildcards: BASELINES.ldm_pretrain_memory.predicted_mb,
-        mem_mb=cost.pretrain_mem_mb(config),
-        runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
+    resources: **BASELINES.resources("dp_ldm_pretrain")
     retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))
     conda:
         GPU_ENV
@@ -306,10 +280,7 @@ rule dp_promise_phase1:
     benchmark:
         benchmark_path("dp_promise_phase1", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=cost.dpdm_train_mem_mb(config),
-        runtime=cost.dpdm_train_runtime_min(config),
+    resources: **BASELINES.resources("dp_promise_phase1")
     conda:
         GPU_ENV
     shell:
@@ -337,10 +308,7 @@ rule dpsgd_baseline:
     benchmark:
         benchmark_path("dpsgd_baseline", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=cost.dpdm_train_mem_mb(config),
-        runtime=cost.dpdm_train_runtime_min(config),
+    resources: **BASELINES.resources("dpsgd_baseline")
     conda:
         GPU_ENV
     shell:
@@ -364,10 +332,7 @@ rule sample_baseline:
     benchmark:
         benchmark_path("sample_baseline", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=cost.dpdm_sample_runtime_min(config),
+    resources: **BASELINES.resources("sample_baseline")
     conda:
         GPU_ENV
     shell:
@@ -391,10 +356,7 @@ rule sample_dp_ldm:
     benchmark:
         benchmark_path("sample_dp_ldm", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=cost.dpdm_sample_runtime_min(config),
+    resources: **BASELINES.resources("sample_dp_ldm")
     conda:
         GPU_ENV
     shell:
@@ -419,9 +381,7 @@ rule dp_ldm_decode:
     benchmark:
         benchmark_path("dp_ldm_decode", "{run}")
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **BASELINES.resources("dp_ldm_decode")
     conda:
         CPU_ENV
     shell:
@@ -448,10 +408,7 @@ rule evaluate_baseline:
     benchmark:
         benchmark_path("evaluate_baseline", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config, config["baselines"]["n_samples"]),
+    resources: **BASELINES.resources("evaluate_baseline")
     conda:
         GPU_ENV
     shell:
@@ -474,9 +431,7 @@ rule baselines_table:
     log:
         LOGS / "baselines_table.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **BASELINES.resources("baselines_table")
     conda:
         CPU_ENV
     shell:

@@ -2,7 +2,7 @@
 # transcripts, their replay (at export), a certificate and a model card, in results/bundles/<method>/<run>/; a reader
 # checks one with the command verify_bundle PATH (pipeline/bundles/cli.py). Code: pipeline/bundles/ (bundle.py: the
 # stage export_bundle); wiring: pipeline/bundles/wiring.py; each method's bundles: its wiring's bundle_runs and
-# bundle (registered with register_bundles in rules/<method>.smk).
+# bundle (registered with register_bundles in rules/<method>.smk). Resources: pipeline/resources.py HOUSE_REQUESTS.
 #
 #   snakemake results/bundles/dpdm/edm_eps1_K1_seed0        one run's bundle
 #   snakemake export_bundles                                 every bundle (make bundles)
@@ -29,9 +29,7 @@ rule export_bundle:
     benchmark:
         benchmark_path("export_bundle", "{method}/{run}")
     threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=15,
+    resources: **HOUSE.resources("export_bundle")
     conda:
         CPU_ENV
     shell:

@@ -1,7 +1,9 @@
 # Config validation, paths and the method registry shared by every rule file.
 # Method-specific helpers live in the method's own rules/<method>.smk; run grammars and cost
-# models in pipeline/ (pipeline/sampling/empden_grid.py, pipeline/training/dpdm_runs.py,
-# pipeline/resources.py).
+# models in pipeline/ (pipeline/sampling/empden_grid.py, pipeline/training/dpdm_runs.py). A rule's
+# whole `resources:` is its request in its method's cost model, `**X.resources("rule")` of the
+# method's wiring (pipeline/methods/<method>/costs.py); the house's own rules ask HOUSE
+# (pipeline/resources.py HOUSE_REQUESTS), which also holds the shared cost arithmetic (`cost`).
 import json
 import os
 import shlex
@@ -65,7 +67,7 @@ PRIVATE = HOUSE.private
 PUBLIC_DENOISER = HOUSE.layout.public_denoiser
 REPLAY_REPORT = HOUSE.layout.replay_report
 BENCHMARKS = HOUSE.layout.benchmarks
-#: threads of a job that runs a small torch model (pipeline/resources.py)
+#: threads of a job that runs a small torch model (pipeline/resources.py torch_threads)
 TORCH_THREADS = HOUSE.torch_threads
 benchmark_path = HOUSE.layout.benchmark
 ledger_binding = HOUSE.ledger_binding

@@ -1,5 +1,5 @@
 # Data stage: every split written once (uint8 .npz + manifest), deterministic from the seed.
-# Code: pipeline/data/stage.py (prepare_data).
+# Code: pipeline/data/stage.py (prepare_data). Resources: pipeline/resources.py HOUSE_REQUESTS.
 
 
 rule prepare_data:
@@ -14,9 +14,7 @@ rule prepare_data:
     log:
         LOGS / "prepare_data.log",
     threads: 1
-    resources:
-        mem_mb=cost.prepare_data_mem_mb(config),
-        runtime=cost.prepare_data_runtime_min(config),
+    resources: **HOUSE.resources("prepare_data")
     conda:
         CPU_ENV
     shell:

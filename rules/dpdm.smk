@@ -3,7 +3,8 @@
 # Code: pipeline/training/dpdm.py (train_dpdm), pipeline/sampling/dpdm_stage.py (sample_dpdm,
 # dpdm_sample_grid), pipeline/results/dpdm.py (dpdm_table). Runs, their names and the tables'
 # rows: pipeline/training/dpdm_runs.py; a run's files and params, targets, transcripts and all_runs
-# records: pipeline/methods/dpdm/wiring.py (DPDM, unit-tested in tests/methods/test_dpdm_wiring.py).
+# records: pipeline/methods/dpdm/wiring.py (DPDM, unit-tested in tests/methods/test_dpdm_wiring.py); each
+# rule's resources: its request in pipeline/methods/dpdm/costs.py (REQUESTS).
 #
 #   snakemake results/digits/models/dpdm/edm_eps1_K2_seed0.pt                 one training run
 #   snakemake results/digits/samples/dpdm/edm_eps1_K2_seed0/churn.npz         one sample set
@@ -54,13 +55,7 @@ rule train_dpdm:
     benchmark:
         benchmark_path("train_dpdm", "{run}")
     threads: DPDM.train_threads
-    resources:
-        # dpdm.gpus data-parallel processes in one SLURM task (torchrun starts them: pipeline/distributed.py)
-        gpu=DPDM.train_gpus,
-        gpu_mem_mb=DPDM.train_gpu_mem_mb,
-        tasks=1,
-        mem_mb=DPDM.train_mem_mb,
-        runtime=lambda wildcards: cost.segment_runtime_min(config, DPDM.run_train_runtime_min(wildcards)),
+    resources: **DPDM.resources("train_dpdm")
     retries: cost.segment_retries(config, DPDM.train_runtime_min)
     conda:
         GPU_ENV
@@ -86,10 +81,7 @@ rule sample_dpdm:
     benchmark:
         benchmark_path("sample_dpdm", "{run}/{sampler}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=4000,
-        runtime=DPDM.sample_runtime_min,
+    resources: **DPDM.resources("sample_dpdm")
     conda:
         GPU_ENV
     shell:
@@ -119,10 +111,7 @@ rule evaluate_dpdm:
     benchmark:
         benchmark_path("evaluate_dpdm", "{run}/{sampler}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config, config["dpdm"]["sampling"]["n_samples"]),
+    resources: **DPDM.resources("evaluate_dpdm")
     conda:
         GPU_ENV
     shell:
@@ -144,9 +133,7 @@ checkpoint dpdm_select_sampler:
     log:
         LOGS / "dpdm_select_sampler.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **DPDM.resources("dpdm_select_sampler")
     conda:
         CPU_ENV
     shell:
@@ -168,9 +155,7 @@ rule dpdm_table_main:
     log:
         LOGS / "dpdm_table_main.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **DPDM.resources("dpdm_table_main")
     conda:
         CPU_ENV
     shell:
@@ -191,9 +176,7 @@ rule dpdm_table_noise_multiplicity:
     log:
         LOGS / "dpdm_table_noise_multiplicity.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **DPDM.resources("dpdm_table_noise_multiplicity")
     conda:
         CPU_ENV
     shell:
@@ -214,9 +197,7 @@ rule dpdm_table_samplers:
     log:
         LOGS / "dpdm_table_samplers.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **DPDM.resources("dpdm_table_samplers")
     conda:
         CPU_ENV
     shell:
@@ -237,9 +218,7 @@ rule dpdm_table_configurations:
     log:
         LOGS / "dpdm_table_configurations.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **DPDM.resources("dpdm_table_configurations")
     conda:
         CPU_ENV
     shell:
@@ -261,9 +240,7 @@ rule dpdm_samples_by_epsilon:
     log:
         LOGS / "dpdm_samples_by_epsilon.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **DPDM.resources("dpdm_samples_by_epsilon")
     conda:
         CPU_ENV
     shell:
@@ -285,9 +262,7 @@ rule dpdm_samples_by_sampler:
     log:
         LOGS / "dpdm_samples_by_sampler.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **DPDM.resources("dpdm_samples_by_sampler")
     conda:
         CPU_ENV
     shell:
@@ -312,10 +287,7 @@ rule train_dpsgd_classifier:
     benchmark:
         benchmark_path("train_dpsgd_classifier", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=DPDM.classifier_runtime_min,
+    resources: **DPDM.resources("train_dpsgd_classifier")
     conda:
         GPU_ENV
     shell:
@@ -339,9 +311,7 @@ rule dpdm_table_dpsgd_classifier:
     log:
         LOGS / "dpdm_table_dpsgd_classifier.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **DPDM.resources("dpdm_table_dpsgd_classifier")
     conda:
         CPU_ENV
     shell:
@@ -365,10 +335,7 @@ rule dpdm_figure3_gradient_variance:
     benchmark:
         benchmark_path("dpdm_figure3_gradient_variance")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=3000,
-        runtime=DPDM.variance_runtime_min,
+    resources: **DPDM.resources("dpdm_figure3_gradient_variance")
     conda:
         GPU_ENV
     shell:

@@ -1,7 +1,8 @@
 # EMPDEN sampling grid (Sec. 6, App. J): one target path per cell, then the evaluation core,
 # then Tables 2, 3, 8/9, 10 and Figures 2, 3, 4 right.
 # Code: pipeline/sampling/empden_stage.py (sampling), pipeline/results/empden_results.py
-# (tables, figures); cells and their names: pipeline/sampling/empden_grid.py.
+# (tables, figures); cells and their names: pipeline/sampling/empden_grid.py; each rule's resources:
+# pipeline/methods/empden/costs.py (a sampling job's runtime: its own cell's counted work).
 #
 #   snakemake results/digits/samples/empden/hybrid/p50_B100_T3_beta1_s0.npz     one cell
 #   snakemake results/digits/eval/empden/hybrid/p50_B100_T3_beta1_s0/metrics.json
@@ -43,10 +44,7 @@ rule empden_sample_subsampled:
     benchmark:
         benchmark_path("empden_sample", EMPDEN.sample_job("{method}/p{p}_B{B}_T{T}_beta{beta}_s{seed}"))
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=EMPDEN.sample_mem_mb,
-        runtime=EMPDEN.sample_runtime_min(),
+    resources: **EMPDEN.resources("empden_sample_subsampled")
     conda:
         GPU_ENV
     shell:
@@ -73,10 +71,7 @@ rule empden_sample_full_batch:
     benchmark:
         benchmark_path("empden_sample", EMPDEN.sample_job("full_batch/smin{smin}_beta{beta}_s{seed}"))
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=EMPDEN.sample_mem_mb,
-        runtime=EMPDEN.sample_runtime_min("full_batch"),
+    resources: **EMPDEN.resources("empden_sample_full_batch")
     conda:
         GPU_ENV
     shell:
@@ -100,10 +95,7 @@ rule empden_sample_public_only:
     benchmark:
         benchmark_path("empden_sample", EMPDEN.sample_job("public_only/s{seed}"))
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=4000,
-        runtime=EMPDEN.sample_runtime_min("public_only"),
+    resources: **EMPDEN.resources("empden_sample_public_only")
     conda:
         GPU_ENV
     shell:
@@ -134,9 +126,7 @@ if EMPDEN.sharded:
         benchmark:
             benchmark_path("empden_gather", "{method}/{rest}")
         threads: 1
-        resources:
-            mem_mb=EMPDEN.gather_mem_mb,
-            runtime=10,
+        resources: **EMPDEN.resources("empden_gather")
         conda:
             CPU_ENV
         shell:
@@ -167,10 +157,7 @@ if EMPDEN.sharded:
         benchmark:
             benchmark_path("empden_features", "{cell}/shard{shard}")
         threads: TORCH_THREADS
-        resources:
-            gpu=1,
-            mem_mb=6000,
-            runtime=EMPDEN.features_runtime_min,
+        resources: **EMPDEN.resources("empden_features")
         conda:
             GPU_ENV
         shell:
@@ -202,10 +189,7 @@ rule empden_evaluate:
     benchmark:
         benchmark_path("empden_evaluate", "{cell}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=6000,
-        runtime=EMPDEN.evaluate_runtime_min,
+    resources: **EMPDEN.resources("empden_evaluate")
     conda:
         GPU_ENV
     shell:
@@ -227,9 +211,7 @@ rule empden_table8_grid:
     log:
         LOGS / "empden_table8_grid.log",
     threads: 1
-    resources:
-        mem_mb=ACCOUNTING.mem_mb,
-        runtime=ACCOUNTING.runtime_min,
+    resources: **EMPDEN.resources("empden_table8_grid")
     conda:
         CPU_ENV
     shell:
@@ -253,9 +235,7 @@ rule empden_table2_comparison:
     log:
         LOGS / "empden_table2_comparison.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **EMPDEN.resources("empden_table2_comparison")
     conda:
         CPU_ENV
     shell:
@@ -276,9 +256,7 @@ rule empden_table3_beta:
     log:
         LOGS / "empden_table3_beta.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **EMPDEN.resources("empden_table3_beta")
     conda:
         CPU_ENV
     shell:
@@ -299,9 +277,7 @@ rule empden_table10_seeds:
     log:
         LOGS / "empden_table10_seeds.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **EMPDEN.resources("empden_table10_seeds")
     conda:
         CPU_ENV
     shell:
@@ -323,9 +299,7 @@ rule empden_figure3_tradeoffs:
     log:
         LOGS / "empden_figure3_tradeoffs.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **EMPDEN.resources("empden_figure3_tradeoffs")
     conda:
         CPU_ENV
     shell:
@@ -348,9 +322,7 @@ rule empden_figure4_samples:
     log:
         LOGS / "empden_figure4_samples.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **EMPDEN.resources("empden_figure4_samples")
     conda:
         CPU_ENV
     shell:
@@ -376,10 +348,7 @@ rule empden_figure2_trajectories:
     log:
         LOGS / "empden_figure2_trajectories.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=EMPDEN.sample_mem_mb,
-        runtime=15,
+    resources: **EMPDEN.resources("empden_figure2_trajectories")
     conda:
         GPU_ENV
     shell:

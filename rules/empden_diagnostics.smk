@@ -6,8 +6,8 @@
 
 from pipeline.methods.empden_diagnostics.wiring import Wiring as _EmpdenDiagnosticsWiring
 
-#: the diagnostics' targets, params and costs (pipeline/methods/empden_diagnostics/wiring.py); the normaliser is
-#: EMPDEN's (rules/empden.smk)
+#: the diagnostics' targets, params and resources (pipeline/methods/empden_diagnostics/wiring.py; their costs:
+#: pipeline/methods/empden_diagnostics/costs.py); the normaliser is EMPDEN's (rules/empden.smk)
 EMPDEN_DIAGNOSTICS = _EmpdenDiagnosticsWiring(HOUSE, EMPDEN)
 
 register_targets("empden_diagnostics", EMPDEN_DIAGNOSTICS.targets)
@@ -30,10 +30,7 @@ rule empden_table4_proxy:
     log:
         LOGS / "empden_table4_proxy.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=EMPDEN_DIAGNOSTICS.mem_mb,
-        runtime=EMPDEN_DIAGNOSTICS.runtime_min,
+    resources: **EMPDEN_DIAGNOSTICS.resources("empden_table4_proxy")
     conda:
         GPU_ENV
     shell:
@@ -60,10 +57,7 @@ rule empden_table1_window_swap:
     log:
         LOGS / "empden_table1_window_swap.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=EMPDEN_DIAGNOSTICS.mem_mb,
-        runtime=EMPDEN_DIAGNOSTICS.runtime_min,
+    resources: **EMPDEN_DIAGNOSTICS.resources("empden_table1_window_swap")
     conda:
         GPU_ENV
     shell:
@@ -87,10 +81,7 @@ rule empden_figure6_critical_window:
     log:
         LOGS / "empden_figure6_critical_window.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=4000,
-        runtime=EMPDEN_DIAGNOSTICS.runtime_min,
+    resources: **EMPDEN_DIAGNOSTICS.resources("empden_figure6_critical_window")
     conda:
         GPU_ENV
     shell:

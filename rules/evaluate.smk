@@ -1,5 +1,6 @@
 # Evaluation core: the evaluation network (trained on held-out real data only) and the
-# metrics every method's samples are scored with. Code: pipeline/evaluation/.
+# metrics every method's samples are scored with. Code: pipeline/evaluation/. Resources:
+# pipeline/resources.py HOUSE_REQUESTS (the evaluation core's costs are the house's: every method's scoring).
 
 from pipeline.methods._evaluation import Wiring as _EvaluationWiring
 
@@ -26,10 +27,7 @@ rule train_evalnet:
     log:
         LOGS / "train_evalnet.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=4000,
-        runtime=cost.evalnet_runtime_min(config),
+    resources: **HOUSE.resources("train_evalnet")
     conda:
         GPU_ENV
     shell:
@@ -54,10 +52,7 @@ if EVALUATION.trains_clip:
         log:
             LOGS / "train_clip.log",
         threads: TORCH_THREADS
-        resources:
-            gpu=1,
-            mem_mb=3000,
-            runtime=cost.clip_runtime_min(config),
+        resources: **HOUSE.resources("train_clip")
         conda:
             GPU_ENV
         shell:
@@ -80,9 +75,7 @@ else:
         log:
             LOGS / "import_clip.log",
         threads: 1
-        resources:
-            mem_mb=8000,
-            runtime=10,
+        resources: **HOUSE.resources("import_clip")
         conda:
             CPU_ENV
         shell:
@@ -107,10 +100,7 @@ rule evaluate_reference_real:
     log:
         LOGS / "evaluate_reference_real.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config, config["data"]["private"]["n_reference"]),
+    resources: **HOUSE.resources("evaluate_reference_real")
     conda:
         GPU_ENV
     shell:

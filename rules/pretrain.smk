@@ -4,6 +4,7 @@
 # Code: pipeline/training/pretrain.py (pretrain_public), pipeline/training/loop.py (resumable
 # state in results/<exp>/checkpoints/pretrain_public/public_edm/, deliberately not an output,
 # so a killed job resumes where its last checkpoint left off); pipeline/training/public.py (import_public).
+# Resources: pipeline/resources.py HOUSE_REQUESTS (the public pretraining's costs, which the baselines share).
 #
 #   snakemake results/digits/models/public_edm.pt      (PUBLIC_DENOISER, rules/common.smk)
 
@@ -24,9 +25,7 @@ if HOUSE.imports_public_denoiser:
         log:
             LOGS / "import_public.log",
         threads: 1
-        resources:
-            mem_mb=cost.import_public_mem_mb(config),
-            runtime=10,
+        resources: **HOUSE.resources("import_public")
         conda:
             CPU_ENV
         shell:
@@ -52,11 +51,7 @@ else:
         log:
             LOGS / "pretrain_public.log",
         threads: TORCH_THREADS
-        resources:
-            gpu=1,
-            gpu_mem_mb=lambda wildcards: cost.pretrain_memory(config).predicted_mb,
-            mem_mb=cost.pretrain_mem_mb(config),
-            runtime=cost.segment_runtime_min(config, cost.pretrain_runtime_min(config)),
+        resources: **HOUSE.resources("pretrain_public")
         retries: cost.segment_retries(config, cost.pretrain_runtime_min(config))
         conda:
             GPU_ENV

@@ -1,6 +1,7 @@
 # Reporting: Parquet tables (results/tables/), figures (results/figures/), the summary page (results/index.html,
 # the first page of `snakemake --report`), and the cross-method comparison (all_runs.parquet + privacy_utility.png).
 # Code: pipeline/reporting/stage.py, pipeline/reporting/review.py (the summary), pipeline/results/all_runs.py.
+# Resources: pipeline/resources.py HOUSE_REQUESTS.
 
 
 rule reference_real:
@@ -19,9 +20,7 @@ rule reference_real:
     log:
         LOGS / "table_reference_real.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **HOUSE.resources("reference_real")
     conda:
         CPU_ENV
     shell:
@@ -43,9 +42,7 @@ rule data_samples:
     log:
         LOGS / "figure_data_samples.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **HOUSE.resources("data_samples")
     conda:
         CPU_ENV
     shell:
@@ -70,9 +67,7 @@ rule index_html:
     log:
         LOGS / "index_html.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **HOUSE.resources("index_html")
     conda:
         CPU_ENV
     shell:
@@ -97,9 +92,7 @@ rule all_runs_table:
     log:
         LOGS / "all_runs_table.log",
     threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
+    resources: **HOUSE.resources("all_runs_table")
     conda:
         CPU_ENV
     shell:
@@ -118,9 +111,7 @@ rule privacy_utility_figure:
     log:
         LOGS / "privacy_utility_figure.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **HOUSE.resources("privacy_utility_figure")
     conda:
         CPU_ENV
     shell:
@@ -143,9 +134,7 @@ rule runtime_table:
     log:
         LOGS / "runtime_table.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **HOUSE.resources("runtime_table")
     conda:
         CPU_ENV
     shell:
@@ -164,9 +153,7 @@ rule runtime_figure:
     log:
         LOGS / "runtime_figure.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **HOUSE.resources("runtime_figure")
     conda:
         CPU_ENV
     shell:

@@ -2,7 +2,7 @@
 # Its first page is the summary (rule index_html: replay verdict, privacy-utility plot, one headline row per
 # method; report/workflow.rst includes it); every figure is flagged where its rule writes it
 # (rules/common.smk: report_figure); every table gets a readable view here. Captions: report/captions/.
-# Code: pipeline/reporting/review.py.
+# Code: pipeline/reporting/review.py. Resources: pipeline/resources.py HOUSE_REQUESTS.
 
 
 rule report_tables:
@@ -24,9 +24,7 @@ rule report_tables:
     log:
         LOGS / "report_tables.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **HOUSE.resources("report_tables")
     conda:
         CPU_ENV
     shell:

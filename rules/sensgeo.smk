@@ -1,6 +1,7 @@
 # SENSGEO: exact sensitivity geometry and optimal noise for the ideal denoiser (analytic, CPU).
 # Code: pipeline/results/sensgeo.py (stages), pipeline/privacy/sensgeo/ (the mathematics).
 # No inputs: every public domain K and random covariance is drawn from sensgeo.seed.
+# Each rule's resources: pipeline/methods/sensgeo/costs.py (REQUESTS).
 
 from pipeline.methods.sensgeo.wiring import Wiring as _SensgeoWiring
 
@@ -23,9 +24,7 @@ rule sensgeo_fig1_naive_vs_exact:
     log:
         LOGS / "sensgeo_fig1_naive_vs_exact.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=10,
+    resources: **SENSGEO.resources("sensgeo_fig1_naive_vs_exact")
     conda:
         CPU_ENV
     shell:
@@ -44,9 +43,7 @@ rule sensgeo_table_guarantees:
     log:
         LOGS / "sensgeo_table_guarantees.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **SENSGEO.resources("sensgeo_table_guarantees")
     conda:
         CPU_ENV
     shell:
@@ -64,9 +61,7 @@ rule sensgeo_table_sdp:
     log:
         LOGS / "sensgeo_table_sdp.log",
     threads: 1
-    resources:
-        mem_mb=3000,
-        runtime=cost.sensgeo_sdp_runtime_min(config),
+    resources: **SENSGEO.resources("sensgeo_table_sdp")
     conda:
         CPU_ENV
     shell:
@@ -85,9 +80,7 @@ rule sensgeo_fig_mi_snr:
     log:
         LOGS / "sensgeo_fig_mi_snr.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **SENSGEO.resources("sensgeo_fig_mi_snr")
     conda:
         CPU_ENV
     shell:
@@ -105,9 +98,7 @@ rule sensgeo_table_bridge:
     log:
         LOGS / "sensgeo_table_bridge.log",
     threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
+    resources: **SENSGEO.resources("sensgeo_table_bridge")
     conda:
         CPU_ENV
     shell:

@@ -5,7 +5,8 @@
 # pipeline/results/straightdp.py (tables, figures). Runs and
 # their names: pipeline/training/straightdp_runs.py; a run's files and params, the targets, transcripts
 # and all_runs records: pipeline/methods/straightdp/wiring.py (STRAIGHTDP, unit-tested in
-# tests/methods/test_straightdp_wiring.py).
+# tests/methods/test_straightdp_wiring.py); each rule's resources: its request in
+# pipeline/methods/straightdp/costs.py (REQUESTS).
 #
 #   snakemake results/tables/straightdp_table1_main.parquet                  Table 1 alone
 #   snakemake results/digits/models/straightdp/tha_moments_eps1_seed0.pt     one training run
@@ -37,9 +38,7 @@ rule straightdp_public:
     log:
         LOGS / "straightdp_public.log",
     threads: 1
-    resources:
-        mem_mb=cost.prepare_data_mem_mb(config),
-        runtime=cost.prepare_data_runtime_min(config),
+    resources: **STRAIGHTDP.resources("straightdp_public")
     conda:
         CPU_ENV
     shell:
@@ -60,9 +59,7 @@ rule train_autoencoder:
     log:
         LOGS / "train_autoencoder.log",
     threads: TORCH_THREADS
-    resources:
-        mem_mb=3000,
-        runtime=20,
+    resources: **STRAIGHTDP.resources("train_autoencoder")
     conda:
         CPU_ENV
     shell:
@@ -86,9 +83,7 @@ rule encode_split:
     log:
         LOGS / "encode_split" / "{name}.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **STRAIGHTDP.resources("encode_split")
     conda:
         CPU_ENV
     shell:
@@ -110,9 +105,7 @@ rule straightdp_geometry:
     log:
         LOGS / "straightdp_geometry.log",
     threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=10,
+    resources: **STRAIGHTDP.resources("straightdp_geometry")
     conda:
         CPU_ENV
     shell:
@@ -133,12 +126,8 @@ rule pretrain_straightdp:
     log:
         LOGS / "pretrain_straightdp.log",
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        gpu_mem_mb=lambda wildcards: STRAIGHTDP.pretrain_gpu_mem_mb(getattr(wildcards, "arm", "")),
-        mem_mb=4000,
-        runtime=cost.segment_runtime_min(config, cost.straightdp_pretrain_runtime_min(config, STRAIGHTDP.flow_network)),
-    retries: cost.segment_retries(config, cost.straightdp_pretrain_runtime_min(config, STRAIGHTDP.flow_network))
+    resources: **STRAIGHTDP.resources("pretrain_straightdp")
+    retries: cost.segment_retries(config, STRAIGHTDP.pretrain_runtime_min)
     conda:
         GPU_ENV
     shell:
@@ -162,9 +151,7 @@ if STRAIGHTDP.imports_public_flow:
         log:
             LOGS / "import_straightdp.log",
         threads: 1
-        resources:
-            mem_mb=cost.import_straightdp_mem_mb(config),
-            runtime=10,
+        resources: **STRAIGHTDP.resources("import_straightdp")
         conda:
             CPU_ENV
         shell:
@@ -254,9 +241,7 @@ rule release_moments:
     benchmark:
         benchmark_path("release_moments", "{run}")
     threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=10,
+    resources: **STRAIGHTDP.resources("release_moments")
     conda:
         CPU_ENV
     shell:
@@ -282,14 +267,8 @@ rule train_straightdp:
     benchmark:
         benchmark_path("train_straightdp", "{run}")
     threads: STRAIGHTDP.train_threads
-    resources:
-        # straightdp.gpus data-parallel processes in one SLURM task (torchrun starts them: pipeline/distributed.py)
-        gpu=STRAIGHTDP.train_gpus,
-        gpu_mem_mb=STRAIGHTDP.train_gpu_mem_mb,
-        tasks=1,
-        mem_mb=STRAIGHTDP.train_mem_mb,
-        runtime=cost.segment_runtime_min(config, cost.straightdp_train_runtime_min(config, STRAIGHTDP.flow_network)),
-    retries: cost.segment_retries(config, cost.straightdp_train_runtime_min(config, STRAIGHTDP.flow_network))
+    resources: **STRAIGHTDP.resources("train_straightdp")
+    retries: cost.segment_retries(config, STRAIGHTDP.train_runtime_min)
     conda:
         GPU_ENV
     shell:
@@ -314,10 +293,7 @@ rule sample_straightdp:
     benchmark:
         benchmark_path("sample_straightdp", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=4000,
-        runtime=cost.straightdp_sample_runtime_min(config, STRAIGHTDP.flow_network),
+    resources: **STRAIGHTDP.resources("sample_straightdp")
     conda:
         GPU_ENV
     shell:
@@ -345,10 +321,7 @@ rule evaluate_straightdp:
     benchmark:
         benchmark_path("evaluate_straightdp", "{run}")
     threads: TORCH_THREADS
-    resources:
-        gpu=1,
-        mem_mb=6000,
-        runtime=cost.evaluation_runtime_min(config, config["straightdp"]["sampling"]["n_samples"]),
+    resources: **STRAIGHTDP.resources("evaluate_straightdp")
     conda:
         GPU_ENV
     shell:
@@ -375,9 +348,7 @@ rule straightdp_table:
     log:
         LOGS / "straightdp_{table}.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **STRAIGHTDP.resources("straightdp_table")
     conda:
         CPU_ENV
     shell:
@@ -402,9 +373,7 @@ rule straightdp_table2:
     log:
         LOGS / "straightdp_table2_{panel}.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **STRAIGHTDP.resources("straightdp_table2")
     conda:
         CPU_ENV
     shell:
@@ -427,9 +396,7 @@ rule straightdp_figure_accuracy:
     log:
         LOGS / "straightdp_figure3_accuracy.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **STRAIGHTDP.resources("straightdp_figure_accuracy")
     conda:
         CPU_ENV
     shell:
@@ -453,9 +420,7 @@ rule straightdp_figure6_toy:
     log:
         LOGS / "straightdp_figure6_toy.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
+    resources: **STRAIGHTDP.resources("straightdp_figure6_toy")
     conda:
         CPU_ENV
     shell:
@@ -475,9 +440,7 @@ rule straightdp_figure_horizon:
     log:
         LOGS / "straightdp_figure2_horizon.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **STRAIGHTDP.resources("straightdp_figure_horizon")
     conda:
         CPU_ENV
     shell:
@@ -500,9 +463,7 @@ rule straightdp_figure_samples:
     log:
         LOGS / "straightdp_figure5_samples.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=5,
+    resources: **STRAIGHTDP.resources("straightdp_figure_samples")
     conda:
         CPU_ENV
     shell:
@@ -528,9 +489,7 @@ rule straightdp_table4_text:
     log:
         LOGS / "straightdp_table4_text.log",
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    resources: **STRAIGHTDP.resources("straightdp_table4_text")
     conda:
         CPU_ENV
     shell:

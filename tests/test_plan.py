@@ -66,9 +66,48 @@ def test_a_resumable_job_asks_for_at_most_the_limit_and_is_resubmitted_until_its
     assert cost.segments(config, minutes) == segments
 
 
-def test_the_resumable_rules_are_exactly_those_whose_requests_are_segmented(repo):
-    text = "\n".join(p.read_text() for p in sorted((repo / "rules").glob("*.smk")))
-    segmented = set(re.findall(r"rule (\w+):(?:(?!\nrule |\n    rule ).)*?segment_runtime_min", text, re.S))
+class Wildcards(dict):
+    """A job's wildcards as Snakemake passes them to a resource function: by attribute and by key."""
+
+    __getattr__ = dict.__getitem__
+
+
+#: the wildcards of one job of each rule whose runtime is its own job's
+JOB_WILDCARDS = {"train_dpdm": {"run": "edm_eps1_K1_seed0"},
+                 "empden_sample_subsampled": {"method": "hybrid", "p": "50", "B": "100", "T": "3", "beta": "1",
+                                              "seed": "0"},
+                 "empden_sample_full_batch": {"smin": "0p002", "beta": "1", "seed": "0"},
+                 "empden_sample_public_only": {"seed": "0"}}
+
+
+def test_the_resumable_rules_are_exactly_those_whose_requests_are_segmented(repo, tmp_path):
+    """Under a one-minute time limit a resumable rule asks for the limit (it runs in segments), every other rule for
+    its whole prediction (at least 5 minutes)."""
+    from pipeline.methods.accounting.wiring import Wiring as Accounting
+    from pipeline.methods.audit.wiring import Wiring as Audit
+    from pipeline.methods.baselines.wiring import Wiring as Baselines
+    from pipeline.methods.dpdm.wiring import Wiring as Dpdm
+    from pipeline.methods.empden.wiring import Wiring as Empden
+    from pipeline.methods.empden_diagnostics.wiring import Wiring as EmpdenDiagnostics
+    from pipeline.methods.sensgeo.wiring import Wiring as Sensgeo
+    from pipeline.methods.straightdp.wiring import Wiring as Straightdp
+    from tests.methods import house, rule_resources
+
+    h = house(tmp_path, lambda cfg: cfg.update(slurm={"max_job_hours": 1 / 60}))
+    owners = {"HOUSE": h, "ACCOUNTING": Accounting(h), "AUDIT": Audit(h, lambda methods: {}), "BASELINES": Baselines(h),
+              "DPDM": Dpdm(h), "EMPDEN": Empden(h), "EMPDEN_DIAGNOSTICS": EmpdenDiagnostics(h), "SENSGEO": Sensgeo(h),
+              "STRAIGHTDP": Straightdp(h)}
+    segmented, text = set(), ""
+    for smk in sorted((repo / "rules").glob("*.smk")):
+        text += smk.read_text()
+        for rule, directive in rule_resources(smk.name).items():
+            runtime = owners[re.match(r"\*\*(\w+)\.", directive).group(1)].resources(rule)["runtime"]
+            if callable(runtime):
+                runtime = runtime(Wildcards(JOB_WILDCARDS.get(rule, {})))
+            if runtime == 1:
+                segmented.add(rule)
+            else:
+                assert runtime >= 5, (rule, runtime)
     inherited = set(re.findall(r"use rule (\w+) as (\w+) with", text))
     names = segmented | {new for old, new in inherited if old in segmented}
     assert names == set(cost.RESUMABLE_RULES)

@@ -1,4 +1,6 @@
-"""Job costs (pipeline.resources): pure functions of the config that grow with the work they bound."""
+"""The house's job costs (pipeline.resources): pure functions of the config that grow with the work they bound, the
+shared arithmetic every method's cost model reads, and the house's own rules' requests. Each method's own cost model:
+tests/methods/test_<method>_costs.py."""
 
 from __future__ import annotations
 
@@ -17,34 +19,25 @@ def config(**sections):
 LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segment_retries")
 #: the GPU-memory plan returns plans and specs, not a request (tested below)
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
-               "pretrain_memory", "dpsgd_memory", "dpdm_network", "dpdm_train_gpu_mem_mb", "straightdp_network")
-#: counts of a network's work, not a request
-COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network")
+               "pretrain_memory", "dpsgd_memory")
+#: counts of a network's work, and the rates and FLOP arithmetic the cost models read, not a request
+COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network", "rate", "flop_minutes", "folder_mb")
+#: requests, and the function that reads a rule's from its owner's table (tested below)
+REQUESTS = ("evaluation_request", "resources")
 
 
 def test_every_cost_model_is_a_positive_integer_of_the_default_config():
     cfg = config()
     for name, fn in inspect.getmembers(cost, inspect.isfunction):
         # the time-limit arithmetic takes a prediction and may say "no limit" (tests/test_plan.py)
-        if name.startswith("_") or fn.__module__ != cost.__name__ or name in LIMIT_ARITHMETIC + MEMORY_PLAN + COUNTS:
+        if (name.startswith("_") or fn.__module__ != cost.__name__
+                or name in LIMIT_ARITHMETIC + MEMORY_PLAN + COUNTS + REQUESTS):
             continue
-        args = (cfg, 20) if name in ("accounting_runtime_min", "audit_runtime_min") else (cfg,)
-        value = fn(*args)
+        value = fn(cfg)
         assert isinstance(value, int) and value > 0, name
 
 
 @pytest.mark.parametrize(("fn", "small", "large"), [
-    (cost.dpdm_train_runtime_min, {"dpdm": {"epochs": 8}}, {"dpdm": {"epochs": 80000}}),
-    (cost.dpdm_train_mem_mb, {"dpdm": {"K": 1}}, {"dpdm": {"K": 32}}),
-    (cost.dpdm_sample_runtime_min, {"dpdm": {"sampling": {"n_samples": 500}}},
-     {"dpdm": {"sampling": {"n_samples": 5000000}}}),
-    (cost.empden_sample_runtime_min, {"empden": {"n_out": 100}}, {"empden": {"n_out": 100000}}),
-    # a shard asks for its share of the cell's time (100,000 outputs in batches of 256: 391 batches)
-    (cost.empden_sample_runtime_min, {"empden": {"n_out": 100000}, "sampling": {"shards": 8}},
-     {"empden": {"n_out": 100000}, "sampling": {"shards": 2}}),
-    (cost.empden_gather_mem_mb, {"empden": {"n_out": 1000}}, {"empden": {"n_out": 1000000}}),
-    (cost.empden_diagnostics_runtime_min, {"empden_diagnostics": {"n_trajectories": 64}},
-     {"empden_diagnostics": {"n_trajectories": 20000}}),
     (cost.evalnet_runtime_min, {"evaluation": {"evalnet": {"epochs": 1}}},
      {"evaluation": {"evalnet": {"epochs": 10000000}}}),
     (cost.pretrain_runtime_min, {"pretrain": {"steps": 100}}, {"pretrain": {"steps": 10000000}}),
@@ -53,13 +46,6 @@ def test_every_cost_model_is_a_positive_integer_of_the_default_config():
 def test_a_bigger_job_asks_for_more(fn, small, large, entry):
     slurm = {"slurm": {"device_rates": entry}}
     assert fn(config(**large, **slurm)) > fn(config(**small, **slurm))
-
-
-def test_a_finer_pld_grid_costs_more_per_accounted_block():
-    coarse, fine = config(), config(accounting={"discretisation": 1e-5})
-    assert cost.accounting_runtime_min(coarse, 20) == 30 + 20
-    assert cost.accounting_runtime_min(fine, 20) == 30 + 20 * 10
-    assert cost.accounting_mem_mb(fine) > cost.accounting_mem_mb(coarse)
 
 
 def test_only_images_above_16x16_get_more_than_one_torch_thread():
@@ -110,13 +96,13 @@ def test_a_gpu_too_small_for_one_example_is_a_one_line_config_error_naming_the_r
 
 
 def test_dp_sgd_memory_grows_with_the_micro_batch_and_k_and_the_configured_micro_batch_is_kept():
-    net = cost.dpdm_network(config())
+    from pipeline.methods.dpdm import costs as dpdm_costs
+
+    net = dpdm_costs.network(config())  # the shared DP-SGD engine's plan, on DPDM's UNet
     small, large_k, large_m = (cost.dpsgd_memory(net, 16, 1), cost.dpsgd_memory(net, 16, 8),
                                cost.dpsgd_memory(net, 64, 1))
     assert small.predicted_bytes < large_k.predicted_bytes and small.predicted_bytes < large_m.predicted_bytes
     assert (large_m.batch, large_m.micro_batch, large_m.micro_batches) == (64, 64, 1)
-    cfg = config()
-    assert cost.dpdm_train_gpu_mem_mb(cfg, 8) == cost.dpsgd_memory(net, cfg["dpdm"]["micro_batch"], 8).predicted_mb
 
 
 # ----------------------------------------------------------------------------- runtimes grounded in FLOPs
@@ -141,37 +127,6 @@ def test_on_a_named_gpu_a_counted_rule_asks_for_its_flops_at_the_entry_s_efficie
     assert 40 * 60 < estimate_min < 55 * 60
     cifar["slurm"]["device_rates"] = "a100-40gb"
     assert cost.pretrain_runtime_min(cifar) > 3 * asked  # 156 against 494.7 TFLOP/s
-
-
-def test_dp_sgd_on_a_named_gpu_asks_for_its_runs_own_k_and_the_estimate_entry_is_unchanged(monkeypatch):
-    from pipeline.config import load_config
-    from tests.conftest import REPO
-
-    mnist = load_config(REPO / "config.yaml", REPO / "configs" / "mnist.yaml")
-    mnist["slurm"]["device_rates"] = "estimate"
-    before = (cost.dpdm_train_runtime_min(mnist), cost.dpdm_sample_runtime_min(mnist))
-    mnist["slurm"]["device_rates"] = "h100-80gb"
-    one, full = cost.dpdm_train_runtime_min(mnist, K=1), cost.dpdm_train_runtime_min(mnist)
-    assert full > 8 * one  # K = 32's draws against K = 1's (which asks for the 30-minute floor)
-    assert cost.dpdm_sample_runtime_min(mnist) < before[1]
-    # the estimate entry has no peaks: its requests are the rates', and no network is counted for them
-    mnist["slurm"]["device_rates"] = "estimate"
-    monkeypatch.setattr(cost, "_counted", lambda *a: pytest.fail("the estimate entry counted a network"))
-    assert (cost.dpdm_train_runtime_min(mnist), cost.dpdm_sample_runtime_min(mnist)) == before
-
-
-def test_straightdp_on_a_named_gpu_asks_for_its_counted_work_not_the_cpu_rate():
-    from pipeline.config import load_config
-    from tests.conftest import REPO
-
-    kmnist = load_config(REPO / "config.yaml", REPO / "configs" / "straightdp_kmnist.yaml")
-    kmnist["slurm"]["device_rates"] = "estimate"
-    cpu = cost.straightdp_train_runtime_min(kmnist)
-    kmnist["slurm"]["device_rates"] = "l40s"
-    gpu = cost.straightdp_train_runtime_min(kmnist)
-    # STRAIGHTDP: "a pixel-space MNIST pipeline run completes in under two GPU-hours" (Sec. 4); the CPU rate asked 332 h
-    assert gpu < 4 * 60 < 100 * 60 < cpu
-    assert cost.straightdp_pretrain_runtime_min(kmnist) >= 10 and cost.straightdp_sample_runtime_min(kmnist) >= 5
 
 
 def test_the_evaluation_on_a_named_gpu_asks_for_its_counted_networks_and_its_measured_host_work(monkeypatch):
@@ -206,3 +161,40 @@ def test_the_evaluation_on_a_named_gpu_asks_for_its_counted_networks_and_its_mea
     monkeypatch.setattr(cost, "_counted", lambda *a: pytest.fail("the estimate entry counted a network"))
     monkeypatch.setattr(cost, "counted_forward_flops", lambda *a: pytest.fail("the estimate entry counted a network"))
     assert cost.evaluation_runtime_min(cifar, 50000) == before
+
+
+# ----------------------------------------------------------------------------- each rule's request
+
+
+def test_a_request_asks_for_the_keys_it_sets_in_the_rule_files_order():
+    assert cost.Request(mem_mb=1000, runtime=5).resources() == {"mem_mb": 1000, "runtime": 5}
+    per_job = lambda wildcards: 7  # noqa: E731 - a function of a job's wildcards stays one
+    train = cost.Request(mem_mb=4000, runtime=per_job, gpu=2, gpu_mem_mb=per_job, tasks=1).resources()
+    assert list(train) == ["gpu", "gpu_mem_mb", "tasks", "mem_mb", "runtime"] and train["runtime"] is per_job
+    assert cost.evaluation_request(config(), 100) == cost.Request(
+        gpu=1, mem_mb=cost.EVALUATION_MEM_MB, runtime=cost.evaluation_runtime_min(config(), 100))
+
+
+def test_a_rule_reads_its_request_from_its_owner_s_table_and_an_unknown_rule_is_named():
+    cfg = config()
+    table = {"fixed": cost.LIGHT_JOB, "formed": lambda c, w: cost.Request(mem_mb=w, runtime=c["seed"] + 1)}
+    assert cost.resources(table, "fixed", cfg) == {"mem_mb": 1000, "runtime": 5}
+    assert cost.resources(table, "formed", cfg, 3000) == {"mem_mb": 3000, "runtime": cfg["seed"] + 1}
+    with pytest.raises(KeyError, match="no request for rule 'other' .*fixed, formed"):
+        cost.resources(table, "other", cfg)
+
+
+def test_the_house_asks_for_its_own_rules_requests(tmp_path):
+    from tests.methods import check_requests, house, rule_resources
+
+    h = house(tmp_path)
+    house_files = ("data.smk", "evaluate.smk", "pretrain.smk", "report.smk", "review.smk", "bundles.smk")
+    rules = {r for f in house_files for r in rule_resources(f)}
+    assert set(cost.HOUSE_REQUESTS) == rules
+    for f in house_files:
+        check_requests(h, f, {r: q for r, q in cost.HOUSE_REQUESTS.items() if r in rule_resources(f)})
+    pretrain = h.resources("pretrain_public")
+    assert pretrain["runtime"] == cost.segment_runtime_min(h.config, cost.pretrain_runtime_min(h.config))
+    assert pretrain["gpu_mem_mb"](None) == cost.pretrain_memory(h.config).predicted_mb  # counted when a DAG runs it
+    assert h.resources("evaluate_reference_real") == cost.evaluation_request(
+        h.config, h.config["data"]["private"]["n_reference"]).resources()

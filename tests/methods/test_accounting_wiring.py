@@ -11,10 +11,11 @@ import pytest
 
 from pipeline.config import ConfigError
 from pipeline.diffusion.schedule import EDMSchedule
+from pipeline.methods.accounting import costs
 from pipeline.methods.accounting.wiring import EPS_KEYS, GRID_KEYS, Wiring, line_params, mechanism
 from pipeline.registry import TranscriptSpec
 from pipeline.wiring import House
-from tests.methods import house
+from tests.methods import check_requests, house
 
 
 def test_accounting_reports_tables_7_to_13_and_figures_4_5_7(tmp_path):
@@ -73,7 +74,10 @@ def test_the_blocks_and_their_ledger(tmp_path):
         20, "empden_blocks", "empden_blocks", 1e-5, None, True)
     # configuration claims: their noise is the configuration's, nothing is calibrated
     assert spec.epsilon_target == (None,) * 20 and len(spec.params) == 20
-    assert acc.runtime_min >= 1 and acc.mem_mb >= 500
+    requests = check_requests(acc, "account.smk", costs.REQUESTS)
+    # every job that accounts every block asks for their count; the tables that read the block file are light
+    assert acc.resources("empden_blocks") == requests["replay"] == {"mem_mb": 4000, "runtime": 30 + 20}
+    assert requests["empden_table7_accountants"] == {"mem_mb": 1000, "runtime": 5}
 
 
 def block_claims(tmp_path, edit=None) -> list[dict]:

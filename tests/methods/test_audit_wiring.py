@@ -11,9 +11,10 @@ import pytest
 
 import pipeline.resources as cost
 from pipeline.methods import audited_methods
+from pipeline.methods.audit import costs
 from pipeline.methods.audit.wiring import MIA_GRID_KEYS, MIA_NONMEMBERS, Wiring
 from pipeline.registry import MethodRegistry, TranscriptSpec
-from tests.methods import house
+from tests.methods import check_requests, house
 
 
 def registry(tmp_path: Path) -> MethodRegistry:
@@ -59,9 +60,21 @@ def test_the_one_run_audit_reads_the_transcripts_of_the_chosen_audited_methods_o
 def test_the_audit_jobs_minutes_are_costed_from_the_claims_it_reruns_and_empdens_apart(tmp_path):
     """claims: baselines 2, dpdm 3, empden 4, straightdp 5 (registry above); accounting's 1 is never audited."""
     a = audit(tmp_path)
-    assert a.one_run_runtime_min() == cost.audit_runtime_min(a.house.config, 2 + 3 + 4 + 5, 4)
+    assert a.one_run_runtime_min() == costs.one_run_runtime_min(a.house.config, 2 + 3 + 4 + 5, 4)
     b = audit(tmp_path, methods("accounting", "dpdm", "straightdp", "audit"))
-    assert b.one_run_runtime_min() == cost.audit_runtime_min(b.house.config, 3 + 5, 0)
+    assert b.one_run_runtime_min() == costs.one_run_runtime_min(b.house.config, 3 + 5, 0)
+    # the job asks for it when Snakemake builds the DAG (every rule file read, every transcript registered)
+    assert a.resources("audit_one_run")["runtime"](SimpleNamespace()) == a.one_run_runtime_min()
+
+
+def test_every_rule_asks_for_its_request_in_the_audits_cost_model(tmp_path):
+    a = audit(tmp_path)
+    requests = check_requests(a, "audit.smk", costs.REQUESTS)
+    cfg = a.house.config
+    assert requests["audit_mia"]["runtime"] == costs.mia_runtime_min(cfg) > 0
+    # the twin is resumable: its request within the time limit, its retries from the whole prediction
+    assert a.twin_runtime_min == costs.twin_runtime_min(cfg) > 0
+    assert requests["train_dpdm_twin"]["runtime"] == cost.segment_runtime_min(cfg, a.twin_runtime_min)
 
 
 def test_the_one_run_params_are_the_audit_section_seed_and_threads(tmp_path):
@@ -119,7 +132,7 @@ def test_an_attacks_params_leave_the_twins_keys_out_and_read_eps_refutable_at_dp
         cfg["audit"]["mia"]["twin_epochs"] = 900
     assert audit(tmp_path, longer_twin).mia_params(SimpleNamespace(method="dpdm", run="x")) == \
         a.mia_params(SimpleNamespace(method="dpdm", run="x"))
-    assert a.mia_runtime_min > 0 and a.twin_runtime_min > 0
+    assert a.resources("audit_mia")["runtime"] > 0 and a.twin_runtime_min > 0
 
 
 # ---------------------------------------------------------------------------------------------- the twin

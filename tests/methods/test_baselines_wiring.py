@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.baselines.runs import BaselineRun
+from pipeline.methods.baselines import costs
 from pipeline.methods.baselines.wiring import LISTING, Wiring
 from pipeline.wiring import House
-from tests.methods import house
+from tests.methods import check_requests, house
 
 
 def test_the_runs_are_methods_by_epsilons_by_seeds(tmp_path):
@@ -404,6 +405,23 @@ def test_dp_ldms_public_stages_read_only_its_subsection_and_the_pretrain_recipe(
     # retuning its DP-SGD retrains no autoencoder and no latent denoiser
     assert Wiring(house(tmp_path, retune)).ldm_autoencoder_params() == bl.ldm_autoencoder_params()
     assert Wiring(house(tmp_path, retune)).ldm_pretrain_params() == bl.ldm_pretrain_params()
+
+
+def test_every_rule_asks_for_its_request_in_the_baselines_cost_model_and_reuses_the_engines_it_runs(tmp_path):
+    from pipeline import resources as cost
+    from pipeline.methods.dpdm import costs as dpdm_costs
+
+    h = house(tmp_path)
+    bl = Wiring(h)
+    requests = check_requests(bl, "baselines.smk", costs.REQUESTS)
+    cfg = h.config
+    assert bl.resources("dp_merf")["runtime"] == costs.run_runtime_min(cfg) >= 10
+    # the DP-SGD baselines run DPDM's engine, PrivImage and DP-LDM the public pretraining: their costs
+    assert requests["dpsgd_baseline"] == {"gpu": 1, "mem_mb": dpdm_costs.train_mem_mb(cfg),
+                                          "runtime": dpdm_costs.train_runtime_min(cfg)}
+    assert requests["sample_baseline"]["runtime"] == dpdm_costs.sample_runtime_min(cfg)
+    assert requests["privimage_pretrain"]["runtime"] == cost.segment_runtime_min(cfg, cost.pretrain_runtime_min(cfg))
+    assert requests["dp_ldm_pretrain"]["gpu_mem_mb"](SimpleNamespace()) == bl.ldm_pretrain_memory.predicted_mb
 
 
 def test_dp_ldms_latent_denoiser_is_sized_for_the_gpu_on_its_codes_not_the_images(tmp_path):

@@ -10,10 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.config import ConfigError, config_id
+from pipeline.methods.dpdm import costs
 from pipeline.methods.dpdm.wiring import (CLASSIFIER_TABLE, MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, VARIANCE_FIGURE,
                                           Wiring)
 from pipeline.registry import TranscriptSpec
 from pipeline.training import dpdm_runs
+from tests.methods import check_requests
 from tests.methods import house as tour_house
 
 
@@ -223,22 +225,26 @@ def test_a_sample_job_names_its_sampler_settings_and_generates_with_the_runs_see
         w.sample_params(wc("edm_eps1_K1_seed3", "heun"))
 
 
-def test_the_jobs_costs_come_from_the_cost_models(w):
-    assert w.train_mem_mb > 0 and w.train_runtime_min > 0 and w.sample_runtime_min > 0
+def test_every_rule_asks_for_its_request_in_dpdm_s_cost_model(w):
+    requests = check_requests(w, "dpdm.smk", costs.REQUESTS)
+    cfg = w.house.config
+    assert w.train_runtime_min == costs.train_runtime_min(cfg) > 0  # the training rule's retries
+    assert requests["sample_dpdm"] == {"gpu": 1, "mem_mb": 4000, "runtime": costs.sample_runtime_min(cfg)}
+    train = requests["train_dpdm"]
+    assert (train["gpu"], train["tasks"], train["mem_mb"]) == (1, 1, costs.train_mem_mb(cfg))
     # the GPU memory of a run: its own K from its name (the K ablation's K = 1 run holds fewer draws than K = 4)
-    from pipeline import resources as cost
-
-    one, four = (w.train_gpu_mem_mb(SimpleNamespace(run=f"edm_eps10_K{k}_seed0")) for k in (1, 4))
-    assert one < four == cost.dpdm_train_gpu_mem_mb(w.house.config, 4)
+    one, four = (train["gpu_mem_mb"](SimpleNamespace(run=f"edm_eps10_K{k}_seed0")) for k in (1, 4))
+    assert one < four == costs.train_gpu_mem_mb(cfg, 4)
     # and its runtime at its own K, from the run name
-    assert w.run_train_runtime_min(SimpleNamespace(run="edm_eps10_K4_seed0")) == cost.dpdm_train_runtime_min(
-        w.house.config, 4)
+    assert train["runtime"](SimpleNamespace(run="edm_eps10_K4_seed0")) == costs.train_runtime_min(cfg, 4)
 
 
 def test_dpdm_gpus_sets_a_training_jobs_processes_cores_and_memory_but_not_its_params(w, tmp_path):
     assert (w.train_gpus, w.train_threads) == (1, w.house.torch_threads)
     four = Wiring(house(tmp_path, lambda cfg: cfg["dpdm"].update(gpus=4)))
-    assert (four.train_gpus, four.train_threads, four.train_mem_mb) == (4, 4 * w.train_threads, 4 * w.train_mem_mb)
+    mem = (four.resources("train_dpdm")["mem_mb"], w.resources("train_dpdm")["mem_mb"])
+    assert (four.train_gpus, four.train_threads, mem[0]) == (4, 4 * w.train_threads, 4 * mem[1])
+    assert four.resources("train_dpdm")["gpu"] == 4
     # the same mechanism, sample and noise on any number of processes: no rerun, no new config id
     assert four.train_params(wc("edm_eps1_K1_seed0")) == w.train_params(wc("edm_eps1_K1_seed0"))
 
@@ -322,7 +328,7 @@ def test_a_classifier_runs_params_are_its_name_dpdms_delta_the_section_and_the_d
     assert p["ledger_binding"] == {"run": "cnn_eps0p2_seed0", "experiment": "digits"}
     q = json.loads(w.classifier_params(wc("cnn_eps10_seed0")))
     assert {k for k in p if p[k] != q[k]} == {"epsilon", "ledger_binding", "config_id"}
-    assert w.classifier_runtime_min >= 10
+    assert w.resources("train_dpsgd_classifier")["runtime"] >= 10
 
 
 def test_each_classifier_run_has_its_transcript_and_an_all_runs_record_of_its_own_method(w, exp):
@@ -375,7 +381,7 @@ def test_the_variance_figure_reads_the_public_denoiser_and_split_never_the_priva
     assert w.variance_inputs == {"denoiser": exp / "models" / "public_edm.pt", "public": exp / "data" / "public.npz"}
     p = json.loads(w.variance_params())
     assert (p["K"], p["repeats"], p["n_images"], p["clip"]) == ([1, 2, 4, 8, 16], 24, 3, w.section["clip"])
-    assert w.variance_runtime_min >= 5
+    assert w.resources("dpdm_figure3_gradient_variance")["runtime"] >= 5
 
 
 def test_the_variance_figure_is_left_out_when_null_or_without_a_public_split(tmp_path):

@@ -92,14 +92,14 @@ def test_a_cifar10_cell_on_a_named_gpu_asks_for_1_to_4_times_its_flop_estimate(c
     private, public = costs.cell_flops(cifar10, cell)
     # the public UNet's evaluations are nearly all of a subsampled cell's FLOPs (the issue counted 99.9%)
     assert public / (private + public) > 0.99
-    n_out = cost.empden_n_out(cifar10)
+    n_out = costs.n_out(cifar10)
     estimate_min = n_out * (private / (67e12 * 0.3) + public / (494.7e12 * 0.3)) / 60
     asked = costs.sample_runtime_min(cifar10, cell)
     assert 1 <= asked / estimate_min <= 4
     # the rate model asked for ~11x as much (276 minutes)
     estimate_entry = copy.deepcopy(cifar10)
     estimate_entry["slurm"]["device_rates"] = "estimate"
-    assert costs.sample_runtime_min(estimate_entry, cell) == cost.empden_sample_runtime_min(estimate_entry) > 8 * asked
+    assert costs.sample_runtime_min(estimate_entry, cell) == costs.rate_sample_runtime_min(estimate_entry) > 8 * asked
 
 
 def test_each_job_asks_for_its_own_cell_and_a_shard_for_its_share(cifar10):
@@ -116,5 +116,18 @@ def test_each_job_asks_for_its_own_cell_and_a_shard_for_its_share(cifar10):
 def test_a_public_denoiser_the_user_brings_is_not_counted_and_keeps_the_rate(cifar10, monkeypatch):
     monkeypatch.setattr(cost, "counted_forward_flops", lambda *a: pytest.fail("an uncounted network was counted"))
     cell = Cell("hybrid", 0, beta=1.0, p_percent=65, B=50, T=3)
-    assert costs.sample_runtime_min(cifar10, cell, counts_public_network=False) == cost.empden_sample_runtime_min(
+    assert costs.sample_runtime_min(cifar10, cell, counts_public_network=False) == costs.rate_sample_runtime_min(
         cifar10)
+
+
+@pytest.mark.parametrize(("fn", "small", "large"), [
+    (costs.rate_sample_runtime_min, {"empden": {"n_out": 100}}, {"empden": {"n_out": 100000}}),
+    # a shard asks for its share of the cell's time (100,000 outputs in batches of 256: 391 batches)
+    (costs.rate_sample_runtime_min, {"empden": {"n_out": 100000}, "sampling": {"shards": 8}},
+     {"empden": {"n_out": 100000}, "sampling": {"shards": 2}}),
+    (costs.gather_mem_mb, {"empden": {"n_out": 1000}}, {"empden": {"n_out": 1000000}}),
+])
+@pytest.mark.parametrize("entry", ["estimate", "a100-40gb"])  # rates only; the default, from counted FLOPs
+def test_a_bigger_job_asks_for_more(fn, small, large, entry):
+    slurm = {"slurm": {"device_rates": entry}}
+    assert fn(validate_config({**large, **slurm})) > fn(validate_config({**small, **slurm}))

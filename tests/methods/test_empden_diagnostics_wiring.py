@@ -8,9 +8,10 @@ import json
 
 from pipeline.methods.accounting.wiring import GRID_KEYS
 from pipeline.methods.empden.wiring import Wiring as EmpdenWiring
+from pipeline.methods.empden_diagnostics import costs
 from pipeline.methods.empden_diagnostics.wiring import Wiring
 from pipeline.wiring import House
-from tests.methods import house
+from tests.methods import check_requests, house
 
 
 def test_the_diagnostics_report_tables_1_4_5_6_and_figures_1_6(tmp_path):
@@ -40,10 +41,9 @@ def test_the_params_hold_the_section_the_mechanism_and_the_samplers_normaliser(t
     assert Wiring(House(cfg, h.layout, h.torch_threads)).params() == Wiring(h).params()
 
 
-def test_the_costs_come_from_the_cost_models(tmp_path):
-    from pipeline import resources
-
+def test_every_rule_asks_for_its_request_in_the_diagnostics_cost_model(tmp_path):
     h = house(tmp_path)
     d = Wiring(h)
-    assert d.runtime_min == resources.empden_diagnostics_runtime_min(h.config)
-    assert d.mem_mb == resources.empden_diagnostics_mem_mb(h.config)
+    requests = check_requests(d, "empden_diagnostics.smk", costs.REQUESTS)
+    assert requests["empden_table1_window_swap"] == d.resources("empden_table4_proxy") == {
+        "gpu": 1, "mem_mb": costs.mem_mb(h.config), "runtime": costs.runtime_min(h.config)}

@@ -14,10 +14,11 @@ import pytest
 from pipeline.config import ConfigError
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.methods.accounting.wiring import GRID_KEYS
+from pipeline.methods.empden import costs
 from pipeline.methods.empden.wiring import FIGURE2, LABELS, Wiring
 from pipeline.sampling.empden_grid import Cell, grid_cells
 from pipeline.wiring import House
-from tests.methods import house
+from tests.methods import check_requests, house
 
 
 def edited(h: House, **empden) -> House:
@@ -80,13 +81,15 @@ def test_a_cells_params_hold_the_mechanism_not_the_accounting_grids(tmp_path):
         "hybrid", HYBRID)
     fb = json.loads(em.sample_params("full_batch", {"smin": "0p002", "beta": "1", "seed": "0"}))
     assert fb["cell"]["sigma_min"] == 0.002 and fb["cell"]["method"] == "full_batch"
-    assert em.sample_mem_mb >= 1
+    requests = check_requests(em, "empden.smk", costs.REQUESTS)
+    assert requests["empden_sample_subsampled"]["mem_mb"] == costs.sample_mem_mb(h.config) >= 4000
     # each job's runtime is its own cell's (pipeline/methods/empden/costs.py), read from its wildcards
-    for method, wildcards in (("hybrid", HYBRID), ("full_batch", {"smin": "0p002", "beta": "1", "seed": "0"}),
-                              ("public_only", {"seed": "0"})):
-        runtime = em.sample_runtime_min(None if method == "hybrid" else method)
-        assert runtime(dict(wildcards, method=method) if method == "hybrid" else wildcards) >= 15
-    assert em.features_runtime_min >= 10 and em.evaluate_runtime_min >= 10  # the evaluation core's, at the cell's n
+    for rule, wildcards in (("empden_sample_subsampled", dict(HYBRID, method="hybrid")),
+                            ("empden_sample_full_batch", {"smin": "0p002", "beta": "1", "seed": "0"}),
+                            ("empden_sample_public_only", {"seed": "0"})):
+        assert requests[rule]["runtime"](wildcards) >= 15
+    # the evaluation core's, at the cell's n_out (a shard's features: at its share)
+    assert requests["empden_features"]["runtime"] >= 10 and requests["empden_evaluate"]["runtime"] >= 10
 
 
 def test_the_tables_and_figures_params(tmp_path):
@@ -289,7 +292,7 @@ def test_sharded_each_shard_writes_its_part_and_the_gather_joins_them_into_the_c
     assert em.sample_log(Path("logs"), "public_only_s{seed}") == Path("logs/empden_sample/public_only_s{seed}_shard{shard}.log")
     assert em.features_path(cell, 1) == exp / "eval" / "empden" / "shards" / cell.name / "1.features.npz"
     # the gather holds the cell's samples about twice beside the interpreter: 250 uint8 16x16 images add no MB
-    assert em.gather_mem_mb == 1000
+    assert em.resources("empden_gather") == {"mem_mb": 1000, "runtime": 10}
     bench = exp / "benchmarks"
     assert em.benchmarks(cell) == (*(bench / "empden_sample" / cell.name / f"shard{k}.tsv" for k in range(3)),
                                    bench / "empden_gather" / f"{cell.name}.tsv",

@@ -66,3 +66,28 @@ def test_every_public_member_of_a_wiring_is_exercised_by_its_specification(modul
 
 def test_every_method_but_the_audit_free_ones_has_its_wiring():
     assert {w[2] for w in WIRED} >= {f"test_{m}_wiring.py" for m in method_names()}
+
+
+#: every method with its own cost model (pipeline/methods/<method>/costs.py)
+COSTED = [m for m in method_names() if (Path(__file__).parents[2] / "pipeline" / "methods" / m / "costs.py").is_file()]
+
+
+@pytest.mark.parametrize("method", COSTED)
+def test_every_cost_model_of_a_method_is_a_positive_integer_of_the_default_config(method):
+    """Each function of a method's cost model that reads the configuration alone and counts minutes or MB (those with
+    more arguments: tests/methods/test_<method>_costs.py)."""
+    from pipeline.config import validate_config
+
+    module = importlib.import_module(f"pipeline.methods.{method}.costs")
+    cfg = validate_config({})
+    counted = []
+    for name, fn in inspect.getmembers(module, inspect.isfunction):
+        sig = inspect.signature(fn)
+        required = [p for p in sig.parameters.values() if p.default is inspect.Parameter.empty]
+        if name.startswith("_") or fn.__module__ != module.__name__ or sig.return_annotation != "int":
+            continue
+        if [p.name for p in required] == ["config"]:
+            value = fn(cfg)
+            assert isinstance(value, int) and value > 0, name
+            counted.append(name)
+    assert counted, f"pipeline/methods/{method}/costs.py: no cost model of the configuration alone"

@@ -8,9 +8,10 @@ import json
 import pytest
 
 from pipeline.config import config_id
+from pipeline.methods.sensgeo import costs
 from pipeline.methods.sensgeo.wiring import SECTIONS, Wiring
 from pipeline.wiring import House
-from tests.methods import house
+from tests.methods import check_requests, house
 
 
 def test_sensgeo_reports_two_figures_and_five_tables_top_level(tmp_path):
@@ -40,3 +41,10 @@ def test_a_rule_depends_on_its_own_section_and_the_seed_only(tmp_path, section):
 def test_an_unknown_section_is_refused(tmp_path):
     with pytest.raises(KeyError, match="SENSGEO has no section 'fig2'"):
         Wiring(house(tmp_path)).params("fig2")
+
+
+def test_every_rule_asks_for_its_request_in_sensgeo_s_cost_model(tmp_path):
+    h = house(tmp_path)
+    sg = Wiring(h)
+    check_requests(sg, "sensgeo.smk", costs.REQUESTS)
+    assert sg.resources("sensgeo_table_sdp") == {"mem_mb": 3000, "runtime": costs.sdp_runtime_min(h.config)}

@@ -12,9 +12,11 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, config_id, deep_merge, validate_config
+from pipeline.methods.straightdp import costs
 from pipeline.methods.straightdp.wiring import LISTING, OWN_SECTIONS, TABLES, Wiring
 from pipeline.training.straightdp_runs import LABELS, MAIN_ROW, StraightRun
 from pipeline.wiring import House
+from tests.methods import check_requests
 
 ROOT = Path(__file__).parents[2]
 
@@ -197,6 +199,22 @@ def test_an_arms_section_is_the_main_one_with_its_switches(w):
 # ---------------------------------------------------------------------------------------------- params
 
 
+def test_every_rule_asks_for_its_request_in_straightdp_s_cost_model(w):
+    requests = check_requests(w, "straightdp.smk", costs.REQUESTS)
+    cfg = w.config
+    # the rules' retries and runtimes count the wiring's flow (which knows the latent variant's codes)
+    assert w.pretrain_runtime_min == costs.pretrain_runtime_min(cfg, w.flow_network) == requests[
+        "pretrain_straightdp"]["runtime"]
+    assert w.train_runtime_min == costs.train_runtime_min(cfg, w.flow_network) == requests["train_straightdp"][
+        "runtime"]
+    assert requests["sample_straightdp"]["runtime"] == costs.sample_runtime_min(cfg, w.flow_network)
+    # each pretraining job's GPU memory is its own arm's plan; a training job's its run's
+    per_arm = requests["pretrain_straightdp"]["gpu_mem_mb"]
+    assert per_arm(SimpleNamespace(arm="latent")) == w.pretrain_gpu_mem_mb("latent")
+    assert per_arm(SimpleNamespace()) == w.pretrain_gpu_mem_mb()
+    assert requests["train_straightdp"]["gpu_mem_mb"] == w.train_gpu_mem_mb
+
+
 def test_a_jobs_section_leaves_out_the_listing_keys_and_other_rules_subsections(w):
     sec = w.section()
     assert not set(LISTING) & set(sec) and not set(OWN_SECTIONS) & set(sec)
@@ -207,7 +225,9 @@ def test_a_jobs_section_leaves_out_the_listing_keys_and_other_rules_subsections(
 def test_straightdp_gpus_sets_a_training_jobs_processes_cores_and_memory_but_no_jobs_params(tmp_path, w):
     assert (w.train_gpus, w.train_threads) == (1, w.house.torch_threads)
     four = replaced(tmp_path, gpus=4)
-    assert (four.train_gpus, four.train_threads, four.train_mem_mb) == (4, 4 * w.train_threads, 4 * w.train_mem_mb)
+    mem = (four.resources("train_straightdp")["mem_mb"], w.resources("train_straightdp")["mem_mb"])
+    assert (four.train_gpus, four.train_threads, mem) == (4, 4 * w.train_threads, (4 * 6000, 6000))
+    assert four.resources("train_straightdp")["gpu"] == 4
     assert four.private_run_params(wc("tha_moments_eps1_seed0"), train=True) == w.private_run_params(
         wc("tha_moments_eps1_seed0"), train=True)
 
@@ -216,7 +236,7 @@ def test_the_flows_are_sized_for_the_gpu_on_their_own_space_and_a_batch_that_fit
     from pipeline import resources as cost
 
     # the latent arm's flow sees its codes, the main flow the images (as the house's pixel-space spec has it)
-    assert w.flow_network() == cost.straightdp_network(w.config)
+    assert w.flow_network() == costs.pixel_network(w.config)
     assert w.flow_network()["shape"] == w.sample_shape() != w.sample_shape("latent")
     assert w.flow_network("latent")["shape"] == w.sample_shape("latent")
     pre, dist = w.pretrain_memory(), w.distill_memory()

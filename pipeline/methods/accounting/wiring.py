@@ -14,6 +14,7 @@ from typing import Any
 
 import pipeline.resources as cost
 from pipeline.config import ConfigError
+from pipeline.methods.accounting import costs
 from pipeline.registry import LineParams, TranscriptSpec
 from pipeline.results.empden_accounting import AccountingConfig, block_plan, claim_parameters
 from pipeline.wiring import House, stage_params
@@ -79,17 +80,12 @@ class Wiring:
     @property
     def n_blocks(self) -> int:
         """Private blocks accounted: the p x B grid and one per mu_bar_B (each one claim of the block ledger)."""
-        a = self.section
-        return len(a["p"]) * len(a["B"]) + len(a["mu_bar_B"] or [])
+        return costs.n_blocks(self.house.config)
 
-    @property
-    def runtime_min(self) -> int:
-        """Runtime of a job that accounts every block (rule empden_blocks, Table 13, the replay)."""
-        return cost.accounting_runtime_min(self.house.config, self.n_blocks)
-
-    @property
-    def mem_mb(self) -> int:
-        return cost.accounting_mem_mb(self.house.config)
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/account.smk) asks the cluster for, its whole ``resources:``: its
+        request in :data:`pipeline.methods.accounting.costs.REQUESTS`."""
+        return cost.resources(costs.REQUESTS, rule, self.house.config, self)
 
     def params(self) -> str:
         """Params of the accounting tables and figures that account themselves (Table 13, Figures 4 left/middle, 5,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pipeline.resources as cost
 from pipeline.methods import audited_methods
+from pipeline.methods.audit import costs
 from pipeline.methods.dpdm.wiring import Wiring as DpdmWiring
 from pipeline.methods.straightdp.wiring import Wiring as StraightdpWiring
 from pipeline.registry import TranscriptSpec
@@ -86,8 +87,8 @@ class Wiring:
 
     def one_run_runtime_min(self) -> int:
         """The audit job's SLURM minutes, from how many lines it reruns (EMPDEN's cost most)."""
-        return cost.audit_runtime_min(self.house.config, sum(s.claims for s in self.audited_claims().values()),
-                                      sum(s.claims for s in self.empden_claims().values()))
+        return costs.one_run_runtime_min(self.house.config, sum(s.claims for s in self.audited_claims().values()),
+                                         sum(s.claims for s in self.empden_claims().values()))
 
     # ---------------------------------------------------------------- membership inference
 
@@ -166,10 +167,6 @@ class Wiring:
                             method=wildcards.method, run=wildcards.run, nonmember_split=MIA_NONMEMBERS, seed=h.seed,
                             delta=self.dpdm.section["delta"], device=h.device, threads=h.torch_threads)
 
-    @property
-    def mia_runtime_min(self) -> int:
-        return cost.mia_runtime_min(self.house.config)
-
     def table_params(self) -> str:
         """audit_mia_table's and empden_table13's params: the seed."""
         return stage_params(seed=self.house.seed)
@@ -206,7 +203,13 @@ class Wiring:
 
     @property
     def twin_runtime_min(self) -> int:
-        return cost.dpdm_twin_runtime_min(self.house.config)
+        """A twin's predicted minutes, whatever the time limit (its rule's ``retries``)."""
+        return costs.twin_runtime_min(self.house.config)
+
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/audit.smk) asks the cluster for, its whole ``resources:``: its
+        request in :data:`pipeline.methods.audit.costs.REQUESTS`."""
+        return cost.resources(costs.REQUESTS, rule, self.house.config, self)
 
     # ---------------------------------------------------------------- targets
 

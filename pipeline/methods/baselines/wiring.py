@@ -1,5 +1,6 @@
 """The baselines' wiring (``rules/baselines.smk``): a run's files and params, the table's inputs, the transcripts the
-replay checks and the runs all_runs.parquet reads. Runs and their names: :mod:`pipeline.baselines.runs`.
+replay checks, the runs all_runs.parquet reads and each rule's ``resources:`` (:mod:`pipeline.methods.baselines.costs`).
+Runs and their names: :mod:`pipeline.baselines.runs`.
 
 Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/test_baselines_wiring.py``.
 """
@@ -14,6 +15,7 @@ from pipeline.baselines import runs as baseline_runs
 from pipeline.baselines.runs import BaselineRun
 from pipeline.config import schema_defaults
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
+from pipeline.methods.baselines import costs
 from pipeline.privacy import dpsgd_plan
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training.dpdm_runs import UNET_FROM_INIT
@@ -238,6 +240,11 @@ class Wiring:
         side = cost.image_side(self.house.config) // 4
         return cost.pretrain_memory(self.house.config, "dp_ldm_pretrain", unet=self.section["dp_ldm"]["unet"],
                                     shape=(code_channels, side))
+
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/baselines.smk) asks the cluster for, its whole ``resources:``:
+        its request in :data:`pipeline.methods.baselines.costs.REQUESTS`."""
+        return cost.resources(costs.REQUESTS, rule, self.house.config, self)
 
     def ldm_decode_params(self, wildcards: Any) -> str:
         """dp_ldm_decode's params: the sample set's name (the evaluation's)."""

@@ -15,6 +15,7 @@ from typing import Any
 import pipeline.resources as cost
 from pipeline.config import schema_defaults
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
+from pipeline.methods.dpdm import costs
 from pipeline.privacy import dpsgd_plan
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training import dpdm_runs
@@ -257,10 +258,6 @@ class Wiring:
     def classifier_table_params(self) -> str:
         return stage_params(rows=self.classifier_rows())
 
-    @property
-    def classifier_runtime_min(self) -> int:
-        return cost.dpsgd_classifier_runtime_min(self.house.config)
-
     # ---------------------------------------------------------------- DPDM Fig. 3: gradient variance vs K
 
     @property
@@ -283,10 +280,6 @@ class Wiring:
         chosen = dpdm_runs.subsection(d, "gradient_variance") or schema_defaults("dpdm", "gradient_variance")
         return stage_params(**chosen, clip=d["clip"], seed=h.seed, device=h.device,
                             threads=h.torch_threads)
-
-    @property
-    def variance_runtime_min(self) -> int:
-        return cost.dpdm_gradient_variance_runtime_min(self.house.config)
 
     # ---------------------------------------------------------------- certified bundles (pipeline/bundles)
 
@@ -362,27 +355,14 @@ class Wiring:
         return self.house.torch_threads * self.train_gpus
 
     @property
-    def train_mem_mb(self) -> int:
-        """A training job's host memory: every process holds the data, the model and its micro-batch."""
-        return cost.dpdm_train_mem_mb(self.house.config) * self.train_gpus
-
-    @property
     def train_runtime_min(self) -> int:
-        return cost.dpdm_train_runtime_min(self.house.config)
+        """A training job's predicted minutes at dpdm.K, whatever the time limit (its rule's ``retries``)."""
+        return costs.train_runtime_min(self.house.config)
 
-    def run_train_runtime_min(self, wildcards: Any) -> int:
-        """One training job's runtime at its own K (from the run name): the K ablation's K = 1 run asks for 1/32 of
-        K = 32's work where the entry counts FLOPs."""
-        return cost.dpdm_train_runtime_min(self.house.config, DpdmRun.from_name(wildcards.run).K)
-
-    def train_gpu_mem_mb(self, wildcards: Any) -> int:
-        """A training job's predicted GPU memory per process: dpdm.micro_batch examples x the run's K draws
-        (pipeline.resources.dpsgd_memory; the plan refuses a job over slurm.gpu_mem_gb)."""
-        return cost.dpdm_train_gpu_mem_mb(self.house.config, DpdmRun.from_name(wildcards.run).K)
-
-    @property
-    def sample_runtime_min(self) -> int:
-        return cost.dpdm_sample_runtime_min(self.house.config)
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/dpdm.smk) asks the cluster for, its whole ``resources:``: its
+        request in :data:`pipeline.methods.dpdm.costs.REQUESTS`."""
+        return cost.resources(costs.REQUESTS, rule, self.house.config, self)
 
     # ---------------------------------------------------------------- the tables and the choice of sampler
 

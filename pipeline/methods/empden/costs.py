@@ -1,4 +1,6 @@
-"""What one EMPDEN cell costs: its counted FLOPs per output, and the runtime a job asks for on a device entry.
+"""What EMPDEN's jobs cost: a cell's counted FLOPs per output and the runtime a sampling job asks for on a device
+entry, a cell's memory, and each of its rules' request (:data:`REQUESTS`, read by
+:meth:`pipeline.methods.empden.wiring.Wiring.resources`).
 
 A cell's output runs two kinds of work (EMPDEN Algorithm 1; Sec. 3.2 for full batch):
 
@@ -17,17 +19,30 @@ B 50: 99.9%), the private block all of a full-batch cell's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline import rates
 from pipeline import resources as cost
+from pipeline.methods.accounting import costs as accounting_costs
 from pipeline.privacy.empden_block import GATHER_MAX_FRACTION
 from pipeline.privacy.schedule import k_private_steps
-from pipeline.sampling.empden_grid import Cell
+from pipeline.resources import LIGHT_JOB, Request, Requested
+from pipeline.sampling.empden_grid import Cell, cell_from_wildcards
 
 Config = Mapping[str, Any]
+
+
+def n_out(config: Config) -> int:
+    """Samples per EMPDEN cell: empden.n_out, else the N_out of the accounting section."""
+    return config["empden"]["n_out"] or config["accounting"]["N_out"]
+
+
+def outputs_per_job(config: Config) -> int:
+    """Outputs of one EMPDEN sampling job: the cell's n_out, or its shard's share (sampling.shards)."""
+    return math.ceil(n_out(config) / config["sampling"]["shards"])
 
 
 @dataclass(frozen=True)
@@ -121,12 +136,73 @@ def sample_runtime_min(config: Config, cell: Cell, *, counts_public_network: boo
     FLOPs, the private block at the entry's FP64 peak and the public denoiser at TF32, / efficiency x headroom, with a
     15-minute floor. Else (or when the public denoiser is a folder the user brings, whose network is not counted:
     ``counts_public_network`` False) the device rate ``empden_sample`` per output, as before
-    (:func:`pipeline.resources.empden_sample_runtime_min`).
+    (:func:`rate_sample_runtime_min`).
     """
     entry = rates.device_rates(config)
     if not entry.counts_flops or (not counts_public_network and cell.method != "full_batch"):
-        return cost.empden_sample_runtime_min(config)
+        return rate_sample_runtime_min(config)
     private, public = cell_flops(config, cell)
-    n_job = cost.empden_job_outputs(config)
+    n_job = outputs_per_job(config)
     seconds = entry.flop_seconds(n_job * private, "fp64") + entry.flop_seconds(n_job * public, "tf32")
     return max(15, int(entry.headroom * seconds / 60) + 10)
+
+
+def rate_sample_runtime_min(config: Config) -> int:
+    """One EMPDEN sampling job: its outputs at the device rate ``empden_sample`` per 16x16 output (all its
+    private steps), x4 headroom; sharded (sampling.shards), its shard's share of the cell's outputs."""
+    n_job = outputs_per_job(config)
+    return max(15, int(n_job * (cost.image_side(config) / 16) ** 2 * cost.rate(config, "empden_sample") / 60 * 4) + 10)
+
+
+def cell_runtime_min(config: Config, method: str | None = None, *,
+                     counts_public_network: bool = True) -> Callable[[Mapping[str, str]], int]:
+    """The runtime resource of a sampling rule: each job its own cell's minutes (:func:`sample_runtime_min`), the cell
+    read from the job's wildcards; ``method`` for the rules whose paths do not name it."""
+
+    def minutes(wildcards: Mapping[str, str]) -> int:
+        cell = cell_from_wildcards(method or wildcards.get("method"), wildcards)
+        return sample_runtime_min(config, cell, counts_public_network=counts_public_network)
+
+    return minutes
+
+
+def sample_mem_mb(config: Config) -> int:
+    """One EMPDEN cell: the private set in float64 plus [batch, n] work matrices."""
+    n = config["accounting"]["n"] or config["data"]["private"]["n_private_train"] or 50000
+    side, ch = cost.image_side(config), cost.image_channels(config)
+    return max(4000, int(3 * n * ch * side * side * 8 / 2**20 + 8 * config["empden"]["batch_size"] * n * 8 / 2**20))
+
+
+def gather_mem_mb(config: Config) -> int:
+    """Joining a sharded EMPDEN cell (sampling.shards): its uint8 samples about twice (the shards and their
+    concatenation), and the interpreter."""
+    return 1000 + int(2 * n_out(config) * cost.image_channels(config) * cost.image_side(config) ** 2 / 2**20)
+
+
+def _sampling(c: Config, w: Any, method: str | None) -> Request:
+    """A private sampling job of one cell (or of one shard of it): its cell's minutes, the private set's memory."""
+    counts = not w.house.imports_public_denoiser
+    return Request(gpu=1, mem_mb=sample_mem_mb(c), runtime=cell_runtime_min(c, method, counts_public_network=counts))
+
+
+#: each rule of rules/empden.smk -> its request (``w`` the asking wiring,
+#: :class:`pipeline.methods.empden.wiring.Wiring`)
+REQUESTS: dict[str, Requested] = {
+    "empden_sample_subsampled": lambda c, w: _sampling(c, w, None),
+    "empden_sample_full_batch": lambda c, w: _sampling(c, w, "full_batch"),
+    "empden_sample_public_only": lambda c, w: Request(
+        gpu=1, mem_mb=4000,
+        runtime=cell_runtime_min(c, "public_only", counts_public_network=not w.house.imports_public_denoiser)),
+    # sharded cells (sampling.shards): the join, and each shard's features in the evaluation's feature space
+    "empden_gather": lambda c, w: Request(mem_mb=gather_mem_mb(c), runtime=10),
+    "empden_features": lambda c, w: cost.evaluation_request(c, outputs_per_job(c), features_only=True),
+    "empden_evaluate": lambda c, w: cost.evaluation_request(c, n_out(c)),
+    # each sampled cell's eps columns accounted (PLD, Edgeworth): as the accounting's jobs that account every block
+    "empden_table8_grid": lambda c, w: accounting_costs.blocks_request(c),
+    "empden_table2_comparison": LIGHT_JOB,
+    "empden_table3_beta": LIGHT_JOB,
+    "empden_table10_seeds": LIGHT_JOB,
+    "empden_figure3_tradeoffs": LIGHT_JOB,
+    "empden_figure4_samples": LIGHT_JOB,
+    "empden_figure2_trajectories": lambda c, w: Request(gpu=1, mem_mb=sample_mem_mb(c), runtime=15),
+}

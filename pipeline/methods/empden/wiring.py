@@ -8,7 +8,7 @@ Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/me
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +110,6 @@ class Wiring:
         """The log of one sampling job (one shard's, sharded)."""
         return logs / "empden_sample" / (f"{stem}_shard{{shard}}.log" if self.sharded else f"{stem}.log")
 
-    @property
-    def gather_mem_mb(self) -> int:
-        """The gather holds the cell's uint8 samples about twice (the shards and their concatenation)."""
-        return cost.empden_gather_mem_mb(self.house.config)
-
     def shard_path(self, cell: Cell, shard: int) -> Path:
         return self.samples / "shards" / cell.name / f"{shard}.npz"
 
@@ -147,7 +142,7 @@ class Wiring:
         cell = Cell.from_name(f"{wildcards['method']}/{wildcards['rest']}")
         h = self.house
         return stage_params(cell=cell.as_dict(), accounting=mechanism(h.config["accounting"]),
-                            n_out=cost.empden_n_out(h.config), batch_size=self.section["batch_size"])
+                            n_out=costs.n_out(h.config), batch_size=self.section["batch_size"])
 
     def features_path(self, cell: Cell, shard: int) -> Path:
         """One shard's features (rule empden_features), merged by the cell's evaluation."""
@@ -190,31 +185,10 @@ class Wiring:
         """The normaliser's inputs as ``key=path`` words of the stage call (a space when there are none)."""
         return io_args("", {k: input[k] for k in self.normaliser_input})
 
-    @property
-    def sample_mem_mb(self) -> int:
-        return cost.empden_sample_mem_mb(self.house.config)
-
-    def sample_runtime_min(self, method: str | None = None) -> Callable[[Mapping[str, str]], int]:
-        """The runtime resource of a sampling rule: each job its own cell's minutes (pipeline/methods/empden/costs.py),
-        the cell read from the job's wildcards; ``method`` for the rules whose paths do not name it."""
-        h = self.house
-
-        def minutes(wildcards: Mapping[str, str]) -> int:
-            cell = cell_from_wildcards(method or wildcards.get("method"), wildcards)
-            return costs.sample_runtime_min(h.config, cell, counts_public_network=not h.imports_public_denoiser)
-
-        return minutes
-
-    @property
-    def features_runtime_min(self) -> int:
-        """A sharded cell's feature job: the extractor over its shard's samples (pipeline.resources)."""
-        return cost.evaluation_runtime_min(self.house.config, cost.empden_job_outputs(self.house.config),
-                                           features_only=True)
-
-    @property
-    def evaluate_runtime_min(self) -> int:
-        """Scoring one cell's n_out samples (pipeline.resources.evaluation_runtime_min)."""
-        return cost.evaluation_runtime_min(self.house.config, cost.empden_n_out(self.house.config))
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/empden.smk) asks the cluster for, its whole ``resources:``: its
+        request in :data:`pipeline.methods.empden.costs.REQUESTS` (a sampling job's runtime: its own cell's)."""
+        return cost.resources(costs.REQUESTS, rule, self.house.config, self)
 
     # ---------------------------------------------------------------- params
 
@@ -226,7 +200,7 @@ class Wiring:
         h = self.house
         shard = {"shard": {"index": int(wildcards["shard"]), "of": self.shards}} if self.sharded else {}
         return stage_params(cell=cell.as_dict(), accounting=mechanism(h.config["accounting"]),
-                            n_out=cost.empden_n_out(h.config), batch_size=self.section["batch_size"],
+                            n_out=costs.n_out(h.config), batch_size=self.section["batch_size"],
                             device=h.config["device"], threads=h.torch_threads,
                             ledger_binding=h.ledger_binding(cell.ledger_stem), **self.normaliser_params,
                             **h.public_model(), **shard, **(h.precision if cell.method != "full_batch" else {}))
@@ -337,7 +311,7 @@ class Wiring:
         block over the declared N for that job's share of the cell's outputs (the params :meth:`sample_params`
         gives the stage)."""
         h = self.house
-        jobs = job_outputs(cost.empden_n_out(h.config), self.section["batch_size"], self.shards)
+        jobs = job_outputs(costs.n_out(h.config), self.section["batch_size"], self.shards)
         return [_block_line(cell_block(cell, mechanism(h.config["accounting"]), n=h.private["N"], n_out=stop - start))
                 for start, stop in jobs]
 

@@ -1,4 +1,4 @@
-"""EMPDEN's proxy diagnostics' wiring (``rules/empden_diagnostics.smk``): their targets, params and costs.
+"""EMPDEN's proxy diagnostics' wiring (``rules/empden_diagnostics.smk``): their targets, params and ``resources:``.
 
 The diagnostics read the private set without DP (as the paper's do): descriptive tables, not private releases, so
 no ledger transcript and no all_runs record. Tables 1/4/5/6 use the sampler's empirical denoiser, normaliser
@@ -9,9 +9,11 @@ Snakemake): ``tests/methods/test_empden_diagnostics_wiring.py``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pipeline.resources as cost
 from pipeline.methods.accounting.wiring import mechanism
+from pipeline.methods.empden_diagnostics import costs
 from pipeline.methods.empden.wiring import Wiring as EmpdenWiring
 from pipeline.wiring import House, stage_params
 
@@ -40,10 +42,7 @@ class Wiring:
                             seed=h.config["seed"], device=h.config["device"], threads=h.torch_threads,
                             **self.empden.normaliser_params)
 
-    @property
-    def runtime_min(self) -> int:
-        return cost.empden_diagnostics_runtime_min(self.house.config)
-
-    @property
-    def mem_mb(self) -> int:
-        return cost.empden_diagnostics_mem_mb(self.house.config)
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/empden_diagnostics.smk) asks the cluster for, its whole
+        ``resources:``: its request in :data:`pipeline.methods.empden_diagnostics.costs.REQUESTS`."""
+        return cost.resources(costs.REQUESTS, rule, self.house.config, self)

@@ -1,4 +1,4 @@
-"""SENSGEO's wiring (``rules/sensgeo.smk``): its targets and each rule's params.
+"""SENSGEO's wiring (``rules/sensgeo.smk``): its targets, each rule's params and ``resources:``.
 
 SENSGEO is analytic (CPU, no data): every public domain K and random covariance is drawn from ``sensgeo.seed``,
 so a rule's params are its config section and that seed. Plain Python (no Snakemake):
@@ -8,7 +8,10 @@ so a rule's params are its config section and that seed. Plain Python (no Snakem
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pipeline.resources as cost
+from pipeline.methods.sensgeo import costs
 from pipeline.wiring import House, stage_params
 
 #: the config's sensgeo sections, one per rule: sensgeo_fig1_naive_vs_exact, sensgeo_table_guarantees,
@@ -38,3 +41,8 @@ class Wiring:
             raise KeyError(f"SENSGEO has no section {section!r} (one of {', '.join(SECTIONS)})")
         sg = self.house.config["sensgeo"]
         return stage_params(seed=sg["seed"], **{section: sg[section]})
+
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/sensgeo.smk) asks the cluster for, its whole ``resources:``: its
+        request in :data:`pipeline.methods.sensgeo.costs.REQUESTS`."""
+        return cost.resources(costs.REQUESTS, rule, self.house.config, self)

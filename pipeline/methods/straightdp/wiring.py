@@ -2,7 +2,8 @@
 
 ``rules/straightdp.smk`` builds one :class:`Wiring` over the Snakemake run's :class:`~pipeline.wiring.House`
 (``STRAIGHTDP``) and only wires its paths and params into rules. Runs and their names:
-:mod:`pipeline.training.straightdp_runs`; costs: :mod:`pipeline.resources`. Nothing here imports Snakemake.
+:mod:`pipeline.training.straightdp_runs`; costs: :mod:`pipeline.methods.straightdp.costs` (each rule's
+``resources:``, :meth:`Wiring.resources`). Nothing here imports Snakemake.
 
 The paper's outputs (Che, Xu & Wu 2026): Tables 1 (main), 2 (noise sweep, ablation), 3 (frozen-model route),
 4 (text-conditional release), 5 (per class), 6 (FID vs eps), 7 (precision/recall); Figures 2a (horizon),
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 import pipeline.resources as cost
 from pipeline.config import ConfigError, schema_defaults
+from pipeline.methods.straightdp import costs
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
 from pipeline.training import straightdp_runs
 from pipeline.training.straightdp_runs import StraightRun
@@ -323,9 +325,19 @@ class Wiring:
         return self.house.torch_threads * self.train_gpus
 
     @property
-    def train_mem_mb(self) -> int:
-        """A train_straightdp job's host memory: 6 GB per process (data, flow, distillation and one micro-batch)."""
-        return 6000 * self.train_gpus
+    def pretrain_runtime_min(self) -> int:
+        """A pretrain_straightdp job's predicted minutes, whatever the time limit (its rule's ``retries``)."""
+        return costs.pretrain_runtime_min(self.config, self.flow_network)
+
+    @property
+    def train_runtime_min(self) -> int:
+        """A train_straightdp job's predicted minutes, whatever the time limit (its rule's ``retries``)."""
+        return costs.train_runtime_min(self.config, self.flow_network)
+
+    def resources(self, rule: str) -> dict[str, Any]:
+        """What each job of ``rule`` (a rule of rules/straightdp.smk) asks the cluster for, its whole ``resources:``:
+        its request in :data:`pipeline.methods.straightdp.costs.REQUESTS`."""
+        return cost.resources(costs.REQUESTS, rule, self.config, self)
 
     # ------------------------------------------------------------------ GPU memory (pipeline/resources.py)
 
