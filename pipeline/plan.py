@@ -1,7 +1,8 @@
 """``python -m pipeline plan``: what a configuration will ask a cluster for, before anything is submitted.
 
-Every job's request comes from the one cost model the rules use (:mod:`pipeline.resources`): the plan
-asks Snakemake for a dry run of the slurm profile (``snakemake -n --profile profiles/slurm all``),
+Every job's request comes from the cost models the rules use (each method's ``pipeline/methods/<method>/costs.py``,
+the house's :mod:`pipeline.resources`): the plan asks Snakemake for a dry run of the slurm profile
+(``snakemake -n --profile profiles/slurm all``),
 reads each job's ``runtime``, ``mem_mb``, ``gpu`` and predicted ``gpu_mem_mb`` as the profile would submit them, and sums them
 per rule. The dry run is made without ``slurm.max_job_hours`` so that it shows each job's whole
 predicted time; the limit is then applied here with the same functions the rules call
