@@ -18,7 +18,8 @@ micro-batches, with the same denoising loss:
 * ``ghost-2proc``: the ghost engine as two data-parallel gloo processes (:mod:`pipeline.distributed`: the same
   sample and draws on both, each computes half the micro-batches, one all-reduce), ``--threads`` each. Wall time
   is the slower rank's (barriers around the step), CPU time the two ranks' sum, peak memory the larger rank's.
-  Its speed-up over ``ghost`` needs two free cores.
+  Its speed-up over ``ghost`` needs two free cores. Its step runs one collective, the gradient's all-reduce (DPDM's
+  step); ``--diagnostics`` also gathers every rank's per-example norms and losses (STRAIGHTDP's step).
 
 Every arm runs in its own child process so that its peak memory is its own: on CUDA the
 peak allocated memory of the step, on the CPU the growth of the process' peak RSS during
@@ -127,7 +128,7 @@ def run_arm(arm: str, args, queue, rank: int = 0, init_file: str = "") -> None:
                              draws=args.draws)
 
         def step(rows: int):
-            engine.privatised_gradient((data,), idx[:rows])
+            engine.privatised_gradient((data,), idx[:rows], diagnostics=args.diagnostics)
     else:
         from opacus import GradSampleModule
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
@@ -210,13 +211,15 @@ def main() -> None:
     ap.add_argument("--draws", default="stream", choices=["stream", "counter"],
                     help="the engine arms' diffusion draws (pipeline.privacy.dpsgd): stream = one stream every rank "
                          "repeats in full; counter = per micro-batch, each rank its own")
+    ap.add_argument("--diagnostics", action="store_true",
+                    help="the engine arms' steps also gather every rank's per-example norms and losses (STRAIGHTDP)")
     args = ap.parse_args()
 
     n_params = sum(p.numel() for p in build_unet(tuple(args.channels)).parameters())
     print(f"UNet2DModel 16x16, block_out_channels={tuple(args.channels)}, {n_params:,} parameters; "
           f"logical batch {args.batch} x K={args.K}, micro-batch {args.microbatch}, device {args.device}, "
           f"{args.threads} threads, best of {args.rounds} alternating rounds x {args.repeats} steps, "
-          f"{args.draws} draws")
+          f"{args.draws} draws{', diagnostics gathered' if args.diagnostics else ''}")
     arms = list(args.arms)
     if {"opacus", "opacus-ghost"} & set(arms):
         import importlib.util

@@ -27,7 +27,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -190,20 +190,60 @@ def agree_with_rank0(decision: Mapping[str, Any], *, what: str) -> Mapping[str, 
     return decision if world.main else gathered[0][2]
 
 
-#: what :func:`gather_ordered` gathers per index: a tensor or a tuple of tensors
-Part = TypeVar("Part", Tensor, tuple[Tensor, ...])
+def gather_ordered(parts: Mapping[int, Tensor], *, n_parts: int, width: int, dtype: torch.dtype) -> Tensor:
+    """Every rank's rows, on every rank, as one ``[rows, width]`` tensor in index order (diagnostics).
 
+    ``parts`` is this rank's ``{index: rows [n, width] of dtype}``, each index in ``range(n_parts)`` and held by at
+    most one rank (DP-SGD: micro-batch j's per-example norms and losses, j on rank j mod N). The result is the
+    parts in ascending index, each part's rows in their own order (the single process's order); an index no rank
+    holds is absent. Every rank must call it with the same ``n_parts``, ``width`` and ``dtype`` (a rank that holds
+    nothing cannot read them off its parts).
 
-def _on_cpu(part: Part) -> Part:
-    return tuple(t.detach().cpu() for t in part) if isinstance(part, tuple) else part.detach().cpu()
-
-
-def gather_ordered(parts: Mapping[int, Part]) -> list[Part]:
-    """Every rank's ``{index: part}`` gathered on every rank (ONE collective), as one list in index order
-    (diagnostics; on the CPU when gathered from several ranks)."""
-    if current().size == 1:
-        return [parts[k] for k in sorted(parts)]
-    gathered: list[dict[int, Part] | None] = [None] * current().size
-    dist.all_gather_object(gathered, {k: _on_cpu(v) for k, v in parts.items()})
-    merged = {k: v for g in gathered for k, v in (g or {}).items()}
-    return [merged[k] for k in sorted(merged)]
+    Two tensor collectives on the collective device (the rank's GPU under NCCL, the CPU under gloo), no pickling:
+    one ``all_gather`` of each rank's row count per index (``n_parts + 1`` integers, -1 where it holds none, the
+    last one flagging a malformed ``parts``), then one ``all_gather`` of each rank's rows, concatenated in its index
+    order and padded to the largest rank's count. Every rank sees the same counts, so a malformed ``parts`` on any
+    rank, or an index held by two, raises a one-line :class:`PipelineError` on every rank before the rows are sent
+    (naming the rank; that rank's own line also says what was wrong). In one process nothing is communicated: the
+    parts concatenated in index order where they are (a ``[0, width]`` tensor on the CPU if none).
+    """
+    bad = next((f"index {k}: rows of shape {tuple(v.shape)}, dtype {v.dtype}" for k, v in parts.items()
+                if not 0 <= k < n_parts or v.dim() != 2 or v.shape[1] != width or v.dtype != dtype), None)
+    world = current()
+    if world.size == 1:
+        if bad is not None:
+            raise PipelineError(f"gather_ordered: {bad} (expected indices in range({n_parts}), [n, {width}] {dtype})")
+        return torch.cat([parts[k] for k in sorted(parts)]) if parts else torch.zeros(0, width, dtype=dtype)
+    device = _collective_device()
+    counts = torch.full((n_parts + 1,), -1, dtype=torch.int64)
+    counts[n_parts] = int(bad is not None)
+    if bad is None:
+        for k, v in parts.items():
+            counts[k] = v.shape[0]
+    counts = counts.to(device)
+    every = [torch.empty_like(counts) for _ in range(world.size)]
+    dist.all_gather(every, counts)
+    table = torch.stack(every).cpu()  # [ranks, n_parts + 1]
+    if bool(table[:, n_parts].any()):
+        rank = int(table[:, n_parts].nonzero()[0])
+        raise PipelineError(f"gather_ordered: rank {rank}'s parts are not indices in range({n_parts}) with "
+                            f"[n, {width}] rows of {dtype}" + (f" ({bad})" if rank == world.rank else ""))
+    held = (table[:, :n_parts] >= 0).sum(0)
+    if bool((held > 1).any()):
+        k = int((held > 1).nonzero()[0])
+        raise PipelineError(f"gather_ordered: index {k} is held by ranks "
+                            f"{(table[:, k] >= 0).nonzero().flatten().tolist()}")
+    sizes = table[:, :n_parts].clamp(min=0)
+    starts = (sizes.cumsum(1) - sizes).tolist()  # rank r's rows: its parts in ascending index, back to back
+    longest = int(sizes.sum(1).max())
+    if longest == 0:
+        return torch.zeros(0, width, dtype=dtype, device=device)
+    padded = torch.zeros(longest, width, dtype=dtype, device=device)
+    if parts:
+        mine = torch.cat([parts[k] for k in sorted(parts)]).to(device)
+        padded[:mine.shape[0]] = mine
+    gathered = [torch.empty_like(padded) for _ in range(world.size)]
+    dist.all_gather(gathered, padded)
+    owner, count = (table[:, :n_parts] >= 0).int().argmax(0).tolist(), table[:, :n_parts].max(0).values.tolist()
+    return torch.cat([gathered[r][starts[r][k]:starts[r][k] + count[k]]
+                      for k, r in enumerate(owner) if count[k] >= 0])

@@ -1,6 +1,7 @@
 """pipeline.distributed: a single process untouched by it, a group that cannot be joined, and two gloo processes
-agreeing on rank 0's decision or stopping together (the two-process DP-SGD: tests/privacy/test_dpsgd_data_parallel.py,
-tests/training/test_dpdm.py; the launch: tests/test_launch.py)."""
+agreeing on rank 0's decision or stopping together, and gathering uneven rows back into one process's order (the
+two-process DP-SGD: tests/privacy/test_dpsgd_data_parallel.py, tests/training/test_dpdm.py; the launch:
+tests/test_launch.py)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,12 @@ def test_the_single_process_collectives_are_identities():
     t = [torch.ones(3)]
     distributed.all_reduce_sum(t)
     assert torch.equal(t[0], torch.ones(3))
-    assert distributed.gather_ordered({2: torch.tensor([2.0]), 0: torch.tensor([0.0])}) == [torch.tensor([0.0]),
-                                                                                              torch.tensor([2.0])]
+    rows = {2: torch.tensor([[2.0, 20.0]]), 0: torch.tensor([[0.0, 0.0], [1.0, 10.0]])}
+    assert torch.equal(distributed.gather_ordered(rows, n_parts=3, width=2, dtype=torch.float32),
+                       torch.tensor([[0.0, 0.0], [1.0, 10.0], [2.0, 20.0]]))
+    assert distributed.gather_ordered({}, n_parts=0, width=2, dtype=torch.float64).shape == (0, 2)
+    with pytest.raises(PipelineError, match=r"^gather_ordered: index 3: rows of shape \(1, 2\)"):
+        distributed.gather_ordered({3: torch.zeros(1, 2)}, n_parts=3, width=2, dtype=torch.float32)
     assert distributed.any_rank(True) and not distributed.any_rank(False)
 
 
@@ -127,3 +132,95 @@ def test_a_decision_one_rank_cannot_compare_stops_every_rank(agreement_of_two_pr
     assert rank0["NaN"] == rank1["NaN"]
     assert re.match(r"^rank 1's stage s run: the plan: field noise_std = nan is not a finite JSON value \(",
                     rank0["NaN"]["error"])
+
+
+def _rows(index: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Part ``index``'s ``n`` rows, each naming itself: (index, position, -(10 index + position))."""
+    i = torch.arange(n, dtype=dtype)
+    return torch.stack([torch.full_like(i, index), i, -(10 * index + i)], 1)
+
+
+#: per case: (n_parts, dtype, rank 0's parts {index: rows}, rank 1's); parts are micro-batches j on rank j mod 2
+#: except where a case says otherwise
+GATHER_CASES = {
+    "uneven, an empty part": (3, torch.float32, {0: 3, 2: 1}, {1: 0}),
+    "rank 1 holds nothing": (1, torch.float64, {0: 2}, {}),
+    "rank 0 holds nothing": (2, torch.float32, {}, {0: 1, 1: 4}),
+    "both hold several": (5, torch.float32, {0: 4, 2: 4, 4: 1}, {1: 4, 3: 4}),
+    "an index no rank holds": (4, torch.float32, {0: 2}, {3: 1}),
+    "an empty batch": (0, torch.float32, {}, {}),
+    "an index on both ranks": (2, torch.float32, {0: 1, 1: 1}, {1: 2}),
+    "a malformed part on rank 1": (2, torch.float32, {0: 1}, {1: -1}),  # -1: rows of the wrong width
+}
+
+
+def _gather_rank(rank: int, size: int, init_file: str, out_dir: str) -> None:
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    calls = []
+    for name in ("all_gather", "all_gather_object"):  # count what the gather uses (delegating: no rank is stranded)
+        original = getattr(dist, name)
+        setattr(dist, name, lambda *a, _name=name, _f=original, **k: (calls.append(_name), _f(*a, **k))[1])
+    results = {}
+    try:
+        for case, (n_parts, dtype, *per_rank) in GATHER_CASES.items():
+            parts = {j: _rows(j, n, dtype) if n >= 0 else torch.zeros(1, 2, dtype=dtype)
+                     for j, n in per_rank[rank].items()}
+            try:
+                results[case] = distributed.gather_ordered(parts, n_parts=n_parts, width=3, dtype=dtype)
+            except PipelineError as exc:
+                results[case] = str(exc)
+    finally:
+        dist.destroy_process_group()
+    torch.save({"results": results, "calls": calls}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+@pytest.fixture(scope="module")
+def gather_of_two_processes(tmp_path_factory) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    tmp = tmp_path_factory.mktemp("gather")
+    mp.start_processes(_gather_rank, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, start_method="spawn")
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("case", [c for c in GATHER_CASES if "both ranks" not in c and "malformed" not in c])
+def test_two_ranks_gather_uneven_rows_into_the_single_process_order(gather_of_two_processes, case):
+    n_parts, dtype, *per_rank = GATHER_CASES[case]
+    held = {j: n for mine in per_rank for j, n in mine.items()}
+    # what one process holding every part gets: part j's rows, in order of j, then of their position
+    expected = distributed.gather_ordered({j: _rows(j, n, dtype) for j, n in held.items()}, n_parts=n_parts,
+                                          width=3, dtype=dtype)
+    assert expected.shape == (sum(held.values()), 3)
+    for rank in (0, 1):
+        got = gather_of_two_processes[rank]["results"][case]
+        assert got.dtype == dtype and torch.equal(got, expected), (rank, got)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("an index on both ranks", r"^gather_ordered: index 1 is held by ranks \[0, 1\]$"),
+    ("a malformed part on rank 1", r"^gather_ordered: rank 1's parts are not indices in range\(2\) with \[n, 3\] "
+                                   r"rows of torch.float32"),
+])
+def test_parts_the_ranks_cannot_gather_stop_every_rank_in_one_line(gather_of_two_processes, case, message):
+    for rank in (0, 1):
+        error = gather_of_two_processes[rank]["results"][case]
+        assert isinstance(error, str) and "\n" not in error and re.match(message, error), (rank, error)
+    # the rank whose parts were wrong also says what was wrong
+    assert "index 1: rows of shape (1, 2)" in gather_of_two_processes[1]["results"]["a malformed part on rank 1"]
+
+
+def test_the_gather_is_tensor_collectives_not_pickled_objects(gather_of_two_processes):
+    """Two all_gathers per call (the counts, then the padded rows), one where no rank has a row or the counts
+    already show an error, and never an all_gather_object."""
+    cases = list(GATHER_CASES)
+    no_rows = sum(1 for c in cases if c in ("an empty batch", "an index on both ranks", "a malformed part on rank 1"))
+    for rank in (0, 1):
+        calls = gather_of_two_processes[rank]["calls"]
+        assert "all_gather_object" not in calls
+        assert calls.count("all_gather") == 2 * len(cases) - no_rows

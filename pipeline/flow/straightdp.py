@@ -447,7 +447,9 @@ def dpsgd_flow_training(model: torch.nn.Module, plan: tha.THAPlan, images: Tenso
 
     def step(i: int) -> float:
         engine.steps_taken = i
-        info = engine.step(optimizer, (images, drop_labels(labels, float(sgd["p_uncond"]), num_classes, gen)))
+        # diagnostics: every data-parallel rank's norms (App. D.3's quantiles are over the whole logical batch)
+        info = engine.step(optimizer, (images, drop_labels(labels, float(sgd["p_uncond"]), num_classes, gen)),
+                           diagnostics=True)
         grad_norms.append(dpsgd.norm_quantiles(info))
         return float("nan")  # the private loss is deliberately not recorded
 

@@ -49,8 +49,11 @@ logical batch (one Poisson sample over the GLOBAL dataset from the run's one nam
 diffusion draws, in the same order as one process; rank r computes the clipped sums of micro-batches
 r, r + N, r + 2N, ...; one all-reduce sums them, and rank 0 adds the Gaussian noise to its share before the
 sum, so the noise is drawn once per logical step from the one mechanism stream. The released gradient is the
-single process's (to float summation order), and so is the ledger line. The draws of the micro-batches a rank
-does not compute are still made (and discarded), to keep the stream aligned: that is CPU work every rank repeats.
+single process's (to float summation order), and so is the ledger line. That all-reduce is the step's only
+collective: every rank's per-example norms and losses (a non-private diagnostic) are gathered, by two small tensor
+collectives, only for a step that asks for them (``diagnostics=True``: STRAIGHTDP's App. D.3 quantiles). The draws
+of the micro-batches a rank does not compute are still made (and discarded), to keep the stream aligned: that is
+CPU work every rank repeats.
 With ``draws="counter"`` (:func:`counter_generator`) each micro-batch's diffusion draws come instead from a
 generator of its own on the parameters' device, keyed by (the run's seed, the step, the micro-batch's index): a
 rank draws only its own micro-batches' examples, on its GPU, and the draws are the same for any number of
@@ -278,7 +281,14 @@ def multiplicity_loss(draw_loss: Callable[..., Tensor]) -> MultiplicityLoss:
 @dataclass
 class StepInfo:
     """What happened in one step. NOT privatised: for tests and diagnostics only; never write
-    ``batch_size`` or ``grad_norms`` to a result (they are functions of the private data)."""
+    ``batch_size`` or ``grad_norms`` to a result (they are functions of the private data).
+
+    ``grad_norms`` and ``losses`` (on the parameters' device) are per example, in the single process's order
+    (micro-batch j, then the order within it). ``complete`` says whether they cover the whole logical batch:
+    always in one process; over several data-parallel processes only for a step asked for ``diagnostics``
+    (:meth:`DPSGD.privatised_gradient`), else they hold this rank's own micro-batches' examples alone and
+    ``complete`` is False (``batch_size`` is still the logical batch's, which every rank knows).
+    """
 
     batch_size: int
     grad_norms: Tensor
@@ -286,6 +296,8 @@ class StepInfo:
     #: the plan's bucket of this step and its clip norm (public: they are functions of the step)
     bucket: int = 0
     clip: float = float("nan")
+    #: whether ``grad_norms`` and ``losses`` hold every example of the logical batch (see above)
+    complete: bool = True
 
 
 def norm_quantiles(info: StepInfo) -> dict[str, float] | None:
@@ -293,7 +305,10 @@ def norm_quantiles(info: StepInfo) -> dict[str, float] | None:
 
     A NON-PRIVATE diagnostic (a function of the private batch, like :class:`StepInfo` itself): it may go
     to a run's training metrics flagged as such, never into a result that claims DP. None for an empty batch.
+    Refuses an ``info`` that holds one data-parallel rank's examples only (ask the step for ``diagnostics``).
     """
+    if not info.complete:
+        raise DPSGDError("norm_quantiles needs every rank's gradient norms: run the step with diagnostics=True")
     norms = info.grad_norms.detach().double().cpu()
     if norms.numel() == 0:
         return None
@@ -462,8 +477,17 @@ class DPSGD:
             self.clipping = "vmap"
             return clipped_sum(self.model, self.loss_fn, chunk, clip, self.clipping, params)
 
-    def privatised_gradient(self, data: Sequence[Tensor], indices: Tensor) -> tuple[dict[str, Tensor], StepInfo]:
-        """The released gradient of step ``steps_taken`` over the logical batch ``indices``."""
+    def privatised_gradient(self, data: Sequence[Tensor], indices: Tensor, *, diagnostics: bool = False
+                            ) -> tuple[dict[str, Tensor], StepInfo]:
+        """The released gradient of step ``steps_taken`` over the logical batch ``indices``, and the step's
+        :class:`StepInfo`.
+
+        ``diagnostics``: whether the caller reads the :class:`StepInfo`'s per-example norms and losses over the
+        whole logical batch (STRAIGHTDP's App. D.3 quantiles). Over several data-parallel processes that costs two
+        small tensor collectives per step (:func:`pipeline.distributed.gather_ordered`); without it the step's only
+        collective is the gradient's all-reduce and the StepInfo holds this rank's examples alone
+        (``complete=False``). In one process it changes nothing. The released gradient is the same either way.
+        """
         i = self.steps_taken
         clip, std = self.plan.clip_at(i), self.plan.noise_std_at(i)
         params = trainable_parameters(self.model)
@@ -483,18 +507,26 @@ class DPSGD:
         for t in total.values():
             t.div_(divisor)
         device = next(iter(total.values())).device if total else torch.device("cpu")
-        parts = distributed.gather_ordered(rows)  # every rank's micro-batches, in the single process's order
-        norm_parts, loss_parts = [n for n, _ in parts], [v for _, v in parts]
-        info = StepInfo(batch_size=int(len(indices)),
-                        grad_norms=torch.cat(norm_parts) if norm_parts else torch.zeros(0, device=device),
-                        losses=torch.cat(loss_parts) if loss_parts else torch.zeros(0, device=device),
-                        bucket=self.plan.bucket_of(i), clip=float(clip))
+        gather = diagnostics and self.world.size > 1
+        if gather:  # every rank's micro-batches, in the single process's order: the norms and losses as two columns
+            dtype = next(iter(total.values())).dtype if total else torch.float32
+            columns = {j: torch.stack([n.to(dtype), v.to(dtype)], 1) for j, (n, v) in rows.items()}
+            both = distributed.gather_ordered(columns, n_parts=-(-len(indices) // self.microbatch_size), width=2,
+                                              dtype=dtype)
+            grad_norms, losses = both[:, 0].to(device), both[:, 1].to(device)
+        else:  # this rank's micro-batches (in one process, all of them): nothing is communicated
+            grad_norms = torch.cat([rows[j][0] for j in sorted(rows)]) if rows else torch.zeros(0, device=device)
+            losses = torch.cat([rows[j][1] for j in sorted(rows)]) if rows else torch.zeros(0, device=device)
+        info = StepInfo(batch_size=int(len(indices)), grad_norms=grad_norms, losses=losses,
+                        bucket=self.plan.bucket_of(i), clip=float(clip), complete=gather or self.world.size == 1)
         return total, info
 
-    def step(self, optimizer: torch.optim.Optimizer, data: Sequence[Tensor]) -> StepInfo:
+    def step(self, optimizer: torch.optim.Optimizer, data: Sequence[Tensor], *, diagnostics: bool = False
+             ) -> StepInfo:
         """One DP-SGD step: sample, privatise, write ``.grad``, ``optimizer.step()``.
 
-        Refuses to run past ``plan.steps``: the ledger line covers exactly T steps.
+        Refuses to run past ``plan.steps``: the ledger line covers exactly T steps. ``diagnostics``: as in
+        :meth:`privatised_gradient` (only a caller that reads the whole batch's norms or losses asks).
         """
         if self.steps_taken >= self.plan.steps:
             raise DPSGDError(f"the plan covers {self.plan.steps} steps; step {self.steps_taken + 1} "
@@ -502,7 +534,7 @@ class DPSGD:
         if len(data[0]) != self.plan.dataset_size:
             raise DPSGDError(f"data has {len(data[0])} records but the plan was accounted for "
                              f"N={self.plan.dataset_size}")
-        grads, info = self.privatised_gradient(data, self.sample())
+        grads, info = self.privatised_gradient(data, self.sample(), diagnostics=diagnostics)
         for name, p in trainable_parameters(self.model).items():
             p.grad = grads[name]
         optimizer.step()

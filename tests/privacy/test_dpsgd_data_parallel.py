@@ -1,7 +1,9 @@
 """Data-parallel DP-SGD (pipeline.privacy.dpsgd.DPSGD over pipeline.distributed): two gloo processes release, step
 by step, the gradient one process releases (same Poisson sample, diffusion draws and Gaussian noise, drawn once),
 and end at the same weights, with either clipping route, a THA plan's per-bucket clips, and either way of drawing
-the diffusion draws (one stream, or counter-keyed per micro-batch on each rank's device)."""
+the diffusion draws (one stream, or counter-keyed per micro-batch on each rank's device). A step asked for its
+diagnostics gathers every rank's norms in the single process's order (two tensor all_gathers); a step not asked (DPDM's,
+the classifier's) runs no collective but the gradient's all-reduce and releases the same gradient."""
 
 from __future__ import annotations
 
@@ -42,8 +44,10 @@ def plan(kind: str) -> dpsgd.StepPlan:
                        steps=STEPS, delta=1e-5)
 
 
-def train(route: str, kind: str, draws: str = "stream", world: distributed.World | None = None):
-    """STEPS steps of the engine; per step the released gradient and the gathered norms; the final weights."""
+def train(route: str, kind: str, draws: str = "stream", world: distributed.World | None = None, *,
+          diagnostics: bool = True):
+    """STEPS steps of the engine; per step the released gradient and the norms (gathered when ``diagnostics``, else
+    this rank's own); the final weights."""
     model = tiny_model()
     if world is not None and world.rank == 1:
         with torch.no_grad():  # rank 0's weights must reach the other ranks (the engine broadcasts them)
@@ -57,7 +61,8 @@ def train(route: str, kind: str, draws: str = "stream", world: distributed.World
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     released, norms = [], []
     for _ in range(STEPS):
-        grads, info = engine.privatised_gradient((x, y), engine.sample())
+        grads, info = engine.privatised_gradient((x, y), engine.sample(), diagnostics=diagnostics)
+        assert info.complete == (diagnostics or engine.world.size == 1)
         for name, p in dpsgd.trainable_parameters(model).items():
             p.grad = grads[name]
         opt.step()
@@ -73,11 +78,26 @@ CASES = [("vmap", "dpsgd", "stream"), ("ghost", "dpsgd", "stream"), ("ghost", "t
          ("vmap", "dpsgd", "counter"), ("ghost", "tha", "counter")]
 
 
+#: every collective torch.distributed offers; the test records which of them the steps call
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "gather", "gather_object",
+               "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+               "scatter_object_list", "all_to_all", "all_to_all_single", "barrier", "send", "recv", "isend", "irecv")
+
+
 def _rank(rank: int, size: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size)
     try:
         results = {case: train(*case, world=distributed.current()) for case in CASES}
+        # which collectives a run's calls make (delegated, so that no rank waits for one that failed)
+        calls: list[str] = []
+        for name in COLLECTIVES:
+            original = getattr(dist, name)
+            setattr(dist, name, lambda *a, _name=name, _f=original, **k: (calls.append(_name), _f(*a, **k))[1])
+        for diagnostics in (False, True):
+            calls.clear()
+            run = train("ghost", "dpsgd", "stream", world=distributed.current(), diagnostics=diagnostics)
+            results[("calls", diagnostics)] = (run, list(calls))
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -144,3 +164,40 @@ def test_counter_draws_are_other_draws_than_the_stream_s_and_a_function_of_the_c
 def test_an_unknown_way_of_drawing_is_a_one_line_error():
     with pytest.raises(dpsgd.DPSGDError, match="draws must be one of stream, counter, got 'philox'"):
         dpsgd.DPSGD(tiny_model(), dpsgd.multiplicity_loss(edm_draw_loss), plan("dpsgd"), draws="philox")
+
+
+def test_a_step_not_asked_for_diagnostics_runs_no_collective_but_the_gradient_s_all_reduce(two_processes,
+                                                                                         one_process):
+    """DPDM's and the classifier's step: one all-reduce, no all_gather (of objects or tensors); the released gradient
+    and the weights are those of a step asked for diagnostics, and its norms are this rank's micro-batches' alone."""
+    ref_released, ref_norms, ref_weights = one_process[("ghost", "dpsgd", "stream")]
+    for rank in (0, 1):
+        (released, norms, weights), calls = two_processes[rank][("calls", False)]
+        # the engine's constructor broadcasts rank 0's weights; each step: one all-reduce and nothing else
+        model = tiny_model()
+        tensors = len(list(model.parameters())) + len(list(model.buffers()))
+        assert calls == ["broadcast"] * tensors + ["all_reduce"] * STEPS, calls
+        asked, _ = two_processes[rank][("calls", True)]
+        for step in range(STEPS):
+            assert all(torch.equal(released[step][k], asked[0][step][k]) for k in released[step]), (rank, step)
+            assert all(close(released[step][k], ref_released[step][k]) for k in ref_released[step]), (rank, step)
+            # micro-batch j (3 examples) is on rank j mod 2: this rank's rows of the single process's norms
+            own = torch.cat([ref_norms[step][j:j + 3] for j in range(3 * rank, len(ref_norms[step]), 6)]
+                            or [torch.zeros(0)])
+            assert close(norms[step], own), (rank, step)
+        assert all(torch.equal(weights[k], asked[2][k]) for k in weights)
+        assert all(close(weights[k], ref_weights[k]) for k in ref_weights)
+
+
+def test_a_step_asked_for_diagnostics_gathers_with_two_tensor_all_gathers(two_processes):
+    for rank in (0, 1):
+        _, calls = two_processes[rank][("calls", True)]
+        steps = [c for c in calls if c != "broadcast"]
+        assert "all_gather_object" not in calls
+        assert steps == ["all_reduce", "all_gather", "all_gather"] * STEPS, steps
+
+
+def test_one_rank_s_norms_are_refused_by_the_quantiles():
+    info = dpsgd.StepInfo(batch_size=4, grad_norms=torch.ones(2), losses=torch.ones(2), clip=1.0, complete=False)
+    with pytest.raises(dpsgd.DPSGDError, match="every rank's gradient norms: run the step with diagnostics=True"):
+        dpsgd.norm_quantiles(info)
