@@ -66,7 +66,7 @@ plan: $(STAMP)
 # each paper preset's heaviest workloads for a few steps on this machine's GPU (pipeline/gpu_check.py); WRITE=name
 # stores the measured rates in pipeline/device_rates.yaml (then slurm.device_rates: name)
 gpu-check: $(STAMP)
-	$(BIN)/python -m pipeline gpu_check $(if $(strip $(WRITE)),--write $(WRITE))
+	$(BIN)/python -m pipeline gpu_check $(if $(strip $(WRITE)),--write $(WRITE)) $(if $(strip $(PEAKS)),--peaks $(PEAKS))
 
 report: $(STAMP)
 	$(BIN)/snakemake --report $(REPORT) --report-stylesheet report/style.css $(CONFIG_ARGS)

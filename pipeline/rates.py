@@ -44,26 +44,54 @@ HEADER = """\
 """
 
 
+#: a DP-SGD step's FLOPs over a non-private step's on the same draws (the per-example norms and clipped sums: ghost
+#: clipping's second backward, or vmap's per-example weight gradients): ASSUMED, not counted (Bu et al. 2023 report
+#: 1.1-1.5x for ghost clipping); a measured entry's efficiency of a DP-SGD workload is stated against this count, so
+#: the assumption cancels out of the requests of a measured entry
+DPSGD_FLOP_FACTOR = 1.5
+#: what a workload's FLOPs per unit are counted from: a network's training step or forward pass (pipeline/footprint.py,
+#: times the workload's flop_factor), or EMPDEN's private steps (pipeline/methods/empden/costs.py)
+PASSES = ("train", "forward", "empden_private")
+
+
 @dataclass(frozen=True)
 class Workload:
-    """One measured workload: what its unit is, the image side its rate is stated at, the cost model reading it."""
+    """One workload ``make gpu-check`` measures: what its unit is, the image side its rate is stated at, the cost model
+    reading that rate (``module:function``; ``None``: measured, read by no rate), and how its FLOPs are counted: ``network`` (the footprint
+    kind, pipeline/footprint.py) and ``pass_`` (:data:`PASSES`) x ``flop_factor``, run in ``dtype`` (whose peak a
+    device entry reads). A measured entry's efficiency of the workload is its counted FLOPs / (seconds x that peak);
+    the cost models that count FLOPs name the workload whose efficiency they run at."""
 
     unit: str
     reference_side: int | None
     cost_model: str | None
+    dtype: str
+    network: str | None
+    pass_: str
+    flop_factor: float = 1.0
 
 
-#: every workload a rate may be given for (``None`` cost model: measured and printed, not yet in a cost model)
+#: every workload a rate or an efficiency may be given for
 WORKLOADS: dict[str, Workload] = {
     "pretrain_public": Workload("image: EDM loss forward, backward and Adam step of the public UNet", 32,
-                                "pretrain_runtime_min"),
+                                "pipeline.resources:pretrain_runtime_min", "tf32", "edm_unet", "train"),
     "dpdm_dpsgd": Workload("example-draw: one of an example's K noise draws, per-example gradient clipped and summed",
-                           16, "dpdm_train_runtime_min"),
+                           16, "pipeline.methods.dpdm.costs:train_runtime_min", "tf32", "edm_unet", "train", DPSGD_FLOP_FACTOR),
     "empden_sample": Workload("output: every private step of EMPDEN's sampler (accounting.N of them) for one output",
-                              16, "empden_sample_runtime_min"),
+                              16, "pipeline.methods.empden.costs:rate_sample_runtime_min", "fp64", None, "empden_private"),
     "straightdp_dpsgd": Workload("example-draw: the flow loss's per-example gradient of one time draw, clipped and "
-                                 "summed", 16, "straightdp_train_runtime_min"),
-    "features": Workload("image: the evaluation's feature network forward at 299x299 (Inception-V3)", None, None),
+                                 "summed", 16, "pipeline.methods.straightdp.costs:train_runtime_min", "fp32", "flow_mmdit", "train",
+                                 DPSGD_FLOP_FACTOR),
+    "features": Workload("image: the evaluation's feature network forward at 299x299 (Inception-V3)", None, None,
+                         "tf32", "inception_v3", "forward"),
+    "unet_sample": Workload("image: one evaluation of the public EDM UNet (a sampler's step; EMPDEN's public "
+                            "denoiser, DPDM's samplers)", None, None, "tf32", "edm_unet", "forward"),
+    "flow_train": Workload("image: rectified-flow loss forward, backward and Adam step of STRAIGHTDP's MM-DiT "
+                           "(public pretraining, distillation)", None, None, "fp32", "flow_mmdit", "train"),
+    "flow_sample": Workload("image: one evaluation of STRAIGHTDP's MM-DiT (a sampler's step)", None, None, "fp32",
+                            "flow_mmdit", "forward"),
+    "evalnet_train": Workload("image: cross-entropy forward, backward and Adam step of the evaluation CNN (the "
+                              "evaluation net, the downstream CNN)", None, None, "tf32", "evalnet", "train"),
 }
 
 
@@ -81,8 +109,11 @@ class DeviceRates:
     #: a GPU's published dense peak, TFLOP/s per dtype (:data:`DTYPES`): the entry then grounds the runtimes of the
     #: rules whose FLOPs are counted (pipeline/footprint.py) in FLOPs / (peak x efficiency) x headroom
     peak_tflops: dict[str, float] = field(default_factory=dict)
-    #: the share of the peak the workloads are assumed (or measured) to reach
+    #: the share of the peak the workloads are assumed to reach (a measured entry: the least of its workloads')
     efficiency: float | None = None
+    #: per workload (:data:`WORKLOADS`), the share of its dtype's peak measured by ``make gpu-check`` (its counted FLOPs
+    #: per second over the peak); a workload not listed runs at :attr:`efficiency`
+    efficiencies: dict[str, float] = field(default_factory=dict)
     #: the factor a runtime request asks for over the FLOP estimate at that efficiency
     headroom: float | None = None
 
@@ -91,12 +122,18 @@ class DeviceRates:
         """Whether the entry grounds runtimes in FLOPs (it states a peak, an efficiency and a headroom)."""
         return bool(self.peak_tflops) and self.efficiency is not None and self.headroom is not None
 
-    def flop_seconds(self, flops: float, dtype: str) -> float:
-        """Seconds ``flops`` take at the entry's efficiency of its ``dtype`` peak (no headroom)."""
+    def efficiency_of(self, workload: str) -> float:
+        """The share of its dtype's peak ``workload`` runs at on this entry: measured, else the entry's."""
+        return self.efficiencies.get(workload, float(self.efficiency))
+
+    def workload_seconds(self, flops: float, workload: str) -> float:
+        """Seconds ``flops`` of ``workload`` (:data:`WORKLOADS`) take: its dtype's peak x its efficiency (no
+        headroom)."""
+        dtype = WORKLOADS[workload].dtype
         if dtype not in self.peak_tflops:
             raise PipelineError(f"config error at slurm.device_rates: entry {self.name!r} of {RATES_FILE.name} states "
                                 f"no {dtype} peak (peak_tflops: {', '.join(self.peak_tflops) or 'none'})")
-        return flops / (self.peak_tflops[dtype] * 1e12 * float(self.efficiency))
+        return flops / (self.peak_tflops[dtype] * 1e12 * self.efficiency_of(workload))
 
     def rate(self, workload: str) -> float:
         """Seconds per unit of ``workload`` at its reference side."""
@@ -108,9 +145,15 @@ class DeviceRates:
     def describe(self) -> str:
         """One line for the plan: what the rates are and where they come from."""
         peaks = ", ".join(f"{k} {v:g}" for k, v in self.peak_tflops.items())
-        flops = (f"; the rules whose networks are counted: FLOPs at {self.efficiency:g} of its peaks ({peaks} "
-                 f"TFLOP/s) x {self.headroom:g}, an ESTIMATE until gpu-check measures the efficiency"
-                 if self.counts_flops else "")
+        if not self.counts_flops:
+            flops = ""
+        elif self.efficiencies:
+            measured = ", ".join(f"{k} {v:.3g}" for k, v in self.efficiencies.items())
+            flops = (f"; the rules whose networks are counted: FLOPs at the measured share of its peaks ({peaks} "
+                     f"TFLOP/s: {measured}; any other workload {self.efficiency:.3g}) x {self.headroom:g}")
+        else:
+            flops = (f"; the rules whose networks are counted: FLOPs at {self.efficiency:g} of its peaks ({peaks} "
+                     f"TFLOP/s) x {self.headroom:g}, an ESTIMATE until gpu-check measures the efficiency")
         if self.kind == "measured":
             return f"rates: measured on {self.measured_on} ({self.date}, make gpu-check; entry {self.name}){flops}"
         return (f"rates: estimates, not a GPU measurement (entry {self.name} of pipeline/{RATES_FILE.name}: "
@@ -121,6 +164,8 @@ class DeviceRates:
                 "rates": dict(self.rates), "peak_mem_mb": dict(self.peak_mem_mb)}
         if self.peak_tflops:
             blob.update(peak_tflops=dict(self.peak_tflops), efficiency=self.efficiency, headroom=self.headroom)
+        if self.efficiencies:
+            blob["efficiencies"] = dict(self.efficiencies)
         return blob
 
 
@@ -152,13 +197,22 @@ def _entry(name: str, blob: Any, where: str) -> DeviceRates:
                                 f"got {eff!r}")
         if not (_positive(head) and head >= 1):
             raise PipelineError(f"{where}: entry {name!r}: headroom must be a factor >= 1, got {head!r}")
+    effs = blob.get("efficiencies") or {}
+    if effs and not peaks:
+        raise PipelineError(f"{where}: entry {name!r}: efficiencies are shares of peak_tflops, which it does not state")
+    # a measured efficiency may exceed 1 where the count overstates what the kernels do (e.g. DP-SGD's assumed factor)
+    if not isinstance(effs, Mapping) or any(k not in WORKLOADS for k in effs) or not all(
+            _positive(v) for v in effs.values()):
+        raise PipelineError(f"{where}: entry {name!r}: efficiencies must map workloads ({', '.join(WORKLOADS)}) to "
+                            f"shares > 0, got {effs!r}")
     return DeviceRates(name=name, kind=blob["kind"], note=str(blob.get("note") or ""),
                        rates={k: float(v) for k, v in rates.items()}, measured_on=blob.get("measured_on"),
                        date=None if blob.get("date") is None else str(blob["date"]),
                        peak_mem_mb={k: float(v) for k, v in (blob.get("peak_mem_mb") or {}).items()},
                        peak_tflops={k: float(v) for k, v in peaks.items()},
                        efficiency=float(blob["efficiency"]) if peaks else None,
-                       headroom=float(blob["headroom"]) if peaks else None)
+                       headroom=float(blob["headroom"]) if peaks else None,
+                       efficiencies={k: float(v) for k, v in effs.items()})
 
 
 def _positive(value: Any) -> bool:

@@ -51,25 +51,28 @@ def rate(config: Config, workload: str) -> float:
     return rates.device_rates(config).rate(workload)
 
 
-#: a DP-SGD step's FLOPs over a non-private step's on the same draws (the per-example norms and clipped sums: ghost
-#: clipping's second backward, or vmap's per-example weight gradients): ASSUMED, not counted (Bu et al. 2023 report
-#: 1.1-1.5x for ghost clipping; gpu-check measures the DP-SGD workloads themselves)
-DPSGD_FLOP_FACTOR = 1.5
+def workload_flops(workload: str, fp: Any) -> float:
+    """FLOPs of one unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on a network of footprint ``fp``
+    (pipeline/footprint.py): its training step's or its forward's per example, x the workload's factor (DP-SGD's
+    :data:`pipeline.rates.DPSGD_FLOP_FACTOR`). ``make gpu-check`` measures a workload's efficiency against this count."""
+    w = rates.WORKLOADS[workload]
+    per = fp.train_flops_per_example if w.pass_ == "train" else fp.forward_flops_per_example
+    return float(per) * w.flop_factor
 
 
-def flop_minutes(config: Config, units: float, kind: str, network: Callable[[], Mapping[str, Any]], *,
-                 forward_only: bool = False, dtype: str) -> float | None:
-    """Minutes to ask for ``units`` training steps (or forward passes) of one example of ``network()`` (a footprint
-    spec, pipeline/footprint.py, formed only when needed) on the entry ``slurm.device_rates`` names, when it grounds
-    runtimes in FLOPs (:attr:`pipeline.rates.DeviceRates.counts_flops`): the counted FLOPs / (its ``dtype`` peak x
-    efficiency) x headroom. None on an entry of rates only: the cost model then uses its rate, and no network is
-    counted."""
+def flop_minutes(config: Config, units: float, workload: str, network: Callable[[], Mapping[str, Any]]
+                 ) -> float | None:
+    """Minutes to ask for ``units`` units of ``workload`` (:data:`pipeline.rates.WORKLOADS`: an example's training
+    step or forward pass through ``network()``, a footprint spec formed only when needed) on the entry
+    ``slurm.device_rates`` names, when it grounds runtimes in FLOPs (:attr:`pipeline.rates.DeviceRates.counts_flops`):
+    the counted FLOPs (:func:`workload_flops`) / (the peak of the workload's dtype x the entry's efficiency of the
+    workload, measured or assumed) x headroom. None on an entry of rates only: the cost model then uses its rate, and
+    no network is counted."""
     entry = rates.device_rates(config)
     if not entry.counts_flops:
         return None
-    fp = _counted(kind, network())
-    flops = units * (fp.forward_flops_per_example if forward_only else fp.train_flops_per_example)
-    return float(entry.headroom) * entry.flop_seconds(flops, dtype) / 60
+    fp = _counted(str(rates.WORKLOADS[workload].network), network())
+    return float(entry.headroom) * entry.workload_seconds(units * workload_flops(workload, fp), workload) / 60
 
 
 def _counted(kind: str, network: Mapping[str, Any]) -> Any:
@@ -118,7 +121,7 @@ def evalnet_runtime_min(config: Config) -> int:
     CNN's counted training FLOPs in TF32; else ~2 ms per 16x16 image-epoch on one CPU core, x4 headroom."""
     ev = config["evaluation"]["evalnet"]
     n = config["data"]["private"]["n_eval_train"]
-    counted = flop_minutes(config, ev["epochs"] * n, "evalnet", lambda: evalnet_network(config), dtype="tf32")
+    counted = flop_minutes(config, ev["epochs"] * n, "evalnet_train", lambda: evalnet_network(config))
     if counted is not None:
         return max(10, int(counted) + 5)
     return max(10, int(4 * ev["epochs"] * n * (_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
@@ -156,28 +159,31 @@ def _feature_network(config: Config) -> tuple[str, Mapping[str, Any], int]:
     return "inception_v3", {"shape": [3, side, side]}, INCEPTION_FEATURE_DIM
 
 
-def evaluation_seconds(config: Config, n_samples: int, *, features_only: bool = False) -> tuple[float, float]:
-    """(GPU FLOPs, host seconds) of scoring ``n_samples`` samples (pipeline/evaluation/stage.py ``evaluate``): the
-    feature extractor's forward over the samples (twice: FID against test and against val), test and val; the
-    evaluation net's forward over the samples (label consistency); the downstream CNN's training (cnn_epochs x
-    repeats over the samples) and scoring; on the host, the FID covariances (whole sets and per class) and their
-    matrix square roots, and scikit-learn's classifiers at their iteration caps. ``features_only``: a sharded cell's
-    feature job, the extractor's forward over its samples alone."""
+def evaluation_seconds(config: Config, n_samples: int, *, features_only: bool = False
+                       ) -> tuple[dict[str, float], float]:
+    """({workload: GPU FLOPs}, host seconds) of scoring ``n_samples`` samples (pipeline/evaluation/stage.py
+    ``evaluate``). Forward passes (workload ``features``): the feature extractor's over the samples (twice: FID against
+    test and against val), test and val; the evaluation net's over the samples (label consistency); the downstream
+    CNN's scoring. Training (workload ``evalnet_train``): the downstream CNN's (cnn_epochs x repeats over the samples).
+    On the host: the FID covariances (whole sets and per class) and their matrix square roots, and scikit-learn's
+    classifiers at their iteration caps. ``features_only``: a sharded cell's feature job, the extractor's forward over
+    its samples alone."""
     from pipeline.config import declared_private
 
     private = config["data"]["private"]
     kind, net, dim = _feature_network(config)
     extract = counted_forward_flops(kind, net)
     if features_only:
-        return n_samples * extract, 0.0
+        return {"features": n_samples * extract}, 0.0
     n_test, n_val = int(private["n_test"]), int(private.get("n_val") or 0)
     ev = _counted("evalnet", evalnet_network(config))
     down = config["evaluation"]["downstream"]
     repeats = int(down["repeats"])
-    flops = (2 * n_samples + n_test + n_val) * extract + n_samples * ev.forward_flops_per_example
+    forward = (2 * n_samples + n_test + n_val) * extract + n_samples * ev.forward_flops_per_example
+    train = 0.0
     if "cnn" in down["classifiers"]:
-        flops += repeats * (down["cnn_epochs"] * n_samples * ev.train_flops_per_example
-                            + (n_test + n_val) * ev.forward_flops_per_example)
+        forward += repeats * (n_test + n_val) * ev.forward_flops_per_example
+        train = repeats * down["cnn_epochs"] * n_samples * workload_flops("evalnet_train", ev)
     n_classes = int(declared_private(config)["n_classes"])
     cov_flops = 2 * (2 * (n_samples + n_test) + (n_samples + n_val)) * dim**2
     host = cov_flops / HOST_COV_FLOPS_PER_S + (2 + n_classes) * SQRTM_S_AT_2048 * (dim / 2048) ** 3
@@ -187,21 +193,29 @@ def evaluation_seconds(config: Config, n_samples: int, *, features_only: bool = 
     for kind_ in ("logreg", "mlp"):
         if kind_ in down["classifiers"]:
             host += repeats * SKLEARN_MAX_ITER[kind_] * per_iter[kind_] * SKLEARN_S_PER_FLOP[kind_]
-    return float(flops), float(host)
+    return {"features": float(forward), "evalnet_train": float(train)}, float(host)
+
+
+#: a scoring job's start before any work: the interpreter, torch, torch-fidelity and scikit-learn imported (21 s on
+#: this 2-core machine under a load of 4), the splits and the feature network's weights read; counted with the work,
+#: so the request is headroom x (start + work) rather than a fixed margin over it
+EVALUATION_STARTUP_S = 60.0
 
 
 def evaluation_runtime_min(config: Config, n_samples: int | None = None, *, features_only: bool = False) -> int:
     """Scoring one sample set of ``n_samples`` (default: the test split's size).
 
-    On an entry with peaks: :func:`evaluation_seconds`, the network FLOPs at the entry's TF32 peak x efficiency and
-    the host work at its measured rates, x headroom, with a 10-minute floor. Else (the ``estimate`` entry): features +
-    3 downstream classifiers, each repeated, on the test split at ~2 ms per 16x16 image-epoch on one CPU core, x4.
+    On an entry with peaks: :func:`evaluation_seconds`, each workload's network FLOPs at the entry's peak x its
+    efficiency, the host work at its measured rates and the job's start (:data:`EVALUATION_STARTUP_S`), x headroom,
+    at least 5 minutes. Else (the ``estimate`` entry): features + 3 downstream classifiers, each repeated, on the test
+    split at ~2 ms per 16x16 image-epoch on one CPU core, x4.
     """
     entry = rates.device_rates(config)
     if entry.counts_flops:
         n = int(config["data"]["private"]["n_test"] if n_samples is None else n_samples)
         flops, host = evaluation_seconds(config, n, features_only=features_only)
-        return max(10, int(entry.headroom * (entry.flop_seconds(flops, "tf32") + host) / 60) + 10)
+        gpu = sum(entry.workload_seconds(f, workload) for workload, f in flops.items())
+        return max(5, math.ceil(entry.headroom * (gpu + host + EVALUATION_STARTUP_S) / 60))
     n = config["data"]["private"]["n_test"]
     down = config["evaluation"]["downstream"]
     epochs = down["cnn_epochs"] * down["repeats"]
@@ -217,7 +231,7 @@ def pretrain_runtime_min(config: Config) -> int:
     ~4e-4 GPU-s, Karras et al. 2022 App. F), x1.5 headroom.
     """
     images = config["pretrain"]["steps"] * config["pretrain"]["batch_size"]
-    counted = flop_minutes(config, images, "edm_unet", lambda: pretrain_network(config), dtype="tf32")
+    counted = flop_minutes(config, images, "pretrain_public", lambda: pretrain_network(config))
     if counted is not None:
         return 10 + int(counted)
     side = _side(config)

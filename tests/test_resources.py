@@ -5,6 +5,7 @@ tests/methods/test_<method>_costs.py."""
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 
@@ -21,7 +22,8 @@ LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segme
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
                "pretrain_memory", "dpsgd_memory")
 #: counts of a network's work, and the rates and FLOP arithmetic the cost models read, not a request
-COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network", "rate", "flop_minutes", "folder_mb")
+COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network", "rate", "flop_minutes", "workload_flops",
+          "folder_mb")
 #: requests, and the function that reads a rule's from its owner's table (tested below)
 REQUESTS = ("evaluation_request", "resources")
 
@@ -141,15 +143,19 @@ def test_the_evaluation_on_a_named_gpu_asks_for_its_counted_networks_and_its_mea
     flops, host = cost.evaluation_seconds(cifar, 50000)
     inception = footprint.footprint("inception_v3", {"shape": [3, 32, 32]}).forward_flops_per_example
     assert 10e9 < inception < 13e9  # torch-fidelity's Inception-V3 at 299x299: ~5.7 GMAC
-    # the samples twice (FID against test and against val), test and val once
-    assert flops > (2 * 50000 + 5000 + 500) * inception
+    # the forward passes: the samples twice (FID against test and against val), test and val once; the downstream
+    # CNN's training is its own workload
+    assert set(flops) == {"features", "evalnet_train"} and flops["evalnet_train"] > 0
+    assert flops["features"] > (2 * 50000 + 5000 + 500) * inception
     assert 60 < host < 15 * 60  # 12 square roots of 2048x2048 covariances and the covariances themselves
     asked = cost.evaluation_runtime_min(cifar, 50000)
-    assert asked == 10 + int(2.0 * (flops / (494.7e12 * 0.3) + host) / 60)
+    # the job's start counted with its work, all of it x headroom 2
+    work = sum(flops.values()) / (494.7e12 * 0.3) + host + cost.EVALUATION_STARTUP_S
+    assert asked == math.ceil(2.0 * work / 60)
     assert asked < before / 3  # the CPU rate asked for 90 minutes a cell
     # more samples, more time; a shard's feature job only extracts its samples
     assert cost.evaluation_runtime_min(cifar, 10000) <= asked
-    assert cost.evaluation_seconds(cifar, 12500, features_only=True) == (12500 * inception, 0.0)
+    assert cost.evaluation_seconds(cifar, 12500, features_only=True) == ({"features": 12500 * inception}, 0.0)
     # scikit-learn's classifiers are host work, at their iteration caps
     mnist = load_config(REPO / "config.yaml", REPO / "configs" / "mnist.yaml")
     mnist["slurm"]["device_rates"] = "h100-80gb"

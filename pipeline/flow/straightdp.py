@@ -46,13 +46,13 @@ from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare
 from pipeline.device import resolve_device
 from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
 from pipeline.flow.field import CosineCurve, GaussianMomentModel, field_cosine_curve, guided_start, knee_horizon
-from pipeline.flow.rectified import euler_sample, flow_loss
+from pipeline.flow.rectified import VelocityFn, euler_sample, flow_loss
 from pipeline.flow.train import distill_to_field, pretrain_flow
 from pipeline.images import to_uint8
 from pipeline.io import Split, atomic_path, read_json, save_split, write_json
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_backbone, save_denoiser
 from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
-from pipeline.models.precision import precision_of, recorded, refuse_in_private_training
+from pipeline.models.precision import in_precision, precision_of, recorded, refuse_in_private_training
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, moments, tha
 from pipeline.stage import PipelineError, stage
@@ -616,7 +616,7 @@ def balanced_labels(n: int, n_classes: int) -> Tensor:
 
 
 @torch.no_grad()
-def flow_samples(model: torch.nn.Module, y: Tensor, *, shape: tuple[int, ...], steps: int, guidance: float,
+def flow_samples(model: VelocityFn, y: Tensor, *, shape: tuple[int, ...], steps: int, guidance: float,
                  batch_size: int, generator: torch.Generator, null_label: int, device: torch.device,
                  start: Any = None, t0: float = 0.0) -> Tensor:
     """Euler samples ``[n, *shape]`` of ``model`` for labels ``y``, batch by batch (start: N(0, I) at t0 = 0, or
@@ -637,7 +637,7 @@ def flow_samples(model: torch.nn.Module, y: Tensor, *, shape: tuple[int, ...], s
 
 
 def draw_samples(samples_from: str, n: int, *, seed: int, steps: int, guidance: float, batch_size: int,
-                 device: torch.device | str, model: torch.nn.Module | None = None, spec: FlowSpec | None = None,
+                 device: torch.device | str, model: VelocityFn | None = None, spec: FlowSpec | None = None,
                  released: moments.ReleasedMoments | None = None, shape: tuple[int, ...] | None = None,
                  t0: float | None = None, decoder: Any = None) -> Split:
     """``n`` labelled samples (balanced labels) of a run from what its sampler reads, one stream
@@ -679,7 +679,8 @@ def draw_samples(samples_from: str, n: int, *, seed: int, steps: int, guidance: 
 
 @stage("sample_straightdp", optional_inputs=("model", "moments", "autoencoder"), outputs=("samples",),
        params={**COMMON_DOC, "run": "the run's name (row, total eps, seed)",
-               "shape": "[C, H, W] of what the release models (images, or codes in the latent variant)"})
+               "shape": "[C, H, W] of what the release models (images, or codes in the latent variant)",
+               "precision": PRECISION_DOC})
 def sample_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Labelled samples of a run: from the release (released_only), the guided public flow (public_guidance,
     Sec. 3.1 "Sampling-time guidance"), or the trained flow. Post-processing: no ledger line."""
@@ -695,17 +696,19 @@ def sample_straightdp(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
     start = time.perf_counter()
     released = moments.ReleasedMoments.load(inputs["moments"]) if "moments" in inputs else None
     model, spec = load_flow(inputs["model"], device) if "model" in inputs else (None, None)
+    precision = precision_of(params, "sample_straightdp")
+    velocity = None if model is None else in_precision(model, device, precision)
     decoder = None
     if "autoencoder" in inputs:  # the latent variant: the frozen public decoder, post-processing
         from pipeline.flow import autoencoder
 
         decoder = autoencoder.load(inputs["autoencoder"])
     split = draw_samples(run.samples_from, n, seed=run.seed, steps=int(smp["steps"]), guidance=float(smp["guidance"]),
-                         batch_size=int(smp["batch_size"]), device=device, model=model, spec=spec, released=released,
+                         batch_size=int(smp["batch_size"]), device=device, model=velocity, spec=spec, released=released,
                          shape=tuple(int(v) for v in params["shape"]) if "shape" in params else None,
                          t0=float(cfg["guidance"]["t0"]) if run.samples_from == "guided" else None, decoder=decoder)
     save_split(outputs["samples"], split, name=run.name, source="sample_straightdp", seed=run.seed,
                extra={"row": run.row, "samples_from": run.samples_from, "wall_s": time.perf_counter() - start,
-                      "steps": int(smp["steps"]), "guidance": float(smp["guidance"])})
+                      "steps": int(smp["steps"]), "guidance": float(smp["guidance"]), **recorded(precision)})
     log.info("sample_straightdp %s: %d samples from %s in %.1f s", run.name, n, run.samples_from,
              time.perf_counter() - start)

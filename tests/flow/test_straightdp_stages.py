@@ -180,6 +180,22 @@ def test_each_row_samples_from_what_the_paper_says(world, tmp_path):
         assert s.images.std() > 0
 
 
+def test_bf16_sampling_records_its_precision_and_draws_what_float32_draws_within_bfloat16_rounding(world, tmp_path):
+    from pipeline.io import manifest_path, read_json
+
+    params = {"straightdp": TINY, "device": "cpu", "run": "uniform_eps1_seed0", "shape": [1, 8, 8]}
+    out = {p: tmp_path / f"{p}.npz" for p in ("fp32", "bf16")}
+    with one_thread():
+        sdp.sample_straightdp({"model": world["init"]}, {"samples": out["fp32"]}, params)
+        sdp.sample_straightdp({"model": world["init"]}, {"samples": out["bf16"]}, {**params, "precision": "bf16"})
+    fp32, bf16 = load_split(out["fp32"]), load_split(out["bf16"])
+    meta = {p: read_json(manifest_path(path)) for p, path in out.items()}
+    assert meta["bf16"]["precision"] == "bf16" and "precision" not in meta["fp32"]
+    # the same labels and starting noise; the velocity's matmuls in bfloat16 move a pixel by a few levels at most
+    assert (fp32.labels == bf16.labels).all() and not (fp32.images == bf16.images).all()
+    assert np.abs(fp32.images.astype(int) - bf16.images.astype(int)).mean() < 8
+
+
 def test_the_backbone_switches_are_known_params_without_defaults():
     """Sec. 3.3's opt-in switches have no schema default (config_ids without them are unchanged) but
     are valid params: the diagnostics' pretrain_straightdp once refused them as unknown keys."""

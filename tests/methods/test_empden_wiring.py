@@ -89,7 +89,7 @@ def test_a_cells_params_hold_the_mechanism_not_the_accounting_grids(tmp_path):
                             ("empden_sample_public_only", {"seed": "0"})):
         assert requests[rule]["runtime"](wildcards) >= 15
     # the evaluation core's, at the cell's n_out (a shard's features: at its share)
-    assert requests["empden_features"]["runtime"] >= 10 and requests["empden_evaluate"]["runtime"] >= 10
+    assert requests["empden_features"]["runtime"] >= 5 and requests["empden_evaluate"]["runtime"] >= 5
 
 
 def test_the_tables_and_figures_params(tmp_path):

@@ -76,8 +76,13 @@ def test_only_public_training_and_sampling_are_given_a_precision(tmp_path, preci
     assert house.precision == ({"precision": "bf16"} if bf16 else {})
     dpdm_run = dpdm.runs()[0].name
     sampler = next(iter(house.config["dpdm"]["sampling"]["samplers"]))
-    public = [straightdp.pretrain_params(), dpdm.sample_params(SimpleNamespace(run=dpdm_run, sampler=sampler))]
+    flow_row = next(r.name for r in straightdp.runs() if r.samples_from == "model")
+    public = [straightdp.pretrain_params(), dpdm.sample_params(SimpleNamespace(run=dpdm_run, sampler=sampler)),
+              straightdp.sample_params(SimpleNamespace(run=flow_row))]
     assert all(('"precision"' in p) == bf16 for p in public)
+    # a release's own samples run no network
+    released = next(r.name for r in straightdp.runs() if r.samples_from == "release")
+    assert '"precision"' not in straightdp.sample_params(SimpleNamespace(run=released))
     straight_run = straightdp.runs()[0].name
     private = [dpdm.train_params(SimpleNamespace(run=dpdm_run)),
                straightdp.private_run_params(SimpleNamespace(run=straight_run), train=True)]

@@ -41,7 +41,7 @@ def train_runtime_min(config: Config, K: int | None = None) -> int:
     """One DP-SGD run: T steps x B x K example-draws (``K`` the run's, default dpdm.K).
 
     On an entry with peaks (:func:`pipeline.resources.flop_minutes`): the counted training FLOPs of DPDM's UNet per
-    example-draw x :data:`pipeline.resources.DPSGD_FLOP_FACTOR`, in TF32. Else the device rate ``dpdm_dpsgd`` per
+    example-draw x :data:`pipeline.rates.DPSGD_FLOP_FACTOR`, in TF32. Else the device rate ``dpdm_dpsgd`` per
     16x16 example-draw with its per-example gradient (the estimate: 2e-5 s on one GPU; ~1e-2 s on one CPU core), x4
     headroom.
     """
@@ -49,8 +49,7 @@ def train_runtime_min(config: Config, K: int | None = None) -> int:
     n = config["data"]["private"]["n_private_train"] or 60000
     steps = -(-int(d["epochs"] * n) // d["batch_size"])
     work = steps * d["batch_size"] * (d["K"] if K is None else K)
-    counted = cost.flop_minutes(config, work * cost.DPSGD_FLOP_FACTOR, "edm_unet", lambda: network(config),
-                                dtype="tf32")
+    counted = cost.flop_minutes(config, work, "dpdm_dpsgd", lambda: network(config))
     if counted is not None:
         return max(30, int(counted) + 10)
     return max(30, int(4 * work * (cost.image_side(config) / 16) ** 2 * cost.rate(config, "dpdm_dpsgd") / 60) + 10)
@@ -67,8 +66,7 @@ def sample_runtime_min(config: Config) -> int:
     counted forward FLOPs in TF32; else ~1 ms per 16x16 image-NFE on CPU)."""
     s = config["dpdm"]["sampling"]
     steps = max(2 * c.get("steps", 50) * (2 if c.get("guidance", 0) else 1) for c in s["samplers"].values())
-    counted = cost.flop_minutes(config, s["n_samples"] * steps, "edm_unet", lambda: network(config),
-                                forward_only=True, dtype="tf32")
+    counted = cost.flop_minutes(config, s["n_samples"] * steps, "unet_sample", lambda: network(config))
     if counted is not None:
         return max(10, int(counted) + 10)
     return max(10, int(4 * s["n_samples"] * steps * (cost.image_side(config) / 16) ** 2 * 1e-3 / 60) + 10)

@@ -133,8 +133,8 @@ def sample_runtime_min(config: Config, cell: Cell, *, counts_public_network: boo
     """Minutes one sampling job of ``cell`` asks for.
 
     On a device entry with peaks (:attr:`pipeline.rates.DeviceRates.counts_flops`): its outputs x the cell's counted
-    FLOPs, the private block at the entry's FP64 peak and the public denoiser at TF32, / efficiency x headroom, with a
-    15-minute floor. Else (or when the public denoiser is a folder the user brings, whose network is not counted:
+    FLOPs, the private block at the entry's FP64 peak (workload ``empden_sample``) and the public denoiser at TF32
+    (workload ``unet_sample``), each / its efficiency on the entry, x headroom, with a 15-minute floor. Else (or when the public denoiser is a folder the user brings, whose network is not counted:
     ``counts_public_network`` False) the device rate ``empden_sample`` per output, as before
     (:func:`rate_sample_runtime_min`).
     """
@@ -143,7 +143,8 @@ def sample_runtime_min(config: Config, cell: Cell, *, counts_public_network: boo
         return rate_sample_runtime_min(config)
     private, public = cell_flops(config, cell)
     n_job = outputs_per_job(config)
-    seconds = entry.flop_seconds(n_job * private, "fp64") + entry.flop_seconds(n_job * public, "tf32")
+    seconds = entry.workload_seconds(n_job * private, "empden_sample") + entry.workload_seconds(n_job * public,
+                                                                                                  "unet_sample")
     return max(15, int(entry.headroom * seconds / 60) + 10)
 
 

@@ -35,8 +35,8 @@ def pretrain_runtime_min(config: Config, network: cost.Network | None = None) ->
     """Public flow pretraining: steps x batch image-passes (on an entry with peaks the MM-DiT's counted FLOPs in FP32;
     else ~2e-3 s per 16x16 image forward+backward on CPU)."""
     p = config["straightdp"]["pretrain"]
-    counted = cost.flop_minutes(config, p["steps"] * p["batch_size"], "flow_mmdit",
-                                network or (lambda: pixel_network(config)), dtype="fp32")
+    counted = cost.flop_minutes(config, p["steps"] * p["batch_size"], "flow_train",
+                                network or (lambda: pixel_network(config)))
     if counted is not None:
         return max(10, int(counted) + 5)
     return max(10, int(4 * p["steps"] * p["batch_size"] * (cost.image_side(config) / 16) ** 2 * 2e-3 / 60) + 5)
@@ -44,15 +44,16 @@ def pretrain_runtime_min(config: Config, network: cost.Network | None = None) ->
 
 def train_runtime_min(config: Config, network: cost.Network | None = None) -> int:
     """One Stage 2 run: distillation passes + DP-SGD example-draws with per-example gradients: on an entry with peaks
-    the MM-DiT's counted training FLOPs (the DP-SGD draws x :data:`pipeline.resources.DPSGD_FLOP_FACTOR`) in FP32;
-    else at the device rate ``straightdp_dpsgd`` per 16x16 example-draw (the estimate: ~1e-2 s on one CPU core)."""
+    the MM-DiT's counted training FLOPs in FP32, the DP-SGD draws as workload ``straightdp_dpsgd`` (x
+    :data:`pipeline.rates.DPSGD_FLOP_FACTOR`) and the distillation's as ``flow_train``; else at the device rate
+    ``straightdp_dpsgd`` per 16x16 example-draw (the estimate: ~1e-2 s on one CPU core)."""
     s = config["straightdp"]
     dpsgd_draws = s["dpsgd"]["steps"] * s["dpsgd"]["batch_size"] * s["dpsgd"]["noise_multiplicity"]
     distilled = s["distill"]["steps"] * s["distill"]["batch_size"]
-    counted = cost.flop_minutes(config, cost.DPSGD_FLOP_FACTOR * dpsgd_draws + distilled, "flow_mmdit",
-                                network or (lambda: pixel_network(config)), dtype="fp32")
+    flow = network or (lambda: pixel_network(config))
+    counted = cost.flop_minutes(config, dpsgd_draws, "straightdp_dpsgd", flow)
     if counted is not None:
-        return max(10, int(counted) + 10)
+        return max(10, int(counted + cost.flop_minutes(config, distilled, "flow_train", flow)) + 10)
     work = dpsgd_draws + distilled // 5
     return max(10, int(4 * work * (cost.image_side(config) / 16) ** 2 * cost.rate(config, "straightdp_dpsgd") / 60)
                + 10)
@@ -62,8 +63,8 @@ def sample_runtime_min(config: Config, network: cost.Network | None = None) -> i
     """One sample set: n_samples x Euler steps x 2 (guidance) network evaluations (on an entry with peaks the MM-DiT's
     counted forward FLOPs in FP32; else ~1 ms per 16x16 image-NFE)."""
     s = config["straightdp"]["sampling"]
-    counted = cost.flop_minutes(config, s["n_samples"] * s["steps"] * 2, "flow_mmdit",
-                                network or (lambda: pixel_network(config)), forward_only=True, dtype="fp32")
+    counted = cost.flop_minutes(config, s["n_samples"] * s["steps"] * 2, "flow_sample",
+                                network or (lambda: pixel_network(config)))
     if counted is not None:
         return max(5, int(counted) + 5)
     return max(5, int(4 * s["n_samples"] * s["steps"] * 2 * (cost.image_side(config) / 16) ** 2 * 1e-3 / 60) + 5)

@@ -406,9 +406,12 @@ class Wiring:
                                ledger_binding=self.house.ledger_binding(wildcards.run), **split)
 
     def sample_params(self, wildcards: Wildcards) -> str:
-        """rule sample_straightdp's params: the run's, with the shape of what its release models."""
+        """rule sample_straightdp's params: the run's, with the shape of what its release models, and the precision of
+        a flow's evaluations when not fp32 (the release's own samples run no network)."""
         run = self.run(wildcards)
-        return self.run_params(wildcards, reads_flow=run.samples_from != "release", shape=self.sample_shape(run.arm))
+        reads_flow = run.samples_from != "release"
+        return self.run_params(wildcards, reads_flow=reads_flow, shape=self.sample_shape(run.arm),
+                               **(self.house.precision if reads_flow else {}))
 
     def public_params(self) -> str:
         """rule straightdp_public's params: the data section, straightdp.public, its seed and random stream."""
