@@ -57,10 +57,10 @@ PASSES = ("train", "forward", "empden_private")
 @dataclass(frozen=True)
 class Workload:
     """One workload ``make gpu-check`` measures: what its unit is, the image side its rate is stated at, the cost model
-    reading that rate (``module:function``; ``None``: measured, read by no rate), and how its FLOPs are counted: ``network`` (the footprint
-    kind, pipeline/footprint.py) and ``pass_`` (:data:`PASSES`) x ``flop_factor``, run in ``dtype`` (whose peak a
-    device entry reads). A measured entry's efficiency of the workload is its counted FLOPs / (seconds x that peak);
-    the cost models that count FLOPs name the workload whose efficiency they run at."""
+    reading that rate (``module:function``; ``None``: measured, read by no rate), and how its FLOPs are counted:
+    ``network`` (the footprint kind, pipeline/footprint.py) and ``pass_`` (:data:`PASSES`) x ``flop_factor``, run in
+    ``dtype`` (whose peak a device entry reads). A measured entry's efficiency of the workload is its counted FLOPs /
+    (seconds x that peak); the cost models that count FLOPs name the workload whose efficiency they run at."""
 
     unit: str
     reference_side: int | None
@@ -76,12 +76,14 @@ WORKLOADS: dict[str, Workload] = {
     "pretrain_public": Workload("image: EDM loss forward, backward and Adam step of the public UNet", 32,
                                 "pipeline.resources:pretrain_runtime_min", "tf32", "edm_unet", "train"),
     "dpdm_dpsgd": Workload("example-draw: one of an example's K noise draws, per-example gradient clipped and summed",
-                           16, "pipeline.methods.dpdm.costs:train_runtime_min", "tf32", "edm_unet", "train", DPSGD_FLOP_FACTOR),
+                           16, "pipeline.methods.dpdm.costs:train_runtime_min", "tf32", "edm_unet", "train",
+                           DPSGD_FLOP_FACTOR),
     "empden_sample": Workload("output: every private step of EMPDEN's sampler (accounting.N of them) for one output",
-                              16, "pipeline.methods.empden.costs:rate_sample_runtime_min", "fp64", None, "empden_private"),
+                              16, "pipeline.methods.empden.costs:rate_sample_runtime_min", "fp64", None,
+                              "empden_private"),
     "straightdp_dpsgd": Workload("example-draw: the flow loss's per-example gradient of one time draw, clipped and "
-                                 "summed", 16, "pipeline.methods.straightdp.costs:train_runtime_min", "fp32", "flow_mmdit", "train",
-                                 DPSGD_FLOP_FACTOR),
+                                 "summed", 16, "pipeline.methods.straightdp.costs:train_runtime_min", "fp32",
+                                 "flow_mmdit", "train", DPSGD_FLOP_FACTOR),
     "features": Workload("image: the evaluation's feature network forward at 299x299 (Inception-V3)", None, None,
                          "tf32", "inception_v3", "forward"),
     "unet_sample": Workload("image: one evaluation of the public EDM UNet (a sampler's step; EMPDEN's public "

@@ -54,7 +54,8 @@ def rate(config: Config, workload: str) -> float:
 def workload_flops(workload: str, fp: Any) -> float:
     """FLOPs of one unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on a network of footprint ``fp``
     (pipeline/footprint.py): its training step's or its forward's per example, x the workload's factor (DP-SGD's
-    :data:`pipeline.rates.DPSGD_FLOP_FACTOR`). ``make gpu-check`` measures a workload's efficiency against this count."""
+    :data:`pipeline.rates.DPSGD_FLOP_FACTOR`). ``make gpu-check`` measures a workload's efficiency against this
+    count."""
     w = rates.WORKLOADS[workload]
     per = fp.train_flops_per_example if w.pass_ == "train" else fp.forward_flops_per_example
     return float(per) * w.flop_factor

@@ -134,8 +134,9 @@ def sample_runtime_min(config: Config, cell: Cell, *, counts_public_network: boo
 
     On a device entry with peaks (:attr:`pipeline.rates.DeviceRates.counts_flops`): its outputs x the cell's counted
     FLOPs, the private block at the entry's FP64 peak (workload ``empden_sample``) and the public denoiser at TF32
-    (workload ``unet_sample``), each / its efficiency on the entry, x headroom, with a 15-minute floor. Else (or when the public denoiser is a folder the user brings, whose network is not counted:
-    ``counts_public_network`` False) the device rate ``empden_sample`` per output, as before
+    (workload ``unet_sample``), each / its efficiency on the entry, x headroom, with a 15-minute floor. Else (or
+    when the public denoiser is a folder the user brings, whose network is not counted: ``counts_public_network``
+    False) the device rate ``empden_sample`` per output, as before
     (:func:`rate_sample_runtime_min`).
     """
     entry = rates.device_rates(config)
