@@ -37,7 +37,8 @@ from pipeline.io import atomic_path
 log = logging.getLogger(__name__)
 
 CACHE_FILE = Path(__file__).with_name("footprints.json")
-FORMAT = "dpgen-footprints/1"
+#: /2: the forward-only peak (a cache of /1 holds no such count and is read as empty, so it is counted again)
+FORMAT = "dpgen-footprints/2"
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,17 @@ class Footprint:
     saved_bytes_fixed: float
     train_flops_per_example: float
     forward_flops_per_example: float
+    #: a gradient-free forward's activations at their peak (sampling, feature extraction), per example and fixed
+    forward_peak_bytes_per_example: float
+    forward_peak_bytes_fixed: float
 
     def activation_bytes(self, micro_batch: int) -> float:
         """Bytes autograd keeps for one micro-batch of ``micro_batch`` examples (parameters not included)."""
         return self.saved_bytes_fixed + micro_batch * self.saved_bytes_per_example
+
+    def forward_peak_bytes(self, batch: int) -> float:
+        """The live activations' peak of a gradient-free forward of ``batch`` examples (parameters not included)."""
+        return self.forward_peak_bytes_fixed + batch * self.forward_peak_bytes_per_example
 
 
 def workload_key(kind: str, spec: Mapping[str, Any]) -> str:
@@ -153,6 +161,31 @@ BUILDERS: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Callable[[int], Any
 FORWARD_ONLY = frozenset({"inception_v3"})
 
 
+def _forward_peak(model: Any, forward: Callable[[], Any]) -> float:
+    """The peak bytes of the activations live during a gradient-free ``forward()`` of ``model`` (its parameters and
+    buffers not included), by torch's own memory tracker (``torch.distributed._tools.mem_tracker``, which follows
+    every storage's allocation and release, on the meta device as on a real one; tests/test_footprint.py checks it
+    against the CPU)."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    # the tracker hooks every parameter's gradient, which a frozen one refuses: unfreeze them while it watches
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker, torch.no_grad():
+            forward()
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+    peak = tracker.get_tracker_snapshot("peak")
+    kinds = ("Activation", "Temp")  # the tracker's categories of what is neither parameter, buffer nor gradient
+    return float(sum(v for dev in peak.values() for k, v in dev.items() if getattr(k, "value", k) in kinds))
+
+
 def count(kind: str, spec: Mapping[str, Any]) -> Footprint:
     """Count ``kind``'s footprint for ``spec`` on the meta device (batch 1 and 2; see the module)."""
     import torch
@@ -176,19 +209,22 @@ def count(kind: str, spec: Mapping[str, Any]) -> Footprint:
                 with torch.no_grad():
                     loss_of(b)
                 forward = flops.get_total_flops()
+            peak = _forward_peak(model, lambda: loss_of(b))
             if kind in FORWARD_ONLY:
-                counts.append((0, 0, forward))
+                counts.append((0, 0, forward, peak))
                 continue
             with FlopCounterMode(display=False) as flops:
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     value = loss_of(b)
                 value.backward()
             model.zero_grad(set_to_none=True)
-            counts.append((sum(storages.values()), flops.get_total_flops(), forward))
-    (s1, f1, g1), (s2, f2, g2) = counts
+            counts.append((sum(storages.values()), flops.get_total_flops(), forward, peak))
+    (s1, f1, g1, p1), (s2, f2, g2, p2) = counts
     return Footprint(params=sum(p.numel() for p in model.parameters() if p.requires_grad),
                      saved_bytes_per_example=float(s2 - s1), saved_bytes_fixed=float(max(0, 2 * s1 - s2)),
-                     train_flops_per_example=float(f2 - f1), forward_flops_per_example=float(g2 - g1))
+                     train_flops_per_example=float(f2 - f1), forward_flops_per_example=float(g2 - g1),
+                     forward_peak_bytes_per_example=float(max(0.0, p2 - p1)),
+                     forward_peak_bytes_fixed=float(max(0.0, 2 * p1 - p2)))
 
 
 # ----------------------------------------------------------------------------- the caches

@@ -368,6 +368,30 @@ def dpsgd_memory(network: Mapping[str, Any], micro_batch: int, K: int, *, kind: 
                       per_example)
 
 
+def forward_memory(rule: str, kind: str, network: Mapping[str, Any], batch: int, *, held_bytes: float = 0.0
+                   ) -> MemoryPlan:
+    """A gradient-free job's GPU memory (sampling, feature extraction): ``network``'s float32 weights, ``held_bytes``
+    the job keeps beside it on the GPU (e.g. EMPDEN's private records), and one batch of ``batch`` examples'
+    activations at their forward peak (counted, pipeline/footprint.py) x :data:`TRANSIENT_FACTOR`."""
+    fp = _footprint(rule, kind, network)
+    state = 4 * fp.params + held_bytes + TRANSIENT_FACTOR * fp.forward_peak_bytes_fixed
+    per_example = TRANSIENT_FACTOR * fp.forward_peak_bytes_per_example
+    return MemoryPlan(batch, batch, state + batch * per_example + GPU_RESERVE_BYTES, state, per_example)
+
+
+def evaluation_memory(config: Config, rule: str = "evaluate") -> MemoryPlan:
+    """One job of the evaluation core: the larger of its feature extraction (the configured extractor's forward over
+    ``evaluation.batch_size`` images) and the downstream CNN's training (``evaluation.evalnet.batch_size`` a step,
+    the training state and the saved activations)."""
+    kind, net, _ = _feature_network(config)
+    features = forward_memory(rule, kind, net, int(config["evaluation"]["batch_size"]))
+    batch = int(config["evaluation"]["evalnet"]["batch_size"])
+    fp = _footprint(rule, "evalnet", evalnet_network(config))
+    state, per_example = _train_state_bytes(fp), TRANSIENT_FACTOR * fp.saved_bytes_per_example
+    training = MemoryPlan(batch, batch, state + batch * per_example + GPU_RESERVE_BYTES, state, per_example)
+    return max(features, training, key=lambda plan: plan.predicted_bytes)
+
+
 def pretrain_memory(config: Config, rule: str = "pretrain_public", unet: Mapping[str, Any] | None = None,
                     shape: tuple[int, int] | None = None) -> MemoryPlan:
     """The public denoiser's memory plan (rules pretrain_public, privimage_pretrain, dp_ldm_pretrain)."""
@@ -468,8 +492,8 @@ EVALUATION_MEM_MB = 6000
 
 def evaluation_request(config: Config, n_samples: int | None = None, *, features_only: bool = False) -> Request:
     """One job of the evaluation core on one GPU scoring ``n_samples`` samples (:func:`evaluation_runtime_min`; a
-    sharded cell's feature job with ``features_only``)."""
-    return Request(gpu=1, mem_mb=EVALUATION_MEM_MB,
+    sharded cell's feature job with ``features_only``), its GPU memory :func:`evaluation_memory`."""
+    return Request(gpu=1, gpu_mem_mb=lambda wildcards: evaluation_memory(config).predicted_mb, mem_mb=EVALUATION_MEM_MB,
                    runtime=evaluation_runtime_min(config, n_samples, features_only=features_only))
 
 

@@ -108,3 +108,20 @@ def test_inception_is_counted_at_its_own_299_pixels_whatever_the_image_side():
     assert 10e9 < small.forward_flops_per_example < 13e9  # ~5.7 GMAC (Szegedy et al. 2016, Table 3)
     assert large.forward_flops_per_example == pytest.approx(small.forward_flops_per_example, rel=1e-3)
     assert small.train_flops_per_example == 0 and small.saved_bytes_per_example == 0  # never trained here
+
+
+def _forward_peak_on_cpu(spec: dict, b: int) -> float:
+    """The live activations' peak of a gradient-free forward of ``b`` examples on the CPU, by the same tracker."""
+    torch.manual_seed(0)
+    model, loss_of = footprint.BUILDERS["edm_unet"](spec)
+    return footprint._forward_peak(model, lambda: loss_of(b))
+
+
+def test_a_gradient_free_forward_peaks_below_what_training_keeps_and_the_meta_count_is_the_cpus():
+    fp = footprint.count("edm_unet", TINY)
+    per_example = _forward_peak_on_cpu(TINY, 4) - _forward_peak_on_cpu(TINY, 3)
+    # the meta device's count is what the CPU's allocations peak at
+    assert fp.forward_peak_bytes_per_example == pytest.approx(per_example, rel=0.05)
+    assert fp.forward_peak_bytes(16) == pytest.approx(_forward_peak_on_cpu(TINY, 16), rel=0.05)
+    # sampling frees each layer's input once its output exists: far less than the training step's saved tensors
+    assert 0 < fp.forward_peak_bytes_per_example < 0.6 * fp.saved_bytes_per_example

@@ -20,7 +20,7 @@ def config(**sections):
 LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segment_retries")
 #: the GPU-memory plan returns plans and specs, not a request (tested below)
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
-               "pretrain_memory", "dpsgd_memory")
+               "pretrain_memory", "dpsgd_memory", "forward_memory", "evaluation_memory")
 #: counts of a network's work, and the rates and FLOP arithmetic the cost models read, not a request
 COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network", "rate", "flop_minutes", "workload_flops",
           "folder_mb")
@@ -177,8 +177,11 @@ def test_a_request_asks_for_the_keys_it_sets_in_the_rule_files_order():
     per_job = lambda wildcards: 7  # noqa: E731 - a function of a job's wildcards stays one
     train = cost.Request(mem_mb=4000, runtime=per_job, gpu=2, gpu_mem_mb=per_job, tasks=1).resources()
     assert list(train) == ["gpu", "gpu_mem_mb", "tasks", "mem_mb", "runtime"] and train["runtime"] is per_job
-    assert cost.evaluation_request(config(), 100) == cost.Request(
-        gpu=1, mem_mb=cost.EVALUATION_MEM_MB, runtime=cost.evaluation_runtime_min(config(), 100))
+    evaluation = cost.evaluation_request(config(), 100)
+    assert (evaluation.gpu, evaluation.mem_mb, evaluation.runtime) == (
+        1, cost.EVALUATION_MEM_MB, cost.evaluation_runtime_min(config(), 100))
+    # its GPU memory counted when a DAG runs it
+    assert evaluation.gpu_mem_mb(None) == cost.evaluation_memory(config()).predicted_mb
 
 
 def test_a_rule_reads_its_request_from_its_owner_s_table_and_an_unknown_rule_is_named():
@@ -202,5 +205,29 @@ def test_the_house_asks_for_its_own_rules_requests(tmp_path):
     pretrain = h.resources("pretrain_public")
     assert pretrain["runtime"] == cost.segment_runtime_min(h.config, cost.pretrain_runtime_min(h.config))
     assert pretrain["gpu_mem_mb"](None) == cost.pretrain_memory(h.config).predicted_mb  # counted when a DAG runs it
-    assert h.resources("evaluate_reference_real") == cost.evaluation_request(
-        h.config, h.config["data"]["private"]["n_reference"]).resources()
+    reference = h.resources("evaluate_reference_real")
+    expected = cost.evaluation_request(h.config, h.config["data"]["private"]["n_reference"]).resources()
+    assert reference.keys() == expected.keys() and reference["runtime"] == expected["runtime"]
+    assert reference["gpu_mem_mb"](None) == expected["gpu_mem_mb"](None)
+
+
+def test_a_gradient_free_job_holds_the_weights_what_it_keeps_and_one_batch_at_the_forward_peak():
+    from pipeline import footprint
+    from pipeline.config import load_config
+    from tests.conftest import REPO
+
+    cifar = load_config(REPO / "config.yaml", REPO / "configs" / "cifar10.yaml")
+    net = cost.pretrain_network(cifar)
+    fp = footprint.footprint("edm_unet", net)
+    plan = cost.forward_memory("sample", "edm_unet", net, 256, held_bytes=2**30)
+    assert plan.predicted_bytes == pytest.approx(
+        4 * fp.params + 2**30 + cost.TRANSIENT_FACTOR * fp.forward_peak_bytes(256) + cost.GPU_RESERVE_BYTES)
+    # twice the batch, twice the activations
+    twice = cost.forward_memory("sample", "edm_unet", net, 512, held_bytes=2**30)
+    assert twice.predicted_bytes - plan.predicted_bytes == pytest.approx(256 * plan.per_example_bytes)
+    # the evaluation: the larger of Inception's forward over its batch and the downstream CNN's training step
+    ev = cost.evaluation_memory(cifar)
+    inception = footprint.footprint("inception_v3", {"shape": [3, 32, 32]})
+    assert ev.predicted_bytes >= 4 * inception.params + cost.TRANSIENT_FACTOR * inception.forward_peak_bytes(
+        cifar["evaluation"]["batch_size"]) + cost.GPU_RESERVE_BYTES - 1
+    assert ev.predicted_bytes < cost.gpu_mem_bytes(cifar)

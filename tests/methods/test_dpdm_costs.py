@@ -51,3 +51,12 @@ def test_the_classifier_and_the_variance_figure_grow_with_their_work():
     small = validate_config({"dpdm": {"gradient_variance": figure}})
     large = validate_config({"dpdm": {"gradient_variance": {**figure, "repeats": 10000}}})
     assert costs.gradient_variance_runtime_min(large) > costs.gradient_variance_runtime_min(small)
+
+
+def test_a_sample_sets_gpu_memory_is_the_denoisers_forward_over_its_batch_twice_where_a_sampler_guides():
+    cfg = validate_config({})
+    batch = cfg["dpdm"]["sampling"]["batch_size"]
+    guided = any(c.get("guidance", 0) for c in cfg["dpdm"]["sampling"]["samplers"].values())
+    plan = costs.sample_memory(cfg)
+    assert plan.batch == batch * (2 if guided else 1)
+    assert plan == cost.forward_memory("sample_dpdm", "edm_unet", costs.network(cfg), plan.batch)

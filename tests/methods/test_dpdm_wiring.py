@@ -229,7 +229,9 @@ def test_every_rule_asks_for_its_request_in_dpdm_s_cost_model(w):
     requests = check_requests(w, "dpdm.smk", costs.REQUESTS)
     cfg = w.house.config
     assert w.train_runtime_min == costs.train_runtime_min(cfg) > 0  # the training rule's retries
-    assert requests["sample_dpdm"] == {"gpu": 1, "mem_mb": 4000, "runtime": costs.sample_runtime_min(cfg)}
+    sample = requests["sample_dpdm"]
+    assert (sample["gpu"], sample["mem_mb"], sample["runtime"]) == (1, 4000, costs.sample_runtime_min(cfg))
+    assert sample["gpu_mem_mb"](None) == costs.sample_memory(cfg).predicted_mb
     train = requests["train_dpdm"]
     assert (train["gpu"], train["tasks"], train["mem_mb"]) == (1, 1, costs.train_mem_mb(cfg))
     # the GPU memory of a run: its own K from its name (the K ablation's K = 1 run holds fewer draws than K = 4)

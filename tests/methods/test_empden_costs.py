@@ -131,3 +131,20 @@ def test_a_public_denoiser_the_user_brings_is_not_counted_and_keeps_the_rate(cif
 def test_a_bigger_job_asks_for_more(fn, small, large, entry):
     slurm = {"slurm": {"device_rates": entry}}
     assert fn(validate_config({**large, **slurm})) > fn(validate_config({**small, **slurm}))
+
+
+def test_a_cells_gpu_memory_holds_its_private_block_and_the_public_unets_batch_where_it_runs_them(cifar10):
+    from pipeline import footprint
+
+    d = 3 * 32 * 32
+    n, m, batch = costs.private_records(cifar10), costs.normaliser_records(cifar10), cifar10["empden"]["batch_size"]
+    private = 3 * n * d * 8 + 8 * batch * n * 8 + 8 * m * d  # the records thrice, eight [batch, n] matrices, Z's m
+    full = costs.sample_gpu_memory(cifar10, "full_batch")
+    assert full.predicted_bytes == pytest.approx(private + cost.GPU_RESERVE_BYTES)
+    unet = footprint.footprint("edm_unet", cost.pretrain_network(cifar10))
+    hybrid, public = costs.sample_gpu_memory(cifar10, "hybrid"), costs.sample_gpu_memory(cifar10, "public_only")
+    assert hybrid.predicted_bytes == pytest.approx(public.predicted_bytes + private)
+    assert public.predicted_bytes == pytest.approx(
+        4 * unet.params + cost.TRANSIENT_FACTOR * unet.forward_peak_bytes(batch) + cost.GPU_RESERVE_BYTES)
+    # the preset's cells fit the 40 GB it declares
+    assert hybrid.predicted_bytes < cost.gpu_mem_bytes(cifar10)

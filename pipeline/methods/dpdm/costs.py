@@ -72,6 +72,14 @@ def sample_runtime_min(config: Config) -> int:
     return max(10, int(4 * s["n_samples"] * steps * (cost.image_side(config) / 16) ** 2 * 1e-3 / 60) + 10)
 
 
+def sample_memory(config: Config) -> cost.MemoryPlan:
+    """One sample set's GPU memory: the denoiser's forward over ``dpdm.sampling.batch_size`` images, twice that where a
+    sampler guides (pipeline/sampling/dpdm.py evaluates the conditional and unconditional halves as one batch)."""
+    s = config["dpdm"]["sampling"]
+    guided = any(c.get("guidance", 0) for c in s["samplers"].values())
+    return cost.forward_memory("sample_dpdm", "edm_unet", network(config), int(s["batch_size"]) * (2 if guided else 1))
+
+
 def classifier_runtime_min(config: Config) -> int:
     """One task-specific DP-SGD classifier run (rule train_dpsgd_classifier): epochs x N examples' clipped
     gradients of the downstream CNN, ~0.3 ms each at 16x16 on one CPU core (measured 8 CPU-s for 12,500 with
@@ -104,7 +112,8 @@ REQUESTS: dict[str, Requested] = {
         gpu=w.train_gpus, gpu_mem_mb=lambda wildcards: train_gpu_mem_mb(c, run_K(wildcards)), tasks=1,
         mem_mb=train_mem_mb(c) * w.train_gpus,
         runtime=lambda wildcards: cost.segment_runtime_min(c, train_runtime_min(c, run_K(wildcards)))),
-    "sample_dpdm": lambda c, w: Request(gpu=1, mem_mb=4000, runtime=sample_runtime_min(c)),
+    "sample_dpdm": lambda c, w: Request(gpu=1, gpu_mem_mb=lambda wildcards: sample_memory(c).predicted_mb, mem_mb=4000,
+                                        runtime=sample_runtime_min(c)),
     "evaluate_dpdm": lambda c, w: cost.evaluation_request(c, c["dpdm"]["sampling"]["n_samples"]),
     "dpdm_select_sampler": LIGHT_JOB,
     "dpdm_table_main": TABLE_JOB,

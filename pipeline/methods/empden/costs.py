@@ -168,11 +168,29 @@ def cell_runtime_min(config: Config, method: str | None = None, *,
     return minutes
 
 
+def private_block_bytes(config: Config) -> float:
+    """The private block's arrays: the private set in float64 (three copies: the records and their prepared forms) and
+    eight [batch, n] float64 work matrices (the kernel's distances, weights and their reductions)."""
+    n = private_records(config)
+    d = cost.image_channels(config) * cost.image_side(config) ** 2
+    return 3 * n * d * 8 + 8 * config["empden"]["batch_size"] * n * 8
+
+
 def sample_mem_mb(config: Config) -> int:
-    """One EMPDEN cell: the private set in float64 plus [batch, n] work matrices."""
-    n = config["accounting"]["n"] or config["data"]["private"]["n_private_train"] or 50000
-    side, ch = cost.image_side(config), cost.image_channels(config)
-    return max(4000, int(3 * n * ch * side * side * 8 / 2**20 + 8 * config["empden"]["batch_size"] * n * 8 / 2**20))
+    """One EMPDEN cell's host memory: :func:`private_block_bytes`, at least 4 GB."""
+    return max(4000, int(private_block_bytes(config) / 2**20))
+
+
+def sample_gpu_memory(config: Config, method: str) -> cost.MemoryPlan:
+    """One sampling job's GPU memory (``method`` its cell's): the private block (:func:`private_block_bytes` and the
+    public normaliser's m records in float64) where it runs one, and the public UNet's forward over
+    ``empden.batch_size`` outputs where the cell hands off to it (not full batch)."""
+    d = cost.image_channels(config) * cost.image_side(config) ** 2
+    held = 0.0 if method == "public_only" else private_block_bytes(config) + 8 * normaliser_records(config) * d
+    if method == "full_batch":
+        return cost.MemoryPlan(1, 1, held + cost.GPU_RESERVE_BYTES, held, 0.0)
+    return cost.forward_memory(f"empden_sample_{method}", "edm_unet", cost.pretrain_network(config),
+                               int(config["empden"]["batch_size"]), held_bytes=held)
 
 
 def gather_mem_mb(config: Config) -> int:
@@ -181,10 +199,19 @@ def gather_mem_mb(config: Config) -> int:
     return 1000 + int(2 * n_out(config) * cost.image_channels(config) * cost.image_side(config) ** 2 / 2**20)
 
 
+def _gpu_mem_mb(c: Config, w: Any, method: str | None) -> cost.Value | None:
+    """A sampling job's predicted GPU memory (:func:`sample_gpu_memory`, its cell's method read from its wildcards);
+    None where it runs a public denoiser the user brings, whose network is not counted."""
+    if w.house.imports_public_denoiser and method != "full_batch":
+        return None
+    return lambda wildcards: sample_gpu_memory(c, method or wildcards.get("method")).predicted_mb
+
+
 def _sampling(c: Config, w: Any, method: str | None) -> Request:
     """A private sampling job of one cell (or of one shard of it): its cell's minutes, the private set's memory."""
     counts = not w.house.imports_public_denoiser
-    return Request(gpu=1, mem_mb=sample_mem_mb(c), runtime=cell_runtime_min(c, method, counts_public_network=counts))
+    return Request(gpu=1, gpu_mem_mb=_gpu_mem_mb(c, w, method), mem_mb=sample_mem_mb(c),
+                   runtime=cell_runtime_min(c, method, counts_public_network=counts))
 
 
 #: each rule of rules/empden.smk -> its request (``w`` the asking wiring,
@@ -193,7 +220,7 @@ REQUESTS: dict[str, Requested] = {
     "empden_sample_subsampled": lambda c, w: _sampling(c, w, None),
     "empden_sample_full_batch": lambda c, w: _sampling(c, w, "full_batch"),
     "empden_sample_public_only": lambda c, w: Request(
-        gpu=1, mem_mb=4000,
+        gpu=1, gpu_mem_mb=_gpu_mem_mb(c, w, "public_only"), mem_mb=4000,
         runtime=cell_runtime_min(c, "public_only", counts_public_network=not w.house.imports_public_denoiser)),
     # sharded cells (sampling.shards): the join, and each shard's features in the evaluation's feature space
     "empden_gather": lambda c, w: Request(mem_mb=gather_mem_mb(c), runtime=10),

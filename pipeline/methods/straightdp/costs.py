@@ -70,6 +70,14 @@ def sample_runtime_min(config: Config, network: cost.Network | None = None) -> i
     return max(5, int(4 * s["n_samples"] * s["steps"] * 2 * (cost.image_side(config) / 16) ** 2 * 1e-3 / 60) + 5)
 
 
+def sample_memory(config: Config, network: Mapping[str, Any]) -> cost.MemoryPlan:
+    """One sample set's GPU memory: the flow's forward over ``straightdp.sampling.batch_size`` images (classifier-free
+    guidance evaluates the conditional and unconditional velocities as two calls: pipeline/flow/rectified.py
+    ``guided_velocity``)."""
+    return cost.forward_memory("sample_straightdp", "flow_mmdit", network,
+                               int(config["straightdp"]["sampling"]["batch_size"]))
+
+
 def import_mem_mb(config: Config) -> int:
     """Loading the user's SD3Transformer2DModel (rule import_straightdp): diffusers' fp32 load, the backbone it is
     copied into and torch.save's buffer, each up to twice a half-precision folder's size, and 2 GB for the libraries."""
@@ -96,7 +104,9 @@ REQUESTS: dict[str, Requested] = {
     "train_straightdp": lambda c, w: Request(
         gpu=w.train_gpus, gpu_mem_mb=w.train_gpu_mem_mb, tasks=1, mem_mb=6000 * w.train_gpus,
         runtime=cost.segment_runtime_min(c, train_runtime_min(c, w.flow_network))),
-    "sample_straightdp": lambda c, w: Request(gpu=1, mem_mb=4000, runtime=sample_runtime_min(c, w.flow_network)),
+    "sample_straightdp": lambda c, w: Request(
+        gpu=1, gpu_mem_mb=lambda wildcards: sample_memory(c, w.flow_network(w.run(wildcards).arm)).predicted_mb,
+        mem_mb=4000, runtime=sample_runtime_min(c, w.flow_network)),
     "evaluate_straightdp": lambda c, w: cost.evaluation_request(c, c["straightdp"]["sampling"]["n_samples"]),
     "straightdp_table": TABLE_JOB,
     "straightdp_table2": TABLE_JOB,
