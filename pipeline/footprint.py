@@ -45,6 +45,7 @@ FORMAT = "dpgen-footprints/2"
 class Footprint:
     """One network workload's counts (bytes and FLOPs; float32 unless stated)."""
 
+    #: every parameter of the network (the trained networks train all of theirs; Inception-V3's are frozen weights)
     params: int
     saved_bytes_per_example: float
     saved_bytes_fixed: float
@@ -220,7 +221,7 @@ def count(kind: str, spec: Mapping[str, Any]) -> Footprint:
             model.zero_grad(set_to_none=True)
             counts.append((sum(storages.values()), flops.get_total_flops(), forward, peak))
     (s1, f1, g1, p1), (s2, f2, g2, p2) = counts
-    return Footprint(params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+    return Footprint(params=sum(p.numel() for p in model.parameters()),
                      saved_bytes_per_example=float(s2 - s1), saved_bytes_fixed=float(max(0, 2 * s1 - s2)),
                      train_flops_per_example=float(f2 - f1), forward_flops_per_example=float(g2 - g1),
                      forward_peak_bytes_per_example=float(max(0.0, p2 - p1)),
