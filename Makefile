@@ -16,7 +16,7 @@ help:
 	@echo "make run            the quick tour: every method and table of the embedded default (snakemake --cores $(CORES) all)"
 	@echo "make run CONFIG=f   the same over a preset merged on config.yaml (e.g. CONFIG=configs/mnist.yaml; also for make report)"
 	@echo "make plan CONFIG=f  jobs, hours, GPU-hours and memory the slurm profile would request (nothing submitted)"
-	@echo "make gpu-check      this machine's device rates (one GPU, < 8 min) against the plan's; WRITE=name stores them"
+	@echo "make gpu-check      this GPU's rates and efficiencies (< 8 min) against the plan's; WRITE=name stores them"
 	@echo "make bundles        after make run: every private run's certified bundle -> results/bundles/ (also in all)"
 	@echo "make run-full       the reference embedded run the docs' numbers come from (+ configs/digits_full.yaml, several hours)"
 	@echo "make report         after make run: Snakemake's report of every table and figure -> $(REPORT)"
@@ -63,8 +63,9 @@ REPORT ?= results/report.html
 plan: $(STAMP)
 	$(BIN)/python -m pipeline plan $(if $(strip $(CONFIG)),--configfile $(CONFIG))
 
-# each paper preset's heaviest workloads for a few steps on this machine's GPU (pipeline/gpu_check.py); WRITE=name
-# stores the measured rates in pipeline/device_rates.yaml (then slurm.device_rates: name)
+# every workload the cost models count, for a few steps on this machine's GPU (pipeline/gpu_check.py): seconds and
+# efficiency (counted FLOPs over the peaks of the named entry matching the GPU, or PEAKS=entry); WRITE=name stores
+# them in pipeline/device_rates.yaml (then slurm.device_rates: name)
 gpu-check: $(STAMP)
 	$(BIN)/python -m pipeline gpu_check $(if $(strip $(WRITE)),--write $(WRITE)) $(if $(strip $(PEAKS)),--peaks $(PEAKS))
 

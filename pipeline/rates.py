@@ -36,11 +36,12 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16")
 HEADER = """\
 # Device rates: what one unit of each heavy workload costs on a device (seconds), the numbers behind every
 # runtime request of the slurm profile and the plan (pipeline/resources.py, python -m pipeline plan).
-# slurm.device_rates names the entry a run uses (default: estimate). `make gpu-check` measures an entry on the
+# slurm.device_rates names the entry a run uses (default: a100-40gb). `make gpu-check` measures an entry on the
 # machine it runs on and, with WRITE=name, stores it here (pipeline/rates.py; units and sizes: rates.WORKLOADS).
 # An entry with peak_tflops (a named GPU's published dense peaks), efficiency and headroom grounds the runtimes of
-# the rules whose networks are counted (pipeline/footprint.py) in FLOPs / (peak x efficiency) x headroom; the
-# other rules read its rates.
+# the rules whose networks are counted (pipeline/footprint.py) in FLOPs / (peak x efficiency) x headroom, each
+# workload at its measured share of the peak where the entry holds one (efficiencies); the other rules read its
+# rates.
 """
 
 

@@ -172,3 +172,11 @@ def test_a_cost_model_that_counts_flops_asks_in_inverse_proportion_to_its_worklo
 def test_a_malformed_efficiency_is_refused_with_the_entry(blob, message, tmp_path):
     with pytest.raises(PipelineError, match=message):
         rates.load_rates(write(tmp_path / "r.yaml", {"estimate": estimate(), "g": {**estimate(), **blob}}))
+
+
+def test_every_workload_states_how_its_flops_are_counted_and_in_which_number_format():
+    for name, w in rates.WORKLOADS.items():
+        assert w.dtype in rates.DTYPES and w.pass_ in rates.PASSES, name
+        # a network's pass is counted by the footprint of its kind; EMPDEN's private steps by its own cost model
+        assert (w.network is None) == (w.pass_ == "empden_private"), name
+    assert {w.flop_factor for w in rates.WORKLOADS.values()} == {1.0, rates.DPSGD_FLOP_FACTOR}
