@@ -417,8 +417,19 @@ def test_every_rule_asks_for_its_request_in_the_baselines_cost_model_and_reuses_
     cfg = h.config
     assert bl.resources("dp_merf")["runtime"] == costs.run_runtime_min(cfg) >= 10
     # the DP-SGD baselines run DPDM's engine, PrivImage and DP-LDM the public pretraining: their costs
-    assert requests["dpsgd_baseline"] == {"gpu": 1, "mem_mb": dpdm_costs.train_mem_mb(cfg),
-                                          "runtime": dpdm_costs.train_runtime_min(cfg)}
+    dpsgd = requests["dpsgd_baseline"]
+    assert (dpsgd["gpu"], dpsgd["mem_mb"], dpsgd["runtime"]) == (1, dpdm_costs.train_mem_mb(cfg),
+                                                                   dpdm_costs.train_runtime_min(cfg))
+    # each run's GPU memory: the DP-SGD engine's plan of its own denoiser at its section's micro-batch and K
+    for run, method in (("dp_diffusion_eps1_seed0", "dp_diffusion"), ("dp_ldm_eps1_seed0", "dp_ldm")):
+        own = h.config["baselines"][method]
+        plan = cost.dpsgd_memory(bl.dpsgd_network(method), own["micro_batch"], own["K"])
+        assert dpsgd["gpu_mem_mb"](SimpleNamespace(run=run)) == plan.predicted_mb
+    # DP-LDM's denoiser is its latent UNet on the codes, the others the public denoiser's architecture
+    assert bl.ldm_code_shape[1] == bl.dpsgd_network("dp_ldm")["unet"]["image_size"] == cost.image_side(cfg) // 4
+    assert bl.dpsgd_network("dp_diffusion") == cost.pretrain_network(cfg)
+    phase1 = requests["dp_promise_phase1"]["gpu_mem_mb"](SimpleNamespace(run="dp_promise_eps1_seed0"))
+    assert phase1 == bl.dpsgd_memory("dp_promise_eps1_seed0").predicted_mb
     assert requests["sample_baseline"]["runtime"] == dpdm_costs.sample_runtime_min(cfg)
     assert requests["privimage_pretrain"]["runtime"] == cost.segment_runtime_min(cfg, cost.pretrain_runtime_min(cfg))
     assert requests["dp_ldm_pretrain"]["gpu_mem_mb"](SimpleNamespace()) == bl.ldm_pretrain_memory.predicted_mb

@@ -37,6 +37,14 @@ def _public_pretraining(c: Config, gpu_mem_mb: cost.Value) -> Request:
                    runtime=cost.segment_runtime_min(c, cost.pretrain_runtime_min(c)))
 
 
+def _dpsgd_gpu_mem_mb(w: Any) -> cost.Value | None:
+    """A DP-SGD baseline job's predicted GPU memory (its run from its wildcards: the wiring's ``dpsgd_memory``); None
+    where the public denoiser is a folder the user brings, whose network is not counted."""
+    if w.house.imports_public_denoiser:
+        return None
+    return lambda wildcards: w.dpsgd_memory(wildcards.run).predicted_mb
+
+
 #: each rule of rules/baselines.smk -> its request (``w`` the asking wiring,
 #: :class:`pipeline.methods.baselines.wiring.Wiring`)
 REQUESTS: dict[str, Requested] = {
@@ -50,9 +58,9 @@ REQUESTS: dict[str, Requested] = {
     "dp_ldm_autoencoder": Request(mem_mb=3000, runtime=20),
     "dp_ldm_encode": Request(mem_mb=2000, runtime=5),
     "dp_ldm_pretrain": lambda c, w: _public_pretraining(c, lambda wildcards: w.ldm_pretrain_memory.predicted_mb),
-    "dp_promise_phase1": lambda c, w: Request(gpu=1, mem_mb=dpdm_costs.train_mem_mb(c),
+    "dp_promise_phase1": lambda c, w: Request(gpu=1, gpu_mem_mb=_dpsgd_gpu_mem_mb(w), mem_mb=dpdm_costs.train_mem_mb(c),
                                               runtime=dpdm_costs.train_runtime_min(c)),
-    "dpsgd_baseline": lambda c, w: Request(gpu=1, mem_mb=dpdm_costs.train_mem_mb(c),
+    "dpsgd_baseline": lambda c, w: Request(gpu=1, gpu_mem_mb=_dpsgd_gpu_mem_mb(w), mem_mb=dpdm_costs.train_mem_mb(c),
                                            runtime=dpdm_costs.train_runtime_min(c)),
     "sample_baseline": lambda c, w: Request(gpu=1, mem_mb=3000, runtime=dpdm_costs.sample_runtime_min(c)),
     "sample_dp_ldm": lambda c, w: Request(gpu=1, mem_mb=3000, runtime=dpdm_costs.sample_runtime_min(c)),

@@ -232,14 +232,33 @@ class Wiring:
                             **cost.accumulation_params(self.ldm_pretrain_memory))
 
     @property
-    def ldm_pretrain_memory(self) -> cost.MemoryPlan:
-        """dp_ldm_pretrain's micro-batch and GPU memory: baselines.dp_ldm.unet on the autoencoder's codes
-        (code_channels at H/4 x W/4, pipeline/flow/autoencoder.py)."""
+    def ldm_code_shape(self) -> tuple[int, int]:
+        """(channels, side) of DP-LDM's codes: the autoencoder's code_channels at H/4 x W/4
+        (pipeline/flow/autoencoder.py)."""
         ae = {**schema_defaults("baselines", "dp_ldm", "autoencoder"), **self.section["dp_ldm"]["autoencoder"]}
-        code_channels = int(ae["code_channels"])
-        side = cost.image_side(self.house.config) // 4
+        return int(ae["code_channels"]), cost.image_side(self.house.config) // 4
+
+    @property
+    def ldm_pretrain_memory(self) -> cost.MemoryPlan:
+        """dp_ldm_pretrain's micro-batch and GPU memory: baselines.dp_ldm.unet on the autoencoder's codes."""
         return cost.pretrain_memory(self.house.config, "dp_ldm_pretrain", unet=self.section["dp_ldm"]["unet"],
-                                    shape=(code_channels, side))
+                                    shape=self.ldm_code_shape)
+
+    def dpsgd_network(self, method: str) -> dict[str, Any]:
+        """The footprint spec of a DP-SGD baseline's denoiser: DP-LDM's latent UNet on its codes; the others fine-tune
+        the public denoiser's architecture (``unet: init``)."""
+        if method in baseline_runs.LATENT:
+            return cost.pretrain_network(self.house.config, unet=self.section["dp_ldm"]["unet"],
+                                         shape=self.ldm_code_shape)
+        return cost.pretrain_network(self.house.config)
+
+    def dpsgd_memory(self, run: str) -> cost.MemoryPlan:
+        """A DP-SGD baseline run's GPU memory (``run`` its name; DP-Promise's phase I too): the DP-SGD engine's plan
+        (:func:`pipeline.resources.dpsgd_memory`) of its denoiser at its section's micro_batch and K. Every weight's
+        per-example gradient is counted, also for DP-LDM, which trains only its attention (an upper bound)."""
+        method = BaselineRun.from_name(run).method
+        own = self.section[method]
+        return cost.dpsgd_memory(self.dpsgd_network(method), int(own["micro_batch"]), int(own["K"]))
 
     def resources(self, rule: str) -> dict[str, Any]:
         """What each job of ``rule`` (a rule of rules/baselines.smk) asks the cluster for, its whole ``resources:``:
