@@ -223,10 +223,11 @@ def _dpdm_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], No
 def _empden_sample(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], float]:
     import torch
 
+    from pipeline.methods.empden import costs as empden_costs
     from pipeline.privacy import empirical_denoiser as emp
 
     e, acc = config["empden"], config["accounting"]
-    n = int(acc["n"] or config["data"]["private"]["n_private_train"] or 50000)
+    n = empden_costs.private_records(config)
     side, ch = int(config["data"]["image_size"]), image_channels(config)
     d, b, m = ch * side * side, int(e["batch_size"]), int(e["normaliser_n"] or 10000)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -421,7 +422,7 @@ def flops_per_unit(workload: str, config: Mapping[str, Any]) -> float:
 
         per_record, per_public = empden_costs.PRIVATE_FLOPS_PER_ENTRY
         e, acc = config["empden"], config["accounting"]
-        n = int(acc["n"] or config["data"]["private"]["n_private_train"] or 50000)
+        n = empden_costs.private_records(config)
         d = image_channels(config) * int(config["data"]["image_size"]) ** 2
         return float(acc["N"]) * d * (per_record * n + per_public * int(e["normaliser_n"] or 10000))
     from pipeline.resources import workload_flops
