@@ -78,7 +78,7 @@ def flop_minutes(config: Config, units: float, workload: str, network: Callable[
 
 def _counted(kind: str, network: Mapping[str, Any]) -> Any:
     """The counted footprint of ``network`` (pipeline/footprint.py), for a runtime grounded in FLOPs."""
-    return _footprint("runtime", kind, network)
+    return footprint_of("runtime", kind, network)
 
 
 def counted_forward_flops(kind: str, network: Mapping[str, Any]) -> float:
@@ -289,7 +289,7 @@ def pretrain_network(config: Config, unet: Mapping[str, Any] | None = None,
     return {"unet": {**section, "image_size": int(side), "channels": int(channels), "num_classes": classes}}
 
 
-def _footprint(rule: str, kind: str, network: Mapping[str, Any]) -> Any:
+def footprint_of(rule: str, kind: str, network: Mapping[str, Any]) -> Any:
     """The network's footprint (pipeline/footprint.py: cached, else counted with torch); a network that cannot be built
     on its examples (e.g. more levels than the size allows) is a one-line config error naming ``rule``."""
     from pipeline import footprint
@@ -329,7 +329,7 @@ def memory_plan(config: Config, rule: str, network: Mapping[str, Any], batch: in
                 kind: str = "edm_unet") -> MemoryPlan:
     """The largest micro-batch of ``network``'s training (``batch`` examples per step) that fits ``slurm.gpu_mem_gb``,
     and the job's predicted GPU memory with it; a one-line config error naming ``rule`` when not one example fits."""
-    fp = _footprint(rule, kind, network)
+    fp = footprint_of(rule, kind, network)
     state = _train_state_bytes(fp)
     per_example = TRANSIENT_FACTOR * fp.saved_bytes_per_example
     budget = gpu_mem_bytes(config)
@@ -361,7 +361,7 @@ def dpsgd_memory(network: Mapping[str, Any], micro_batch: int, K: int, *, kind: 
     ``micro_batch`` x ``K`` example-draws of activations and, by the vmap route, its examples' per-example gradients
     (ghost clipping holds none; the bound is the vmap route's, which ``auto`` may fall back to). The micro-batch is the
     configured one: it is part of the run's configuration, since it orders the diffusion draws."""
-    fp = _footprint("DP-SGD", kind, network)
+    fp = footprint_of("DP-SGD", kind, network)
     state = _train_state_bytes(fp)
     per_example = K * TRANSIENT_FACTOR * fp.saved_bytes_per_example + PER_EXAMPLE_GRAD_COPIES * 4 * fp.params
     return MemoryPlan(micro_batch, micro_batch, state + micro_batch * per_example + GPU_RESERVE_BYTES, state,
@@ -373,23 +373,37 @@ def forward_memory(rule: str, kind: str, network: Mapping[str, Any], batch: int,
     """A gradient-free job's GPU memory (sampling, feature extraction): ``network``'s float32 weights, ``held_bytes``
     the job keeps beside it on the GPU (e.g. EMPDEN's private records), and one batch of ``batch`` examples'
     activations at their forward peak (counted, pipeline/footprint.py) x :data:`TRANSIENT_FACTOR`."""
-    fp = _footprint(rule, kind, network)
+    fp = footprint_of(rule, kind, network)
     state = 4 * fp.params + held_bytes + TRANSIENT_FACTOR * fp.forward_peak_bytes_fixed
     per_example = TRANSIENT_FACTOR * fp.forward_peak_bytes_per_example
     return MemoryPlan(batch, batch, state + batch * per_example + GPU_RESERVE_BYTES, state, per_example)
 
 
-def evaluation_memory(config: Config, rule: str = "evaluate") -> MemoryPlan:
+def evaluation_memory(config: Config, rule: str = "evaluate", n_samples: int | None = None) -> MemoryPlan:
     """One job of the evaluation core: the larger of its feature extraction (the configured extractor's forward over
-    ``evaluation.batch_size`` images) and the downstream CNN's training (``evaluation.evalnet.batch_size`` a step,
-    the training state and the saved activations)."""
+    ``evaluation.batch_size`` images) and the downstream CNN's training on its ``n_samples`` synthetic images
+    (:func:`evalnet_memory`)."""
     kind, net, _ = _feature_network(config)
     features = forward_memory(rule, kind, net, int(config["evaluation"]["batch_size"]))
-    batch = int(config["evaluation"]["evalnet"]["batch_size"])
-    fp = _footprint(rule, "evalnet", evalnet_network(config))
-    state, per_example = _train_state_bytes(fp), TRANSIENT_FACTOR * fp.saved_bytes_per_example
-    training = MemoryPlan(batch, batch, state + batch * per_example + GPU_RESERVE_BYTES, state, per_example)
-    return max(features, training, key=lambda plan: plan.predicted_bytes)
+    return max(features, evalnet_memory(config, rule, n_samples), key=lambda plan: plan.predicted_bytes)
+
+
+def training_memory(rule: str, kind: str, network: Mapping[str, Any], batch: int, *, held_bytes: float = 0.0
+                    ) -> MemoryPlan:
+    """A public training job that runs its whole ``batch`` in one pass (no accumulation): the training state, the
+    saved activations of ``batch`` examples and ``held_bytes`` the job keeps beside them on the GPU (its data)."""
+    fp = footprint_of(rule, kind, network)
+    state, per_example = _train_state_bytes(fp) + held_bytes, TRANSIENT_FACTOR * fp.saved_bytes_per_example
+    return MemoryPlan(batch, batch, state + batch * per_example + GPU_RESERVE_BYTES, state, per_example)
+
+
+def evalnet_memory(config: Config, rule: str = "train_evalnet", n_images: int | None = None) -> MemoryPlan:
+    """Training the evaluation CNN (pipeline/evaluation/evalnet.py ``fit_classifier``: rule train_evalnet, and the
+    downstream CNN of every evaluation job, the same architecture): ``evaluation.evalnet.batch_size`` images a step,
+    its ``n_images`` uint8 training images held on the GPU (default ``data.private.n_eval_train``)."""
+    n = int(config["data"]["private"]["n_eval_train"] if n_images is None else n_images)
+    return training_memory(rule, "evalnet", evalnet_network(config), int(config["evaluation"]["evalnet"]["batch_size"]),
+                           held_bytes=n * _channels(config) * _side(config) ** 2)
 
 
 def pretrain_memory(config: Config, rule: str = "pretrain_public", unet: Mapping[str, Any] | None = None,
@@ -493,8 +507,8 @@ EVALUATION_MEM_MB = 6000
 def evaluation_request(config: Config, n_samples: int | None = None, *, features_only: bool = False) -> Request:
     """One job of the evaluation core on one GPU scoring ``n_samples`` samples (:func:`evaluation_runtime_min`; a
     sharded cell's feature job with ``features_only``), its GPU memory :func:`evaluation_memory`."""
-    return Request(gpu=1, gpu_mem_mb=lambda wildcards: evaluation_memory(config).predicted_mb, mem_mb=EVALUATION_MEM_MB,
-                   runtime=evaluation_runtime_min(config, n_samples, features_only=features_only))
+    return Request(gpu=1, gpu_mem_mb=lambda wildcards: evaluation_memory(config, n_samples=n_samples).predicted_mb,
+                   mem_mb=EVALUATION_MEM_MB, runtime=evaluation_runtime_min(config, n_samples, features_only=features_only))
 
 
 #: a rule's entry in its owner's table: its request, or a function of the configuration and the owner's wiring (the
@@ -505,8 +519,11 @@ Requested = Request | Callable[[Config, Any], Request]
 #: method's are in pipeline/methods/<method>/costs.py
 HOUSE_REQUESTS: dict[str, Requested] = {
     "prepare_data": lambda c, _: Request(mem_mb=prepare_data_mem_mb(c), runtime=prepare_data_runtime_min(c)),
-    "train_evalnet": lambda c, _: Request(gpu=1, mem_mb=4000, runtime=evalnet_runtime_min(c)),
-    "train_clip": lambda c, _: Request(gpu=1, mem_mb=3000, runtime=clip_runtime_min(c)),
+    "train_evalnet": lambda c, _: Request(gpu=1, gpu_mem_mb=lambda wildcards: evalnet_memory(c).predicted_mb,
+                                          mem_mb=4000, runtime=evalnet_runtime_min(c)),
+    # the small CLIP trains on the CPU (pipeline/evaluation/clip.py train_clip moves nothing to a device): no GPU, so
+    # its job goes to slurm.cpu_partition
+    "train_clip": lambda c, _: Request(mem_mb=3000, runtime=clip_runtime_min(c)),
     "import_clip": Request(mem_mb=8000, runtime=10),
     "evaluate_reference_real": lambda c, _: evaluation_request(c, c["data"]["private"]["n_reference"]),
     "import_public": lambda c, _: Request(mem_mb=import_public_mem_mb(c), runtime=10),

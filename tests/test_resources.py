@@ -20,10 +20,11 @@ def config(**sections):
 LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segment_retries")
 #: the GPU-memory plan returns plans and specs, not a request (tested below)
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
-               "pretrain_memory", "dpsgd_memory", "forward_memory", "evaluation_memory")
+               "pretrain_memory", "dpsgd_memory", "forward_memory", "evaluation_memory", "training_memory",
+               "evalnet_memory")
 #: counts of a network's work, and the rates and FLOP arithmetic the cost models read, not a request
 COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network", "rate", "flop_minutes", "workload_flops",
-          "folder_mb")
+          "folder_mb", "footprint_of")
 #: requests, and the function that reads a rule's from its owner's table (tested below)
 REQUESTS = ("evaluation_request", "resources")
 
@@ -231,3 +232,19 @@ def test_a_gradient_free_job_holds_the_weights_what_it_keeps_and_one_batch_at_th
     assert ev.predicted_bytes >= 4 * inception.params + cost.TRANSIENT_FACTOR * inception.forward_peak_bytes(
         cifar["evaluation"]["batch_size"]) + cost.GPU_RESERVE_BYTES - 1
     assert ev.predicted_bytes < cost.gpu_mem_bytes(cifar)
+
+
+def test_the_evaluation_cnns_training_holds_its_training_images_on_the_gpu_beside_its_batch():
+    from pipeline import footprint
+
+    cfg = config()
+    fp = footprint.footprint("evalnet", cost.evalnet_network(cfg))
+    batch, n = cfg["evaluation"]["evalnet"]["batch_size"], cfg["data"]["private"]["n_eval_train"]
+    image = cost.image_channels(cfg) * cost.image_side(cfg) ** 2
+    plan = cost.evalnet_memory(cfg)
+    assert plan.predicted_bytes == pytest.approx(
+        cost.TRAIN_STATE_BYTES_PER_PARAM * fp.params + cost.TRANSIENT_FACTOR * fp.activation_bytes(batch)
+        + n * image + cost.GPU_RESERVE_BYTES)
+    # an evaluation job's downstream CNN trains on its own samples: more samples, more memory held
+    assert cost.evalnet_memory(cfg, n_images=10 * n).predicted_bytes == pytest.approx(
+        plan.predicted_bytes + 9 * n * image)

@@ -60,3 +60,25 @@ def test_a_sample_sets_gpu_memory_is_the_denoisers_forward_over_its_batch_twice_
     plan = costs.sample_memory(cfg)
     assert plan.batch == batch * (2 if guided else 1)
     assert plan == cost.forward_memory("sample_dpdm", "edm_unet", costs.network(cfg), plan.batch)
+
+
+def test_the_dp_sgd_classifiers_gpu_memory_is_the_engines_plan_of_the_downstream_cnn_at_its_micro_batch():
+    cfg = validate_config({"dpdm": {"dpsgd_classifier": {"micro_batch": 50}}})
+    plan = costs.classifier_memory(cfg)
+    assert plan == cost.dpsgd_memory(cost.evalnet_network(cfg), 50, 1, kind="evalnet")
+    larger = validate_config({"dpdm": {"dpsgd_classifier": {"micro_batch": 500}}})
+    assert costs.classifier_memory(larger).predicted_bytes > plan.predicted_bytes
+
+
+def test_fig3s_gpu_memory_is_its_largest_k_plan_and_the_float64_gradients_it_keeps():
+    from pipeline import footprint
+
+    figure = {"K": [1, 4, 16], "n_images": 3, "repeats": 24}
+    cfg = validate_config({"dpdm": {"gradient_variance": figure}})
+    net = cost.pretrain_network(cfg)
+    params = footprint.footprint("edm_unet", net).params
+    largest = max((cost.dpsgd_memory(net, 64 // K, K) for K in figure["K"]), key=lambda p: p.predicted_bytes)
+    assert costs.gradient_variance_memory(cfg).predicted_bytes == pytest.approx(
+        largest.predicted_bytes + 2 * 24 * params * 8)
+    more = validate_config({"dpdm": {"gradient_variance": {**figure, "repeats": 240}}})
+    assert costs.gradient_variance_memory(more).predicted_bytes > costs.gradient_variance_memory(cfg).predicted_bytes

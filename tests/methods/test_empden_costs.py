@@ -148,3 +148,18 @@ def test_a_cells_gpu_memory_holds_its_private_block_and_the_public_unets_batch_w
         4 * unet.params + cost.TRANSIENT_FACTOR * unet.forward_peak_bytes(batch) + cost.GPU_RESERVE_BYTES)
     # the preset's cells fit the 40 GB it declares
     assert hybrid.predicted_bytes < cost.gpu_mem_bytes(cifar10)
+
+
+def test_figure2s_gpu_memory_is_the_private_block_and_the_public_unet_at_its_rows(cifar10):
+    from pipeline import footprint
+
+    from pipeline.sampling.empden_plan import figure2_rows
+
+    d, rows = 3 * 32 * 32, figure2_rows(cifar10["empden"]["figure2"])
+    n, m = costs.private_records(cifar10), costs.normaliser_records(cifar10)
+    unet = footprint.footprint("edm_unet", cost.pretrain_network(cifar10))
+    assert costs.figure2_gpu_memory(cifar10).predicted_bytes == pytest.approx(
+        3 * n * d * 8 + 8 * rows * n * 8 + 8 * m * d + 4 * unet.params
+        + cost.TRANSIENT_FACTOR * unet.forward_peak_bytes(rows) + cost.GPU_RESERVE_BYTES)
+    # its block is at its own rows, not at a cell's batch
+    assert costs.private_block_bytes(cifar10, rows) < costs.private_block_bytes(cifar10)

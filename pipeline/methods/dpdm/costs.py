@@ -98,6 +98,39 @@ def gradient_variance_runtime_min(config: Config) -> int:
     return max(5, int(4 * draws * (cost.image_side(config) / 16) ** 2 * 9e-3 / 60) + 5)
 
 
+def classifier_memory(config: Config) -> cost.MemoryPlan:
+    """One task-specific DP-SGD classifier run's GPU memory (rule train_dpsgd_classifier): the shared DP-SGD engine's
+    plan (:func:`pipeline.resources.dpsgd_memory`, K = 1) of the downstream CNN (evaluation.evalnet's architecture,
+    what pipeline/training/dpsgd_classifier.py trains) at the section's micro_batch. The linear ``logreg`` holds less
+    (one weight matrix, no hidden activations): the CNN's plan bounds both."""
+    from pipeline.config import schema_defaults
+
+    c = config["dpdm"].get("dpsgd_classifier") or schema_defaults("dpdm", "dpsgd_classifier")
+    return cost.dpsgd_memory(cost.evalnet_network(config), int(c["micro_batch"]), 1, kind="evalnet")
+
+
+#: draws per vmap call of Fig. 3's per-example gradients (pipeline/diagnostics/gradient_variance.py's micro_batch,
+#: which the wiring leaves at the stage's default)
+VARIANCE_MICRO_BATCH = 64
+
+
+def gradient_variance_memory(config: Config) -> cost.MemoryPlan:
+    """DPDM Fig. 3's GPU memory (rule dpdm_figure3_gradient_variance), the largest over its K: the engine's
+    per-example gradients (:func:`pipeline.resources.dpsgd_memory`) of the public denoiser on ``64 // K`` rows of K
+    draws at a time, and the image's ``repeats`` flattened gradients it keeps in float64 (twice: the rows and their
+    concatenation)."""
+    from pipeline.config import schema_defaults
+
+    g = config["dpdm"].get("gradient_variance") or schema_defaults("dpdm", "gradient_variance")
+    network = cost.pretrain_network(config)
+    plans = [cost.dpsgd_memory(network, max(1, VARIANCE_MICRO_BATCH // int(K)), int(K)) for K in g["K"]]
+    plan = max(plans, key=lambda p: p.predicted_bytes)
+    params = cost.footprint_of("dpdm_figure3_gradient_variance", "edm_unet", network).params
+    held = 2 * int(g["repeats"]) * params * 8
+    return cost.MemoryPlan(plan.batch, plan.micro_batch, plan.predicted_bytes + held, plan.state_bytes + held,
+                           plan.per_example_bytes)
+
+
 def run_K(wildcards: Any) -> int:
     """The noise multiplicity K of a training job's run (its ``run`` wildcard, :class:`DpdmRun`)."""
     return DpdmRun.from_name(wildcards.run).K
@@ -122,8 +155,13 @@ REQUESTS: dict[str, Requested] = {
     "dpdm_table_configurations": TABLE_JOB,
     "dpdm_samples_by_epsilon": FIGURE_JOB,
     "dpdm_samples_by_sampler": FIGURE_JOB,
-    "train_dpsgd_classifier": lambda c, w: Request(gpu=1, mem_mb=3000, runtime=classifier_runtime_min(c)),
+    "train_dpsgd_classifier": lambda c, w: Request(
+        gpu=1, gpu_mem_mb=lambda wildcards: classifier_memory(c).predicted_mb, mem_mb=3000,
+        runtime=classifier_runtime_min(c)),
     "dpdm_table_dpsgd_classifier": TABLE_JOB,
-    "dpdm_figure3_gradient_variance": lambda c, w: Request(gpu=1, mem_mb=3000,
-                                                           runtime=gradient_variance_runtime_min(c)),
+    # the public denoiser's network: not counted where it is a folder the user brings
+    "dpdm_figure3_gradient_variance": lambda c, w: Request(
+        gpu=1, gpu_mem_mb=None if w.house.imports_public_denoiser
+        else lambda wildcards: gradient_variance_memory(c).predicted_mb,
+        mem_mb=3000, runtime=gradient_variance_runtime_min(c)),
 }

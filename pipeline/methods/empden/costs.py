@@ -168,12 +168,14 @@ def cell_runtime_min(config: Config, method: str | None = None, *,
     return minutes
 
 
-def private_block_bytes(config: Config) -> float:
+def private_block_bytes(config: Config, batch: int | None = None) -> float:
     """The private block's arrays: the private set in float64 (three copies: the records and their prepared forms) and
-    eight [batch, n] float64 work matrices (the kernel's distances, weights and their reductions)."""
+    eight [batch, n] float64 work matrices (the kernel's distances, weights and their reductions) for ``batch``
+    outputs at a time (default ``empden.batch_size``)."""
     n = private_records(config)
     d = cost.image_channels(config) * cost.image_side(config) ** 2
-    return 3 * n * d * 8 + 8 * config["empden"]["batch_size"] * n * 8
+    b = int(config["empden"]["batch_size"] if batch is None else batch)
+    return 3 * n * d * 8 + 8 * b * n * 8
 
 
 def sample_mem_mb(config: Config) -> int:
@@ -191,6 +193,19 @@ def sample_gpu_memory(config: Config, method: str) -> cost.MemoryPlan:
         return cost.MemoryPlan(1, 1, held + cost.GPU_RESERVE_BYTES, held, 0.0)
     return cost.forward_memory(f"empden_sample_{method}", "edm_unet", cost.pretrain_network(config),
                                int(config["empden"]["batch_size"]), held_bytes=held)
+
+
+def figure2_gpu_memory(config: Config) -> cost.MemoryPlan:
+    """EMPDEN Fig. 2's GPU memory (rule empden_figure2_trajectories): the private block for its rows
+    (:func:`private_block_bytes`, pipeline/sampling/empden_stage.py ``trajectories``), the public normaliser's records,
+    and the public UNet's forward over those rows."""
+    from pipeline.sampling.empden_plan import figure2_rows
+
+    rows = figure2_rows(config["empden"]["figure2"])
+    d = cost.image_channels(config) * cost.image_side(config) ** 2
+    held = private_block_bytes(config, rows) + 8 * normaliser_records(config) * d
+    return cost.forward_memory("empden_figure2_trajectories", "edm_unet", cost.pretrain_network(config), rows,
+                               held_bytes=held)
 
 
 def gather_mem_mb(config: Config) -> int:
@@ -233,5 +248,8 @@ REQUESTS: dict[str, Requested] = {
     "empden_table10_seeds": LIGHT_JOB,
     "empden_figure3_tradeoffs": LIGHT_JOB,
     "empden_figure4_samples": LIGHT_JOB,
-    "empden_figure2_trajectories": lambda c, w: Request(gpu=1, mem_mb=sample_mem_mb(c), runtime=15),
+    "empden_figure2_trajectories": lambda c, w: Request(
+        gpu=1, gpu_mem_mb=None if w.house.imports_public_denoiser
+        else lambda wildcards: figure2_gpu_memory(c).predicted_mb,
+        mem_mb=sample_mem_mb(c), runtime=15),
 }

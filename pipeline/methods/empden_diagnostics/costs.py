@@ -33,9 +33,40 @@ def mem_mb(config: Config) -> int:
     return 3000 + int(3 * n * d * 8 / 2**20)
 
 
+def gpu_memory(config: Config, rule: str) -> cost.MemoryPlan:
+    """A diagnostics job's GPU memory (pipeline/diagnostics/empden_proxy.py), ``batch_size`` trajectories at a time:
+    the public UNet's forward over them, the trajectories' arrays in float32 (the step noises, the all-neural
+    states, a window's redrawn and mixed noises: 4 N + 2 states of the batch, N the rule's grid), and, for the
+    rules that read the private set (Tables 4 and 1), EMPDEN's private block at that batch and the public
+    normaliser's records (:func:`pipeline.methods.empden.costs.private_block_bytes`). The evaluation net's and a
+    configured CLIP's forwards run after the UNet's on the finished states and are not added."""
+    from pipeline.methods.empden import costs as empden_costs
+
+    diag = config["empden_diagnostics"]
+    b = int(diag["batch_size"])
+    d = cost.image_channels(config) * cost.image_side(config) ** 2
+    N = int({"empden_table4_proxy": diag["proxy_N"], "empden_table1_window_swap": diag["swap_N"],
+             "empden_figure6_critical_window": diag["critical_window_N"]}[rule])
+    held = (4 * N + 2) * b * d * 4
+    if rule != "empden_figure6_critical_window":
+        held += empden_costs.private_block_bytes(config, b) + 8 * empden_costs.normaliser_records(config) * d
+    return cost.forward_memory(rule, "edm_unet", cost.pretrain_network(config), b, held_bytes=held)
+
+
+def _gpu_mem_mb(config: Config, w: Any, rule: str) -> cost.Value | None:
+    """:func:`gpu_memory` of ``rule``, a function so that it is counted only for a DAG that runs it; None where the
+    public denoiser is a folder the user brings, whose network is not counted."""
+    if w.house.imports_public_denoiser:
+        return None
+    return lambda wildcards: gpu_memory(config, rule).predicted_mb
+
+
 #: each rule of rules/empden_diagnostics.smk -> its request
 REQUESTS: dict[str, Requested] = {
-    "empden_table4_proxy": lambda c, w: Request(gpu=1, mem_mb=mem_mb(c), runtime=runtime_min(c)),
-    "empden_table1_window_swap": lambda c, w: Request(gpu=1, mem_mb=mem_mb(c), runtime=runtime_min(c)),
-    "empden_figure6_critical_window": lambda c, w: Request(gpu=1, mem_mb=4000, runtime=runtime_min(c)),
+    "empden_table4_proxy": lambda c, w: Request(gpu=1, gpu_mem_mb=_gpu_mem_mb(c, w, "empden_table4_proxy"),
+                                                mem_mb=mem_mb(c), runtime=runtime_min(c)),
+    "empden_table1_window_swap": lambda c, w: Request(gpu=1, gpu_mem_mb=_gpu_mem_mb(c, w, "empden_table1_window_swap"),
+                                                      mem_mb=mem_mb(c), runtime=runtime_min(c)),
+    "empden_figure6_critical_window": lambda c, w: Request(
+        gpu=1, gpu_mem_mb=_gpu_mem_mb(c, w, "empden_figure6_critical_window"), mem_mb=4000, runtime=runtime_min(c)),
 }
