@@ -155,11 +155,142 @@ def _inception_v3(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
     return model, lambda b: model(torch.zeros(b, *shape, dtype=torch.uint8))
 
 
+def clip_architecture(clip: Mapping[str, Any]) -> tuple[Any, int]:
+    """The CLIP a ``dpgen-clip/1`` file holds (pipeline/evaluation/clip.py ``build_clip``, random weights: its
+    architecture is the cost) and the image size its tower reads: open_clip's named model (``open_clip_name``, what
+    rule import_clip imports) or the small CLIP rule train_clip trains (``small_clip_config`` of ``image_size``,
+    ``width``, ``layers``, ``embed_dim``, ``patch_size``). open_clip's ``create_model`` moves a named model to its
+    ``device`` argument (the CPU unless given), which a meta tensor cannot reach: it is given the default device."""
+    from unittest import mock
+
+    import open_clip
+    import torch
+
+    from pipeline.evaluation.clip import build_clip, small_clip_config
+
+    if clip.get("open_clip_name"):
+        create = open_clip.create_model
+        with mock.patch.object(open_clip, "create_model",
+                               lambda *a, **k: create(*a, **{**k, "device": torch.get_default_device()})):
+            model = build_clip({"open_clip_name": str(clip["open_clip_name"])})
+        size = model.visual.image_size
+        return model, int(size[0] if isinstance(size, (tuple, list)) else size)
+    config = small_clip_config(int(clip["image_size"]), width=int(clip["width"]), layers=int(clip["layers"]),
+                               embed_dim=int(clip["embed_dim"]), patch_size=int(clip["patch_size"]))
+    return build_clip(config), int(config["vision_cfg"]["image_size"])
+
+
+def _clip(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """A CLIP's image embedding as the stages run it (pipeline/evaluation/clip.py ``ClipModel.image_features``:
+    open_clip's preprocessing of uint8 images of ``shape``, then ``encode_image``) on the CLIP of ``clip``
+    (:func:`clip_architecture`); its parameters are the whole CLIP's, the text tower's too (``ClipModel`` moves every
+    weight to the device); forward only (:data:`FORWARD_ONLY`)."""
+    import torch
+
+    from pipeline.evaluation.clip import preprocess
+
+    shape = tuple(int(v) for v in spec["shape"])
+    model, size = clip_architecture(spec["clip"])
+    model.eval()
+    return model, lambda b: model.encode_image(preprocess(torch.zeros(b, *shape, dtype=torch.uint8), size),
+                                               normalize=True)
+
+
+def _dp_merf_generator(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """DP-MERF's generator G(z, y) (pipeline/baselines/dp_merf.py ``Generator``: ``z_dim``, ``n_classes``, ``hidden``,
+    ``out_shape``; DP-HP, DP-NTK and DP-MEPF fit the same) alone, on a batch of ``b`` draws: its parameters, and its
+    forward's peak (``generate``'s). In eval mode: BatchNorm1d refuses a training batch of one example, and its
+    per-example saved tensors are the same in both modes (the batch statistics are per feature)."""
+    import torch
+
+    from pipeline.baselines.dp_merf import Generator
+
+    n_classes = int(spec["n_classes"])
+    G = Generator(int(spec["z_dim"]), n_classes, int(spec["hidden"]), tuple(int(v) for v in spec["out_shape"])).eval()
+    return G, lambda b: G(torch.zeros(b, G.z_dim), torch.zeros(b, dtype=torch.long)).sum()
+
+
+def _embedding_fit(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """Steps of the generator's fit to a released mean embedding, as stage ``dp_merf`` and its successors
+    (pipeline/baselines/embedding_family.py) run them on the device, an example being one step of ``draws`` draws (the
+    configured batch): G(z, y) on ``b`` x ``draws`` draws (:func:`_dp_merf_generator`'s ``generator``), then the
+    matching loss of ``method``'s feature map against the release mu_tilde (zeros of its shape, float32). Counted per
+    step, not per draw: the tensors of the release's size a step also makes (the loss's difference, DP-NTK's class
+    blocks) outweigh a few draws' activations, so the forward's peak at one and two draws would not show a step's.
+
+    The maps are built by the stages' own code from ``features``: DP-MERF's random Fourier features (``n_features``
+    frequencies; ``train_generator``'s loss), DP-HP's Hermite features (``order``, ``prod_order``, ``n_pairs`` pixel
+    pairs when ``alpha`` > 0, at most as many as the stage draws: the map's size; the kernel lengths and which pairs,
+    read off public data, do not change it), DP-NTK's e-NTK map of a random network of ``width`` (its inner-product
+    loss), DP-MEPF's perceptual features (``beta``) of the CLIP ``clip`` (:func:`clip_architecture`). The model's
+    parameters: the generator's, and frozen, what the fit holds beside them (the release, DP-MERF's float32
+    frequencies, DP-NTK's float64 network, DP-MEPF's whole CLIP), so the saved tensors counted are the steps' own."""
+    import math
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+    from torch import nn
+
+    from pipeline.baselines import embedding_family
+    from pipeline.baselines import features as feat
+    from pipeline.privacy import dp_merf as merf
+
+    G, _ = _dp_merf_generator(spec["generator"])
+    method, f, n_classes = str(spec["method"]), spec["features"], G.n_classes
+    d = math.prod(G.out_shape)
+    model = nn.Module()
+    model.generator = G
+
+    def frozen(t: Any) -> Any:
+        return nn.Parameter(t, requires_grad=False)
+
+    if method == "dp_merf":
+        model.frequencies = frozen(torch.zeros(int(f["n_features"]), d))
+        fmap, dim = (lambda x: merf.rff_features(x, model.frequencies)), 2 * int(f["n_features"])
+    elif method == "dp_hp":
+        n_pairs = int(f["n_pairs"]) if float(f["alpha"]) > 0 else 0
+        fmap = feat.HermiteFeatures(rho=torch.full((d,), 0.5), order=int(f["order"]),
+                                    pairs=torch.zeros((n_pairs, 2), dtype=torch.long),
+                                    prod_order=int(f["prod_order"]), alpha=float(f["alpha"]))
+        dim = fmap.dim
+    elif method == "dp_ntk":
+        fmap = feat.NTKFeatures(d, int(f["width"]), torch.Generator().manual_seed(0))
+        model.ntk = nn.ParameterList([frozen(t) for t in (fmap.W, fmap.b, fmap.v, fmap.c)])  # float64, held
+        dim = fmap.dim
+    elif method == "dp_mepf":
+        clip, size = clip_architecture(f["clip"])
+        model.clip = clip.eval().requires_grad_(False)
+        fmap = feat.PerceptualFeatures(SimpleNamespace(model=model.clip, image_size=size), G.out_shape,
+                                       float(f["beta"]))
+        dim = fmap.dim
+    else:
+        raise ValueError(f"no generator fit of method {method!r}")
+    model.release = frozen(torch.zeros(dim, n_classes))
+    if method == "dp_merf":
+        loss_fn = feat.explicit_matching_loss(model.release, fmap, n_classes)
+    else:
+        loss_fn = embedding_family.matching_loss(fmap, model.release, n_classes, torch.get_default_device())
+
+    truth = torch.Tensor.__bool__
+
+    def loss(b: int) -> Any:
+        n = b * int(spec["draws"])
+        y = torch.zeros(n, dtype=torch.long)
+        # the release's label range check (pipeline/privacy/dp_merf.py mean_embedding) branches on the labels' values,
+        # which a meta tensor does not have: there it reads False (the labels are in range)
+        with mock.patch.object(torch.Tensor, "__bool__", lambda t: False if t.is_meta else truth(t)):
+            return loss_fn(G(torch.zeros(n, G.z_dim), y), y)
+
+    return model, loss
+
+
 #: kind -> (spec) -> (model on the current default device, loss of a batch of b examples)
 BUILDERS: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Callable[[int], Any]]]] = {
-    "edm_unet": _edm_unet, "flow_mmdit": _flow_mmdit, "evalnet": _evalnet, "inception_v3": _inception_v3}
+    "edm_unet": _edm_unet, "flow_mmdit": _flow_mmdit, "evalnet": _evalnet, "inception_v3": _inception_v3,
+    "clip": _clip, "dp_merf_generator": _dp_merf_generator, "embedding_fit": _embedding_fit}
 #: kinds that are never trained here: only their forward is counted (their training counts are 0)
-FORWARD_ONLY = frozenset({"inception_v3"})
+FORWARD_ONLY = frozenset({"inception_v3", "clip"})
 
 
 def _forward_peak(model: Any, forward: Callable[[], Any]) -> float:
