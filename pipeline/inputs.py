@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeline.config import ConfigError
 from pipeline.data import layout
+from pipeline.methods import methods, resolve
 from pipeline.stage import PipelineError
 
 #: one input to check: the config key that names it, and a check raising a one-line error
@@ -47,17 +48,15 @@ def input_checks(cfg: Mapping[str, Any]) -> list[Check]:
     """(config key, check) of every input outside the results tree the config's jobs read.
 
     The data splits and the evaluation core are built whatever ``methods`` says; a method's own
-    inputs (STRAIGHTDP's public set, the diagnostics' zero-shot CLIP) only when it is chosen. The
+    inputs only when it is chosen, by the checks it declares (:attr:`pipeline.methods.Method.input_checks`). The
     modules that import torch are imported only where the config asks for what they check, so the
     default config is checked in milliseconds.
     """
-    data, methods = cfg["data"], cfg["methods"]
+    data = cfg["data"]
     checks: list[Check] = [
         ("data.private.source", lambda: layout.check_available(data["private"]["source"], data["data_root"])),
-        _public_check("data.public", data["public"], data["data_root"]),
+        layout.public_section_check("data.public", data["public"], data["data_root"]),
     ]
-    if "straightdp" in methods:
-        checks.append(_public_check("straightdp.public", cfg["straightdp"]["public"], data["data_root"]))
     evaluation = cfg["evaluation"]
     if evaluation["clip"]["enabled"] and evaluation["clip"]["source"] == "pretrained":
         checks.append(("evaluation.clip.pretrained_path", lambda: _clip_weights(evaluation["clip"])))
@@ -65,27 +64,11 @@ def input_checks(cfg: Mapping[str, Any]) -> list[Check]:
         checks.append(("evaluation.inception_weights", lambda: _inception_weights(evaluation["inception_weights"])))
     if cfg["pretrain"].get("source") == "diffusers":
         checks.append(("pretrain.path", lambda: _public_model(cfg)))
-    if "straightdp" in methods and cfg["straightdp"]["pretrain"].get("source") == "diffusers":
-        checks.append(("straightdp.pretrain.path", lambda: _public_flow(cfg)))
-    zero_shot = cfg["empden_diagnostics"]["clip"]
-    if "empden_diagnostics" in methods and zero_shot["model"] and zero_shot["checkpoint"]:  # used only when both set
-        checks.append(("empden_diagnostics.clip.checkpoint", lambda: _zero_shot_checkpoint(zero_shot)))
+    declared = methods()
+    for name in cfg["methods"]:  # each chosen method's own inputs, as it declares them
+        if declared[name].input_checks:
+            checks.extend(resolve(declared[name].input_checks)(cfg))
     return checks
-
-
-def _public_check(where: str, public: Mapping[str, Any], data_root: str) -> Check:
-    """(key, check) of one public section (``data.public`` or ``straightdp.public``)."""
-    if public["source"] != "image_folder":
-        return f"{where}.source", lambda: layout.check_available(public["source"], data_root)
-    if not public.get("path"):
-        return f"{where}.path", lambda: _no_folder(where)
-    return f"{where}.path", lambda: layout.locate_image_folder(public["path"])
-
-
-def _no_folder(where: str) -> None:
-    # the data stage's own words for it (pipeline.data.stage.public_split)
-    raise ConfigError(f"config error at {where}.path: expected a folder of class sub-folders "
-                      f"for source image_folder, got null")
 
 
 def _public_model(cfg: Mapping[str, Any]) -> None:
@@ -95,15 +78,6 @@ def _public_model(cfg: Mapping[str, Any]) -> None:
     data = cfg["data"]
     check_folder(cfg["pretrain"].get("path"), image_size=int(data["image_size"]),
                  channels=3 if data["private"]["source"] in RGB_SOURCES else 1)
-
-
-def _public_flow(cfg: Mapping[str, Any]) -> None:
-    from pipeline.config import declared_private
-    from pipeline.flow.public import check_public_flow  # torch: only when a public flow is imported
-    from pipeline.methods.straightdp.wiring import sample_shape
-
-    c, side, _ = sample_shape(cfg, cfg["straightdp"])
-    check_public_flow(cfg["straightdp"]["pretrain"], shape=(c, side, side), n_classes=declared_private(cfg)["n_classes"])
 
 
 def _clip_weights(clip: Mapping[str, Any]) -> None:
@@ -116,9 +90,3 @@ def _inception_weights(configured: str | None) -> None:
     from pipeline.evaluation.fidelity import inception_weights_path  # torch: its hub cache is where null points
 
     inception_weights_path(configured)
-
-
-def _zero_shot_checkpoint(clip: Mapping[str, Any]) -> None:
-    from pipeline.diagnostics.classifiers import zero_shot_checkpoint  # torch: only when CLIP is configured
-
-    zero_shot_checkpoint(clip["checkpoint"], clip["class_names"] or [])

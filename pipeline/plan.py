@@ -37,6 +37,7 @@ from pathlib import Path
 from pipeline import rates
 from pipeline import resources as cost
 from pipeline.config import load_config
+from pipeline.methods import resumable_rules
 
 _RULE = re.compile(r"^(local)?rule (\S+?):\s*$")
 _RESOURCES = re.compile(r"^\s+resources:\s*(.*)$")
@@ -95,11 +96,12 @@ def plan_lines(jobs: Sequence[Job], max_job_minutes: int | None, gpu_mem_gb: flo
     segments it runs as, the largest memory request, whether every job fits the limit, the largest predicted GPU
     memory (rules with a GPU-memory model, resource ``gpu_mem_mb``) and whether it fits ``gpu_mem_gb``."""
     config = {"slurm": {"max_job_hours": None if max_job_minutes is None else max_job_minutes / 60}}
+    segmented = set(resumable_rules())
     out = []
     for rule in sorted({j.rule for j in jobs}):
         mine = [j for j in jobs if j.rule == rule]
         longest = max(j.runtime_min for j in mine)
-        resumable = rule in cost.RESUMABLE_RULES
+        resumable = rule in segmented
         fits = max_job_minutes is None or longest <= max_job_minutes or resumable
         hours = sum(j.runtime_min for j in mine) / 60
         gpu_mem = [j.gpu_mem_mb for j in mine if j.gpu_mem_mb is not None]

@@ -25,7 +25,7 @@ TranscriptsFn = Callable[[], Mapping[str | PathLike[str], "TranscriptSpec"]]
 #: what a method registers for all_runs.parquet: one record per (configuration, seed) it ran
 RunsFn = Callable[[], Iterable["RunRecord"]]
 #: what a method registers for its certified bundles: the names of its private runs (no checkpoint read), and the
-#: bundle of one of them (read when its job is planned: DPDM's main sampler comes from a checkpoint)
+#: bundle of one of them (read when its job is planned: a run's chosen sampler may come from a checkpoint)
 BundleRunsFn = Callable[[], Iterable[str]]
 BundleFn = Callable[[str], "BundleSpec"]
 
@@ -48,7 +48,7 @@ class TranscriptSpec:
     reads, whose manifest sha256 every line carries and whose size N the line's declared N must equal (``None``
     only for ``configuration`` claims, which read no data and alone may carry a mu_bar_B given directly,
     ``extra.source = "given"``); ``phase``: which of the run's releases by this stage it is (DP-Promise's two
-    phases of ``train_dpdm``), part of every line's identity.
+    phases of one training stage), part of every line's identity.
 
     What the configuration says ran, from the same wiring that planned the run: ``params``, each line's
     configured mechanism parameters (:data:`LineParams`; one mapping for every line, or one per line), and

@@ -6,7 +6,7 @@ device rates and counted FLOPs (:func:`rate`, :func:`flop_minutes`), torch threa
 core, the shared public pretraining, the GPU-memory plans (the shared DP-SGD engine's :func:`dpsgd_memory`
 included), the cluster's time limit (segments and retries), and the house's own rules' requests
 (:data:`HOUSE_REQUESTS`). A rule reads its whole ``resources:`` from its method's wiring, the house's rules from
-``HOUSE``: ``resources: **DPDM.resources("sample_dpdm")`` (:func:`resources`), so no rule file holds a number. This
+``HOUSE``: ``resources: **X.resources("rule")`` (:func:`resources`), so no rule file holds a number. This
 module imports no method. Every function is a pure function of the validated config (defaults filled). The models are
 rough and deliberately generous (x4 headroom where a job runs on a shared CPU): a job that
 hits its SLURM time limit is killed and loses its work, one that asks for too much only queues
@@ -371,7 +371,7 @@ def dpsgd_memory(network: Mapping[str, Any], micro_batch: int, K: int, *, kind: 
 def forward_memory(rule: str, kind: str, network: Mapping[str, Any], batch: int, *, held_bytes: float = 0.0
                    ) -> MemoryPlan:
     """A gradient-free job's GPU memory (sampling, feature extraction): ``network``'s float32 weights, ``held_bytes``
-    the job keeps beside it on the GPU (e.g. EMPDEN's private records), and one batch of ``batch`` examples'
+    the job keeps beside it on the GPU (e.g. a private block's records), and one batch of ``batch`` examples'
     activations at their forward peak (counted, pipeline/footprint.py) x :data:`TRANSIENT_FACTOR`."""
     fp = footprint_of(rule, kind, network)
     state = 4 * fp.params + held_bytes + TRANSIENT_FACTOR * fp.forward_peak_bytes_fixed
@@ -426,10 +426,10 @@ def import_public_mem_mb(config: Config) -> int:
 
 # ----------------------------------------------------------------------------- the cluster's time limit
 
-#: training rules that checkpoint and resume (pipeline/training/loop.py): their runtime and retries come from
-#: :func:`segment_runtime_min` and :func:`segment_retries`, so over the limit they run in segments
-RESUMABLE_RULES = ("pretrain_public", "train_dpdm", "train_dpdm_twin", "pretrain_straightdp",
-                   "pretrain_straightdp_arm", "train_straightdp", "privimage_pretrain", "dp_ldm_pretrain")
+#: the house's training rules that checkpoint and resume (pipeline/training/loop.py): their runtime and retries come
+#: from :func:`segment_runtime_min` and :func:`segment_retries`, so over the limit they run in segments (a method's
+#: own are its :attr:`pipeline.methods.Method.resumable_rules`)
+HOUSE_RESUMABLE_RULES = ("pretrain_public",)
 #: one resubmission for a transient failure (node failure, preemption), as the slurm profile's `retries: 1`
 TRANSIENT_RETRIES = 1
 

@@ -64,8 +64,8 @@ class Layout:
 
     @property
     def public_denoiser(self) -> Path:
-        """The public EDM denoiser (rule pretrain_public): EMPDEN's hybrid sampler finishes with it, its diagnostics
-        compare against it, DPDM may start from it (dpdm.init)."""
+        """The public EDM denoiser (rule pretrain_public, or import_public): the methods' samplers that hand off to a
+        public model finish with it, diagnostics compare against it, DP-SGD runs may start from it."""
         return self.expdir / "models" / "public_edm.pt"
 
     @property

