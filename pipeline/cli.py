@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from pipeline import launch
 from pipeline.config import ConfigError
-from pipeline.methods import data_parallel_stages, merge_stages, method_stages
+from pipeline.plugins import data_parallel_stages, merge_stages, method_stages
 from pipeline.stage import PipelineError, StageSpec
 
 #: stages every method shares: data, the evaluation core, public pretraining, reporting and the
@@ -51,7 +51,7 @@ CORE_STAGES: dict[str, str] = {
 STAGES: dict[str, str] = merge_stages(CORE_STAGES, method_stages())
 
 #: the stages that run as N data-parallel processes under ``--nproc N`` (DP-SGD; :mod:`pipeline.distributed`), as each
-#: method declares them (:attr:`pipeline.methods.Method.data_parallel_stages`)
+#: method declares them (:attr:`pipeline.plugins.Method.data_parallel_stages`)
 DATA_PARALLEL_STAGES: tuple[str, ...] = data_parallel_stages()
 
 #: user-facing commands that are not DAG stages: name -> "module:main(argv) -> int".

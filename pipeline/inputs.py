@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.config import ConfigError
 from pipeline.data import layout
-from pipeline.methods import methods, resolve
+from pipeline.plugins import methods, resolve
 from pipeline.stage import PipelineError
 
 #: one input to check: the config key that names it, and a check raising a one-line error
@@ -48,7 +48,7 @@ def input_checks(cfg: Mapping[str, Any]) -> list[Check]:
     """(config key, check) of every input outside the results tree the config's jobs read.
 
     The data splits and the evaluation core are built whatever ``methods`` says; a method's own
-    inputs only when it is chosen, by the checks it declares (:attr:`pipeline.methods.Method.input_checks`). The
+    inputs only when it is chosen, by the checks it declares (:attr:`pipeline.plugins.Method.input_checks`). The
     modules that import torch are imported only where the config asks for what they check, so the
     default config is checked in milliseconds.
     """

@@ -37,7 +37,7 @@ from pathlib import Path
 from pipeline import rates
 from pipeline import resources as cost
 from pipeline.config import load_config
-from pipeline.methods import resumable_rules
+from pipeline.plugins import resumable_rules
 
 _RULE = re.compile(r"^(local)?rule (\S+?):\s*$")
 _RESOURCES = re.compile(r"^\s+resources:\s*(.*)$")

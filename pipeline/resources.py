@@ -428,7 +428,7 @@ def import_public_mem_mb(config: Config) -> int:
 
 #: the house's training rules that checkpoint and resume (pipeline/training/loop.py): their runtime and retries come
 #: from :func:`segment_runtime_min` and :func:`segment_retries`, so over the limit they run in segments (a method's
-#: own are its :attr:`pipeline.methods.Method.resumable_rules`)
+#: own are its :attr:`pipeline.plugins.Method.resumable_rules`)
 HOUSE_RESUMABLE_RULES = ("pretrain_public",)
 #: one resubmission for a transient failure (node failure, preemption), as the slurm profile's `retries: 1`
 TRANSIENT_RETRIES = 1
@@ -508,7 +508,8 @@ def evaluation_request(config: Config, n_samples: int | None = None, *, features
     """One job of the evaluation core on one GPU scoring ``n_samples`` samples (:func:`evaluation_runtime_min`; a
     sharded cell's feature job with ``features_only``), its GPU memory :func:`evaluation_memory`."""
     return Request(gpu=1, gpu_mem_mb=lambda wildcards: evaluation_memory(config, n_samples=n_samples).predicted_mb,
-                   mem_mb=EVALUATION_MEM_MB, runtime=evaluation_runtime_min(config, n_samples, features_only=features_only))
+                   mem_mb=EVALUATION_MEM_MB,
+                   runtime=evaluation_runtime_min(config, n_samples, features_only=features_only))
 
 
 #: a rule's entry in its owner's table: its request, or a function of the configuration and the owner's wiring (the

@@ -116,7 +116,7 @@ def test_every_stage_a_rule_runs_is_registered(repo):
 
 def test_each_method_lists_its_own_stages_and_the_cli_finds_them_all():
     from pipeline.cli import CORE_STAGES
-    from pipeline.methods import method_names, method_stages
+    from pipeline.plugins import method_names, method_stages
 
     # the methods are the packages found under pipeline/methods/ (no list to edit): the paper methods among them
     assert {"accounting", "audit", "baselines", "dpdm", "empden", "empden_diagnostics", "sensgeo",
@@ -128,7 +128,7 @@ def test_each_method_lists_its_own_stages_and_the_cli_finds_them_all():
 
 
 def test_a_stage_claimed_by_two_methods_is_refused():
-    from pipeline.methods import merge_stages
+    from pipeline.plugins import merge_stages
 
     with pytest.raises(RuntimeError, match="stage 'x' of method 'b' is already registered by 'a'"):
         merge_stages({}, {"a": {"x": "m:x"}, "b": {"x": "n:x"}})

@@ -1,5 +1,5 @@
 """Issue #56: the house keeps no list of methods. A house file that the methods plug into reads what each method
-declares (:class:`pipeline.methods.Method`: its data-parallel stages, its input checks, ...) and names none of them,
+declares (:class:`pipeline.plugins.Method`: its data-parallel stages, its input checks, ...) and names none of them,
 so a new method edits no house file. The files still naming methods are listed as such (strict xfail: the test fails
 as soon as one stops naming them, so the list cannot go stale)."""
 
@@ -42,7 +42,7 @@ def test_a_house_file_still_to_be_derived_names_no_method(name):
 def test_the_declared_data_parallel_stages_and_input_checks_are_what_the_house_reads(tmp_path):
     from pipeline import cli, inputs
     from pipeline.config import validate_config
-    from pipeline.methods import data_parallel_stages, methods, resumable_rules
+    from pipeline.plugins import data_parallel_stages, methods, resumable_rules
 
     assert cli.DATA_PARALLEL_STAGES == data_parallel_stages() == ("train_dpdm", "train_straightdp")
     assert set(resumable_rules()) == {"pretrain_public", "train_dpdm", "train_dpdm_twin", "pretrain_straightdp",

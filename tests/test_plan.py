@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import rates
 from pipeline import resources as cost
-from pipeline.methods import resumable_rules
+from pipeline.plugins import resumable_rules
 from pipeline.plan import Job, parse_dry_run, plan_lines, render
 
 DRY_RUN = """Building DAG of jobs...

@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from pipeline.config import config_id
-from pipeline.methods import report_categories
+from pipeline.plugins import report_categories
 from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec
 from pipeline.reporting.review import CAPTION_KEY

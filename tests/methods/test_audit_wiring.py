@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import pipeline.resources as cost
-from pipeline.methods import audited_methods
+from pipeline.plugins import audited_methods
 from pipeline.methods.audit import costs
 from pipeline.methods.audit.wiring import MIA_GRID_KEYS, MIA_NONMEMBERS, Wiring
 from pipeline.registry import MethodRegistry, TranscriptSpec

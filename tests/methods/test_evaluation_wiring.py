@@ -9,7 +9,7 @@ import shlex
 
 
 from pipeline.config import config_id
-from pipeline.methods import method_names
+from pipeline.plugins import method_names
 from pipeline.methods._evaluation import Wiring
 from pipeline.wiring import House
 from tests.methods import house

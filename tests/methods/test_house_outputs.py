@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.methods import method_names
+from pipeline.plugins import method_names
 from pipeline.methods._house import (CORE_REPORT_CATEGORIES, HEADLINE_EPSILON, OTHER_CATEGORY, Outputs,
                                      run_table_inputs, run_table_params)
 from pipeline.registry import MethodRegistry, RunRecord, TranscriptSpec

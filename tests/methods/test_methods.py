@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.methods import Method, audited_methods, method_names, methods, report_categories
+from pipeline.plugins import Method, audited_methods, method_names, methods, report_categories
 
 
 def category(name: str) -> str | None:
@@ -40,7 +40,7 @@ def test_prefixes_without_a_category_are_refused():
 
 
 def test_a_longer_prefix_wins_over_a_shorter_one(monkeypatch):
-    import pipeline.methods as package
+    import pipeline.plugins as package
 
     monkeypatch.setattr(package, "methods", lambda: {"a": Method("a", "1 A", ("toy",)),
                                                      "b": Method("b", "2 B", ("toy_extra",))})

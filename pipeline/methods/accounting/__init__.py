@@ -3,7 +3,7 @@
 Rules: ``rules/account.smk``. The accountants themselves live in ``pipeline/privacy/``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 METHOD = Method("accounting")  # its tables are EMPDEN's: empden_*, in EMPDEN's report category
 

@@ -4,7 +4,7 @@ membership inference (loss and SecMI attacks) on every trained model and DPDM's 
 Rules: ``rules/audit.smk``; code: ``pipeline/audit/`` and ``pipeline/training/dpdm_twin.py``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 METHOD = Method("audit", report_category="8 Audits", report_prefixes=("audit",), resumable_rules=("train_dpdm_twin",))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline.resources as cost
-from pipeline.methods import audited_methods
+from pipeline.plugins import audited_methods
 from pipeline.methods.audit import costs
 from pipeline.methods.dpdm.wiring import Wiring as DpdmWiring
 from pipeline.methods.straightdp.wiring import Wiring as StraightdpWiring

@@ -5,7 +5,7 @@ Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and the
 ``pipeline/baselines/runs.py``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 METHOD = Method("baselines", report_category="7 Baselines", report_prefixes=("baselines",), audited=True,
                 resumable_rules=("privimage_pretrain", "dp_ldm_pretrain"))

@@ -4,7 +4,7 @@ task-specific DP-SGD classifier it is compared with, and Fig. 3 (gradient varian
 Rules: ``rules/dpdm.smk``; runs and their names: ``pipeline/training/dpdm_runs.py``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 METHOD = Method("dpdm", report_category="4 DPDM", report_prefixes=("dpdm",), audited=True,
                 data_parallel_stages=("train_dpdm",), resumable_rules=("train_dpdm",))

@@ -3,7 +3,7 @@
 Rules: ``rules/empden.smk``; cells and their names: ``pipeline/sampling/empden_grid.py``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 METHOD = Method("empden", report_category="3 EMPDEN", report_prefixes=("empden",), audited=True)
 

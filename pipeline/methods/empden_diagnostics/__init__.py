@@ -3,7 +3,7 @@
 Rules: ``rules/empden_diagnostics.smk``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 # EMPDEN's: its tables are empden_*
 METHOD = Method("empden_diagnostics",

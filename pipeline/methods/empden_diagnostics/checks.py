@@ -1,4 +1,4 @@
-"""The proxy diagnostics' inputs from outside the results tree (:attr:`pipeline.methods.Method.input_checks`): the
+"""The proxy diagnostics' inputs from outside the results tree (:attr:`pipeline.plugins.Method.input_checks`): the
 zero-shot CLIP checkpoint of EMPDEN's detector, when one is configured (:mod:`pipeline.inputs`)."""
 
 from __future__ import annotations

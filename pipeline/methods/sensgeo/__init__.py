@@ -3,7 +3,7 @@
 Rules: ``rules/sensgeo.smk``. The mathematics: ``pipeline/privacy/sensgeo/``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 METHOD = Method("sensgeo", report_category="6 SENSGEO", report_prefixes=("sensgeo",))
 

@@ -3,7 +3,7 @@
 Rules: ``rules/straightdp.smk``; runs and their names: ``pipeline/training/straightdp_runs.py``.
 """
 
-from pipeline.methods import Method
+from pipeline.plugins import Method
 
 METHOD = Method("straightdp", report_category="5 STRAIGHTDP", report_prefixes=("straightdp",), audited=True,
                 data_parallel_stages=("train_straightdp",),

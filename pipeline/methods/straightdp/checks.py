@@ -1,4 +1,4 @@
-"""STRAIGHTDP's inputs from outside the results tree (:attr:`pipeline.methods.Method.input_checks`): its public set,
+"""STRAIGHTDP's inputs from outside the results tree (:attr:`pipeline.plugins.Method.input_checks`): its public set,
 and the public flow a user brings, checked before any job is scheduled (:mod:`pipeline.inputs`)."""
 
 from __future__ import annotations
@@ -24,4 +24,5 @@ def _public_flow(cfg: Mapping[str, Any]) -> None:
     from pipeline.methods.straightdp.wiring import sample_shape
 
     c, side, _ = sample_shape(cfg, cfg["straightdp"])
-    check_public_flow(cfg["straightdp"]["pretrain"], shape=(c, side, side), n_classes=declared_private(cfg)["n_classes"])
+    check_public_flow(cfg["straightdp"]["pretrain"], shape=(c, side, side),
+                      n_classes=declared_private(cfg)["n_classes"])

@@ -1,0 +1,112 @@
+"""The one registry of the methods: what each method declares (:class:`Method`) and what the house derives from it.
+
+A method is a folder ``pipeline/methods/<method>/`` whose ``__init__`` holds ``METHOD``, its :class:`Method`
+declaration, and ``STAGES`` (stage name -> ``"module:attribute"``). The house reads them here and keeps no list of
+methods: the CLI's stages and data-parallel stages, the inputs checked before any job, the resumable rules the plan
+segments, the report's categories, the audited methods. The declarations hold strings only and are imported by
+module path (:func:`importlib.import_module`), not by an ``import`` statement: a method depends on the house, and the
+house on the declarations' form alone, so the import graph keeps no cycle (tests/test_imports.py) and
+``python -m pipeline --help`` stays fast.
+"""
+
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config import method_names
+
+#: where the methods are found: one package (or module) per method, listed by :func:`pipeline.config.method_names`
+PACKAGE = "pipeline.methods"
+
+#: stage name -> "module:attribute"
+Stages = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Method:
+    """What the house needs to know of one method.
+
+    ``report_category``: its menu entry in Snakemake's report (the number orders the menu), given to
+    every table and figure whose name starts with one of ``report_prefixes``; ``audited``: the one-run
+    canary audit (method ``audit``) reads its ledger transcripts; ``data_parallel_stages``: its stages that may run
+    as N processes under ``python -m pipeline <stage> --nproc N`` (DP-SGD over :mod:`pipeline.distributed`: sampling
+    and noise on rank 0, the released gradient one process's); ``input_checks``: ``"module:function"`` of
+    ``function(cfg) -> [(config key, check), ...]``, the inputs from outside the results tree its jobs read
+    (datasets, weights), checked before any job when the method is chosen (:mod:`pipeline.inputs`);
+    ``resumable_rules``: its training rules that checkpoint and resume, so that over the cluster's time limit they run
+    in segments (their requests ask for :func:`pipeline.resources.segment_runtime_min`; the plan reads these).
+    """
+
+    name: str
+    report_category: str | None = None
+    report_prefixes: tuple[str, ...] = ()
+    audited: bool = False
+    data_parallel_stages: tuple[str, ...] = ()
+    input_checks: str | None = None
+    resumable_rules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.report_prefixes and self.report_category is None:
+            raise ValueError(f"method {self.name!r}: report_prefixes need a report_category")
+
+
+def method_stages() -> dict[str, Stages]:
+    """Method -> the stages it registers, from each module's ``STAGES``."""
+    return {name: dict(importlib.import_module(f"{PACKAGE}.{name}").STAGES) for name in method_names()}
+
+
+def methods() -> dict[str, Method]:
+    """Method -> its declaration (``METHOD``; a module without one is a method with the defaults)."""
+    out = {}
+    for name in method_names():
+        declared = getattr(importlib.import_module(f"{PACKAGE}.{name}"), "METHOD", None) or Method(name)
+        if declared.name != name:
+            raise RuntimeError(f"pipeline/methods/{name} declares METHOD.name {declared.name!r}")
+        out[name] = declared
+    return out
+
+
+def data_parallel_stages() -> tuple[str, ...]:
+    """Every method's data-parallel stages (:attr:`Method.data_parallel_stages`), in method order."""
+    return tuple(stage for m in methods().values() for stage in m.data_parallel_stages)
+
+
+def resolve(target: str) -> Any:
+    """The object a declaration names as ``"module:attribute"``, imported now."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def resumable_rules() -> tuple[str, ...]:
+    """Every rule that checkpoints and resumes: the house's (:data:`pipeline.resources.HOUSE_RESUMABLE_RULES`), then
+    each method's (:attr:`Method.resumable_rules`)."""
+    from pipeline.resources import HOUSE_RESUMABLE_RULES
+
+    return HOUSE_RESUMABLE_RULES + tuple(rule for m in methods().values() for rule in m.resumable_rules)
+
+
+def audited_methods() -> list[str]:
+    """The methods whose transcripts the one-run audit reads, sorted."""
+    return [name for name, m in methods().items() if m.audited]
+
+
+def report_categories() -> list[tuple[str, str]]:
+    """(name prefix, report category) of every method declaring one, longest prefix first (a table goes to the
+    first whose prefix its name has: ``empden_diagnostics...`` before ``empden...``)."""
+    pairs = [(prefix, m.report_category) for m in methods().values() for prefix in m.report_prefixes]
+    return sorted(pairs, key=lambda pair: (-len(pair[0]), pair[0]))
+
+
+def merge_stages(core: Stages, methods: dict[str, Stages]) -> Stages:
+    """``core`` followed by every method's stages; a stage name claimed twice is a programming error."""
+    merged = dict(core)
+    owner = {name: "core" for name in core}
+    for method, stages in methods.items():
+        for name, target in stages.items():
+            if name in merged:
+                raise RuntimeError(f"stage {name!r} of method {method!r} is already registered by {owner[name]!r}")
+            merged[name], owner[name] = target, method
+    return merged
