@@ -37,7 +37,12 @@ class Method:
     ``function(cfg) -> [(config key, check), ...]``, the inputs from outside the results tree its jobs read
     (datasets, weights), checked before any job when the method is chosen (:mod:`pipeline.inputs`);
     ``resumable_rules``: its training rules that checkpoint and resume, so that over the cluster's time limit they run
-    in segments (their requests ask for :func:`pipeline.resources.segment_runtime_min`; the plan reads these).
+    in segments (their requests ask for :func:`pipeline.resources.segment_runtime_min`; the plan reads these);
+    ``streams``: ``"module:attribute"`` of its random streams (a sequence of :class:`pipeline.seeds.Stream`), which
+    :func:`pipeline.seeds.stream` finds; ``bundle_samplers``: (``sampling.json``'s ``sampler`` name,
+    ``"module:function"``) of the samplers its model bundles name (:mod:`pipeline.bundles.sample`);
+    ``workloads``: ``"module:attribute"`` of the workloads its cost models run at, which ``make gpu-check`` measures
+    (:mod:`pipeline.rates`, :mod:`pipeline.gpu_check`).
     """
 
     name: str
@@ -47,6 +52,9 @@ class Method:
     data_parallel_stages: tuple[str, ...] = ()
     input_checks: str | None = None
     resumable_rules: tuple[str, ...] = ()
+    streams: str | None = None
+    bundle_samplers: tuple[tuple[str, str], ...] = ()
+    workloads: str | None = None
 
     def __post_init__(self) -> None:
         if self.report_prefixes and self.report_category is None:

@@ -5,7 +5,9 @@ Rules: ``rules/empden.smk``; cells and their names: ``pipeline/sampling/empden_g
 
 from pipeline.plugins import Method
 
-METHOD = Method("empden", report_category="3 EMPDEN", report_prefixes=("empden",), audited=True)
+METHOD = Method("empden", report_category="3 EMPDEN", report_prefixes=("empden",), audited=True,
+                streams="pipeline.methods.empden.streams:STREAMS",
+                workloads="pipeline.methods.empden.workloads:WORKLOADS")
 
 STAGES = {
     "empden_sample": "pipeline.sampling.empden_stage:empden_sample",

@@ -5,7 +5,8 @@ Rules: ``rules/sensgeo.smk``. The mathematics: ``pipeline/privacy/sensgeo/``.
 
 from pipeline.plugins import Method
 
-METHOD = Method("sensgeo", report_category="6 SENSGEO", report_prefixes=("sensgeo",))
+METHOD = Method("sensgeo", report_category="6 SENSGEO", report_prefixes=("sensgeo",),
+                streams="pipeline.methods.sensgeo.streams:STREAMS")
 
 STAGES = {
     "sensgeo_fig1_naive_vs_exact": "pipeline.results.sensgeo:sensgeo_fig1_naive_vs_exact",

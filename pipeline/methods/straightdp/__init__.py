@@ -8,7 +8,10 @@ from pipeline.plugins import Method
 METHOD = Method("straightdp", report_category="5 STRAIGHTDP", report_prefixes=("straightdp",), audited=True,
                 data_parallel_stages=("train_straightdp",),
                 resumable_rules=("pretrain_straightdp", "pretrain_straightdp_arm", "train_straightdp"),
-                input_checks="pipeline.methods.straightdp.checks:input_checks")
+                input_checks="pipeline.methods.straightdp.checks:input_checks",
+                streams="pipeline.methods.straightdp.streams:STREAMS",
+                bundle_samplers=(("straightdp_flow", "pipeline.methods.straightdp.bundle:sample"),),
+                workloads="pipeline.methods.straightdp.workloads:WORKLOADS")
 
 STAGES = {
     # the data stage, reached through the module that registers its random stream (straightdp.public)
