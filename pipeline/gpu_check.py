@@ -1,40 +1,33 @@
 """``make gpu-check``: measure this machine's device rates and print them against the cost models' predictions.
 
-Each workload of :data:`pipeline.rates.WORKLOADS` is the inner loop of one of the heaviest rules of a paper preset,
+Each workload of :func:`pipeline.rates.workloads` is the inner loop of one of the heaviest rules of a paper preset,
 built from that preset's config (``configs/<preset>.yaml`` over ``config.yaml``) at its resolution and
 network width, with the code the rule runs, on random data of the right shape (the cost of a step does
-not depend on what the pixels are):
+not depend on what the pixels are). Each is declared in one shape, :class:`pipeline.rates.MeasuredWorkload` (its
+preset, its measurement function, its tiny-run sizes, how its FLOPs are counted): the house's own here
+(:data:`HOUSE`), a method's in ``pipeline/methods/<method>/workloads.py``, which its declaration names
+(:attr:`pipeline.plugins.Method.workloads`) and :func:`pipeline.rates.declared_workloads` loads by module path, so a
+new method's workloads are measured without an edit here. The house's:
 
 * ``pretrain_public`` (configs/cifar10.yaml, rule pretrain_public): the public EDM UNet's loss, backward
   and Adam step on a batch of ``pretrain.batch_size`` images;
-* ``dpdm_dpsgd`` (configs/mnist.yaml, rule train_dpdm): DP-SGD's per-example gradients of ``dpdm.K``
-  draws each (:func:`pipeline.privacy.dpsgd.per_example_gradients`), clipped and summed, over one
-  micro-batch of ``dpdm.micro_batch`` examples;
-* ``empden_sample`` (configs/cifar10.yaml, rules empden_sample_*): one private step of the clipped
-  empirical denoiser (:func:`pipeline.privacy.empirical_denoiser.private_step`, eq. 38 with the public
-  normaliser of ``empden.normaliser_n`` records) for ``empden.batch_size`` outputs over the declared
-  private set size, times ``accounting.N`` steps per output;
-* ``straightdp_dpsgd`` (configs/straightdp_kmnist.yaml, rule train_straightdp): the flow loss's
-  per-example gradients of ``dpsgd.noise_multiplicity`` time draws on the preset's MM-DiT, clipped and
-  summed, over one micro-batch;
 * ``features`` (rule evaluate_*): torch-fidelity's Inception-V3 forward at 299x299 (its architecture; the
   weights do not change its cost and are not downloaded, so they are random here);
-* ``unet_sample`` (configs/cifar10.yaml, rules empden_sample_*, sample_dpdm): one evaluation of the public EDM UNet
-  (no gradient) on a batch of images, a sampler's step;
-* ``flow_train`` and ``flow_sample`` (configs/straightdp_kmnist.yaml, rules pretrain_straightdp, train_straightdp's
-  distillation, sample_straightdp): the MM-DiT's rectified-flow loss, backward and Adam step; its forward alone;
+* ``unet_sample`` (configs/cifar10.yaml, the samplers that step the public denoiser): one evaluation of the public
+  EDM UNet (no gradient) on a batch of images, a sampler's step;
 * ``evalnet_train`` (configs/mnist.yaml, rules train_evalnet, evaluate_*): the evaluation CNN's training step.
 
 Each runs one warm-up step and ``--steps`` timed ones (synchronised on CUDA), and reports seconds per unit,
 the same at the workload's reference side (the rate the cost models scale by image area), what the
 configured entry predicts, and the peak memory (CUDA: the allocator's peak for the workload; CPU: the
 process' peak resident set so far). Each workload's FLOPs per unit are counted as its cost model counts them
-(:data:`pipeline.rates.WORKLOADS`: the network's training step or forward pass by pipeline/footprint.py, x the
-workload's factor; EMPDEN's private steps by its cost model), so the share of the device's peak it reached, its
-**efficiency**, is those FLOPs / (seconds x the peak of the dtype it runs in). The peaks are a named GPU entry's
-(``--peaks``; by default the entry whose name matches the device's, e.g. ``h100-80gb`` on an H100): a cost model
-that counts FLOPs then runs each workload at its measured efficiency. ``--tiny`` shrinks every network and batch to
-run in seconds on a CPU (the tests run it); its numbers are not rates of any paper workload. ``--write NAME``
+(:class:`pipeline.rates.MeasuredWorkload`: the network's training step or forward pass by pipeline/footprint.py, x
+the workload's factor; or the workload's own count, for work that is no network pass), so the share of the device's
+peak it reached, its **efficiency**, is those FLOPs / (seconds x the peak of the dtype it runs in). The peaks are a
+named GPU entry's (``--peaks``; by default the entry whose name matches the device's, e.g. ``h100-80gb`` on an
+H100): a cost model that counts FLOPs then runs each workload at its measured efficiency. ``--tiny`` shrinks every
+network and batch to run in seconds on a CPU (the tests run it; each workload's own sizes over the house's
+:data:`TINY`); its numbers are not rates of any paper workload. ``--write NAME``
 stores the measured rates, peaks and efficiencies as entry NAME of ``pipeline/device_rates.yaml``
 (``slurm.device_rates: NAME`` then uses them).
 
@@ -64,29 +57,17 @@ from pipeline.stage import PipelineError
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: the preset each workload is built from: one paper preset that runs the rule (a rate is per unit at a reference
-#: side and the cost models scale it by image area, so the other presets' jobs are predicted from the same rate)
-PRESET_OF = {"pretrain_public": "cifar10", "dpdm_dpsgd": "mnist", "empden_sample": "cifar10",
-             "straightdp_dpsgd": "straightdp_kmnist", "features": "cifar10", "unet_sample": "cifar10",
-             "flow_train": "straightdp_kmnist", "flow_sample": "straightdp_kmnist", "evalnet_train": "mnist"}
-#: --tiny: every workload at a size a CPU runs in seconds (the tests' mode; not a paper workload)
+#: --tiny: every workload at a size a CPU runs in seconds (the tests' mode; not a paper workload): the house's sections,
+#: under each workload's own :attr:`pipeline.rates.MeasuredWorkload.tiny`
 TINY = {
     "data": {"image_size": 16},
     "pretrain": {"batch_size": 4, "unet": {"block_out_channels": [16, 16], "attention": [False, True],
                                            "layers_per_block": 1, "norm_num_groups": 8}},
-    "dpdm": {"micro_batch": 2, "K": 2, "unet": {"block_out_channels": [16, 16], "attention": [False, True],
-                                                "layers_per_block": 1, "norm_num_groups": 8}},
-    "empden": {"batch_size": 8, "normaliser_n": 64},
     "evaluation": {"batch_size": 2, "evalnet": {"width": 8, "feature_dim": 16, "batch_size": 4}},
-    "accounting": {"n": 256, "N": 4},
-    "straightdp": {"dpsgd": {"micro_batch": 2, "noise_multiplicity": 2},
-                   "flow": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8,
-                            "joint_attention_dim": 8, "caption_tokens": 2},
-                   "pretrain": {"batch_size": 4}},
 }
 #: images per timed step, at most: a rate is per unit and one GPU's throughput saturates well below the presets'
 #: global batches (EDM's 512 was spread over 8 GPUs), which on one GPU could run out of memory
-MAX_BATCH = {"pretrain_public": 128, "features": 250, "unet_sample": 250, "flow_train": 128, "flow_sample": 250}
+MAX_BATCH = {"pretrain_public": 128, "features": 250, "unet_sample": 250}
 #: the check stops starting workloads after this long (the issue's bound: 8 minutes on one GPU)
 BUDGET_S = 480.0
 
@@ -111,12 +92,13 @@ class Measurement:
     @property
     def rate(self) -> float:
         """Seconds per unit at the workload's reference side (the cost models scale rates by image area)."""
-        ref = rates.WORKLOADS[self.workload].reference_side
+        ref = rates.workloads()[self.workload].reference_side
         return self.seconds_per_unit if ref is None else self.seconds_per_unit / (self.side / ref) ** 2
 
     def efficiency(self, peak_tflops: Mapping[str, float]) -> float:
         """The share of the peak of the workload's dtype its counted FLOPs ran at (FLOPs / seconds / peak)."""
-        return self.flops_per_unit / self.seconds_per_unit / (peak_tflops[rates.WORKLOADS[self.workload].dtype] * 1e12)
+        dtype = rates.workloads()[self.workload].dtype
+        return self.flops_per_unit / self.seconds_per_unit / (peak_tflops[dtype] * 1e12)
 
     def predicted_per_unit(self, entry: rates.DeviceRates) -> float | None:
         """What ``entry`` predicts one unit at this side costs, before headroom: the counted FLOPs at its peak x
@@ -126,20 +108,21 @@ class Measurement:
             return entry.workload_seconds(self.flops_per_unit, self.workload)
         if self.workload not in entry.rates:
             return None
-        ref = rates.WORKLOADS[self.workload].reference_side
+        ref = rates.workloads()[self.workload].reference_side
         return entry.rates[self.workload] * (1.0 if ref is None else (self.side / ref) ** 2)
 
 
 # ----------------------------------------------------------------------------- the workloads
 
 
-def preset_config(preset: str, *, tiny: bool) -> dict[str, Any]:
-    """``config.yaml`` + ``configs/<preset>.yaml`` (validated, defaults filled), shrunk by :data:`TINY` in tiny mode."""
+def preset_config(preset: str, *, tiny: bool, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``config.yaml`` + ``configs/<preset>.yaml`` (validated, defaults filled), shrunk in tiny mode by :data:`TINY`
+    and then ``overrides`` (a workload's own tiny sizes)."""
     config = load_config(REPO / "config.yaml", REPO / "configs" / f"{preset}.yaml")
-    return deep_merge(config, TINY) if tiny else config
+    return deep_merge(deep_merge(config, TINY), dict(overrides or {})) if tiny else config
 
 
-def _random_split(n: int, config: Mapping[str, Any], seed: int = 0) -> Any:
+def random_split(n: int, config: Mapping[str, Any], seed: int = 0) -> Any:
     import numpy as np
 
     from pipeline.io import Split
@@ -159,7 +142,7 @@ def _pretrain_public(config: Mapping[str, Any], device: Any) -> tuple[Callable[[
 
     cfg = config["pretrain"]
     batch = min(int(cfg["batch_size"]), MAX_BATCH["pretrain_public"])
-    split = _random_split(batch, config)
+    split = random_split(batch, config)
     spec = unet_spec_for(cfg["unet"], split, class_conditional=cfg["class_conditional"])
     torch.manual_seed(0)
     model = EDMPrecond(build_unet(spec), sigma_data=cfg["sigma_data"]).to(device)
@@ -179,7 +162,7 @@ def _pretrain_public(config: Mapping[str, Any], device: Any) -> tuple[Callable[[
     return step, batch
 
 
-def _per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond: tuple, clip: float,
+def per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond: tuple, clip: float,
                       clipping: str = "auto") -> Callable[[], None]:
     """One micro-batch of a DP-SGD step: K draws per example, each example's gradient clipped and summed, by the
     route the engine takes for ``clipping`` (:func:`pipeline.privacy.dpsgd.resolve_clipping`)."""
@@ -196,74 +179,6 @@ def _per_example_step(model: Any, loss_fn: Any, x: Any, multiplicity: Any, cond:
         dpsgd.clipped_sum(model, loss_fn, (x, sigma, noise, *cond), clip, route, params)
 
     return step
-
-
-def _dpdm_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
-    import torch
-
-    from pipeline.models.precond import parameterisation
-    from pipeline.models.unet import build_unet
-    from pipeline.privacy import dpsgd
-    from pipeline.training.data import to_model_scale, unet_spec_for
-
-    d = config["dpdm"]
-    b, K = int(d["micro_batch"]), int(d["K"])
-    split = _random_split(b, config)
-    spec = unet_spec_for(d["unet"], split, class_conditional=d["class_conditional"], num_classes=10)
-    param = parameterisation(d["parameterisation"])
-    torch.manual_seed(0)
-    model = param.build(build_unet(spec)).to(device)
-    cond = (torch.from_numpy(split.labels).to(device),) if spec.num_classes else ()
-    step = _per_example_step(model, dpsgd.multiplicity_loss(param.draw_loss), to_model_scale(split.images).to(device),
-                             dpsgd.NoiseMultiplicity(K, param.sigma_sampler), cond, float(d["clip"]),
-                             str(d.get("clipping", "auto")))
-    return step, b * K
-
-
-def _empden_sample(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], float]:
-    import torch
-
-    from pipeline.methods.empden import costs as empden_costs
-    from pipeline.privacy import empirical_denoiser as emp
-
-    e, acc = config["empden"], config["accounting"]
-    n = empden_costs.private_records(config)
-    side, ch = int(config["data"]["image_size"]), image_channels(config)
-    d, b, m = ch * side * side, int(e["batch_size"]), int(e["normaliser_n"] or 10000)
-    gen = torch.Generator(device=device).manual_seed(0)
-    records = emp.prepare_records(torch.rand((n, d), generator=gen, device=device, dtype=torch.float64) * 2 - 1)
-    public = emp.prepare_records(torch.rand((m, d), generator=gen, device=device, dtype=torch.float64) * 2 - 1)
-    x = torch.randn((b, d), generator=gen, device=device, dtype=torch.float64)
-    steps_per_output = int(acc["N"])
-
-    def step() -> None:
-        # one step of every output of the batch; the per-output figure multiplies by the N steps each takes
-        t, t_next = 1.0, 0.9
-        log_z = emp.log_public_marginal(x, public, t)
-        emp.private_step(x, records, t, t_next, C=1.0, beta=1.0, generator=gen, log_normaliser=log_z)
-
-    return step, b / steps_per_output  # a timed step is 1/N of the work of each of its b outputs
-
-
-def _straightdp_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
-    import torch
-
-    from pipeline.flow.backbone import build_flow_model
-    from pipeline.flow.rectified import flow_loss
-    from pipeline.flow.straightdp import flow_spec
-    from pipeline.privacy import dpsgd, tha
-    from pipeline.training.data import to_model_scale
-
-    s = config["straightdp"]
-    b, K = int(s["dpsgd"]["micro_batch"]), int(s["dpsgd"]["noise_multiplicity"])
-    split = _random_split(b, config)
-    torch.manual_seed(0)
-    model = build_flow_model(flow_spec(s, split, 10)).to(device)
-    step = _per_example_step(model, dpsgd.multiplicity_loss(flow_loss), to_model_scale(split.images).to(device),
-                             dpsgd.NoiseMultiplicity(K, tha.uniform_time_sampler),
-                             (torch.from_numpy(split.labels).to(device),), float(s["dpsgd"]["clip_ref"]),
-                             str(s["dpsgd"].get("clipping", "auto")))
-    return step, b * K
 
 
 def _features(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
@@ -289,8 +204,8 @@ def _unet_sample(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], N
     from pipeline.training.data import unet_spec_for
 
     cfg = config["pretrain"]
-    batch = min(int(config["empden"]["batch_size"]), MAX_BATCH["unet_sample"])
-    split = _random_split(batch, config)
+    batch = min(int(config["evaluation"]["batch_size"]), MAX_BATCH["unet_sample"])
+    split = random_split(batch, config)
     spec = unet_spec_for(cfg["unet"], split, class_conditional=cfg["class_conditional"])
     torch.manual_seed(0)
     model = EDMPrecond(build_unet(spec), sigma_data=cfg["sigma_data"]).to(device).eval()
@@ -306,55 +221,6 @@ def _unet_sample(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], N
     return step, batch
 
 
-def _flow_model(config: Mapping[str, Any], batch: int, device: Any) -> tuple[Any, Any, Any]:
-    import torch
-
-    from pipeline.flow.backbone import build_flow_model
-    from pipeline.flow.straightdp import flow_spec
-    from pipeline.training.data import to_model_scale
-
-    split = _random_split(batch, config)
-    torch.manual_seed(0)
-    model = build_flow_model(flow_spec(config["straightdp"], split, 10)).to(device)
-    return model, to_model_scale(split.images).to(device), torch.from_numpy(split.labels).to(device)
-
-
-def _flow_train(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
-    import torch
-
-    from pipeline.flow.rectified import flow_loss
-
-    p = config["straightdp"]["pretrain"]
-    batch = min(int(p["batch_size"]), MAX_BATCH["flow_train"])
-    model, z, labels = _flow_model(config, batch, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=float(p["lr"]))
-    gen = torch.Generator().manual_seed(0)
-
-    def step() -> None:
-        t, xi = torch.rand(batch, generator=gen).to(device), torch.randn(z.shape, generator=gen).to(device)
-        loss = flow_loss(model, z, t, xi, labels).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return step, batch
-
-
-def _flow_sample(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
-    import torch
-
-    batch = min(int(config["evaluation"]["batch_size"]), MAX_BATCH["flow_sample"])
-    model, z, labels = _flow_model(config, batch, device)
-    model.eval()
-    t = torch.full((batch,), 0.5, device=device)
-
-    def step() -> None:
-        with torch.no_grad():
-            model(z, t, labels)
-
-    return step, batch
-
-
 def _evalnet_train(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], None], int]:
     import torch
 
@@ -363,7 +229,7 @@ def _evalnet_train(config: Mapping[str, Any], device: Any) -> tuple[Callable[[],
 
     ev = config["evaluation"]["evalnet"]
     batch = int(ev["batch_size"])
-    split = _random_split(batch, config)
+    split = random_split(batch, config)
     torch.manual_seed(0)
     model = EvalNet(tuple(split.images.shape[1:]), 10, width=int(ev["width"]),
                     feature_dim=int(ev["feature_dim"])).to(device)
@@ -379,55 +245,65 @@ def _evalnet_train(config: Mapping[str, Any], device: Any) -> tuple[Callable[[],
     return step, batch
 
 
-BUILDERS: dict[str, Callable[[Mapping[str, Any], Any], tuple[Callable[[], None], float]]] = {
-    "pretrain_public": _pretrain_public, "dpdm_dpsgd": _dpdm_dpsgd, "empden_sample": _empden_sample,
-    "straightdp_dpsgd": _straightdp_dpsgd, "features": _features, "unet_sample": _unet_sample,
-    "flow_train": _flow_train, "flow_sample": _flow_sample, "evalnet_train": _evalnet_train,
+def _features_network(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    side = int(config["data"]["image_size"])
+    return {"shape": [3, side, side]}
+
+
+def _pretrain_network(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    from pipeline import resources
+
+    return resources.pretrain_network(config)
+
+
+def _evalnet_network(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    from pipeline import resources
+
+    return resources.evalnet_network(config)
+
+
+#: the house's workloads and how each is measured (:data:`pipeline.rates.HOUSE_WORKLOADS`); the methods' are theirs
+HOUSE: dict[str, rates.MeasuredWorkload] = {
+    "pretrain_public": rates.MeasuredWorkload(rates.HOUSE_WORKLOADS["pretrain_public"], "cifar10", _pretrain_public,
+                                              network=_pretrain_network),
+    "features": rates.MeasuredWorkload(rates.HOUSE_WORKLOADS["features"], "cifar10", _features,
+                                       network=_features_network, side=299),
+    # a sampler's batch: the evaluation's batch size, 8 in tiny mode (the samplers' tiny batch)
+    "unet_sample": rates.MeasuredWorkload(rates.HOUSE_WORKLOADS["unet_sample"], "cifar10", _unet_sample,
+                                          tiny={"evaluation": {"batch_size": 8}}, network=_pretrain_network),
+    "evalnet_train": rates.MeasuredWorkload(rates.HOUSE_WORKLOADS["evalnet_train"], "mnist", _evalnet_train,
+                                            network=_evalnet_network),
 }
+
+
+def workloads() -> dict[str, rates.MeasuredWorkload]:
+    """Every workload gpu-check measures: the house's (:data:`HOUSE`), then each method's
+    (:func:`pipeline.rates.declared_workloads`), the same names as :func:`pipeline.rates.workloads`."""
+    return {**HOUSE, **rates.declared_workloads()}
+
+
+def workload_config(workload: str, *, tiny: bool) -> dict[str, Any]:
+    """The config ``workload`` is built from: its preset's, shrunk in tiny mode by :data:`TINY` and its own sizes."""
+    entry = workloads()[workload]
+    return preset_config(entry.preset, tiny=tiny, overrides=entry.tiny)
 
 
 # ----------------------------------------------------------------------------- the FLOPs the cost models count
 
 
-def _network_of(workload: str, config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The footprint spec (pipeline/footprint.py) of the network ``workload`` runs, as its cost models form it."""
-    from pipeline import resources
-    from pipeline.methods.dpdm import costs as dpdm_costs
-    from pipeline.methods.straightdp import costs as straightdp_costs
-
-    if workload in ("pretrain_public", "unet_sample"):
-        return resources.pretrain_network(config)
-    if workload == "dpdm_dpsgd":
-        return dpdm_costs.network(config)
-    if workload in ("straightdp_dpsgd", "flow_train", "flow_sample"):
-        return straightdp_costs.pixel_network(config)
-    if workload == "evalnet_train":
-        return resources.evalnet_network(config)
-    if workload == "features":
-        side = int(config["data"]["image_size"])
-        return {"shape": [3, side, side]}
-    raise KeyError(workload)
-
-
 def flops_per_unit(workload: str, config: Mapping[str, Any]) -> float:
-    """The FLOPs the cost models count for one unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on the network
+    """The FLOPs the cost models count for one unit of ``workload`` (:func:`pipeline.rates.workloads`) on the network
     ``config`` builds: :func:`pipeline.resources.workload_flops` of its footprint (pipeline/footprint.py, counted
-    afresh); EMPDEN's: accounting.N private steps of one output over n records and the m normaliser
-    records (:data:`pipeline.methods.empden.costs.PRIVATE_FLOPS_PER_ENTRY`)."""
+    afresh, :attr:`pipeline.rates.MeasuredWorkload.network`); a workload whose pass is its own: its own count
+    (:attr:`pipeline.rates.MeasuredWorkload.flops`)."""
     from pipeline import footprint
-
-    w = rates.WORKLOADS[workload]
-    if w.pass_ == "empden_private":
-        from pipeline.methods.empden import costs as empden_costs
-
-        per_record, per_public = empden_costs.PRIVATE_FLOPS_PER_ENTRY
-        e, acc = config["empden"], config["accounting"]
-        n = empden_costs.private_records(config)
-        d = image_channels(config) * int(config["data"]["image_size"]) ** 2
-        return float(acc["N"]) * d * (per_record * n + per_public * int(e["normaliser_n"] or 10000))
     from pipeline.resources import workload_flops
 
-    return workload_flops(workload, footprint.count(str(w.network), _network_of(workload, config)))
+    entry = workloads()[workload]
+    if entry.flops is not None:
+        return float(entry.flops(config))
+    assert entry.network is not None  # MeasuredWorkload checks that one of the two is declared
+    return workload_flops(workload, footprint.count(str(entry.workload.network), entry.network(config)))
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -453,12 +329,12 @@ def measure(workload: str, *, device: Any, steps: int, tiny: bool) -> Measuremen
     """Time ``steps`` steps of ``workload`` (after one warm-up step) on ``device``."""
     import torch
 
-    preset = PRESET_OF[workload]
-    config = preset_config(preset, tiny=tiny)
+    entry = workloads()[workload]
+    config = workload_config(workload, tiny=tiny)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    step, units = BUILDERS[workload](config, device)
+    step, units = entry.measure(config, device)
     step()
     _sync(device)
     start = time.perf_counter()
@@ -466,8 +342,8 @@ def measure(workload: str, *, device: Any, steps: int, tiny: bool) -> Measuremen
         step()
     _sync(device)
     elapsed = (time.perf_counter() - start) / steps
-    side = 299 if workload == "features" else int(config["data"]["image_size"])
-    return Measurement(workload, preset, side, units, elapsed, _peak_mb(device), flops_per_unit(workload, config))
+    side = entry.side or int(config["data"]["image_size"])
+    return Measurement(workload, entry.preset, side, units, elapsed, _peak_mb(device), flops_per_unit(workload, config))
 
 
 def device_name(device: Any) -> str:
@@ -507,7 +383,7 @@ def render(measured: Sequence[Measurement], entry: rates.DeviceRates, *, device:
         eff = f"{m.efficiency(peaks.peak_tflops):.3g}" if peaks else ""
         head.append(f"| {m.workload} | {m.preset} | {m.side} | {m.seconds_per_unit:.3g} | "
                     f"{'not in the cost models' if pred is None else f'{pred:.3g}'} | {ratio} | {m.rate:.3g} | "
-                    f"{m.flops_per_unit / 1e9:.4g} | {rates.WORKLOADS[m.workload].dtype} | {eff} | "
+                    f"{m.flops_per_unit / 1e9:.4g} | {rates.workloads()[m.workload].dtype} | {eff} | "
                     f"{m.peak_mem_mb:,.0f} |")
     return "\n".join(head)
 
@@ -539,8 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (CUDA when visible), cpu, cuda or cuda:N")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per workload after one warm-up (default 5)")
     parser.add_argument("--tiny", action="store_true", help="shrunk networks and batches (seconds on a CPU; tests)")
-    parser.add_argument("--workloads", nargs="+", default=list(BUILDERS), choices=list(BUILDERS), metavar="W",
-                        help=f"which to run (default all: {', '.join(BUILDERS)})")
+    known = list(workloads())
+    parser.add_argument("--workloads", nargs="+", default=known, choices=known, metavar="W",
+                        help=f"which to run (default all: {', '.join(known)})")
     parser.add_argument("--entry", default=rates.DEFAULT_ENTRY, help="the rates entry to compare with (default "
                         f"{rates.DEFAULT_ENTRY})")
     parser.add_argument("--peaks", metavar="ENTRY", help="the named GPU entry whose published peaks the efficiencies "
@@ -587,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu-check: no efficiencies: no entry's peaks match {name!r} (pass --peaks ENTRY)")
     for line in skipped:
         print(f"gpu-check: not measured: {line}")
-    missing = sorted(set(rates.WORKLOADS) - {m.workload for m in measured})
+    missing = sorted(set(rates.workloads()) - {m.workload for m in measured})
     if args.write and missing:
         # an entry the cost models read must hold every rate they ask for
         print(f"gpu-check: entry {args.write!r} not written: not measured: {', '.join(missing)}", file=sys.stderr)

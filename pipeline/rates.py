@@ -11,8 +11,9 @@ are converted to it. Pure Python (no torch, no Snakemake).
 from __future__ import annotations
 
 import functools
+import importlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ BASE_ENTRY = "estimate"
 DEFAULT_ENTRY = "a100-40gb"
 KINDS = ("estimate", "measured")
 #: the number formats a peak may be stated for: what the code runs (the UNets' convolutions in TF32, cuDNN's default;
-#: the MM-DiT's matmuls in FP32, torch's default; EMPDEN's private step in FP64)
+#: the transformers' matmuls in FP32, torch's default; a kernel written in float64 in FP64)
 DTYPES = ("fp64", "fp32", "tf32", "bf16")
 HEADER = """\
 # Device rates: what one unit of each heavy workload costs on a device (seconds), the numbers behind every
@@ -51,8 +52,9 @@ HEADER = """\
 #: the assumption cancels out of the requests of a measured entry
 DPSGD_FLOP_FACTOR = 1.5
 #: what a workload's FLOPs per unit are counted from: a network's training step or forward pass (pipeline/footprint.py,
-#: times the workload's flop_factor), or EMPDEN's private steps (pipeline/methods/empden/costs.py)
-PASSES = ("train", "forward", "empden_private")
+#: times the workload's flop_factor), or its own count (work that is no network pass, e.g. a kernel written in float64:
+#: :attr:`MeasuredWorkload.flops`), so that a method's own kind of work needs no pass named here
+PASSES = ("train", "forward", "own")
 
 
 @dataclass(frozen=True)
@@ -72,30 +74,88 @@ class Workload:
     flop_factor: float = 1.0
 
 
-#: every workload a rate or an efficiency may be given for
-WORKLOADS: dict[str, Workload] = {
+#: a run's config, as the measurement functions read it
+Config = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class MeasuredWorkload:
+    """A workload and how ``make gpu-check`` (:mod:`pipeline.gpu_check`) measures it: the one shape in which the house
+    (:data:`pipeline.gpu_check.HOUSE`) and each method (``pipeline/methods/<method>/workloads.py``, named by
+    :attr:`pipeline.plugins.Method.workloads`) declare theirs, so that the house reads every workload alike and keeps
+    no list of the methods' ones.
+
+    ``preset``: the paper preset it is built from (``configs/<preset>.yaml``; a rate is per unit at a reference side and
+    the cost models scale it by image area, so the other presets' jobs are predicted from the same rate); ``measure``:
+    ``measure(config, device) -> (step, units)``, one timed step of the inner loop of the rule, built from that config
+    with the code the rule runs, and the units of work it does; ``tiny``: what ``--tiny`` merges over the house's
+    shrunk sizes (:data:`pipeline.gpu_check.TINY`) so the step runs in seconds on a CPU; ``network``:
+    ``network(config)``, the footprint spec of the network it runs, as its cost model forms it (pass ``train`` or
+    ``forward``); ``flops``: ``flops(config)``, its FLOPs per unit where its pass is ``own``; ``side``: the image side
+    it runs at when it is not the preset's ``data.image_size``."""
+
+    workload: Workload
+    preset: str
+    measure: Callable[[Config, Any], tuple[Callable[[], None], float]]
+    tiny: Mapping[str, Any] = field(default_factory=dict)
+    network: Callable[[Config], Mapping[str, Any]] | None = None
+    flops: Callable[[Config], float] | None = None
+    side: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.workload.pass_ == "own") != (self.flops is not None) or (self.network is None) != (
+                self.workload.network is None):
+            raise ValueError("a workload counted by its own pass declares flops; one counted on a network, network")
+
+
+#: the house's workloads (the shared public pretraining and evaluation); each method declares its own
+#: (:attr:`pipeline.plugins.Method.workloads`), and :func:`workloads` holds them all
+HOUSE_WORKLOADS: dict[str, Workload] = {
     "pretrain_public": Workload("image: EDM loss forward, backward and Adam step of the public UNet", 32,
                                 "pipeline.resources:pretrain_runtime_min", "tf32", "edm_unet", "train"),
-    "dpdm_dpsgd": Workload("example-draw: one of an example's K noise draws, per-example gradient clipped and summed",
-                           16, "pipeline.methods.dpdm.costs:train_runtime_min", "tf32", "edm_unet", "train",
-                           DPSGD_FLOP_FACTOR),
-    "empden_sample": Workload("output: every private step of EMPDEN's sampler (accounting.N of them) for one output",
-                              16, "pipeline.methods.empden.costs:rate_sample_runtime_min", "fp64", None,
-                              "empden_private"),
-    "straightdp_dpsgd": Workload("example-draw: the flow loss's per-example gradient of one time draw, clipped and "
-                                 "summed", 16, "pipeline.methods.straightdp.costs:train_runtime_min", "fp32",
-                                 "flow_mmdit", "train", DPSGD_FLOP_FACTOR),
     "features": Workload("image: the evaluation's feature network forward at 299x299 (Inception-V3)", None, None,
                          "tf32", "inception_v3", "forward"),
-    "unet_sample": Workload("image: one evaluation of the public EDM UNet (a sampler's step; EMPDEN's public "
-                            "denoiser, DPDM's samplers)", None, None, "tf32", "edm_unet", "forward"),
-    "flow_train": Workload("image: rectified-flow loss forward, backward and Adam step of STRAIGHTDP's MM-DiT "
-                           "(public pretraining, distillation)", None, None, "fp32", "flow_mmdit", "train"),
-    "flow_sample": Workload("image: one evaluation of STRAIGHTDP's MM-DiT (a sampler's step)", None, None, "fp32",
-                            "flow_mmdit", "forward"),
+    "unet_sample": Workload("image: one evaluation of the public EDM UNet (a sampler's step on the public "
+                            "denoiser)", None, None, "tf32", "edm_unet", "forward"),
     "evalnet_train": Workload("image: cross-entropy forward, backward and Adam step of the evaluation CNN (the "
                               "evaluation net, the downstream CNN)", None, None, "tf32", "evalnet", "train"),
 }
+
+
+@functools.cache
+def declared_workloads() -> dict[str, MeasuredWorkload]:
+    """Every method's declared workloads (:attr:`pipeline.plugins.Method.workloads`), name -> entry, loaded once; a
+    name declared twice (by two methods, or by a method and the house) is a programming error.
+
+    The registry is reached by module path, as the declarations it reads are: it reads the house's resumable rules
+    from :mod:`pipeline.resources`, which reads this module, so an ``import`` of it here would close a cycle."""
+    plugins = importlib.import_module("pipeline.plugins")
+    out: dict[str, MeasuredWorkload] = {}
+    owner = {name: "the house" for name in HOUSE_WORKLOADS}
+    for method, declared in plugins.methods().items():
+        if declared.workloads is None:
+            continue
+        for name, entry in plugins.resolve(declared.workloads).items():
+            if not isinstance(entry, MeasuredWorkload):
+                raise RuntimeError(f"workload {name!r} of method {method!r} is not a rates.MeasuredWorkload")
+            if name in owner:
+                raise RuntimeError(f"workload {name!r} of method {method!r} is already declared by {owner[name]}")
+            out[name], owner[name] = entry, f"method {method!r}"
+    return out
+
+
+@functools.cache
+def workloads() -> dict[str, Workload]:
+    """Every workload a rate or an efficiency may be given for: the house's (:data:`HOUSE_WORKLOADS`), then each
+    method's (:func:`declared_workloads`)."""
+    return {**HOUSE_WORKLOADS, **{name: e.workload for name, e in declared_workloads().items()}}
+
+
+def __getattr__(name: str) -> Any:
+    # WORKLOADS, the name the rates file's header and the docs read: every workload, loaded when first asked for
+    if name == "WORKLOADS":
+        return workloads()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -114,7 +174,7 @@ class DeviceRates:
     peak_tflops: dict[str, float] = field(default_factory=dict)
     #: the share of the peak the workloads are assumed to reach (a measured entry: the least of its workloads')
     efficiency: float | None = None
-    #: per workload (:data:`WORKLOADS`), the share of its dtype's peak measured by ``make gpu-check`` (its counted FLOPs
+    #: per workload (:func:`workloads`), the share of its dtype's peak measured by ``make gpu-check`` (its counted FLOPs
     #: per second over the peak); a workload not listed runs at :attr:`efficiency`
     efficiencies: dict[str, float] = field(default_factory=dict)
     #: the factor a runtime request asks for over the FLOP estimate at that efficiency
@@ -130,9 +190,9 @@ class DeviceRates:
         return self.efficiencies.get(workload, float(self.efficiency))
 
     def workload_seconds(self, flops: float, workload: str) -> float:
-        """Seconds ``flops`` of ``workload`` (:data:`WORKLOADS`) take: its dtype's peak x its efficiency (no
+        """Seconds ``flops`` of ``workload`` (:func:`workloads`) take: its dtype's peak x its efficiency (no
         headroom)."""
-        dtype = WORKLOADS[workload].dtype
+        dtype = workloads()[workload].dtype
         if dtype not in self.peak_tflops:
             raise PipelineError(f"config error at slurm.device_rates: entry {self.name!r} of {RATES_FILE.name} states "
                                 f"no {dtype} peak (peak_tflops: {', '.join(self.peak_tflops) or 'none'})")
@@ -181,9 +241,9 @@ def _entry(name: str, blob: Any, where: str) -> DeviceRates:
     if not isinstance(rates, Mapping) or not rates:
         raise PipelineError(f"{where}: entry {name!r}: rates must be a non-empty mapping of workload to seconds")
     for workload, value in rates.items():
-        if workload not in WORKLOADS:
+        if workload not in workloads():
             raise PipelineError(f"{where}: entry {name!r}: unknown workload {workload!r} "
-                                f"(known: {', '.join(WORKLOADS)})")
+                                f"(known: {', '.join(workloads())})")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
             raise PipelineError(f"{where}: entry {name!r}: rate of {workload} must be seconds > 0, got {value!r}")
     if blob["kind"] == "measured" and not (blob.get("measured_on") and blob.get("date")):
@@ -204,9 +264,9 @@ def _entry(name: str, blob: Any, where: str) -> DeviceRates:
     if effs and not peaks:
         raise PipelineError(f"{where}: entry {name!r}: efficiencies are shares of peak_tflops, which it does not state")
     # a measured efficiency may exceed 1 where the count overstates what the kernels do (e.g. DP-SGD's assumed factor)
-    if not isinstance(effs, Mapping) or any(k not in WORKLOADS for k in effs) or not all(
+    if not isinstance(effs, Mapping) or any(k not in workloads() for k in effs) or not all(
             _positive(v) for v in effs.values()):
-        raise PipelineError(f"{where}: entry {name!r}: efficiencies must map workloads ({', '.join(WORKLOADS)}) to "
+        raise PipelineError(f"{where}: entry {name!r}: efficiencies must map workloads ({', '.join(workloads())}) to "
                             f"shares > 0, got {effs!r}")
     return DeviceRates(name=name, kind=blob["kind"], note=str(blob.get("note") or ""),
                        rates={k: float(v) for k, v in rates.items()}, measured_on=blob.get("measured_on"),

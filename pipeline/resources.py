@@ -46,24 +46,24 @@ _channels = image_channels
 
 
 def rate(config: Config, workload: str) -> float:
-    """Seconds per unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on the device entry ``slurm.device_rates``
+    """Seconds per unit of ``workload`` (:func:`pipeline.rates.workloads`) on the device entry ``slurm.device_rates``
     names in ``pipeline/device_rates.yaml`` (default ``estimate``)."""
     return rates.device_rates(config).rate(workload)
 
 
 def workload_flops(workload: str, fp: Any) -> float:
-    """FLOPs of one unit of ``workload`` (:data:`pipeline.rates.WORKLOADS`) on a network of footprint ``fp``
+    """FLOPs of one unit of ``workload`` (:func:`pipeline.rates.workloads`) on a network of footprint ``fp``
     (pipeline/footprint.py): its training step's or its forward's per example, x the workload's factor (DP-SGD's
     :data:`pipeline.rates.DPSGD_FLOP_FACTOR`). ``make gpu-check`` measures a workload's efficiency against this
     count."""
-    w = rates.WORKLOADS[workload]
+    w = rates.workloads()[workload]
     per = fp.train_flops_per_example if w.pass_ == "train" else fp.forward_flops_per_example
     return float(per) * w.flop_factor
 
 
 def flop_minutes(config: Config, units: float, workload: str, network: Callable[[], Mapping[str, Any]]
                  ) -> float | None:
-    """Minutes to ask for ``units`` units of ``workload`` (:data:`pipeline.rates.WORKLOADS`: an example's training
+    """Minutes to ask for ``units`` units of ``workload`` (:func:`pipeline.rates.workloads`: an example's training
     step or forward pass through ``network()``, a footprint spec formed only when needed) on the entry
     ``slurm.device_rates`` names, when it grounds runtimes in FLOPs (:attr:`pipeline.rates.DeviceRates.counts_flops`):
     the counted FLOPs (:func:`workload_flops`) / (the peak of the workload's dtype x the entry's efficiency of the
@@ -72,7 +72,7 @@ def flop_minutes(config: Config, units: float, workload: str, network: Callable[
     entry = rates.device_rates(config)
     if not entry.counts_flops:
         return None
-    fp = _counted(str(rates.WORKLOADS[workload].network), network())
+    fp = _counted(str(rates.workloads()[workload].network), network())
     return float(entry.headroom) * entry.workload_seconds(units * workload_flops(workload, fp), workload) / 60
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from pipeline import gpu_check, rates
-from pipeline.gpu_check import Measurement
+from pipeline.gpu_check import REPO, Measurement
 
 
 def test_a_measurement_is_stated_per_unit_at_the_workloads_reference_side():
@@ -21,8 +21,34 @@ def test_a_measurement_is_stated_per_unit_at_the_workloads_reference_side():
     assert f.rate == f.seconds_per_unit == 0.5 and f.predicted_per_unit(entry) is None
 
 
-def test_every_workload_has_a_preset_and_a_builder():
-    assert set(gpu_check.BUILDERS) == set(gpu_check.PRESET_OF) == set(rates.WORKLOADS)
+def test_every_workload_has_a_preset_and_a_measurement_and_gpu_check_measures_the_houses_and_the_methods():
+    from pipeline.plugins import methods, resolve
+
+    declared = {name: entry for m in methods().values() if m.workloads for name, entry in resolve(m.workloads).items()}
+    # every method that declares workloads names a module that exists, and each entry is the house's one shape
+    assert {name for name, m in methods().items() if m.workloads} == {"dpdm", "empden", "straightdp"}
+    assert all(isinstance(e, rates.MeasuredWorkload) for e in declared.values())
+    assert set(gpu_check.HOUSE) == set(rates.HOUSE_WORKLOADS) and not set(declared) & set(gpu_check.HOUSE)
+    assert set(gpu_check.workloads()) == set(gpu_check.HOUSE) | set(declared) == set(rates.workloads())
+    for name, entry in gpu_check.workloads().items():
+        assert entry.workload == rates.workloads()[name] and callable(entry.measure), name
+        assert (REPO / "configs" / f"{entry.preset}.yaml").is_file(), name
+    assert rates.WORKLOADS == rates.workloads()
+
+
+def test_a_workload_declared_twice_is_refused(monkeypatch):
+    from pipeline import plugins
+
+    dpdm = plugins.methods()["dpdm"]
+    twice = {"dpdm": dpdm, "other": plugins.Method("other", workloads=dpdm.workloads)}
+    monkeypatch.setattr(plugins, "methods", lambda: twice)
+    rates.declared_workloads.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="workload 'dpdm_dpsgd' of method 'other' is already declared by "
+                                               "method 'dpdm'"):
+            rates.declared_workloads()
+    finally:
+        rates.declared_workloads.cache_clear()
 
 
 def test_an_entry_is_written_only_when_every_workload_was_measured(tmp_path, capsys):
@@ -30,7 +56,7 @@ def test_an_entry_is_written_only_when_every_workload_was_measured(tmp_path, cap
     path.write_text(rates.RATES_FILE.read_text())
     rc = gpu_check.main(["--tiny", "--device", "cpu", "--steps", "1", "--workloads", "empden_sample",
                          "--write", "part", "--rates-file", str(path)])
-    missing = ", ".join(sorted(set(rates.WORKLOADS) - {"empden_sample"}))
+    missing = ", ".join(sorted(set(rates.workloads()) - {"empden_sample"}))
     out, err = capsys.readouterr()
     assert rc == 1 and f"not written: not measured: {missing}" in err
     assert "no efficiencies: no entry's peaks match 'CPU" in out  # a CPU has no datasheet peak
@@ -89,15 +115,15 @@ def test_the_tiny_mode_measures_every_workload_and_writes_an_entry_of_rates_and_
     assert "(tiny mode: not a paper workload)" in out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
             for line in out.splitlines() if line.startswith("| ") and not line.startswith(("| workload", "| ---"))}
-    assert set(rows) == set(rates.WORKLOADS)
+    assert set(rows) == set(rates.workloads())
     entry, a100 = rates.load_rates(path)["tiny_cpu"], rates.load_rates(path)["a100-40gb"]
     assert entry.kind == "measured" and entry.measured_on.startswith("CPU") and "tiny mode" in entry.note
-    assert set(entry.rates) == set(entry.peak_mem_mb) == set(rates.WORKLOADS) and min(entry.rates.values()) > 0
+    assert set(entry.rates) == set(entry.peak_mem_mb) == set(rates.workloads()) and min(entry.rates.values()) > 0
     note = rates.device_rates({"slurm": {"device_rates": "tiny_cpu"}}, path).describe()
     assert note.startswith(f"rates: measured on {entry.measured_on} (") and "measured share of its peaks" in note
     # the peaks and headroom are the named GPU's; each workload's efficiency is measured, the entry's is the least
     assert entry.counts_flops and entry.peak_tflops == a100.peak_tflops and entry.headroom == a100.headroom
-    assert set(entry.efficiencies) == set(rates.WORKLOADS)
+    assert set(entry.efficiencies) == set(rates.workloads())
     assert entry.efficiency == pytest.approx(min(entry.efficiencies.values()))
     for workload, eff in entry.efficiencies.items():
         s_per_unit, gflop, printed = float(rows[workload][3]), float(rows[workload][7]), float(rows[workload][9])

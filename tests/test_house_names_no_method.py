@@ -15,9 +15,10 @@ from pipeline.config import method_names
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 
 #: house files that derive every method-specific list from the methods' declarations
-DERIVED = ("cli.py", "inputs.py", "plan.py", "launch.py", "distributed.py", "resources.py", "wiring.py", "registry.py")
+DERIVED = ("cli.py", "inputs.py", "plan.py", "launch.py", "distributed.py", "resources.py", "wiring.py", "registry.py",
+           "gpu_check.py", "rates.py")
 #: house files that still name methods (issue #56's remaining work)
-STILL_NAMING = ("seeds.py", "config.py", "bundles/sample.py", "gpu_check.py", "rates.py")
+STILL_NAMING = ("seeds.py", "config.py", "bundles/sample.py")
 
 
 def named_methods(path: Path) -> list[str]:

@@ -16,7 +16,7 @@ from pipeline.methods.straightdp import costs as straightdp_costs
 from pipeline.config import ConfigError, check_sizes, validate_config
 from pipeline.stage import PipelineError
 
-COST_MODELED = {w: spec for w, spec in rates.WORKLOADS.items() if spec.cost_model}
+COST_MODELED = {w: spec for w, spec in rates.workloads().items() if spec.cost_model}
 
 
 def write(path, devices, **top):
@@ -98,7 +98,8 @@ def test_an_entry_without_a_rate_a_cost_model_needs_names_it(tmp_path, monkeypat
 def test_writing_an_entry_keeps_the_others_and_reads_back_equal(tmp_path):
     path = write(tmp_path / "r.yaml", {"estimate": estimate()})
     entry = rates.DeviceRates(name="h200", kind="measured", note="make gpu-check", measured_on="NVIDIA H200",
-                              date="2026-12-05", rates={w: 0.5 for w in rates.WORKLOADS}, peak_mem_mb={"features": 12.5})
+                              date="2026-12-05", rates={w: 0.5 for w in rates.workloads()},
+                              peak_mem_mb={"features": 12.5})
     rates.write_entry(entry, path)
     back = rates.load_rates(path)
     assert back["h200"] == entry and back["estimate"].rates == estimate()["rates"]
@@ -175,8 +176,8 @@ def test_a_malformed_efficiency_is_refused_with_the_entry(blob, message, tmp_pat
 
 
 def test_every_workload_states_how_its_flops_are_counted_and_in_which_number_format():
-    for name, w in rates.WORKLOADS.items():
+    for name, w in rates.workloads().items():
         assert w.dtype in rates.DTYPES and w.pass_ in rates.PASSES, name
-        # a network's pass is counted by the footprint of its kind; EMPDEN's private steps by its own cost model
-        assert (w.network is None) == (w.pass_ == "empden_private"), name
-    assert {w.flop_factor for w in rates.WORKLOADS.values()} == {1.0, rates.DPSGD_FLOP_FACTOR}
+        # a network's pass is counted by the footprint of its kind; work that is no network pass by its own count
+        assert (w.network is None) == (w.pass_ == "own"), name
+    assert {w.flop_factor for w in rates.workloads().values()} == {1.0, rates.DPSGD_FLOP_FACTOR}
