@@ -1,7 +1,7 @@
 """One seed scheme: every random stream of the pipeline, named by its purpose, derived here.
 
 A run has one integer ``seed`` (the config's); each use of randomness is a *stream* with a
-purpose name (``"dpdm.mechanism_noise"``, ``"pretrain.batches"``, ...) and gets its generator from
+purpose name (``"pretrain.draws"``, ``"data.public"``, ...) and gets its generator from
 :func:`torch_generator` or :func:`numpy_rng`. Streams of different purposes are independent, so
 adding a stream (or drawing more from one) never moves another stream's numbers.
 
@@ -9,16 +9,24 @@ New purposes derive their entropy with NumPy's ``SeedSequence`` keyed by the pur
 ``SeedSequence([seed, purpose_key(purpose), *keys])`` (the SeedSequence design: distinct entropy
 words give statistically independent streams; O'Neill 2018 / NumPy NEP 19). Purposes that
 existed before this module keep their **legacy derivation** (``seed + 1``, ``seed * 1_000_003 +
-epoch``, ...) recorded in :data:`STREAMS`: every released table was drawn with them, and a new
-derivation would change every number. A purpose not listed here is an error, so a typo cannot
+epoch``, ...) recorded with the stream: every released table was drawn with them, and a new
+derivation would change every number. A purpose declared nowhere is an error, so a typo cannot
 silently open a fresh stream.
+
+The house's own streams are :data:`STREAMS`; a method declares its own in its folder
+(``pipeline/methods/<method>/streams.py``, named by :attr:`pipeline.plugins.Method.streams`), and
+:func:`stream` finds them through :mod:`pipeline.plugins` by module path: a caller imports no stage
+module for its stream to exist (a process that only samples a bundle runs no stage), and this module
+keeps no list of methods.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import torch
@@ -50,8 +58,8 @@ def _streams(*streams: Stream) -> dict[str, Stream]:
     return {s.purpose: s for s in streams}
 
 
-#: every stream of the pipeline. ``legacy`` entries reproduce the derivation each call site used
-#: before this module existed (the numbers of every released table depend on them).
+#: the house's streams (a method's are its own: :func:`method_streams`). ``legacy`` entries reproduce the
+#: derivation each call site used before this module existed (the numbers of every released table depend on them).
 STREAMS: dict[str, Stream] = _streams(
     # public EDM pretraining (pipeline.training.pretrain)
     Stream("pretrain.init", "network initialisation (torch and NumPy global RNGs)", lambda seed: seed),
@@ -59,20 +67,6 @@ STREAMS: dict[str, Stream] = _streams(
     Stream("pretrain.batches", "the permutation of epoch `epoch` (key: epoch)",
            lambda seed, epoch: seed * 1_000_003 + epoch),
     Stream("pretrain.fixed_draws", "the fixed (sigma, noise) draws of the comparable loss (key: its fixed seed)",
-           lambda seed: seed),
-    # DPDM DP-SGD training (pipeline.training.dpdm)
-    Stream("dpdm.init", "network initialisation (torch and NumPy global RNGs)", lambda seed: seed),
-    Stream("dpdm.draws", "Poisson sampling, diffusion (sigma, noise) draws, label dropout", lambda seed: seed + 1),
-    Stream("dpdm.mechanism_noise", "the Gaussian mechanism's noise on the clipped gradient sum",
-           lambda seed: seed + 2),
-    # DPDM sampling (pipeline.sampling.dpdm.generate)
-    Stream("dpdm.sampling", "latents and sampler noise, in batch order", lambda seed: seed),
-    # EMPDEN sampling (pipeline.sampling.empden_stage)
-    Stream("empden.chunk", "initial states, subsets, mechanism and re-noising noise of one batch of a cell "
-           "(key: the batch's index in the cell's run; pipeline.shards)"),
-    Stream("empden.normaliser_subset", "the fixed public subset of the public-marginal normaliser "
-           "(a constant: every cell divides by the same Z)", lambda seed: 0),
-    Stream("empden.figure2", "x_T of Figure 2's trajectories (each scheme starts from the same states)",
            lambda seed: seed),
     # the data stage (pipeline.data.stage): one stream per split family
     Stream("data.real_splits", "the stratified private / held-out split of the real images", lambda seed: seed),
@@ -84,32 +78,51 @@ STREAMS: dict[str, Stream] = _streams(
     Stream("downstream.classifier", "downstream classifier number `repeat` (key: repeat)",
            lambda seed, repeat: seed + repeat),
     Stream("diagnostics.bootstrap", "BCa bootstrap resamples of the diagnostics' intervals", lambda seed: seed),
-    # EMPDEN proxy diagnostics (pipeline.diagnostics.empden_proxy): already SeedSequence streams
-    Stream("empden_proxy.start", "x_T of a trajectory batch (keys: batch keys)", lambda seed, *k: [seed, *k, 1]),
-    Stream("empden_proxy.steps", "the N step noises of a batch (keys: batch keys)", lambda seed, *k: [seed, *k, 2]),
-    Stream("empden_proxy.redraw", "re-drawn step noise of a window (keys: chunk, window)",
-           lambda seed, *k: [seed, 3, *k]),
-    Stream("empden_proxy.subset", "the B-subsets of a chunk (key: chunk)", lambda seed, *k: [seed, 4, *k]),
-    # SENSGEO result stages (pipeline.results.sensgeo): one stream per output, keyed by a salt
-    Stream("sensgeo.output", "one table/figure's draws (key: the output's salt)", lambda seed, salt: [seed, salt]),
+    Stream("clip.train", "the small CLIP's initialisation and its per-class batches (keys: none)"),
 )
 
 
-def register_streams(*streams: Stream) -> None:
-    """Add a method's streams (its stage module calls this at import); a purpose registered twice
-    with another derivation is refused, so two methods cannot share a stream by accident."""
-    for s in streams:
-        if STREAMS.get(s.purpose, s) != s:
-            raise ValueError(f"random stream {s.purpose!r} is already registered differently")
-        STREAMS[s.purpose] = s
+@cache
+def method_streams() -> dict[str, Stream]:
+    """Every method's declared streams (:attr:`pipeline.plugins.Method.streams`), loaded once by module path.
+
+    A purpose declared twice, by the house and a method or by two methods, must be the same stream: two
+    meanings of one name would draw the same numbers for two uses, and one of them would silently move
+    when the other changed.
+    """
+    # By module path, as pipeline.plugins reads the methods: this module is at the bottom of the house (nearly every
+    # package draws from a stream), and a static import of pipeline.plugins would close a cycle in the package graph
+    # (tests/test_imports.py: plugins.resumable_rules defers an import of pipeline.resources, which reaches back
+    # here). Only plugins.methods and plugins.resolve run, and they import nothing of the house but pipeline.config.
+    plugins = importlib.import_module("pipeline.plugins")
+
+    found: dict[str, Stream] = {}
+    owner = {purpose: "the house" for purpose in STREAMS}
+    for name, method in plugins.methods().items():
+        if method.streams is None:
+            continue
+        for s in plugins.resolve(method.streams):
+            known = STREAMS.get(s.purpose) or found.get(s.purpose)
+            if known is not None and known != s:
+                raise ValueError(f"random stream {s.purpose!r} of method {name!r} is already declared differently "
+                                 f"by {owner[s.purpose]}")
+            found[s.purpose] = s
+            owner.setdefault(s.purpose, f"method {name!r}")
+    return found
+
+
+def all_streams() -> dict[str, Stream]:
+    """The house's streams and every method's, by purpose."""
+    return {**STREAMS, **method_streams()}
 
 
 def stream(purpose: str) -> Stream:
-    try:
-        return STREAMS[purpose]
-    except KeyError:
-        raise KeyError(f"unknown random stream {purpose!r}: add it to pipeline.seeds.STREAMS "
-                       "(or register_streams in its method's module)") from None
+    """The stream of ``purpose``: the house's, else the method's that declares it."""
+    found = STREAMS.get(purpose) or method_streams().get(purpose)
+    if found is None:
+        raise KeyError(f"unknown random stream {purpose!r}: add it to pipeline.seeds.STREAMS (the house's) or to "
+                       "its method's streams (pipeline/methods/<method>/streams.py)")
+    return found
 
 
 def seed_of(purpose: str, seed: int, *keys: int) -> int:

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 
 #: house files that derive every method-specific list from the methods' declarations
 DERIVED = ("cli.py", "inputs.py", "plan.py", "launch.py", "distributed.py", "resources.py", "wiring.py", "registry.py",
-           "gpu_check.py", "rates.py")
+           "seeds.py", "bundles/sample.py")
 #: house files that still name methods (issue #56's remaining work)
-STILL_NAMING = ("seeds.py", "config.py", "bundles/sample.py")
+STILL_NAMING = ("config.py", "gpu_check.py", "rates.py")
 
 
 def named_methods(path: Path) -> list[str]:
@@ -61,3 +61,45 @@ def test_the_declared_data_parallel_stages_and_input_checks_are_what_the_house_r
     with pytest.raises(Exception, match=r"^config error at straightdp.public.path: expected a folder of class "
                                         r"sub-folders for source image_folder, got null$"):
         inputs.check_inputs_exist(chosen)
+
+
+def test_every_declared_stream_module_and_bundle_sampler_resolves():
+    """A declaration is a string: a typo in it must fail here, not in the first process that draws or samples."""
+    from pipeline import seeds
+    from pipeline.bundles.sample import samplers
+    from pipeline.plugins import methods, resolve
+
+    for name, method in methods().items():
+        if method.streams:
+            streams = resolve(method.streams)
+            assert streams and all(isinstance(s, seeds.Stream) for s in streams), name
+            assert all(seeds.stream(s.purpose) is s for s in streams), name
+        for sampler, target in method.bundle_samplers:
+            assert callable(resolve(target)) and samplers()[sampler] == target, (name, sampler)
+    assert set(samplers()) == {"dpdm", "straightdp_flow", "dp_merf"}
+
+
+def test_the_embedding_familys_streams_are_declared_for_each_of_its_methods():
+    from pipeline.baselines.embedding_family import MECHANISM
+    from pipeline.methods.baselines.streams import EMBEDDING_FAMILY
+
+    assert set(EMBEDDING_FAMILY) == set(MECHANISM)
+
+
+def test_a_methods_stream_is_found_in_a_process_that_imported_no_engine_module():
+    """``seeds.stream`` reads the declarations itself: a caller imports nothing for a method's stream to exist."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from pipeline import seeds\n"
+            "for purpose in ('dpdm.mechanism_noise', 'dpsgd_classifier.draws', 'empden.chunk', 'empden_proxy.start', "
+            "'sensgeo.output', 'straightdp.public', 'straightdp.toy_init', 'audit.mia', 'dp_ntk.generator', "
+            "'pe.api'):\n"
+            "    seeds.stream(purpose)\n"
+            "assert seeds.seed_of('dpdm.mechanism_noise', 5) == 7\n"
+            "engines = ('training', 'sampling', 'flow', 'baselines', 'audit', 'diagnostics', 'results', 'evaluation')\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[:2] in [['pipeline', e] for e in engines])\n"
+            "assert not loaded, loaded\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

@@ -50,15 +50,42 @@ def test_an_unknown_purpose_is_an_error_not_a_fresh_stream():
 
 
 def test_every_stream_is_documented_and_keyed_by_its_own_name():
-    for name, s in seeds.STREAMS.items():
+    everything = seeds.all_streams()
+    assert set(seeds.STREAMS) < set(everything) and "dpdm.mechanism_noise" not in seeds.STREAMS
+    for name, s in everything.items():
         assert s.purpose == name and s.doc and "." in name
 
 
-def test_a_method_registers_its_own_streams_once(monkeypatch):
-    monkeypatch.setattr(seeds, "STREAMS", dict(seeds.STREAMS))
-    s = seeds.Stream("plugin.draws", "a plug-in method's draws")
-    seeds.register_streams(s)
-    seeds.register_streams(s)  # the same stream again (a module imported twice) is fine
+#: a plug-in method's streams (tests below declare them through a stand-in of pipeline.plugins.methods)
+PLUGIN = (seeds.Stream("plugin.draws", "a plug-in method's draws"),)
+SAME_AGAIN = (PLUGIN[0],)
+ANOTHER_MEANING = (seeds.Stream("plugin.draws", "another meaning", lambda seed: seed),)
+HOUSE_RENAMED = (seeds.Stream("pretrain.init", "a method's own initialisation"),)
+
+
+@pytest.fixture
+def declared(monkeypatch):
+    """Declare the given methods' streams (``"tests.test_seeds:<attribute>"``) in place of the real methods'."""
+    from pipeline import plugins
+
+    def declare(**streams: str) -> None:
+        monkeypatch.setattr(plugins, "methods", lambda: {m: plugins.Method(m, streams=target)
+                                                         for m, target in streams.items()})
+        seeds.method_streams.cache_clear()
+
+    yield declare
+    seeds.method_streams.cache_clear()
+
+
+def test_a_method_declares_its_own_streams_and_the_same_one_twice_is_fine(declared):
+    declared(one=f"{__name__}:PLUGIN", two=f"{__name__}:SAME_AGAIN")
     assert seeds.seed_of("plugin.draws", 3) == seeds.mix([3, seeds.purpose_key("plugin.draws")])
-    with pytest.raises(ValueError, match="already registered"):
-        seeds.register_streams(seeds.Stream("plugin.draws", "another meaning", lambda seed: seed))
+    assert seeds.seed_of("pretrain.init", 3) == 3  # the house's streams first
+
+
+@pytest.mark.parametrize("streams, by", [({"one": "PLUGIN", "two": "ANOTHER_MEANING"}, "by method 'one'"),
+                                         ({"one": "HOUSE_RENAMED"}, "by the house")])
+def test_a_purpose_declared_twice_differently_is_refused(declared, streams, by):
+    declared(**{m: f"{__name__}:{attr}" for m, attr in streams.items()})
+    with pytest.raises(ValueError, match=f"already declared differently {by}$"):
+        seeds.stream("plugin.draws")

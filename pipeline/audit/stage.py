@@ -40,9 +40,6 @@ from pipeline.stage import PipelineError, stage
 
 log = logging.getLogger(__name__)
 
-seeds.register_streams(
-    seeds.Stream("audit.canaries", "a line's canary coins, stand-ins, batches and noise (keys: transcript, line)"),
-)
 
 def audit_line(entry: ledger.LedgerEntry, *, m: int, significance: float, seed: int
                ) -> tuple[CanaryAudit, dict[str, Any]] | str:

@@ -42,12 +42,6 @@ from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private
 
 log = logging.getLogger(__name__)
 
-seeds.register_streams(
-    seeds.Stream("dp_merf.features", "the random Fourier frequencies and the public subset of the median "
-                 "heuristic (public randomness)"),
-    seeds.Stream("dp_merf.mechanism_noise", "the Gaussian noise on the mean embedding"),
-    seeds.Stream("dp_merf.generator", "generator initialisation, training draws and the final samples"),
-)
 
 #: at most this many public images enter the median heuristic (n^2 / 2 distances)
 MEDIAN_SUBSET = 1000

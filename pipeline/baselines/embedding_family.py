@@ -38,18 +38,11 @@ from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private
 
 log = logging.getLogger(__name__)
 
-#: each method's ledger mechanism
+#: each method's ledger mechanism (its random streams: EMBEDDING_FAMILY of pipeline/methods/baselines/streams.py)
 MECHANISM = {"dp_hp": "dp_hp_embedding", "dp_ntk": "dp_ntk_embedding", "dp_mepf": "dp_mepf_embedding"}
 #: private rows per feature batch of the release (DP-NTK's rows are ~77k wide at 16 x 16)
 RELEASE_BATCH = 250
 
-for _method in MECHANISM:
-    seeds.register_streams(
-        seeds.Stream(f"{_method}.features", f"{_method}'s feature map: public subsets, pixel pairs, random network "
-                     "(public randomness)"),
-        seeds.Stream(f"{_method}.mechanism_noise", f"the Gaussian noise on {_method}'s mean embedding"),
-        seeds.Stream(f"{_method}.generator", f"{_method}'s generator initialisation, training draws and samples"),
-    )
 
 FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 

@@ -47,12 +47,6 @@ from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private
 
 log = logging.getLogger(__name__)
 
-seeds.register_streams(
-    seeds.Stream("pe.api", "latents and sampler noise of the random and variation APIs (public denoiser)"),
-    seeds.Stream("pe.mechanism_noise", "the Gaussian noise on the vote histograms"),
-    seeds.Stream("pe.resample", "the draws of candidates in proportion to the noisy counts (post-processing)"),
-)
-
 
 def variation_sigmas(first: float, last: float, T: int) -> list[float]:
     """The re-noising level of iterations 1..T: geometric from ``first`` to ``last``."""

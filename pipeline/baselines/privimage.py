@@ -48,10 +48,6 @@ METHOD = "privimage"
 QUERY_NET_STAGE = "privimage_query_net"
 SELECT_STAGE = "privimage_select"
 
-seeds.register_streams(
-    seeds.Stream("privimage.mechanism_noise", "the Gaussian noise on PrivImage's semantic histogram"),
-)
-
 
 def semantic_pool(public: Split, other: Split | None) -> tuple[Split, list[str]]:
     """The public pool and its semantics: the public split's classes, then the second domain's (labels offset past

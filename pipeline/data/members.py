@@ -10,10 +10,6 @@ import torch
 
 from pipeline import seeds
 
-seeds.register_streams(
-    seeds.Stream("audit.mia", "the member subset and the loss attack's noise draws (keys: none)"),
-)
-
 
 def member_indices(n_private: int, n: int, seed: int) -> torch.Tensor:
     """``n`` of the ``n_private`` private records (indices into private_train), a function of ``seed`` only."""

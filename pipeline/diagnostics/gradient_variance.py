@@ -68,10 +68,6 @@ log = logging.getLogger(__name__)
 
 STAGE = "dpdm_gradient_variance"
 
-seeds.register_streams(
-    seeds.Stream("dpdm.gradient_variance.draws", "the (sigma, noise) draws of one image and K (keys: image, K)"),
-    seeds.Stream("dpdm.gradient_variance.resample", "the public images chosen and the bootstrap resamples"),
-)
 
 PARAMS_DOC = {
     "K": "the noise multiplicities measured (integers >= 1, e.g. [1, 2, 4, 8, 16]; DPDM Fig. 3 shows 1 to 32)",

@@ -56,10 +56,6 @@ DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 #: open_clip's preprocessing statistics (OPENAI_DATASET_MEAN / STD)
 MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
-seeds.register_streams(
-    seeds.Stream("clip.train", "the small CLIP's initialisation and its per-class batches (keys: none)"),
-)
-
 
 def small_clip_config(image_size: int, *, width: int = 64, layers: int = 2, embed_dim: int = 32,
                       patch_size: int = 4, context_length: int = 8) -> dict[str, Any]:

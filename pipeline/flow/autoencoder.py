@@ -37,11 +37,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = "dpgen-autoencoder/1"
 
-seeds.register_streams(
-    seeds.Stream("straightdp.autoencoder_init", "the public autoencoder's initialisation (torch's global RNG)"),
-    seeds.Stream("straightdp.autoencoder", "batches of the public autoencoder's training"),
-)
-
 
 @dataclass(frozen=True)
 class AutoencoderSpec:

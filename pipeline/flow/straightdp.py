@@ -42,7 +42,7 @@ from torch import Tensor
 
 from pipeline import distributed, seeds
 from pipeline.config import deep_merge, schema_defaults, schema_keys
-from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: see STREAMS below)
+from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: STAGES name it here)
 from pipeline.device import resolve_device
 from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
 from pipeline.flow.field import CosineCurve, GaussianMomentModel, field_cosine_curve, guided_start, knee_horizon
@@ -67,22 +67,6 @@ CONVENTION = "rectified_flow_t"
 #: the grid of Fig. 2a's cosine curve: t in [0, T_MAX_CURVE] (the field is exact at t = 0, and
 #: the curve has long fallen well before t = 1, where the velocity's 1 / (1 - t) blows up)
 T_MAX_CURVE = 0.9
-
-# Registered on import; the CLI reaches the data stage prepare_public through this module
-# (pipeline/methods/straightdp/__init__.py), so its params' stream "straightdp.public" is known.
-seeds.register_streams(
-    seeds.Stream("straightdp.public", "the public split of STRAIGHTDP (data stage prepare_public)"),
-    seeds.Stream("straightdp.horizon", "probes and flow noise of Fig. 2a's cosine curve (public)"),
-    seeds.Stream("straightdp.pretrain_init", "the public flow's initialisation (torch's global RNG)"),
-    seeds.Stream("straightdp.pretrain", "batches, times, flow noise and label dropout of public pretraining"),
-    seeds.Stream("straightdp.lora_init", "the DP-LoRA adapters' initialisation (torch's global RNG, as peft draws it)"),
-    seeds.Stream("straightdp.release", "the Gaussian noise of the moment release (Stage 1)"),
-    seeds.Stream("straightdp.distill", "draws of the distillation onto the released field (post-processing)"),
-    seeds.Stream("straightdp.proxy", "public examples, times and noise of the THA planner's proxy"),
-    seeds.Stream("straightdp.draws", "Poisson sampling, time/noise draws and label dropout of DP-SGD"),
-    seeds.Stream("straightdp.mechanism_noise", "the Gaussian mechanism's noise of Stage 2 DP-SGD"),
-    seeds.Stream("straightdp.sampling", "labels order, starts and draws of a sample set"),
-)
 
 SECTION_DOC = "the config's straightdp section (absent keys take the schema's defaults)"
 COMMON_DOC = {

@@ -52,11 +52,6 @@ from pipeline.training.straightdp_runs import TOY_RELEASE_P, TOY_ROWS, StraightR
 
 log = logging.getLogger(__name__)
 
-seeds.register_streams(
-    seeds.Stream("straightdp.toy_public", "the toy's public set: the mixture rotated by half a mode spacing"),
-    seeds.Stream("straightdp.toy_truth", "fresh draws of the true toy mixture that W2 is measured against"),
-    seeds.Stream("straightdp.toy_init", "the toy velocity MLP's initialisation (torch's global RNG)"),
-)
 
 #: the public set's rotation, in mode spacings (0.5: every public mode half-way between two private ones)
 PUBLIC_ROTATION = 0.5

@@ -46,12 +46,6 @@ from pipeline.training.straightdp_runs import table4_releases
 
 log = logging.getLogger(__name__)
 
-seeds.register_streams(
-    seeds.Stream("straightdp.compose", "the quadrant and thickness of each composed image (keys: 0 private, "
-                                       "1 public, 2 held-out evaluation)"),
-    seeds.Stream("straightdp.text_release", "the Gaussian noise of the text-conditional release (Table 4)"),
-    seeds.Stream("straightdp.text_sampling", "draws of the released text-conditional model (Table 4)"),
-)
 
 STAGE = "straightdp_table4_text"
 

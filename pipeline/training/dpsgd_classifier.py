@@ -59,11 +59,6 @@ KINDS = CLASSIFIERS
 #: the dpdm schema section the stage's hyper-parameters mirror (their one source of defaults)
 SCHEMA_SECTION = ("dpdm", "dpsgd_classifier")
 
-seeds.register_streams(
-    seeds.Stream("dpsgd_classifier.init", "the classifier's initialisation and its dropout (torch's global RNG)"),
-    seeds.Stream("dpsgd_classifier.draws", "Poisson sampling of each DP-SGD step"),
-    seeds.Stream("dpsgd_classifier.mechanism_noise", "the Gaussian mechanism's noise on the clipped gradient sum"),
-)
 
 PARAMS_DOC = {
     "classifier": "cnn | logreg: the downstream classifier trained (the evaluation CNN's architecture, or a linear "

@@ -450,9 +450,9 @@ def test_a_dp_merf_bundle_ships_its_generator_verifies_and_samples(splits, tmp_p
 
 
 def test_a_dp_merf_successors_bundle_finds_its_generator_stream_in_a_fresh_process():
-    """A bundle is sampled in a process that ran no stage: the successors' streams must register on the way in
-    (a DP-NTK bundle failed with 'unknown random stream dp_ntk.generator' before)."""
-    code = ("from pipeline.bundles.sample import generator_stream\n"
+    """A bundle is sampled in a process that ran no stage: the successors' streams must be found all the same
+    (a DP-NTK bundle failed with 'unknown random stream dp_ntk.generator' before); the baselines declare them."""
+    code = ("from pipeline.methods.baselines.bundle import generator_stream\n"
             "for m in ('dp_merf', 'dp_hp', 'dp_ntk', 'dp_mepf'):\n"
             "    generator_stream({'stream': f'{m}.generator'}, 0)\n"
             "generator_stream({}, 0)\n")
