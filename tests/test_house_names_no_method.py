@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 
 #: house files that derive every method-specific list from the methods' declarations
 DERIVED = ("cli.py", "inputs.py", "plan.py", "launch.py", "distributed.py", "resources.py", "wiring.py", "registry.py",
-           "seeds.py", "bundles/sample.py")
+           "seeds.py", "bundles/sample.py", "gpu_check.py", "rates.py")
 #: house files that still name methods (issue #56's remaining work)
-STILL_NAMING = ("config.py", "gpu_check.py", "rates.py")
+STILL_NAMING = ("config.py",)
 
 
 def named_methods(path: Path) -> list[str]:
