@@ -15,7 +15,6 @@ import copy
 import difflib
 import hashlib
 import json
-import pkgutil
 from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
@@ -25,6 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pipeline.plugins import method_names
 from pipeline.shards import check_shards
 
 SCHEMA_RESOURCE = "schema/config.schema.yaml"
@@ -53,16 +53,6 @@ def load_schema() -> dict[str, Any]:
             schema["properties"][name] = yaml.safe_load(fragment.read_text())
     schema["properties"]["methods"]["items"] = {"enum": method_names()}
     return schema
-
-
-def method_names() -> list[str]:
-    """Every method module or package under ``pipeline/methods/`` (a leading underscore is not a method), sorted.
-
-    The folder is listed, not imported: ``pipeline.methods`` imports the engines its wiring drives, which read
-    this module's schema defaults, so config stays below the methods it validates (tests/test_imports.py).
-    """
-    folder = resources.files("pipeline").joinpath("methods")
-    return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if not m.name.startswith("_"))
 
 
 def _key_path(path: Any) -> str:

@@ -96,7 +96,7 @@ def plan_lines(jobs: Sequence[Job], max_job_minutes: int | None, gpu_mem_gb: flo
     segments it runs as, the largest memory request, whether every job fits the limit, the largest predicted GPU
     memory (rules with a GPU-memory model, resource ``gpu_mem_mb``) and whether it fits ``gpu_mem_gb``."""
     config = {"slurm": {"max_job_hours": None if max_job_minutes is None else max_job_minutes / 60}}
-    segmented = set(resumable_rules())
+    segmented = set(cost.HOUSE_RESUMABLE_RULES) | set(resumable_rules())
     out = []
     for rule in sorted({j.rule for j in jobs}):
         mine = [j for j in jobs if j.rule == rule]

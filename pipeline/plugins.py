@@ -13,10 +13,22 @@ house on the declarations' form alone, so the import graph keeps no cycle (tests
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
-from pipeline.config import method_names
+
+def method_names() -> list[str]:
+    """Every method module or package under ``pipeline/methods/`` (a leading underscore is not a method), sorted.
+
+    The folder is listed, not imported, and this module imports nothing of the pipeline: the configuration's schema
+    (:mod:`pipeline.config`), the rates and the seeds read the registry, and the methods' engines read them
+    (tests/test_imports.py).
+    """
+    folder = resources.files("pipeline").joinpath("methods")
+    return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if not m.name.startswith("_"))
+
 
 #: where the methods are found: one package (or module) per method, listed by :func:`pipeline.config.method_names`
 PACKAGE = "pipeline.methods"
@@ -89,11 +101,9 @@ def resolve(target: str) -> Any:
 
 
 def resumable_rules() -> tuple[str, ...]:
-    """Every rule that checkpoints and resumes: the house's (:data:`pipeline.resources.HOUSE_RESUMABLE_RULES`), then
-    each method's (:attr:`Method.resumable_rules`)."""
-    from pipeline.resources import HOUSE_RESUMABLE_RULES
-
-    return HOUSE_RESUMABLE_RULES + tuple(rule for m in methods().values() for rule in m.resumable_rules)
+    """Every method's rules that checkpoint and resume (:attr:`Method.resumable_rules`; the house's own are
+    :data:`pipeline.resources.HOUSE_RESUMABLE_RULES`)."""
+    return tuple(rule for m in methods().values() for rule in m.resumable_rules)
 
 
 def audited_methods() -> list[str]:

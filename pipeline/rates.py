@@ -11,7 +11,6 @@ are converted to it. Pure Python (no torch, no Snakemake).
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from pipeline import plugins
 from pipeline.io import atomic_path
 from pipeline.stage import PipelineError
 
@@ -125,11 +125,7 @@ HOUSE_WORKLOADS: dict[str, Workload] = {
 @functools.cache
 def declared_workloads() -> dict[str, MeasuredWorkload]:
     """Every method's declared workloads (:attr:`pipeline.plugins.Method.workloads`), name -> entry, loaded once; a
-    name declared twice (by two methods, or by a method and the house) is a programming error.
-
-    The registry is reached by module path, as the declarations it reads are: it reads the house's resumable rules
-    from :mod:`pipeline.resources`, which reads this module, so an ``import`` of it here would close a cycle."""
-    plugins = importlib.import_module("pipeline.plugins")
+    name declared twice (by two methods, or by a method and the house) is a programming error."""
     out: dict[str, MeasuredWorkload] = {}
     owner = {name: "the house" for name in HOUSE_WORKLOADS}
     for method, declared in plugins.methods().items():

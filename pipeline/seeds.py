@@ -23,13 +23,14 @@ keeps no list of methods.
 from __future__ import annotations
 
 import hashlib
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 import torch
+
+from pipeline import plugins
 
 #: a derivation: (seed, *keys) -> an int seed, or a list of ints (SeedSequence entropy)
 Derivation = Callable[..., "int | list[int]"]
@@ -84,18 +85,13 @@ STREAMS: dict[str, Stream] = _streams(
 
 @cache
 def method_streams() -> dict[str, Stream]:
-    """Every method's declared streams (:attr:`pipeline.plugins.Method.streams`), loaded once by module path.
+    """Every method's declared streams (:attr:`pipeline.plugins.Method.streams`), loaded once (each method's
+    module by its path: :func:`pipeline.plugins.resolve`).
 
     A purpose declared twice, by the house and a method or by two methods, must be the same stream: two
     meanings of one name would draw the same numbers for two uses, and one of them would silently move
     when the other changed.
     """
-    # By module path, as pipeline.plugins reads the methods: this module is at the bottom of the house (nearly every
-    # package draws from a stream), and a static import of pipeline.plugins would close a cycle in the package graph
-    # (tests/test_imports.py: plugins.resumable_rules defers an import of pipeline.resources, which reaches back
-    # here). Only plugins.methods and plugins.resolve run, and they import nothing of the house but pipeline.config.
-    plugins = importlib.import_module("pipeline.plugins")
-
     found: dict[str, Stream] = {}
     owner = {purpose: "the house" for purpose in STREAMS}
     for name, method in plugins.methods().items():

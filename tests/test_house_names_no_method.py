@@ -46,7 +46,7 @@ def test_the_declared_data_parallel_stages_and_input_checks_are_what_the_house_r
     from pipeline.plugins import data_parallel_stages, methods, resumable_rules
 
     assert cli.DATA_PARALLEL_STAGES == data_parallel_stages() == ("train_dpdm", "train_straightdp")
-    assert set(resumable_rules()) == {"pretrain_public", "train_dpdm", "train_dpdm_twin", "pretrain_straightdp",
+    assert set(resumable_rules()) == {"train_dpdm", "train_dpdm_twin", "pretrain_straightdp",
                                       "pretrain_straightdp_arm", "train_straightdp", "privimage_pretrain",
                                       "dp_ldm_pretrain"}
     assert set(cli.DATA_PARALLEL_STAGES) <= set(cli.STAGES)

@@ -1,7 +1,7 @@
 """The evaluation core's wiring (``rules/evaluate.smk``): the evaluation network, the CLIP file every evaluation
 reads, and the params of an evaluate job.
 
-Not a method (the leading underscore keeps :func:`pipeline.methods.method_names` from listing it): every method's
+Not a method (the leading underscore keeps :func:`pipeline.plugins.method_names` from listing it): every method's
 samples are scored by the same ``evaluate_samples`` call, so each method's rule file wires its evaluate rule with
 this object's paths and params. Nothing here imports Snakemake.
 """

@@ -3,7 +3,7 @@ rule all's targets, the tables and figures of the index and the report with thei
 transcripts the replay reads, and the rows of all_runs.parquet, from the core's outputs and what the chosen methods
 registered.
 
-Not a method (the leading underscore keeps :func:`pipeline.methods.method_names` from listing it). Nothing here
+Not a method (the leading underscore keeps :func:`pipeline.plugins.method_names` from listing it). Nothing here
 imports Snakemake: ``tests/methods/test_house_outputs.py``.
 """
 
