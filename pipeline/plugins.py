@@ -54,7 +54,11 @@ class Method:
     :func:`pipeline.seeds.stream` finds; ``bundle_samplers``: (``sampling.json``'s ``sampler`` name,
     ``"module:function"``) of the samplers its model bundles name (:mod:`pipeline.bundles.sample`);
     ``workloads``: ``"module:attribute"`` of the workloads its cost models run at, which ``make gpu-check`` measures
-    (:mod:`pipeline.rates`, :mod:`pipeline.gpu_check`).
+    (:mod:`pipeline.rates`, :mod:`pipeline.gpu_check`); ``config_checks``: ``"module:function"`` of
+    ``function(cfg)``, its checks across sections of a whole, validated configuration (sizes that would fail inside
+    a job), run before any job when the method is chosen, raising :class:`pipeline.config.ConfigError` in one line;
+    ``prepare_config``: ``"module:function"`` of ``function(config)``, which edits its section of every validated
+    configuration in place (chosen or not), e.g. dropping what a later file switched off.
     """
 
     name: str
@@ -67,6 +71,8 @@ class Method:
     streams: str | None = None
     bundle_samplers: tuple[tuple[str, str], ...] = ()
     workloads: str | None = None
+    config_checks: str | None = None
+    prepare_config: str | None = None
 
     def __post_init__(self) -> None:
         if self.report_prefixes and self.report_category is None:

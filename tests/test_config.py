@@ -182,7 +182,7 @@ def test_an_old_enabled_key_says_to_use_the_methods_list(method):
     with pytest.raises(ConfigError) as err:
         validate_config({method: {"enabled": False}})
     assert str(err.value) == (f"config error at {method}.enabled: methods are chosen by the top-level list "
-                              f"`methods:` (e.g. methods: [empden, dpdm]); remove {method}.enabled")
+                              f"`methods:` (e.g. methods: [{method}]); remove {method}.enabled")
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,6 @@
 """Issue #56: the house keeps no list of methods. A house file that the methods plug into reads what each method
 declares (:class:`pipeline.plugins.Method`: its data-parallel stages, its input checks, ...) and names none of them,
-so a new method edits no house file. The files still naming methods are listed as such (strict xfail: the test fails
-as soon as one stops naming them, so the list cannot go stale)."""
+so a new method edits no house file."""
 
 from __future__ import annotations
 
@@ -10,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import method_names
+from pipeline.plugins import method_names
 
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 
 #: house files that derive every method-specific list from the methods' declarations
 DERIVED = ("cli.py", "inputs.py", "plan.py", "launch.py", "distributed.py", "resources.py", "wiring.py", "registry.py",
-           "seeds.py", "bundles/sample.py", "gpu_check.py", "rates.py")
-#: house files that still name methods (issue #56's remaining work)
-STILL_NAMING = ("config.py",)
+           "seeds.py", "bundles/sample.py", "gpu_check.py", "rates.py", "config.py")
 
 
 def named_methods(path: Path) -> list[str]:
@@ -31,12 +28,6 @@ def named_methods(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("name", DERIVED)
 def test_a_house_file_names_no_method(name):
-    assert named_methods(ROOT / name) == []
-
-
-@pytest.mark.parametrize("name", STILL_NAMING)
-@pytest.mark.xfail(strict=True, reason="issue #56: still names methods")
-def test_a_house_file_still_to_be_derived_names_no_method(name):
     assert named_methods(ROOT / name) == []
 
 
@@ -103,3 +94,17 @@ def test_a_methods_stream_is_found_in_a_process_that_imported_no_engine_module()
             "assert not loaded, loaded\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_chosen_methods_config_checks_run_and_one_left_out_does_not():
+    """DPDM's sampling rate is checked where DPDM is chosen (pipeline/methods/dpdm/checks.py), not elsewhere; a
+    STRAIGHTDP arm switched off by a later file is dropped whether or not STRAIGHTDP is chosen."""
+    from pipeline.config import ConfigError, validate_config
+
+    too_large = {"dpdm": {"batch_size": 10_000}, "data": {"private": {"n_private_train": 500}}}
+    with pytest.raises(ConfigError, match=r"^config error at dpdm.batch_size: expected at most "
+                                          r"data.private.n_private_train=500 "):
+        validate_config({**too_large, "methods": ["dpdm"]})
+    validate_config({**too_large, "methods": ["empden"]})
+    cfg = validate_config({"methods": ["empden"], "straightdp": {"arms": {"latent": None}}})
+    assert "latent" not in cfg["straightdp"]["arms"]

@@ -534,7 +534,7 @@ def test_an_old_enabled_key_is_a_one_line_error_naming_the_methods_list(repo, tm
     assert res.returncode != 0
     errors = [l for l in (res.stdout + res.stderr).splitlines() if "config error" in l]
     assert errors == ["config error at dpdm.enabled: methods are chosen by the top-level list `methods:` "
-                      "(e.g. methods: [empden, dpdm]); remove dpdm.enabled"]
+                      "(e.g. methods: [dpdm]); remove dpdm.enabled"]
 
 
 #: a method's rule file as a new method writes it: its rule, its targets and its ledger transcript,

@@ -10,7 +10,8 @@ from pipeline.plugins import Method
 METHOD = Method("baselines", report_category="7 Baselines", report_prefixes=("baselines",), audited=True,
                 resumable_rules=("privimage_pretrain", "dp_ldm_pretrain"),
                 streams="pipeline.methods.baselines.streams:STREAMS",
-                bundle_samplers=(("dp_merf", "pipeline.methods.baselines.bundle:sample"),))
+                bundle_samplers=(("dp_merf", "pipeline.methods.baselines.bundle:sample"),),
+                config_checks="pipeline.methods.baselines.checks:config_checks")
 
 STAGES = {
     "dp_merf": "pipeline.baselines.dp_merf:dp_merf",

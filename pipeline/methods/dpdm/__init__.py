@@ -10,7 +10,8 @@ METHOD = Method("dpdm", report_category="4 DPDM", report_prefixes=("dpdm",), aud
                 data_parallel_stages=("train_dpdm",), resumable_rules=("train_dpdm",),
                 streams="pipeline.methods.dpdm.streams:STREAMS",
                 bundle_samplers=(("dpdm", "pipeline.methods.dpdm.bundle:sample"),),
-                workloads="pipeline.methods.dpdm.workloads:WORKLOADS")
+                workloads="pipeline.methods.dpdm.workloads:WORKLOADS",
+                config_checks="pipeline.methods.dpdm.checks:config_checks")
 
 STAGES = {
     "train_dpdm": "pipeline.training.dpdm:train_dpdm",

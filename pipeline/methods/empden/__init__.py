@@ -7,7 +7,8 @@ from pipeline.plugins import Method
 
 METHOD = Method("empden", report_category="3 EMPDEN", report_prefixes=("empden",), audited=True,
                 streams="pipeline.methods.empden.streams:STREAMS",
-                workloads="pipeline.methods.empden.workloads:WORKLOADS")
+                workloads="pipeline.methods.empden.workloads:WORKLOADS",
+                config_checks="pipeline.methods.empden.checks:config_checks")
 
 STAGES = {
     "empden_sample": "pipeline.sampling.empden_stage:empden_sample",

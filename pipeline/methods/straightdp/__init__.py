@@ -11,7 +11,8 @@ METHOD = Method("straightdp", report_category="5 STRAIGHTDP", report_prefixes=("
                 input_checks="pipeline.methods.straightdp.checks:input_checks",
                 streams="pipeline.methods.straightdp.streams:STREAMS",
                 bundle_samplers=(("straightdp_flow", "pipeline.methods.straightdp.bundle:sample"),),
-                workloads="pipeline.methods.straightdp.workloads:WORKLOADS")
+                workloads="pipeline.methods.straightdp.workloads:WORKLOADS",
+                prepare_config="pipeline.methods.straightdp.checks:prepare_config")
 
 STAGES = {
     # the data stage, reached through the module that registers its random stream (straightdp.public)

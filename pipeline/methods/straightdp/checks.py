@@ -26,3 +26,12 @@ def _public_flow(cfg: Mapping[str, Any]) -> None:
     c, side, _ = sample_shape(cfg, cfg["straightdp"])
     check_public_flow(cfg["straightdp"]["pretrain"], shape=(c, side, side),
                       n_classes=declared_private(cfg)["n_classes"])
+
+
+def prepare_config(config: dict[str, Any]) -> None:
+    """Remove the arms set to null: a later config file switches an arm of an earlier one off this way, because files
+    merge key by key (an empty ``arms: {}`` cannot remove what config.yaml set)."""
+    arms = (config.get("straightdp") or {}).get("arms")
+    if isinstance(arms, dict):
+        for name in [name for name, arm in arms.items() if arm is None]:
+            del arms[name]
