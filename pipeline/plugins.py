@@ -2,13 +2,13 @@
 
 A method is a folder ``pipeline/methods/<method>/`` whose ``__init__`` holds ``METHOD``, its :class:`Method`
 declaration, and ``STAGES`` (stage name -> ``"module:attribute"``). The house reads them here and keeps no list of
-methods: the CLI's stages and data-parallel stages, the inputs checked before any job, the resumable rules the plan
-segments, the report's categories, the audited methods. The declarations hold strings only and are imported by
+methods: the CLI's stages and data-parallel stages, the inputs and config checks run before any job, the resumable
+rules the plan segments, the random streams, the bundle samplers, the GPU-check workloads, the report's categories,
+the audited methods. The declarations hold strings only and are imported by
 module path (:func:`importlib.import_module`), not by an ``import`` statement: a method depends on the house, and the
 house on the declarations' form alone, so the import graph keeps no cycle (tests/test_imports.py) and
 ``python -m pipeline --help`` stays fast.
 """
-
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def method_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if not m.name.startswith("_"))
 
 
-#: where the methods are found: one package (or module) per method, listed by :func:`pipeline.config.method_names`
+#: where the methods are found: one package (or module) per method, listed by :func:`method_names`
 PACKAGE = "pipeline.methods"
 
 #: stage name -> "module:attribute"
@@ -39,39 +39,38 @@ Stages = dict[str, str]
 
 @dataclass(frozen=True)
 class Method:
-    """What the house needs to know of one method.
-
-    ``report_category``: its menu entry in Snakemake's report (the number orders the menu), given to
-    every table and figure whose name starts with one of ``report_prefixes``; ``audited``: the one-run
-    canary audit (method ``audit``) reads its ledger transcripts; ``data_parallel_stages``: its stages that may run
-    as N processes under ``python -m pipeline <stage> --nproc N`` (DP-SGD over :mod:`pipeline.distributed`: sampling
-    and noise on rank 0, the released gradient one process's); ``input_checks``: ``"module:function"`` of
-    ``function(cfg) -> [(config key, check), ...]``, the inputs from outside the results tree its jobs read
-    (datasets, weights), checked before any job when the method is chosen (:mod:`pipeline.inputs`);
-    ``resumable_rules``: its training rules that checkpoint and resume, so that over the cluster's time limit they run
-    in segments (their requests ask for :func:`pipeline.resources.segment_runtime_min`; the plan reads these);
-    ``streams``: ``"module:attribute"`` of its random streams (a sequence of :class:`pipeline.seeds.Stream`), which
-    :func:`pipeline.seeds.stream` finds; ``bundle_samplers``: (``sampling.json``'s ``sampler`` name,
-    ``"module:function"``) of the samplers its model bundles name (:mod:`pipeline.bundles.sample`);
-    ``workloads``: ``"module:attribute"`` of the workloads its cost models run at, which ``make gpu-check`` measures
-    (:mod:`pipeline.rates`, :mod:`pipeline.gpu_check`); ``config_checks``: ``"module:function"`` of
-    ``function(cfg)``, its checks across sections of a whole, validated configuration (sizes that would fail inside
-    a job), run before any job when the method is chosen, raising :class:`pipeline.config.ConfigError` in one line;
-    ``prepare_config``: ``"module:function"`` of ``function(config)``, which edits its section of every validated
-    configuration in place (chosen or not), e.g. dropping what a later file switched off.
-    """
+    """What the house needs to know of one method: its one declaration (``METHOD`` in its ``__init__``). Every
+    ``"module:attribute"`` names code in the method's own folder, imported only when the house reads it."""
 
     name: str
+    #: its menu entry in Snakemake's report (the number orders the menu), given to every table and figure whose name
+    #: starts with one of ``report_prefixes``
     report_category: str | None = None
     report_prefixes: tuple[str, ...] = ()
+    #: the one-run canary audit (method ``audit``) reads its ledger transcripts
     audited: bool = False
+    #: its stages that may run as N processes under ``python -m pipeline <stage> --nproc N`` (DP-SGD over
+    #: :mod:`pipeline.distributed`: sampling and noise on rank 0, the released gradient one process's)
     data_parallel_stages: tuple[str, ...] = ()
+    #: ``function(cfg) -> [(config key, check), ...]``: the inputs from outside the results tree its jobs read
+    #: (datasets, weights), checked before any job when it is chosen (:mod:`pipeline.inputs`)
     input_checks: str | None = None
+    #: its training rules that checkpoint and resume, so that over the cluster's time limit they run in segments
+    #: (their requests ask for :func:`pipeline.resources.segment_runtime_min`; the plan reads these)
     resumable_rules: tuple[str, ...] = ()
+    #: its random streams (a sequence of :class:`pipeline.seeds.Stream`), which :func:`pipeline.seeds.stream` finds
     streams: str | None = None
+    #: (``sampling.json``'s ``sampler`` name, ``"module:function"``) of the samplers its model bundles name
+    #: (:mod:`pipeline.bundles.sample`)
     bundle_samplers: tuple[tuple[str, str], ...] = ()
+    #: the workloads its cost models run at, which ``make gpu-check`` measures (:mod:`pipeline.rates`,
+    #: :mod:`pipeline.gpu_check`)
     workloads: str | None = None
+    #: ``function(cfg)``: its checks across sections of a whole, validated configuration (sizes that would fail
+    #: inside a job), run before any job when it is chosen, raising :class:`pipeline.config.ConfigError` in one line
     config_checks: str | None = None
+    #: ``function(config)``: edits its section of every validated configuration in place (chosen or not), e.g.
+    #: dropping what a later file switched off
     prepare_config: str | None = None
 
     def __post_init__(self) -> None:

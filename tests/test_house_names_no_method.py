@@ -108,3 +108,17 @@ def test_a_chosen_methods_config_checks_run_and_one_left_out_does_not():
     validate_config({**too_large, "methods": ["empden"]})
     cfg = validate_config({"methods": ["empden"], "straightdp": {"arms": {"latent": None}}})
     assert "latent" not in cfg["straightdp"]["arms"]
+
+
+def test_every_declared_target_resolves():
+    """A declaration names code that exists: each ``"module:attribute"`` of every method imports and is callable (a
+    function) or a collection (streams, workloads)."""
+    from pipeline.plugins import methods, resolve
+
+    for name, m in methods().items():
+        for target in (m.input_checks, m.config_checks, m.prepare_config, *(t for _, t in m.bundle_samplers)):
+            if target:
+                assert callable(resolve(target)), (name, target)
+        for target in (m.streams, m.workloads):
+            if target:
+                assert len(resolve(target)) > 0, (name, target)
