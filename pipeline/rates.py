@@ -38,7 +38,7 @@ HEADER = """\
 # Device rates: what one unit of each heavy workload costs on a device (seconds), the numbers behind every
 # runtime request of the slurm profile and the plan (pipeline/resources.py, python -m pipeline plan).
 # slurm.device_rates names the entry a run uses (default: a100-40gb). `make gpu-check` measures an entry on the
-# machine it runs on and, with WRITE=name, stores it here (pipeline/rates.py; units and sizes: rates.WORKLOADS).
+# machine it runs on and, with WRITE=name, stores it here (pipeline/rates.py; units and sizes: rates.workloads()).
 # An entry with peak_tflops (a named GPU's published dense peaks), efficiency and headroom grounds the runtimes of
 # the rules whose networks are counted (pipeline/footprint.py) in FLOPs / (peak x efficiency) x headroom, each
 # workload at its measured share of the peak where the entry holds one (efficiencies); the other rules read its
@@ -145,13 +145,6 @@ def workloads() -> dict[str, Workload]:
     """Every workload a rate or an efficiency may be given for: the house's (:data:`HOUSE_WORKLOADS`), then each
     method's (:func:`declared_workloads`)."""
     return {**HOUSE_WORKLOADS, **{name: e.workload for name, e in declared_workloads().items()}}
-
-
-def __getattr__(name: str) -> Any:
-    # WORKLOADS, the name the rates file's header and the docs read: every workload, loaded when first asked for
-    if name == "WORKLOADS":
-        return workloads()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
