@@ -45,5 +45,8 @@ def test_every_rule_asks_for_its_request_in_the_diagnostics_cost_model(tmp_path)
     h = house(tmp_path)
     d = Wiring(h)
     requests = check_requests(d, "empden_diagnostics.smk", costs.REQUESTS)
-    assert requests["empden_table1_window_swap"] == d.resources("empden_table4_proxy") == {
-        "gpu": 1, "mem_mb": costs.mem_mb(h.config), "runtime": costs.runtime_min(h.config)}
+    swap, proxy = dict(requests["empden_table1_window_swap"]), dict(d.resources("empden_table4_proxy"))
+    # the GPU memory: a function of the job, each rule's own prediction (pipeline/methods/empden_diagnostics/costs.py)
+    assert swap.pop("gpu_mem_mb")(None) == costs.gpu_memory(h.config, "empden_table1_window_swap").predicted_mb
+    assert proxy.pop("gpu_mem_mb")(None) == costs.gpu_memory(h.config, "empden_table4_proxy").predicted_mb
+    assert swap == proxy == {"gpu": 1, "mem_mb": costs.mem_mb(h.config), "runtime": costs.runtime_min(h.config)}
