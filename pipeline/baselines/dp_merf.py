@@ -119,19 +119,40 @@ def generate(G: Generator, n: int, *, generator: torch.Generator, device: torch.
     return Split(images, labels)
 
 
-#: the generator file (safetensors; its spec and training facts in the metadata): a certified bundle's weights
-GENERATOR_FORMAT = "dpgen-dp-merf-generator/1"
+#: the generator file (safetensors; its spec and training facts in the metadata): a certified bundle's weights. /2
+#: keeps them under one metadata key: safetensors writes its metadata map in a per-process order, so /1's three keys
+#: made two runs' files (and their bundles' certificates) differ byte for byte with equal contents
+GENERATOR_FORMAT = "dpgen-dp-merf-generator/2"
+#: /1's layout (the keys format, spec and meta), still read
+GENERATOR_FORMAT_1 = "dpgen-dp-merf-generator/1"
+#: the one metadata key of a /2 file
+GENERATOR_KEY = "dpgen"
 
 
 def save_generator(path: str | Path, G: Generator, meta: Mapping[str, Any]) -> None:
-    """G's weights as safetensors (no pickle), its architecture and ``meta`` (JSON) in the file's metadata."""
+    """G's weights as safetensors (no pickle), its architecture and ``meta`` in the file's metadata: one key holding
+    sorted JSON, so the file is the same bytes whichever process writes it."""
     from safetensors.torch import save_file
 
     spec = {"z_dim": G.z_dim, "n_classes": G.n_classes, "hidden": G.net[0].out_features,
             "out_shape": list(G.out_shape)}
+    described = json.dumps({"format": GENERATOR_FORMAT, "spec": spec, "meta": dict(meta)}, sort_keys=True)
     with atomic_path(path, suffix=".safetensors") as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in G.state_dict().items()}, str(tmp),
-                  metadata={"format": GENERATOR_FORMAT, "spec": json.dumps(spec), "meta": json.dumps(dict(meta))})
+                  metadata={GENERATOR_KEY: described})
+
+
+def _described(header: Mapping[str, str]) -> dict[str, Any] | None:
+    """(format, spec, meta) of a generator file's metadata, /2 or /1; None for another file."""
+    if GENERATOR_KEY in header:
+        try:
+            described = json.loads(header[GENERATOR_KEY])
+        except ValueError:
+            return None
+        return described if described.get("format") == GENERATOR_FORMAT else None
+    if header.get("format") == GENERATOR_FORMAT_1:
+        return {"format": GENERATOR_FORMAT_1, "spec": json.loads(header["spec"]), "meta": json.loads(header["meta"])}
+    return None
 
 
 def load_generator(path: str | Path, device: torch.device | str = "cpu") -> tuple[Generator, dict[str, Any]]:
@@ -144,12 +165,13 @@ def load_generator(path: str | Path, device: torch.device | str = "cpu") -> tupl
             header = f.metadata() or {}
     except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same one-line refusal
         raise PipelineError(f"{path}: not a safetensors file ({exc})") from None
-    if header.get("format") != GENERATOR_FORMAT:
+    described = _described(header)
+    if described is None:
         raise PipelineError(f"{path}: not a {GENERATOR_FORMAT} file")
-    spec = json.loads(header["spec"])
+    spec = described["spec"]
     G = Generator(int(spec["z_dim"]), int(spec["n_classes"]), int(spec["hidden"]), tuple(spec["out_shape"]))
     G.load_state_dict(load_file(str(path)))
-    return G.to(device).eval(), json.loads(header["meta"])
+    return G.to(device).eval(), dict(described["meta"])
 
 
 @stage("dp_merf", inputs=("data", "public"), outputs=("samples", "ledger", "metrics"), optional_outputs=("generator",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,7 +68,7 @@ def test_the_generator_is_kept_as_safetensors_with_its_training_facts(splits, tm
     assert meta["data_sha256"] == json.loads((splits / "private.json").read_text())["sha256"]
     s = generate(G, 6, generator=torch.Generator().manual_seed(1), device=torch.device("cpu"))
     assert s.images.shape == (6, 1, 8, 8) and s.images.dtype == np.uint8
-    with pytest.raises(PipelineError, match="not a dpgen-dp-merf-generator/1 file"):
+    with pytest.raises(PipelineError, match="not a dpgen-dp-merf-generator/2 file"):
         from safetensors.torch import save_file
 
         save_file({"x": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
@@ -85,3 +86,32 @@ def test_the_length_scale_is_the_median_public_distance(splits):
 def test_another_methods_run_name_is_a_one_line_error(splits, tmp_path):
     with pytest.raises(PipelineError, match="is a pe run"):
         run(splits, tmp_path, run="pe_eps1_seed0")
+
+
+def test_a_generator_file_is_the_same_bytes_whichever_process_writes_it_and_a_1_file_still_loads(tmp_path):
+    """safetensors writes its metadata map in a per-process order: one key of sorted JSON keeps two runs' files (and
+    their bundles' certificates) identical; a file of the /1 layout (three keys) still loads."""
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.baselines.dp_merf import Generator, load_generator
+
+    script = ("import sys, torch; from pipeline.baselines.dp_merf import Generator, save_generator; "
+              "torch.manual_seed(0); save_generator(sys.argv[1], Generator(4, 3, 8, (1, 4, 4)), "
+              "{'run': 'x', 'seed': 0, 'epsilon': 1.0, 'private': True})")
+    files = [tmp_path / f"g{i}.safetensors" for i in range(4)]
+    for f in files:
+        subprocess.run([sys.executable, "-c", script, str(f)], check=True, cwd=Path(__file__).parents[2])
+    assert len({f.read_bytes() for f in files}) == 1
+    G, meta = load_generator(files[0])
+    assert meta == {"run": "x", "seed": 0, "epsilon": 1.0, "private": True}
+    old = tmp_path / "old.safetensors"
+    save_file({k: v.contiguous() for k, v in G.state_dict().items()}, str(old), metadata={
+        "format": "dpgen-dp-merf-generator/1", "spec": json.dumps({"z_dim": 4, "n_classes": 3, "hidden": 8,
+                                                                  "out_shape": [1, 4, 4]}),
+        "meta": json.dumps(meta)})
+    G1, meta1 = load_generator(old)
+    assert meta1 == meta and all(torch.equal(a, b) for a, b in zip(G.state_dict().values(), G1.state_dict().values()))
