@@ -15,7 +15,7 @@ METHOD = Method("straightdp", report_category="5 STRAIGHTDP", report_prefixes=("
                 prepare_config="pipeline.methods.straightdp.checks:prepare_config")
 
 STAGES = {
-    # the data stage, reached through the module that registers its random stream (straightdp.public)
+    # the data stage, for STRAIGHTDP's own public set (its stream straightdp.public: streams.py)
     "prepare_public": "pipeline.flow.straightdp:prepare_public",
     "straightdp_geometry": "pipeline.flow.straightdp:straightdp_geometry",
     "pretrain_straightdp": "pipeline.flow.straightdp:pretrain_straightdp",
