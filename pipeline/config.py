@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from pipeline.plugins import method_names, methods, resolve
+from pipeline.plugins import default_methods, method_names, methods, resolve
 
 SCHEMA_RESOURCE = "schema/config.schema.yaml"
 #: a method's own config section, in its package (pipeline/methods/<method>/schema.yaml)
@@ -39,8 +39,9 @@ class ConfigError(ValueError):
 def load_schema() -> dict[str, Any]:
     """The config schema: the house's (``pipeline/schema/config.schema.yaml``: data, evaluation, pretraining, ...)
     with each method's own section (``pipeline/methods/<method>/schema.yaml``, placed under its name) and the
-    ``methods`` values those found under ``pipeline/methods/``: a new method adds its package, its section
-    included, and edits no list."""
+    ``methods`` values those found under ``pipeline/methods/`` (their default, the ones declaring a position, in its
+    order: :func:`pipeline.plugins.default_methods`): a new method adds its package, its section included, and edits
+    no list."""
     text = resources.files("pipeline").joinpath(SCHEMA_RESOURCE).read_text()
     schema = yaml.safe_load(text)
     for name in method_names():
@@ -51,6 +52,7 @@ def load_schema() -> dict[str, Any]:
                                    f"{SCHEMA_RESOURCE}")
             schema["properties"][name] = yaml.safe_load(fragment.read_text())
     schema["properties"]["methods"]["items"] = {"enum": method_names()}
+    schema["properties"]["methods"]["default"] = default_methods()
     return schema
 
 

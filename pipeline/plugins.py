@@ -49,6 +49,9 @@ class Method:
     report_prefixes: tuple[str, ...] = ()
     #: the one-run canary audit (method ``audit``) reads its ledger transcripts
     audited: bool = False
+    #: its place in the schema's default ``methods:`` list, and so in ``rule all`` and the index page of a
+    #: configuration that lists none (lower first); None: it runs only where a configuration lists it
+    position: int | None = None
     #: its stages that may run as N processes under ``python -m pipeline <stage> --nproc N`` (DP-SGD over
     #: :mod:`pipeline.distributed`: sampling and noise on rank 0, the released gradient one process's)
     data_parallel_stages: tuple[str, ...] = ()
@@ -92,6 +95,12 @@ def methods() -> dict[str, Method]:
             raise RuntimeError(f"pipeline/methods/{name} declares METHOD.name {declared.name!r}")
         out[name] = declared
     return out
+
+
+def default_methods() -> list[str]:
+    """The schema's default ``methods:``: every method declaring a :attr:`Method.position`, in that order."""
+    placed = [m for m in methods().values() if m.position is not None]
+    return [m.name for m in sorted(placed, key=lambda m: (m.position, m.name))]
 
 
 def data_parallel_stages() -> tuple[str, ...]:

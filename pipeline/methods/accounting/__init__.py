@@ -6,7 +6,7 @@ Rules: ``rules/account.smk``. The accountants themselves live in ``pipeline/priv
 from pipeline.plugins import Method
 
 # its tables are EMPDEN's: empden_*, in EMPDEN's report category
-METHOD = Method("accounting", config_checks="pipeline.methods.accounting.checks:config_checks")
+METHOD = Method("accounting", position=1, config_checks="pipeline.methods.accounting.checks:config_checks")
 
 STAGES = {
     "empden_blocks": "pipeline.results.empden_accounting:empden_blocks",

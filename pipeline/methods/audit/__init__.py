@@ -6,7 +6,8 @@ Rules: ``rules/audit.smk``; code: ``pipeline/audit/`` and ``pipeline/training/dp
 
 from pipeline.plugins import Method
 
-METHOD = Method("audit", report_category="8 Audits", report_prefixes=("audit",), resumable_rules=("train_dpdm_twin",),
+METHOD = Method("audit", position=8, report_category="8 Audits", report_prefixes=("audit",),
+                resumable_rules=("train_dpdm_twin",),
                 streams="pipeline.methods.audit.streams:STREAMS")
 
 STAGES = {

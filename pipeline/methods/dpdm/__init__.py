@@ -6,7 +6,7 @@ Rules: ``rules/dpdm.smk``; runs and their names: ``pipeline/training/dpdm_runs.p
 
 from pipeline.plugins import Method
 
-METHOD = Method("dpdm", report_category="4 DPDM", report_prefixes=("dpdm",), audited=True,
+METHOD = Method("dpdm", position=5, report_category="4 DPDM", report_prefixes=("dpdm",), audited=True,
                 data_parallel_stages=("train_dpdm",), resumable_rules=("train_dpdm",),
                 streams="pipeline.methods.dpdm.streams:STREAMS",
                 bundle_samplers=(("dpdm", "pipeline.methods.dpdm.bundle:sample"),),

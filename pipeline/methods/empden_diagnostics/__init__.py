@@ -6,7 +6,8 @@ Rules: ``rules/empden_diagnostics.smk``.
 from pipeline.plugins import Method
 
 # EMPDEN's: its tables are empden_*
-METHOD = Method("empden_diagnostics", input_checks="pipeline.methods.empden_diagnostics.checks:input_checks",
+METHOD = Method("empden_diagnostics", position=4,
+                input_checks="pipeline.methods.empden_diagnostics.checks:input_checks",
                 streams="pipeline.methods.empden_diagnostics.streams:STREAMS")
 
 STAGES = {

@@ -5,7 +5,7 @@ Rules: ``rules/sensgeo.smk``. The mathematics: ``pipeline/privacy/sensgeo/``.
 
 from pipeline.plugins import Method
 
-METHOD = Method("sensgeo", report_category="6 SENSGEO", report_prefixes=("sensgeo",),
+METHOD = Method("sensgeo", position=2, report_category="6 SENSGEO", report_prefixes=("sensgeo",),
                 streams="pipeline.methods.sensgeo.streams:STREAMS")
 
 STAGES = {

@@ -5,7 +5,7 @@ Rules: ``rules/straightdp.smk``; runs and their names: ``pipeline/training/strai
 
 from pipeline.plugins import Method
 
-METHOD = Method("straightdp", report_category="5 STRAIGHTDP", report_prefixes=("straightdp",), audited=True,
+METHOD = Method("straightdp", position=6, report_category="5 STRAIGHTDP", report_prefixes=("straightdp",), audited=True,
                 data_parallel_stages=("train_straightdp",),
                 resumable_rules=("pretrain_straightdp", "pretrain_straightdp_arm", "train_straightdp"),
                 input_checks="pipeline.methods.straightdp.checks:input_checks",
