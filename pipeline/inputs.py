@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.config import ConfigError
 from pipeline.data import layout
-from pipeline.plugins import methods, resolve
+from pipeline.plugins import declared_for
 from pipeline.stage import PipelineError
 
 #: one input to check: the config key that names it, and a check raising a one-line error
@@ -64,10 +64,8 @@ def input_checks(cfg: Mapping[str, Any]) -> list[Check]:
         checks.append(("evaluation.inception_weights", lambda: _inception_weights(evaluation["inception_weights"])))
     if cfg["pretrain"].get("source") == "diffusers":
         checks.append(("pretrain.path", lambda: _public_model(cfg)))
-    declared = methods()
-    for name in cfg["methods"]:  # each chosen method's own inputs, as it declares them
-        if declared[name].input_checks:
-            checks.extend(resolve(declared[name].input_checks)(cfg))
+    for checks_of in declared_for(cfg["methods"], "input_checks"):  # each chosen method's own inputs
+        checks.extend(checks_of(cfg))
     return checks
 
 

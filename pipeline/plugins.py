@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -101,6 +102,13 @@ def default_methods() -> list[str]:
     """The schema's default ``methods:``: every method declaring a :attr:`Method.position`, in that order."""
     placed = [m for m in methods().values() if m.position is not None]
     return [m.name for m in sorted(placed, key=lambda m: (m.position, m.name))]
+
+
+def declared_for(chosen: Iterable[str], field: str) -> list[Any]:
+    """What ``field`` (a ``"module:attribute"`` declaration, e.g. ``input_checks``) names for each method of
+    ``chosen`` that declares one, imported, in ``chosen``'s order; a name no method package holds declares nothing."""
+    declared = methods()
+    return [resolve(target) for name in chosen if name in declared and (target := getattr(declared[name], field))]
 
 
 def data_parallel_stages() -> tuple[str, ...]:

@@ -379,6 +379,15 @@ def forward_memory(rule: str, kind: str, network: Mapping[str, Any], batch: int,
     return MemoryPlan(batch, batch, state + batch * per_example + GPU_RESERVE_BYTES, state, per_example)
 
 
+def public_denoiser_gpu_mem_mb(wiring: Any, plan: Callable[[Any], MemoryPlan]) -> Value | None:
+    """``gpu_mem_mb`` of a job that runs the public denoiser: ``plan(wildcards)``'s prediction, a function so that it
+    is counted only for a DAG that runs the job; None where the public denoiser is a folder the user brings
+    (``pretrain.source`` diffusers), whose network the configuration does not describe."""
+    if wiring.house.imports_public_denoiser:
+        return None
+    return lambda wildcards: plan(wildcards).predicted_mb
+
+
 def evaluation_memory(config: Config, rule: str = "evaluate", n_samples: int | None = None) -> MemoryPlan:
     """One job of the evaluation core: the larger of its feature extraction (the configured extractor's forward over
     ``evaluation.batch_size`` images) and the downstream CNN's training on its ``n_samples`` synthetic images
@@ -408,7 +417,8 @@ def evalnet_memory(config: Config, rule: str = "train_evalnet", n_images: int | 
 
 def pretrain_memory(config: Config, rule: str = "pretrain_public", unet: Mapping[str, Any] | None = None,
                     shape: tuple[int, int] | None = None) -> MemoryPlan:
-    """The public denoiser's memory plan (rules pretrain_public, privimage_pretrain, dp_ldm_pretrain)."""
+    """The public denoiser's memory plan (rule pretrain_public, and the methods' own public pretraining that reads
+    the same section)."""
     return memory_plan(config, rule, pretrain_network(config, unet, shape), int(config["pretrain"]["batch_size"]))
 
 

@@ -21,7 +21,7 @@ LIMIT_ARITHMETIC = ("max_job_minutes", "segments", "segment_runtime_min", "segme
 #: the GPU-memory plan returns plans and specs, not a request (tested below)
 MEMORY_PLAN = ("gpu_mem_bytes", "gpu_mem_gb_limit", "pretrain_network", "memory_plan", "accumulation_params",
                "pretrain_memory", "dpsgd_memory", "forward_memory", "evaluation_memory", "training_memory",
-               "evalnet_memory")
+               "evalnet_memory", "public_denoiser_gpu_mem_mb")
 #: counts of a network's work, and the rates and FLOP arithmetic the cost models read, not a request
 COUNTS = ("counted_forward_flops", "evaluation_seconds", "evalnet_network", "rate", "flop_minutes", "workload_flops",
           "folder_mb", "footprint_of")

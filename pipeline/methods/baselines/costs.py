@@ -217,9 +217,7 @@ def select_memory(config: Config) -> MemoryPlan:
 def _dpsgd_gpu_mem_mb(w: Any) -> cost.Value | None:
     """A DP-SGD baseline job's predicted GPU memory (its run from its wildcards: the wiring's ``dpsgd_memory``); None
     where the public denoiser is a folder the user brings, whose network is not counted."""
-    if w.house.imports_public_denoiser:
-        return None
-    return lambda wildcards: w.dpsgd_memory(wildcards.run).predicted_mb
+    return cost.public_denoiser_gpu_mem_mb(w, lambda wildcards: w.dpsgd_memory(wildcards.run))
 
 
 #: each rule of rules/baselines.smk -> its request (``w`` the asking wiring,
@@ -234,7 +232,7 @@ REQUESTS: dict[str, Requested] = {
         .predicted_mb, mem_mb=6000, runtime=run_runtime_min(c)),
     # the public denoiser's network: not counted where it is a folder the user brings
     "private_evolution": lambda c, w: Request(
-        gpu=1, gpu_mem_mb=None if w.house.imports_public_denoiser else lambda wildcards: pe_memory(c).predicted_mb,
+        gpu=1, gpu_mem_mb=cost.public_denoiser_gpu_mem_mb(w, lambda wildcards: pe_memory(c)),
         mem_mb=3000, runtime=run_runtime_min(c)),
     "privimage_query_net": lambda c, w: Request(gpu=1, gpu_mem_mb=lambda wildcards: query_net_memory(c).predicted_mb,
                                                 mem_mb=3000, runtime=cost.evaluation_runtime_min(c)),
@@ -251,8 +249,7 @@ REQUESTS: dict[str, Requested] = {
                                            runtime=dpdm_costs.train_runtime_min(c)),
     # DP-Diffusion and DP-Promise sample a fine-tuned copy of the public denoiser: not counted where the user brings it
     "sample_baseline": lambda c, w: Request(
-        gpu=1, gpu_mem_mb=None if w.house.imports_public_denoiser
-        else lambda wildcards: sample_memory(c, w, wildcards.run).predicted_mb,
+        gpu=1, gpu_mem_mb=cost.public_denoiser_gpu_mem_mb(w, lambda wildcards: sample_memory(c, w, wildcards.run)),
         mem_mb=3000, runtime=dpdm_costs.sample_runtime_min(c)),
     # DP-LDM's latent denoiser is its own (baselines.dp_ldm.unet): always counted
     "sample_dp_ldm": lambda c, w: Request(

@@ -161,7 +161,6 @@ REQUESTS: dict[str, Requested] = {
     "dpdm_table_dpsgd_classifier": TABLE_JOB,
     # the public denoiser's network: not counted where it is a folder the user brings
     "dpdm_figure3_gradient_variance": lambda c, w: Request(
-        gpu=1, gpu_mem_mb=None if w.house.imports_public_denoiser
-        else lambda wildcards: gradient_variance_memory(c).predicted_mb,
+        gpu=1, gpu_mem_mb=cost.public_denoiser_gpu_mem_mb(w, lambda wildcards: gradient_variance_memory(c)),
         mem_mb=3000, runtime=gradient_variance_runtime_min(c)),
 }

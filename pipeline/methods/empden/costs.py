@@ -217,9 +217,12 @@ def gather_mem_mb(config: Config) -> int:
 def _gpu_mem_mb(c: Config, w: Any, method: str | None) -> cost.Value | None:
     """A sampling job's predicted GPU memory (:func:`sample_gpu_memory`, its cell's method read from its wildcards);
     None where it runs a public denoiser the user brings, whose network is not counted."""
-    if w.house.imports_public_denoiser and method != "full_batch":
-        return None
-    return lambda wildcards: sample_gpu_memory(c, method or wildcards.get("method")).predicted_mb
+    def plan(wildcards: Mapping[str, str]) -> cost.MemoryPlan:
+        return sample_gpu_memory(c, method or wildcards.get("method"))
+
+    if method == "full_batch":  # runs no public denoiser: always counted
+        return lambda wildcards: plan(wildcards).predicted_mb
+    return cost.public_denoiser_gpu_mem_mb(w, plan)
 
 
 def _sampling(c: Config, w: Any, method: str | None) -> Request:
@@ -249,7 +252,6 @@ REQUESTS: dict[str, Requested] = {
     "empden_figure3_tradeoffs": LIGHT_JOB,
     "empden_figure4_samples": LIGHT_JOB,
     "empden_figure2_trajectories": lambda c, w: Request(
-        gpu=1, gpu_mem_mb=None if w.house.imports_public_denoiser
-        else lambda wildcards: figure2_gpu_memory(c).predicted_mb,
+        gpu=1, gpu_mem_mb=cost.public_denoiser_gpu_mem_mb(w, lambda wildcards: figure2_gpu_memory(c)),
         mem_mb=sample_mem_mb(c), runtime=15),
 }

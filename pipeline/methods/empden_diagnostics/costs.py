@@ -56,9 +56,7 @@ def gpu_memory(config: Config, rule: str) -> cost.MemoryPlan:
 def _gpu_mem_mb(config: Config, w: Any, rule: str) -> cost.Value | None:
     """:func:`gpu_memory` of ``rule``, a function so that it is counted only for a DAG that runs it; None where the
     public denoiser is a folder the user brings, whose network is not counted."""
-    if w.house.imports_public_denoiser:
-        return None
-    return lambda wildcards: gpu_memory(config, rule).predicted_mb
+    return cost.public_denoiser_gpu_mem_mb(w, lambda wildcards: gpu_memory(config, rule))
 
 
 #: each rule of rules/empden_diagnostics.smk -> its request
