@@ -2,7 +2,7 @@
 # methods whose mechanism it can rerun: DP-SGD (DPDM's `dpsgd`, STRAIGHTDP's `tha_dpsgd`), STRAIGHTDP's
 # moment release, EMPDEN's sampler blocks and the baselines' releases (DP-MERF, PE).
 # Code: pipeline/audit/ (stage pipeline.audit.stage:audit_one_run); wiring: pipeline/methods/audit/wiring.py
-# (AUDIT, unit-tested in tests/methods/test_audit_wiring.py); each rule's resources: pipeline/methods/audit/costs.py.
+# (AUDIT, unit-tested in tests/methods/audit/test_wiring.py); each rule's resources: pipeline/methods/audit/costs.py.
 # A line whose eps_lb exceeds its claim fails the job. Membership inference (loss + SecMI attacks) on
 # every trained model and on DPDM's non-private twin (the positive control): table audit_mia, and
 # EMPDEN Table 13's numerical column (pipeline/audit/mia_stage.py).

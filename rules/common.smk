@@ -1,6 +1,6 @@
 # Config validation, paths and the method registry shared by every rule file.
 # Method-specific helpers live in the method's own rules/<method>.smk; run grammars and cost
-# models in pipeline/ (pipeline/sampling/empden_grid.py, pipeline/training/dpdm_runs.py). A rule's
+# models in pipeline/ (pipeline/sampling/empden_grid.py, pipeline/methods/dpdm/runs.py). A rule's
 # whole `resources:` is its request in its method's cost model, `**X.resources("rule")` of the
 # method's wiring (pipeline/methods/<method>/costs.py); the house's own rules ask HOUSE
 # (pipeline/resources.py HOUSE_REQUESTS), which also holds the shared cost arithmetic (`cost`).

@@ -1,9 +1,9 @@
 # DPDM (Dockhorn et al. 2023): DP-SGD training with noise multiplicity, DPDM samplers, the
 # evaluation core, then the main table, the K / sampler / configuration ablations and sample grids.
-# Code: pipeline/training/dpdm.py (train_dpdm), pipeline/sampling/dpdm_stage.py (sample_dpdm,
-# dpdm_sample_grid), pipeline/results/dpdm.py (dpdm_table). Runs, their names and the tables'
-# rows: pipeline/training/dpdm_runs.py; a run's files and params, targets, transcripts and all_runs
-# records: pipeline/methods/dpdm/wiring.py (DPDM, unit-tested in tests/methods/test_dpdm_wiring.py); each
+# Code: pipeline/training/dp_denoiser.py (train_dpdm), pipeline/sampling/denoiser_stage.py (sample_dpdm,
+# dpdm_sample_grid), pipeline/methods/dpdm/table.py (dpdm_table). Runs, their names and the tables'
+# rows: pipeline/methods/dpdm/runs.py; a run's files and params, targets, transcripts and all_runs
+# records: pipeline/methods/dpdm/wiring.py (DPDM, unit-tested in tests/methods/dpdm/test_wiring.py); each
 # rule's resources: its request in pipeline/methods/dpdm/costs.py (REQUESTS).
 #
 #   snakemake results/digits/models/dpdm/edm_eps1_K2_seed0.pt                 one training run
@@ -12,15 +12,15 @@
 # Any run name works as a target (e.g. K16 or seed3), not only those the tables use.
 #
 # Also here: DPDM's task-specific baseline, a classifier trained on the private split by DP-SGD
-# (pipeline/training/dpsgd_classifier.py, table dpdm_table_dpsgd_classifier beside DPDM's synthetic-data
+# (pipeline/methods/dpdm/dpsgd_classifier.py, table dpdm_table_dpsgd_classifier beside DPDM's synthetic-data
 # classifiers), and Fig. 3, gradient variance vs noise multiplicity K on public data
-# (pipeline/diagnostics/gradient_variance.py).
+# (pipeline/methods/dpdm/gradient_variance.py).
 #   snakemake results/digits/eval/dpsgd_classifier/cnn_eps1_seed0/metrics.json  one DP-SGD classifier run
 #   snakemake results/figures/dpdm_figure3_gradient_variance.png
 
 from pipeline.methods.dpdm.wiring import Wiring as _DpdmWiring
-from pipeline.training.dpdm_runs import CLASSIFIER_RUN_PATTERN as DPSGD_CLASSIFIER_RUN_PATTERN
-from pipeline.training.dpdm_runs import RUN_PATTERN as DPDM_RUN_PATTERN
+from pipeline.methods.dpdm.runs import CLASSIFIER_RUN_PATTERN as DPSGD_CLASSIFIER_RUN_PATTERN
+from pipeline.methods.dpdm.runs import RUN_PATTERN as DPDM_RUN_PATTERN
 
 #: DPDM's runs, paths and params; under dpdm.sampling.main auto, the main sampler is read from the checkpoint
 DPDM = _DpdmWiring(HOUSE, EVALUATION, selection=lambda: checkpoints.dpdm_select_sampler.get().output.selection)

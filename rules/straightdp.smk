@@ -5,7 +5,7 @@
 # pipeline/results/straightdp.py (tables, figures). Runs and
 # their names: pipeline/training/straightdp_runs.py; a run's files and params, the targets, transcripts
 # and all_runs records: pipeline/methods/straightdp/wiring.py (STRAIGHTDP, unit-tested in
-# tests/methods/test_straightdp_wiring.py); each rule's resources: its request in
+# tests/methods/straightdp/test_wiring.py); each rule's resources: its request in
 # pipeline/methods/straightdp/costs.py (REQUESTS).
 #
 #   snakemake results/tables/straightdp_table1_main.parquet                  Table 1 alone

@@ -122,7 +122,7 @@ def test_each_method_lists_its_own_stages_and_the_cli_finds_them_all():
     assert {"accounting", "audit", "baselines", "dpdm", "empden", "empden_diagnostics", "sensgeo",
             "straightdp"} <= set(method_names()) and method_names() == sorted(method_names())
     per_method = method_stages()
-    assert per_method["dpdm"]["train_dpdm"] == "pipeline.training.dpdm:train_dpdm"
+    assert per_method["dpdm"]["train_dpdm"] == "pipeline.training.dp_denoiser:train_dp_denoiser"
     listed = [name for stages in [CORE_STAGES, *per_method.values()] for name in stages]
     assert sorted(listed) == sorted(STAGES) and len(listed) == len(set(listed))
 

@@ -17,11 +17,11 @@ from pipeline.config import load_schema, schema_defaults, validate_config
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.evaluation.evalnet import TrainConfig
 from pipeline.models.unet import UNetSpec
-from pipeline.training.dpdm import DPDMConfig
+from pipeline.training.dp_denoiser import DPDenoiserConfig
 
 #: (dataclass, schema section it mirrors): every stage dataclass whose fields are a section's keys
 MIRRORS: list[tuple[type, tuple[str, ...]]] = [
-    (DPDMConfig, ("dpdm",)),
+    (DPDenoiserConfig, ("dpdm",)),
     (TrainConfig, ("evaluation", "evalnet")),
     (UNetSpec, ("pretrain", "unet")),
     (UNetSpec, ("dpdm", "unet")),
@@ -79,7 +79,7 @@ def test_each_mirror_shares_keys_with_its_section(cls, section):
 
 def test_a_drifted_default_is_caught_and_named():
     @dataclasses.dataclass(frozen=True)
-    class Drifted:  # DPDMConfig's defaults before issue #14
+    class Drifted:  # DPDenoiserConfig's defaults before issue #14
         epochs: float = 10.0
         lr: float = 3e-4
         K: int = 1
@@ -92,22 +92,22 @@ def test_a_drifted_default_is_caught_and_named():
 
 def test_dpdm_config_leaves_every_schema_backed_default_to_the_schema():
     section = schema_defaults("dpdm")
-    with_defaults = [f.name for f in dataclasses.fields(DPDMConfig)
+    with_defaults = [f.name for f in dataclasses.fields(DPDenoiserConfig)
                      if f.name in section and _field_default(f) is not dataclasses.MISSING]
     assert with_defaults == []
 
 
 def test_dpdm_params_left_out_take_the_schema_defaults():
     section = schema_defaults("dpdm")
-    cfg = DPDMConfig.from_params({"epsilon": 1.0})
-    for f in dataclasses.fields(DPDMConfig):
+    cfg = DPDenoiserConfig.from_params({"epsilon": 1.0})
+    for f in dataclasses.fields(DPDenoiserConfig):
         if f.name in section:
             assert _plain(getattr(cfg, f.name)) == section[f.name], f.name
     assert (cfg.epochs, cfg.lr, cfg.K) == (8, 1e-3, 2)  # the issue's example, spelt out
 
 
 def test_dpdm_params_given_win_and_a_partial_unet_is_completed_from_the_schema():
-    cfg = DPDMConfig.from_params({"epsilon": 1.0, "lr": 3e-4, "K": 1, "unet": {"block_out_channels": [8, 16],
+    cfg = DPDenoiserConfig.from_params({"epsilon": 1.0, "lr": 3e-4, "K": 1, "unet": {"block_out_channels": [8, 16],
                                                                                 "norm_num_groups": 4}})
     assert (cfg.lr, cfg.K) == (3e-4, 1)
     assert cfg.unet == {**schema_defaults("dpdm", "unet"), "block_out_channels": [8, 16], "norm_num_groups": 4}

@@ -1,6 +1,6 @@
 """pipeline.distributed: a single process untouched by it, a group that cannot be joined, and two gloo processes
 agreeing on rank 0's decision or stopping together, and gathering uneven rows back into one process's order (the
-two-process DP-SGD: tests/privacy/test_dpsgd_data_parallel.py, tests/training/test_dpdm.py; the launch:
+two-process DP-SGD: tests/privacy/test_dpsgd_data_parallel.py, tests/training/test_dp_denoiser.py; the launch:
 tests/test_launch.py)."""
 
 from __future__ import annotations

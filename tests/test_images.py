@@ -59,10 +59,10 @@ def test_every_pixel_survives_the_round_trip(dtype):
 
 
 def test_the_callers_keep_their_dtypes():
-    from pipeline.sampling import dpdm, empden_stage
+    from pipeline.sampling import empden_stage, samplers
     from pipeline.training.data import to_model_scale
 
     assert to_model_scale(ALL_PIXELS).dtype == torch.float32
     assert empden_stage.to_model_scale(ALL_PIXELS).dtype == torch.float64
     x = torch.tensor([-1.5, -1.0, 0.0, 1.0, 2.0])
-    assert dpdm.to_uint8(x).tolist() == empden_stage.to_uint8(x).tolist() == [0, 0, 128, 255, 255]
+    assert samplers.to_uint8(x).tolist() == empden_stage.to_uint8(x).tolist() == [0, 0, 128, 255, 255]

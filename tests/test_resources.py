@@ -1,6 +1,6 @@
 """The house's job costs (pipeline.resources): pure functions of the config that grow with the work they bound, the
 shared arithmetic every method's cost model reads, and the house's own rules' requests. Each method's own cost model:
-tests/methods/test_<method>_costs.py."""
+tests/methods/<method>/test_costs.py."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from pipeline.runs import (
     NUMBER_PATTERN, RunGrammar, RunNameError, choice, fmt_num, integer, number, parse_num, word)
 from pipeline.sampling.empden_grid import CELL_NAMES, CELL_PATTERN, Cell
 from pipeline.stage import PipelineError
-from pipeline.training.dpdm_runs import RUN_NAME as DPDM_NAME
-from pipeline.training.dpdm_runs import DpdmRun
+from pipeline.methods.dpdm.runs import RUN_NAME as DPDM_NAME
+from pipeline.methods.dpdm.runs import DpdmRun
 from pipeline.training.straightdp_runs import RUN_NAME as STRAIGHTDP_NAME
 from pipeline.training.straightdp_runs import StraightRun
 

@@ -36,7 +36,7 @@ from pipeline.baselines.features import MatchingLoss, explicit_matching_loss
 from pipeline.io import Split, atomic_path, save_split, write_json
 from pipeline.privacy import dp_merf as merf
 from pipeline.privacy import ledger
-from pipeline.sampling.dpdm import balanced_labels
+from pipeline.sampling.samplers import balanced_labels
 from pipeline.stage import PipelineError, stage
 from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, load_training_split
 

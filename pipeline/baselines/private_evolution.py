@@ -40,8 +40,8 @@ from pipeline.models.checkpoint import load_denoiser
 from pipeline.models.denoiser import VE_SIGMA
 from pipeline.privacy import ledger
 from pipeline.privacy import private_evolution as pe
-from pipeline.sampling.dpdm import SamplerConfig, sample, to_uint8
-from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes
+from pipeline.sampling.samplers import SamplerConfig, sample, to_uint8
+from pipeline.sampling.denoiser_stage import denoiser_image_shape, denoiser_num_classes
 from pipeline.stage import PipelineError, stage
 from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, load_training_split
 

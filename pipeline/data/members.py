@@ -1,7 +1,7 @@
 """Which private records play the *members* of the membership attacks (pipeline/audit/mia_stage.py).
 
 One fixed subset, the same for every model attacked and for DPDM's non-private twin that trains on
-it (pipeline/training/dpdm_twin.py), drawn from the stream ``audit.mia``.
+it (pipeline/methods/audit/twin.py), drawn from the stream ``audit.mia``.
 """
 
 from __future__ import annotations

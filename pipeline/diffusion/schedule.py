@@ -2,7 +2,7 @@
 
 One grid for every sampler: EMPDEN's private and public steps (whose per-step GDP parameters
 :mod:`pipeline.privacy.schedule` derives from it) and DPDM's samplers
-(:func:`pipeline.sampling.dpdm.edm_sigmas`).
+(:func:`pipeline.sampling.samplers.edm_sigmas`).
 """
 
 from __future__ import annotations

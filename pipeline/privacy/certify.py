@@ -3,7 +3,7 @@
 The line's serialised ``dp_accounting`` event is fed to a fresh accountant of the recorded kind
 with the recorded settings (PLD discretisation and truncation, RDP orders and neighbouring
 relation). Every consumer that must not trust a stage's own claim -- the replay audit
-(:mod:`pipeline.privacy.replay`) and the result tables (:mod:`pipeline.results.dpdm`) --
+(:mod:`pipeline.privacy.replay`) and the result tables (:mod:`pipeline.methods.dpdm.table`) --
 asks this one function, so a table's eps and the audit's cannot disagree.
 """
 

@@ -7,7 +7,6 @@
 * :mod:`.empden_accounting_figures` -- EMPDEN Figures 4 (left, middle), 5 and 7 (GDP, exact).
 * :mod:`.empden_results` -- the sampled EMPDEN cells joined with their metrics and eps (Tables 8
   grid, 2, 3, 10; Figures 3, 4 right).
-* :mod:`.dpdm` -- the DPDM tables (main, noise multiplicity, samplers, configurations).
 * :mod:`.sensgeo` -- SENSGEO's exact-geometry tables and figures.
 
 Numbers come from :mod:`pipeline.privacy` and the method's samples; these modules only arrange

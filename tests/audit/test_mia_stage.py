@@ -16,10 +16,10 @@ from pipeline.privacy.mia import STOPPING_POINTS
 from pipeline.reporting.tables import read_table
 from pipeline.results.empden_accounting import empden_table13_theoretical_asr
 from pipeline.stage import PipelineError
-from pipeline.training.dpdm import train_dpdm
-from pipeline.training.dpdm_twin import train_dpdm_twin
+from pipeline.training.dp_denoiser import train_dp_denoiser
+from pipeline.methods.audit.twin import train_dpdm_twin
 
-from tests.training.test_dpdm import TINY_UNET
+from tests.training.test_dp_denoiser import TINY_UNET
 
 GRID = {"sigma_min": 0.002, "sigma_max": 80.0, "rho": 7.0, "asr_N": 40}
 MIA = {**schema_defaults("audit", "mia"), "loss_sigmas": [0.5, 2.0], "loss_draws": 2, "secmi_k": 2,
@@ -40,7 +40,7 @@ def attacked(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mia")
     members, nonmembers = split(tmp / "private_train.npz", 40, 0), split(tmp / "reference.npz", 16, 1)
     train_dpdm_twin({"data": members}, {"model": tmp / "twin.pt", "metrics": tmp / "twin.json"}, TRAIN)
-    train_dpdm({"data": members}, {"model": tmp / "dp.pt", "ledger": tmp / "dp.jsonl", "metrics": tmp / "dp_m.json"},
+    train_dp_denoiser({"data": members}, {"model": tmp / "dp.pt", "ledger": tmp / "dp.jsonl", "metrics": tmp / "dp_m.json"},
                {**TRAIN, "epsilon": 1.0, "micro_batch": 4, "ledger_binding": {"run": "r", "experiment": "exp"},
                 "private": {"N": 40, "n_classes": 3}})
     out = {}

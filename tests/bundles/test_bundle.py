@@ -14,8 +14,8 @@ import pytest
 from pipeline.bundles.bundle import CERTIFICATE, BundleError, export_bundle, file_hashes, verify
 from pipeline.bundles.sample import sample
 from pipeline.io import Split, load_split, save_split
-from pipeline.sampling.dpdm_stage import sample_dpdm
-from pipeline.training.dpdm import train_dpdm
+from pipeline.sampling.denoiser_stage import sample_denoiser
+from pipeline.training.dp_denoiser import train_dp_denoiser
 
 RUN = "edm_eps1_K1_seed3"
 TRANSCRIPT = f"train_dpdm_{RUN}"
@@ -36,9 +36,9 @@ def run_files(tmp_path_factory):
                name="private_train", source="test", seed=0)
     files = {"data": data, "model": tmp / "models" / f"{RUN}.pt", "ledger": tmp / "ledger" / f"{TRANSCRIPT}.jsonl",
              "samples": tmp / "samples" / f"{RUN}.npz", "metrics": tmp / "eval" / "metrics.json"}
-    train_dpdm({"data": data}, {"model": files["model"], "ledger": files["ledger"],
+    train_dp_denoiser({"data": data}, {"model": files["model"], "ledger": files["ledger"],
                                 "metrics": tmp / "train.json"}, TRAIN)
-    sample_dpdm({"denoiser": files["model"]}, {"samples": files["samples"]},
+    sample_denoiser({"denoiser": files["model"]}, {"samples": files["samples"]},
                 {"sampler": SAMPLER, "n_samples": 12, "seed": 3, "batch_size": 12, "device": "cpu"})
     files["metrics"].parent.mkdir(parents=True)
     files["metrics"].write_text(json.dumps({"fid": 321.5, "acc_cnn": 0.4, "n_samples": 12}))

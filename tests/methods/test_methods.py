@@ -49,7 +49,7 @@ def test_a_longer_prefix_wins_over_a_shorter_one(monkeypatch):
 
 #: every wiring class and the specification that covers it: the method packages' ``wiring.Wiring``, the evaluation
 #: core's and the house's own outputs
-WIRED = [*((f"pipeline.methods.{m}.wiring", "Wiring", f"test_{m}_wiring.py") for m in method_names()
+WIRED = [*((f"pipeline.methods.{m}.wiring", "Wiring", f"{m}/test_wiring.py") for m in method_names()
            if (Path(__file__).parents[2] / "pipeline" / "methods" / m / "wiring.py").is_file()),
          ("pipeline.methods._evaluation", "Wiring", "test_evaluation_wiring.py"),
          ("pipeline.methods._house", "Outputs", "test_house_outputs.py")]
@@ -65,7 +65,7 @@ def test_every_public_member_of_a_wiring_is_exercised_by_its_specification(modul
 
 
 def test_every_method_but_the_audit_free_ones_has_its_wiring():
-    assert {w[2] for w in WIRED} >= {f"test_{m}_wiring.py" for m in method_names()}
+    assert {w[2] for w in WIRED} >= {f"{m}/test_wiring.py" for m in method_names()}
 
 
 #: every method with its own cost model (pipeline/methods/<method>/costs.py)
@@ -75,7 +75,7 @@ COSTED = [m for m in method_names() if (Path(__file__).parents[2] / "pipeline" /
 @pytest.mark.parametrize("method", COSTED)
 def test_every_cost_model_of_a_method_is_a_positive_integer_of_the_default_config(method):
     """Each function of a method's cost model that reads the configuration alone and counts minutes or MB (those with
-    more arguments: tests/methods/test_<method>_costs.py)."""
+    more arguments: tests/methods/<method>/test_costs.py)."""
     from pipeline.config import validate_config
 
     module = importlib.import_module(f"pipeline.methods.{method}.costs")

@@ -3,7 +3,7 @@ ledger transcript, Tables 7, 8/9 eps, 11, 12, 13, Figures 4 left/middle, 5, 7) a
 
 What part of the ``accounting`` section a job depends on is decided here: the EMPDEN mechanism (schedule, C, beta,
 delta, PLD settings) reaches the samplers, the table grids only the accounting tables. Plain Python (no Snakemake):
-``tests/methods/test_accounting_wiring.py``.
+``tests/methods/accounting/test_wiring.py``.
 """
 
 from __future__ import annotations

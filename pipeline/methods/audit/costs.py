@@ -84,7 +84,7 @@ def twin_batch(config: Config) -> tuple[int, int]:
 
 
 def twin_memory(config: Config) -> MemoryPlan:
-    """DPDM's non-private twin's GPU memory (stage train_dpdm_twin, pipeline/training/dpdm_twin.py): DPDM's denoiser
+    """DPDM's non-private twin's GPU memory (stage train_dpdm_twin, pipeline/methods/audit/twin.py): DPDM's denoiser
     (:func:`pipeline.methods.dpdm.costs.network`) and its training state (every weight counted trainable, an upper
     bound where dpdm.trainable freezes some), its whole training set on the GPU (:func:`twin_batch`'s n records), and
     one step's saved tensors: the whole Poisson batch x audit.mia.twin_K draws in one forward and backward pass (no

@@ -1,7 +1,7 @@
 """The audits' wiring (``rules/audit.smk``): which ledger transcripts the one-run canary audit reads, which models
 the membership attacks score, DPDM's non-private twin, and their targets.
 
-Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/test_audit_wiring.py``.
+Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/audit/test_wiring.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pipeline.methods.dpdm.wiring import Wiring as DpdmWiring
 from pipeline.methods.straightdp.wiring import Wiring as StraightdpWiring
 from pipeline.registry import TranscriptSpec
 from pipeline.training import straightdp_runs
-from pipeline.training.dpdm_runs import main_run
+from pipeline.methods.dpdm.runs import main_run
 from pipeline.wiring import House, stage_params
 
 #: the held-out real split whose records play the non-members (never trained on, nothing chosen from it)

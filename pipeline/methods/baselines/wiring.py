@@ -2,7 +2,7 @@
 replay checks, the runs all_runs.parquet reads and each rule's ``resources:`` (:mod:`pipeline.methods.baselines.costs`).
 Runs and their names: :mod:`pipeline.baselines.runs`.
 
-Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/test_baselines_wiring.py``.
+Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/baselines/test_wiring.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.methods.baselines import costs
 from pipeline.privacy import dpsgd_plan
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
-from pipeline.training.dpdm_runs import UNET_FROM_INIT
+from pipeline.training import UNET_FROM_INIT
 from pipeline.wiring import House, params_json, stage_params
 
 #: keys that list which runs exist, not how one is made: left out of a run's params, so adding an eps or a seed

@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline import resources as cost
 from pipeline.resources import FIGURE_JOB, LIGHT_JOB, TABLE_JOB, Request, Requested
-from pipeline.training.dpdm_runs import DpdmRun
+from pipeline.methods.dpdm.runs import DpdmRun
 
 Config = Mapping[str, Any]
 
@@ -74,7 +74,7 @@ def sample_runtime_min(config: Config) -> int:
 
 def sample_memory(config: Config) -> cost.MemoryPlan:
     """One sample set's GPU memory: the denoiser's forward over ``dpdm.sampling.batch_size`` images, twice that where a
-    sampler guides (pipeline/sampling/dpdm.py evaluates the conditional and unconditional halves as one batch)."""
+    sampler guides (pipeline/sampling/samplers.py evaluates the conditional and unconditional halves as one batch)."""
     s = config["dpdm"]["sampling"]
     guided = any(c.get("guidance", 0) for c in s["samplers"].values())
     return cost.forward_memory("sample_dpdm", "edm_unet", network(config), int(s["batch_size"]) * (2 if guided else 1))
@@ -101,7 +101,7 @@ def gradient_variance_runtime_min(config: Config) -> int:
 def classifier_memory(config: Config) -> cost.MemoryPlan:
     """One task-specific DP-SGD classifier run's GPU memory (rule train_dpsgd_classifier): the shared DP-SGD engine's
     plan (:func:`pipeline.resources.dpsgd_memory`, K = 1) of the downstream CNN (evaluation.evalnet's architecture,
-    what pipeline/training/dpsgd_classifier.py trains) at the section's micro_batch. The linear ``logreg`` holds less
+    what pipeline/methods/dpdm/dpsgd_classifier.py trains) at the section's micro_batch. The linear ``logreg`` holds less
     (one weight matrix, no hidden activations): the CNN's plan bounds both."""
     from pipeline.config import schema_defaults
 
@@ -109,7 +109,7 @@ def classifier_memory(config: Config) -> cost.MemoryPlan:
     return cost.dpsgd_memory(cost.evalnet_network(config), int(c["micro_batch"]), 1, kind="evalnet")
 
 
-#: draws per vmap call of Fig. 3's per-example gradients (pipeline/diagnostics/gradient_variance.py's micro_batch,
+#: draws per vmap call of Fig. 3's per-example gradients (pipeline/methods/dpdm/gradient_variance.py's micro_batch,
 #: which the wiring leaves at the stage's default)
 VARIANCE_MICRO_BATCH = 64
 

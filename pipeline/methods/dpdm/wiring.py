@@ -1,8 +1,8 @@
 """DPDM's wiring (``rules/dpdm.smk``): a run's files and params, the tables' rows and inputs, the main sampler chosen
 on val, the sample grids, its targets, the ledger transcripts the replay checks and the runs all_runs.parquet reads.
-Runs, their names and the tables' rows: :mod:`pipeline.training.dpdm_runs`.
+Runs, their names and the tables' rows: :mod:`pipeline.methods.dpdm.runs`.
 
-Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/test_dpdm_wiring.py``.
+Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/dpdm/test_wiring.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pipeline.methods._evaluation import Wiring as EvaluationWiring
 from pipeline.methods.dpdm import costs
 from pipeline.privacy import dpsgd_plan
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
-from pipeline.training import dpdm_runs
-from pipeline.training.dpdm_runs import ClassifierRun, DpdmRun, fmt_num
+from pipeline.methods.dpdm import runs as dpdm_runs
+from pipeline.methods.dpdm.runs import ClassifierRun, DpdmRun, fmt_num
 from pipeline.wiring import House, params_json, stage_params
 
 #: the dpdm keys a training run depends on besides its run name (parameterisation, eps, K, seed) and ``trainable``
@@ -120,7 +120,7 @@ class Wiring:
             return str(json.load(f)["sampler"])
 
     def rows(self, table: str) -> list[dict[str, Any]]:
-        """The rows of one DPDM table (:data:`pipeline.training.dpdm_runs.TABLES`); the sampler ablation never waits
+        """The rows of one DPDM table (:data:`pipeline.methods.dpdm.runs.TABLES`); the sampler ablation never waits
         for the choice it feeds, the other tables use the chosen main sampler."""
         build, _ = dpdm_runs.TABLES[table]
         d = self.section

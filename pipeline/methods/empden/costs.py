@@ -92,7 +92,7 @@ def cell_work(config: Config, cell: Cell) -> CellWork:
 
 
 #: FLOPs per (output x record x dimension) of one private step and per (output x public record x dimension) of the
-#: public-marginal normaliser: counted by :func:`count_private_flops_per_entry` (tests/methods/test_empden_costs.py
+#: public-marginal normaliser: counted by :func:`count_private_flops_per_entry` (tests/methods/empden/test_costs.py
 #: recounts them, so a change to the step's code cannot leave them stale); kept as numbers because the runtime of
 #: every cell is asked whenever Snakemake builds the DAG, and a count there costs ~2 s
 PRIVATE_FLOPS_PER_ENTRY = (4.0, 2.0)

@@ -2,7 +2,7 @@
 transcripts the replay checks and the runs all_runs.parquet reads. Cells and their names:
 :mod:`pipeline.sampling.empden_grid`.
 
-Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/test_empden_wiring.py``.
+Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/empden/test_wiring.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The diagnostics read the private set without DP (as the paper's do): descriptive tables, not private releases, so
 no ledger transcript and no all_runs record. Tables 1/4/5/6 use the sampler's empirical denoiser, normaliser
 included, so its inputs and settings are EMPDEN's (:class:`pipeline.methods.empden.wiring.Wiring`). Plain Python (no
-Snakemake): ``tests/methods/test_empden_diagnostics_wiring.py``.
+Snakemake): ``tests/methods/empden_diagnostics/test_wiring.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 SENSGEO is analytic (CPU, no data): every public domain K and random covariance is drawn from ``sensgeo.seed``,
 so a rule's params are its config section and that seed. Plain Python (no Snakemake):
-``tests/methods/test_sensgeo_wiring.py``.
+``tests/methods/sensgeo/test_wiring.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pipeline.io import Split, save_split
 from pipeline.privacy import dpsgd, ledger, rebuild
 from pipeline.privacy.rebuild import RebuildError
 from pipeline.stage import PipelineError
-from pipeline.training.dpsgd_classifier import (ClassifierConfig, build_classifier, dpsgd_engine,
+from pipeline.methods.dpdm.dpsgd_classifier import (ClassifierConfig, build_classifier, dpsgd_engine,
                                                 train_dpsgd_classifier)
 from tests.conftest import one_thread
 from tests.ledgers import registration, replay_stage

@@ -18,7 +18,7 @@ from pipeline.training.straightdp_runs import LABELS, MAIN_ROW, StraightRun
 from pipeline.wiring import House
 from tests.methods import check_requests
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 
 def two_epsilon_grid() -> dict:

@@ -216,12 +216,12 @@ def test_dp_diffusions_training_params_are_its_subsection_with_views_on_the_publ
     assert p["augment"] == {"max_shift": own["max_shift"], "flip": own["flip"]} and p["trainable"] is None
     # every tensor of the public denoiser is copied: its own architecture and conditioning, pretrain's label dropout
     assert (p["unet"], p["label_dropout"]) == ("init", pretrain["label_dropout"]) and "class_conditional" not in p
-    from pipeline.training.dpdm import UNET_FROM_INIT
+    from pipeline.training import UNET_FROM_INIT
     assert p["unet"] == UNET_FROM_INIT
     assert p["ledger_binding"] == {"run": "dp_diffusion_eps1_seed0", "experiment": "digits"}
     assert p["private"] == {"N": 2500, "n_classes": 10}
-    from pipeline.training.dpdm import DPDMConfig
-    cfg = DPDMConfig.from_params(p)  # the stage accepts them
+    from pipeline.training.dp_denoiser import DPDenoiserConfig
+    cfg = DPDenoiserConfig.from_params(p)  # the stage accepts them
     assert cfg.augmentation().max_shift == own["max_shift"]
 
     def retune_others(cfg):
@@ -299,8 +299,8 @@ def test_privimage_fine_tunes_with_noise_multiplicity_and_no_views(tmp_path):
     p = json.loads(Wiring(h).dpsgd_params(SimpleNamespace(run="privimage_eps1_seed0")))
     own = h.config["baselines"]["privimage"]
     assert p["augment"] is None and p["K"] == own["K"] and p["unet"] == "init" and p["epsilon"] == 1.0
-    from pipeline.training.dpdm import DPDMConfig
-    assert DPDMConfig.from_params(p).augmentation() is None
+    from pipeline.training.dp_denoiser import DPDenoiserConfig
+    assert DPDenoiserConfig.from_params(p).augmentation() is None
 
 
 def test_privimage_pretrains_with_the_pretrain_recipe_and_its_own_steps(tmp_path):
@@ -378,8 +378,8 @@ def test_dp_ldm_fine_tunes_only_its_attention_and_class_embedding(tmp_path):
     own = h.config["baselines"]["dp_ldm"]
     assert p["trainable"] == own["trainable"] == ["*attentions*", "unet.class_embedding.*"]
     assert p["augment"] is None and p["K"] == own["K"] and p["unet"] == "init" and p["epsilon"] == 1.0
-    from pipeline.training.dpdm import DPDMConfig
-    assert DPDMConfig.from_params(p).trainable == tuple(own["trainable"])
+    from pipeline.training.dp_denoiser import DPDenoiserConfig
+    assert DPDenoiserConfig.from_params(p).trainable == tuple(own["trainable"])
     # the other DP-SGD baselines fine-tune every weight
     assert json.loads(Wiring(h).dpsgd_params(SimpleNamespace(run="privimage_eps1_seed0")))["trainable"] is None
 
@@ -493,8 +493,8 @@ def test_dp_promise_runs_phase_one_on_high_noise_levels_then_phase_two_from_it_o
     assert (one["ledger_binding"]["phase"], two["ledger_binding"]["phase"]) == ("phase1", "phase2")
     differ = ("sigma_range", "epsilon", "config_id", "ledger_binding")
     assert {k: v for k, v in one.items() if k not in differ} == {k: v for k, v in two.items() if k not in differ}
-    from pipeline.training.dpdm import DPDMConfig
-    assert DPDMConfig.from_params(one).sigma_range == (own["sigma_split"], None)
+    from pipeline.training.dp_denoiser import DPDenoiserConfig
+    assert DPDenoiserConfig.from_params(one).sigma_range == (own["sigma_split"], None)
     # the other DP-SGD baselines draw every noise level
     assert "sigma_range" not in json.loads(bl.dpsgd_params(SimpleNamespace(run="dp_diffusion_eps1_seed0")))
 

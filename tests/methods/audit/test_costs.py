@@ -113,10 +113,10 @@ def test_the_predictions_bound_what_the_twin_and_the_attacks_hold_on_the_cpu(tmp
     each peak, everything the stage allocates, is at most its prediction less the driver's reserve."""
     from pipeline.audit import mia, mia_stage
     from pipeline.io import Split, save_split
-    from pipeline.training.dpdm_twin import train_dpdm_twin
+    from pipeline.methods.audit.twin import train_dpdm_twin
     from tests.audit.test_mia_stage import GRID, MIA
     from tests.conftest import one_thread
-    from tests.training.test_dpdm import TINY_UNET
+    from tests.training.test_dp_denoiser import TINY_UNET
 
     n, n_ref = 300, 250
     cfg = config(data={"private": {"n_private_train": n, "n_reference": n_ref}}, dpdm={"unet": TINY_UNET},

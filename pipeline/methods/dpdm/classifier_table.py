@@ -3,8 +3,8 @@
 DPDM (Dockhorn et al. 2023, Sec. 5 "downstream utility") compares, at each eps, the real-test accuracy of a
 classifier trained on the DPDM's synthetic data (its Table 1's downstream columns, here ``dpdm_table_main``) with the
 same architecture trained directly on the private data by DP-SGD (rule train_dpsgd_classifier,
-:mod:`pipeline.training.dpsgd_classifier`). One row per DP-SGD classifier run: its certified eps recomputed from its
-ledger line by the replay's accountant (:func:`pipeline.results.dpdm.run_privacy`), its test (and validation)
+:mod:`pipeline.methods.dpdm.dpsgd_classifier`). One row per DP-SGD classifier run: its certified eps recomputed from its
+ledger line by the replay's accountant (:func:`pipeline.methods.dpdm.table.run_privacy`), its test (and validation)
 accuracy, and DPDM's synthetic-data accuracy of the same classifier at the same target eps (mean over DPDM's seeds,
 with DPDM's certified eps beside it), and their difference. Both arms are scored on the same test split with the
 same metric (the fraction of test images whose arg-max class is the label).
@@ -22,7 +22,7 @@ import pandas as pd
 
 from pipeline.io import read_json
 from pipeline.reporting.tables import write_table
-from pipeline.results.dpdm import run_privacy
+from pipeline.methods.dpdm.table import run_privacy
 from pipeline.stage import PipelineError, stage
 
 STAGE = "dpdm_classifier_table"

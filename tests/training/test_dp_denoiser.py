@@ -19,7 +19,7 @@ from pipeline.io import Split, save_split
 from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
 from pipeline.privacy import ledger
 from pipeline.stage import PipelineError
-from pipeline.training.dpdm import train_dpdm
+from pipeline.training.dp_denoiser import train_dp_denoiser
 
 TINY_UNET = {"block_out_channels": [8, 16], "attention": [False, False], "norm_num_groups": 4}
 # eps = 1 keeps the PLD calibration fast (large sigma, narrow privacy-loss support); lr 3e-4 and K 1 are
@@ -45,7 +45,7 @@ def outputs(tmp: Path) -> dict[str, Path]:
 
 def run(tmp, data, **params):
     out = outputs(tmp)
-    train_dpdm({"data": data}, out, {**BASE, **params})
+    train_dp_denoiser({"data": data}, out, {**BASE, **params})
     return out
 
 
@@ -106,7 +106,7 @@ def test_init_from_a_public_denoiser_copies_matching_weights(private_split, tmp_
     from pipeline.models.checkpoint import save_denoiser
     from pipeline.models.edm import EDMPrecond
     from pipeline.models.unet import UNetSpec, build_unet
-    from pipeline.training.dpdm import init_from_public
+    from pipeline.training.dp_denoiser import init_from_public
 
     spec = UNetSpec(image_size=8, block_out_channels=(8, 16), attention=(False, False), norm_num_groups=4,
                     num_classes=3)
@@ -137,7 +137,7 @@ def test_bad_params_are_one_line_errors(private_split, tmp_path, params, match):
     if p.get("epsilon") is None:
         p.pop("epsilon")
     with pytest.raises(PipelineError, match=match):
-        train_dpdm({"data": private_split}, {"model": tmp_path / "m.pt", "ledger": tmp_path / "l.jsonl",
+        train_dp_denoiser({"data": private_split}, {"model": tmp_path / "m.pt", "ledger": tmp_path / "l.jsonl",
                                               "metrics": tmp_path / "m.json"}, p)
 
 
@@ -224,7 +224,7 @@ def test_partial_fine_tuning_moves_only_the_trainable_weights_under_the_same_mec
     for name, trainable in (("part", patterns), ("all", None)):
         out = {"model": tmp_path / name / "m.pt", "ledger": tmp_path / name / "l.jsonl",
                "metrics": tmp_path / name / "m.json"}
-        train_dpdm({"data": private_split, "init": tmp_path / "public.pt"}, out,
+        train_dp_denoiser({"data": private_split, "init": tmp_path / "public.pt"}, out,
                    {**BASE, "ema_decay": 0.0, "trainable": trainable})
         outs[name] = out
     released = load_denoiser(outs["part"]["model"]).state_dict()
@@ -322,14 +322,14 @@ def test_unet_init_takes_the_public_denoisers_own_architecture_and_copies_every_
     torch.manual_seed(5)
     save_denoiser(tmp_path / "public.pt", EDMPrecond(build_unet(spec)), unet=spec, precond="edm")
     out = outputs(tmp_path)
-    train_dpdm({"data": private_split, "init": tmp_path / "public.pt"}, out,
+    train_dp_denoiser({"data": private_split, "init": tmp_path / "public.pt"}, out,
                {**BASE, "unet": "init", "K": 2, "augment": {"max_shift": 1, "flip": False}})
     metrics = json.loads(out["metrics"].read_text())
     assert metrics["init_fresh_tensors"] == [] and metrics["unet"] == spec.to_json()
     assert metrics["augment"] == {"max_shift": 1, "flip": False} and metrics["class_conditional"]
     # the views change the released model, not the mechanism
     plain = outputs(tmp_path / "plain")
-    train_dpdm({"data": private_split, "init": tmp_path / "public.pt"}, plain, {**BASE, "unet": "init", "K": 2})
+    train_dp_denoiser({"data": private_split, "init": tmp_path / "public.pt"}, plain, {**BASE, "unet": "init", "K": 2})
     assert mechanism_fields(out["ledger"]) == mechanism_fields(plain["ledger"])
     a, b = load_denoiser(out["model"]).state_dict(), load_denoiser(plain["model"]).state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -342,13 +342,13 @@ def test_unet_init_without_a_fitting_public_denoiser_is_one_line(private_split, 
 
     out = outputs(tmp_path)
     with pytest.raises(PipelineError, match="param unet 'init' needs --in init"):
-        train_dpdm({"data": private_split}, out, {**BASE, "unet": "init"})
+        train_dp_denoiser({"data": private_split}, out, {**BASE, "unet": "init"})
     spec = UNetSpec(image_size=16, block_out_channels=(8, 8), attention=(False, False), norm_num_groups=4)
     save_denoiser(tmp_path / "big.pt", EDMPrecond(build_unet(spec)), unet=spec, precond="edm")
     with pytest.raises(PipelineError, match=r"a 1x16\^2 model with 0 classes, the private split is 1x8\^2 with 3"):
-        train_dpdm({"data": private_split, "init": tmp_path / "big.pt"}, out, {**BASE, "unet": "init"})
+        train_dp_denoiser({"data": private_split, "init": tmp_path / "big.pt"}, out, {**BASE, "unet": "init"})
     with pytest.raises(PipelineError, match="param augment must be"):
-        train_dpdm({"data": private_split}, out, {**BASE, "augment": {"max_shift": -1}})
+        train_dp_denoiser({"data": private_split}, out, {**BASE, "augment": {"max_shift": -1}})
 
 
 def test_a_prior_release_of_the_same_run_is_composed_into_the_calibration(private_split, tmp_path):
@@ -365,7 +365,7 @@ def test_a_prior_release_of_the_same_run_is_composed_into_the_calibration(privat
                         ledger.Binding(run="r", experiment="exp", data_sha256=sha))
     alone = run(tmp_path / "alone", private_split)
     out = outputs(tmp_path / "composed")
-    train_dpdm({"data": private_split, "prior": prior}, out, BASE)
+    train_dp_denoiser({"data": private_split, "prior": prior}, out, BASE)
     line, = [e for _, e in ledger.read_ledger(out["ledger"])]
     alone_line, = [e for _, e in ledger.read_ledger(alone["ledger"])]
     assert line.noise_multiplier > alone_line.noise_multiplier and line.extra["composed_with"] == [sh.MECHANISM]
@@ -377,7 +377,7 @@ def test_a_prior_release_of_the_same_run_is_composed_into_the_calibration(privat
     ledger.append_entry(other, sh.ledger_entry(query, stage="privimage_select", config_id="t", seed=3),
                         ledger.Binding(run="another", experiment="exp", data_sha256=sha))
     with pytest.raises(PipelineError, match="input prior .*bound to run 'another'"):
-        train_dpdm({"data": private_split, "prior": other}, outputs(tmp_path / "bad"), BASE)
+        train_dp_denoiser({"data": private_split, "prior": other}, outputs(tmp_path / "bad"), BASE)
     # a line whose event was edited to a larger sigma than its parameters say is refused before any calibration
     import dataclasses
     edited = tmp_path / "edited.jsonl"
@@ -387,17 +387,17 @@ def test_a_prior_release_of_the_same_run_is_composed_into_the_calibration(privat
         line, event=ledger.event_to_dict(louder.event()), noise_multiplier=louder.sigma, noise_std=louder.noise_std),
         ledger.Binding(run="r", experiment="exp", data_sha256=sha))
     with pytest.raises(PipelineError, match="input prior: .*does not match"):
-        train_dpdm({"data": private_split, "prior": edited}, outputs(tmp_path / "bad2"), BASE)
+        train_dp_denoiser({"data": private_split, "prior": edited}, outputs(tmp_path / "bad2"), BASE)
 
 
 def test_a_sigma_range_restricts_the_noise_levels_drawn_and_is_recorded(private_split, tmp_path):
     from pipeline.models.edm import edm_sigma_sampler
-    from pipeline.training.dpdm import DPDMConfig
+    from pipeline.training.dp_denoiser import DPDenoiserConfig
 
-    cfg = DPDMConfig.from_params({**BASE, "sigma_range": [1.0, None]})
+    cfg = DPDenoiserConfig.from_params({**BASE, "sigma_range": [1.0, None]})
     draws = cfg.sigma_sampler(edm_sigma_sampler())(2000, torch.Generator().manual_seed(0))
     assert cfg.sigma_range == (1.0, None) and draws.min() >= 1.0
-    default = DPDMConfig.from_params(BASE)
+    default = DPDenoiserConfig.from_params(BASE)
     assert default.sigma_range is None and default.sigma_sampler("the parameterisation's") == "the parameterisation's"
     out = run(tmp_path, private_split, sigma_range=[0.0, 1.0])
     assert read_denoiser_meta(out["model"])["sigma_range"] == [0.0, 1.0]
@@ -422,9 +422,9 @@ def test_a_second_phase_from_a_private_model_must_compose_its_transcript(private
     one = run(tmp_path / "one", private_split, epsilon=0.5, sigma_range=[1.0, None])
     two_params = {**BASE, "unet": "init", "sigma_range": [0.0, 1.0]}
     with pytest.raises(PipelineError, match=r"input init .* is a private model .* give its transcript as input prior"):
-        train_dpdm({"data": private_split, "init": one["model"]}, outputs(tmp_path / "bad"), two_params)
+        train_dp_denoiser({"data": private_split, "init": one["model"]}, outputs(tmp_path / "bad"), two_params)
     out = outputs(tmp_path / "two")
-    train_dpdm({"data": private_split, "init": one["model"], "prior": one["ledger"]}, out, two_params)
+    train_dp_denoiser({"data": private_split, "init": one["model"], "prior": one["ledger"]}, out, two_params)
     first, = [e for _, e in ledger.read_ledger(one["ledger"])]
     second, = [e for _, e in ledger.read_ledger(out["ledger"])]
     both = recompute(composed_entry([first, second]))
@@ -452,14 +452,14 @@ def test_a_private_init_composes_its_own_line_not_another_dpsgd_line_on_the_same
         return rf"input prior {re.escape(str(prior))} holds no line of input init {re.escape(str(init))}'s own training"
 
     with pytest.raises(PipelineError, match=refusal(other["ledger"], own["model"]) + r" \(.*seed=3.*\)") as refused:
-        train_dpdm({"data": private_split, "init": own["model"], "prior": other["ledger"]},
+        train_dp_denoiser({"data": private_split, "init": own["model"], "prior": other["ledger"]},
                    outputs(tmp_path / "bad"), two_params)
     assert "\n" not in str(refused.value)
     with pytest.raises(PipelineError, match=refusal(own["ledger"], other["model"])):
-        train_dpdm({"data": private_split, "init": other["model"], "prior": own["ledger"]},
+        train_dp_denoiser({"data": private_split, "init": other["model"], "prior": own["ledger"]},
                    outputs(tmp_path / "bad2"), two_params)
     out = outputs(tmp_path / "two")
-    train_dpdm({"data": private_split, "init": own["model"], "prior": own["ledger"]}, out, two_params)
+    train_dp_denoiser({"data": private_split, "init": own["model"], "prior": own["ledger"]}, out, two_params)
     first, = [e for _, e in ledger.read_ledger(own["ledger"])]
     second, = [e for _, e in ledger.read_ledger(out["ledger"])]
     both = recompute(composed_entry([first, second]))

@@ -27,7 +27,7 @@ strongest attack read AUC 0.566-0.575 (README), no better than on a DP model at 
 about twice that cost, 2.5x fewer records each seen 5x more often is the a-priori stronger control.
 
 When the training set is smaller than the batch (q = 1: every step is full-batch), ``epochs``
-still counts passes: T = ceil(epochs * N / min(batch_size, N)) steps (DPDMConfig.n_steps divides
+still counts passes: T = ceil(epochs * N / min(batch_size, N)) steps (DPDenoiserConfig.n_steps divides
 by batch_size, which would turn 500 passes over 100 members into 196 steps).
 """
 
@@ -53,7 +53,7 @@ from pipeline.privacy import dpsgd
 from pipeline.stage import PipelineError, reject_unknown_params, stage
 from pipeline.training import loop
 from pipeline.training.data import drop_labels, load_training_split, to_model_scale, unet_spec_for
-from pipeline.training.dpdm import PARAMS_DOC as DPDM_PARAMS, RESUME_INSENSITIVE, DPDMConfig, freeze_all_but, \
+from pipeline.training.dp_denoiser import PARAMS_DOC as DPDM_PARAMS, RESUME_INSENSITIVE, DPDenoiserConfig, freeze_all_but, \
     init_from_public
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def train_dpdm_twin(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     """The non-private twin of a DPDM run (no clip, no noise): the membership attacks' positive control."""
     reject_unknown_params(STAGE, params, sorted(PARAMS_DOC))
     # the DP run's own config class (epsilon is a required field there; the twin has none)
-    cfg = DPDMConfig.from_params({k: v for k, v in params.items() if k not in ("member_seed", "members")}
+    cfg = DPDenoiserConfig.from_params({k: v for k, v in params.items() if k not in ("member_seed", "members")}
                                  | {"epsilon": 1.0})
     device = resolve_device(str(params.get("device", "auto")))
     if device.type == "cpu":

@@ -30,9 +30,6 @@ from pipeline.runs import parse_num as parse_num
 
 #: DPDM App. C's diffusion configurations
 PARAMETERISATIONS = ("edm", "vpred", "vp", "ve")
-#: train_dpdm's param ``unet`` value for the architecture of the public denoiser the run starts from (input
-#: ``init``): here, torch-free, so the wirings that pass it and the stage that reads it share one constant
-UNET_FROM_INIT = "init"
 
 #: the run grammar: ``<param>_eps<eps>_K<K>_seed<seed>``
 RUN_NAME = RunGrammar("DPDM run", (choice("parameterisation", PARAMETERISATIONS, label="param"),
@@ -67,7 +64,7 @@ class DpdmRun(NamedRun):
         object.__setattr__(self, "seed", int(self.seed))
 
 
-#: the downstream classifiers DPDM's task-specific DP-SGD baseline trains (pipeline.training.dpsgd_classifier.KINDS)
+#: the downstream classifiers DPDM's task-specific DP-SGD baseline trains (pipeline.methods.dpdm.dpsgd_classifier.KINDS)
 CLASSIFIERS = ("cnn", "logreg")
 #: the task-specific DP-SGD classifier's run grammar: ``<classifier>_eps<eps>_seed<seed>``
 CLASSIFIER_RUN_NAME = RunGrammar("DP-SGD classifier run", (choice("classifier", CLASSIFIERS),

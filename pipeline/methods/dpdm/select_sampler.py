@@ -3,7 +3,7 @@
 DPDM picks its sampler per dataset by a search over samplers for downstream accuracy (App.
 F.4.3). Here the search reads the sampler ablation (every sampler of
 ``dpdm.sampler_ablation.samplers`` on the main run of each of its epsilons) and takes the
-sampler with the best downstream CNN accuracy on ``val`` (:data:`pipeline.training.dpdm_runs.SELECT_BY`),
+sampler with the best downstream CNN accuracy on ``val`` (:data:`pipeline.methods.dpdm.runs.SELECT_BY`),
 averaged over the ablation's epsilons. ``test`` never enters: the main table then scores the
 chosen sampler on ``test``. The choice reads only evaluations of samples (post-processing of
 the DP runs), so it spends no privacy budget.
@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.io import read_json, write_json
 from pipeline.stage import PipelineError, stage
-from pipeline.training.dpdm_runs import SELECT_BY, mean_scores, select_sampler
+from pipeline.methods.dpdm.runs import SELECT_BY, mean_scores, select_sampler
 
 log = logging.getLogger(__name__)
 

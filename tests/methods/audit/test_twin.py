@@ -12,9 +12,9 @@ from pipeline.models.precond import parameterisation
 from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.privacy import dpsgd
 from pipeline.stage import PipelineError
-from pipeline.training.dpdm_twin import train_dpdm_twin, twin_step
+from pipeline.methods.audit.twin import train_dpdm_twin, twin_step
 
-from tests.training.test_dpdm import TINY_UNET, private_split  # noqa: F401 (a fixture)
+from tests.training.test_dp_denoiser import TINY_UNET, private_split  # noqa: F401 (a fixture)
 
 
 def tiny_model(seed: int = 0):
@@ -71,12 +71,12 @@ def test_a_dp_only_param_is_refused_in_one_line(private_split, tmp_path):  # noq
 
 def test_twin_seeds_match_the_dp_run(private_split, tmp_path):  # noqa: F811
     """Same seed -> same initial weights as train_dpdm (the stream dpdm.init), so only the mechanism differs."""
-    from pipeline.training.dpdm import train_dpdm
+    from pipeline.training.dp_denoiser import train_dp_denoiser
 
     params = {"batch_size": 8, "steps": 1, "lr": 1e-12, "K": 1, "unet": TINY_UNET, "device": "cpu", "seed": 3,
               "config_id": "test", "ema_decay": 0.0}
     train_dpdm_twin({"data": private_split}, {"model": tmp_path / "t.pt", "metrics": tmp_path / "t.json"}, params)
-    train_dpdm({"data": private_split}, {"model": tmp_path / "d.pt", "ledger": tmp_path / "d.jsonl",
+    train_dp_denoiser({"data": private_split}, {"model": tmp_path / "d.pt", "ledger": tmp_path / "d.jsonl",
                                          "metrics": tmp_path / "d.json"},
                {**params, "epsilon": 1.0, "micro_batch": 4, "ledger_binding": {"run": "r", "experiment": "exp"},
                 "private": {"N": 40, "n_classes": 3}})
@@ -111,7 +111,7 @@ def _reference(tmp_path, n):
 
 def test_the_twin_trains_on_the_first_members_of_the_attacked_subset_for_epochs_passes(private_split, tmp_path):  # noqa: F811
     """members = 5 of 12: the prefix of the DP models' attacked subset; 7 passes of the 5, full-batch (batch 8 > 5),
-    are 7 steps (DPDMConfig.n_steps would give ceil(7 * 5 / 8) = 5)."""
+    are 7 steps (DPDenoiserConfig.n_steps would give ceil(7 * 5 / 8) = 5)."""
     from pipeline.io import arrays_sha256, load_split
 
     out = {"model": tmp_path / "twin.pt", "metrics": tmp_path / "twin.json"}

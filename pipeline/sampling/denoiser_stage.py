@@ -1,7 +1,7 @@
 """Stage ``sample_dpdm``: labelled samples of a trained denoiser file, as a split the evaluation scores.
 
 Loads any ``dpgen-denoiser/1`` file (a DPDM run, the public EDM model, ...), generates
-``n_samples`` images with balanced class labels using one sampler of :mod:`pipeline.sampling.dpdm`
+``n_samples`` images with balanced class labels using one sampler of :mod:`pipeline.sampling.samplers`
 (DPDM Sec. 5 / App. F.4.3: deterministic DDIM, stochastic DDIM, EDM churn; guidance scale w), and
 writes them in the split format (uint8 ``[N, C, H, W]``, int64 labels) that ``evaluate_samples``
 reads. Sampling a DP-trained model is post-processing: it adds no privacy cost and writes no
@@ -28,7 +28,7 @@ from pipeline.models.checkpoint import load_denoiser, read_denoiser_meta
 from pipeline.models.denoiser import VE_SIGMA
 from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
 from pipeline.models.precision import autocast, precision_of, recorded
-from pipeline.sampling.dpdm import SamplerConfig, generate, to_uint8
+from pipeline.sampling.samplers import SamplerConfig, generate, to_uint8
 from pipeline.stage import PipelineError, stage
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def denoiser_image_shape(denoiser: nn.Module) -> tuple[int, int, int]:
         "precision": PRECISION_DOC,
     },
 )
-def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+def sample_denoiser(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """Generate labelled samples from a denoiser file with a DPDM sampler; write a split (+ a grid figure)."""
     from pipeline.reporting.figures import sample_grid_figure, save_figure
     from tqdm import tqdm
@@ -123,7 +123,7 @@ def sample_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params:
     params={"per_class": "images per class (default 8)", "title": "figure title",
             "titles": "optional {input key: panel title} (default: the key)"},
 )
-def dpdm_sample_grid(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+def denoiser_sample_grid(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """One figure with a panel of class-by-sample images per input split (the input key is the panel title)."""
     from pipeline.reporting.figures import sample_grid_figure, save_figure
 

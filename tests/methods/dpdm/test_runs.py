@@ -1,4 +1,4 @@
-"""DPDM runs as values (pipeline.training.dpdm_runs): one grammar for a run's name, its inverse,
+"""DPDM runs as values (pipeline.methods.dpdm.runs): one grammar for a run's name, its inverse,
 and the rows of every DPDM table built from the config's dpdm section."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pipeline.config import ConfigError, validate_config
-from pipeline.training.dpdm_runs import (
+from pipeline.methods.dpdm.runs import (
     RUN_PATTERN, DpdmRun, check_sampler_names, main_rows, noise_multiplicity_rows, runs, sampler_rows, table_rows)
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.diagnostics.gradient_variance import choose_images, dpdm_gradient_variance, trace_variance
+from pipeline.methods.dpdm.gradient_variance import choose_images, dpdm_gradient_variance, trace_variance
 from pipeline.io import Split, save_split
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond

@@ -1,4 +1,5 @@
-"""Stage ``train_dpdm``: DP-SGD training of a class-conditional denoiser (DPDM, Dockhorn et al. 2023).
+"""Stage ``train_dpdm``: DP-SGD training of a class-conditional denoiser (DPDM, Dockhorn et al. 2023), the engine
+DPDM and the DP-SGD baselines (DP-Diffusion, PrivImage, DP-LDM, DP-Promise) train with.
 
 The private split is read by exactly one mechanism, DP-SGD (:mod:`pipeline.privacy.dpsgd`):
 Poisson sampling with rate q = batch_size / N, per-example gradients clipped to C, Gaussian
@@ -69,7 +70,7 @@ from pipeline.privacy import dpsgd, ledger, rebuild
 from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
 from pipeline.training.augment import RandomShiftFlip
-from pipeline.training.dpdm_runs import UNET_FROM_INIT
+from pipeline.training import UNET_FROM_INIT
 from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split,
                                     to_model_scale, unet_spec_for)
 
@@ -124,7 +125,7 @@ SCHEMA_SECTION = "dpdm"
 
 
 @dataclass(frozen=True)
-class DPDMConfig:
+class DPDenoiserConfig:
     """The stage's params (see ``PARAMS_DOC``).
 
     The fields that mirror the schema's ``dpdm`` section carry no defaults: :meth:`from_params`
@@ -155,7 +156,7 @@ class DPDMConfig:
     sigma_range: tuple[float, float | None] | None = None
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> DPDMConfig:
+    def from_params(cls, params: Mapping[str, Any]) -> DPDenoiserConfig:
         unknown = sorted(set(params) - _KNOWN)
         if unknown:
             raise PipelineError(f"stage {STAGE}: unknown param {unknown[0]!r} (known: {', '.join(sorted(_KNOWN))})")
@@ -309,7 +310,7 @@ def _shape_and_classes(kind: str, spec: Any) -> tuple[int, int, int]:
         int(embeds) - 1 if embeds else 0)
 
 
-def model_backbone(cfg: DPDMConfig, inputs: Mapping[str, Path], split: Any, n_classes: int) -> Backbone:
+def model_backbone(cfg: DPDenoiserConfig, inputs: Mapping[str, Path], split: Any, n_classes: int) -> Backbone:
     """The run's UNet: from ``cfg.unet`` and the data, or (``unet: init``) the public denoiser's own (a trained or an
     imported UNet), checked against the private split's image shape and declared classes."""
     if cfg.unet != UNET_FROM_INIT:
@@ -388,7 +389,7 @@ def check_private_init(init_meta: Mapping[str, Any] | None, path: Path | None,
                             "of this run's eps")
 
 
-def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: str, *,
+def calibrated_plan(cfg: DPDenoiserConfig, n: int, steps: int, cache: Path, run_hash: str, *,
                     write: bool = True, prior: list[Any] | None = None) -> dpsgd.DPSGDPlan:
     """The run's DP-SGD plan with sigma calibrated to ``cfg.epsilon`` (certified PLD, before training); with
     ``prior`` events (earlier releases of the run), to their composition with this run's DP-SGD.
@@ -418,19 +419,19 @@ def calibrated_plan(cfg: DPDMConfig, n: int, steps: int, cache: Path, run_hash: 
 
 @stage(STAGE, inputs=("data",), optional_inputs=("init", "prior"), outputs=("model", "ledger", "metrics"),
        params=PARAMS_DOC)
-def train_dpdm(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
+def train_dp_denoiser(inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any]) -> None:
     """DP-SGD training of a (class-conditional) diffusion denoiser with noise multiplicity (DPDM).
 
     Optional input ``prior``: the transcript of releases this run made earlier on the same private split
     (PrivImage's semantic query); sigma is then calibrated so their composition with this DP-SGD meets ``epsilon``.
     """
     refuse_in_private_training(params, "train_dpdm")
-    cfg = DPDMConfig.from_params(params)
+    cfg = DPDenoiserConfig.from_params(params)
     with distributed.data_parallel(str(params.get("device", "auto"))) as (world, device):
-        _train_dpdm(cfg, inputs, outputs, params, world, device)
+        _train_dp_denoiser(cfg, inputs, outputs, params, world, device)
 
 
-def _train_dpdm(cfg: DPDMConfig, inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any],
+def _train_dp_denoiser(cfg: DPDenoiserConfig, inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any],
                 world: distributed.World, device: torch.device) -> None:
     config_id = str(params.get("config_id", "unknown"))
     if device.type == "cpu":

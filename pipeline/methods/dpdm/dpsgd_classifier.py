@@ -46,7 +46,7 @@ from pipeline.evaluation.evalnet import EvalNet, load_labelled_split
 from pipeline.io import Split, atomic_path, write_json
 from pipeline.privacy import dpsgd, ledger
 from pipeline.stage import PipelineError, reject_unknown_params, stage
-from pipeline.training.dpdm_runs import CLASSIFIERS
+from pipeline.methods.dpdm.runs import CLASSIFIERS
 from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, load_training_split
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 STAGE = "train_dpsgd_classifier"
 CLASSIFIER_FORMAT = "dpgen-dpsgd-classifier/1"
 #: the downstream classifiers this stage can train privately (pipeline.evaluation.downstream's names; the run
-#: grammar's, pipeline.training.dpdm_runs)
+#: grammar's, pipeline.methods.dpdm.runs)
 KINDS = CLASSIFIERS
 #: the dpdm schema section the stage's hyper-parameters mirror (their one source of defaults)
 SCHEMA_SECTION = ("dpdm", "dpsgd_classifier")

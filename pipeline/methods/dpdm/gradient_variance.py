@@ -59,7 +59,7 @@ from pipeline.models.denoiser import VE_SIGMA
 from pipeline.models.precond import PRECONDITIONERS, Parameterisation, parameterisation
 from pipeline.reporting.figures import save_figure
 from pipeline.reporting.tables import write_table
-from pipeline.sampling.dpdm_stage import denoiser_num_classes
+from pipeline.sampling.denoiser_stage import denoiser_num_classes
 from pipeline.privacy import dpsgd
 from pipeline.stage import PipelineError, reject_unknown_params, stage
 from pipeline.training.data import load_training_split, to_model_scale

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from pipeline.privacy import dpsgd, ledger
-from pipeline.results.dpdm_classifier import dpdm_accuracy, dpdm_classifier_table
+from pipeline.methods.dpdm.classifier_table import dpdm_accuracy, dpdm_classifier_table
 from pipeline.stage import PipelineError
 
 

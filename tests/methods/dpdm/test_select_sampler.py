@@ -7,9 +7,9 @@ import json
 import pytest
 
 from pipeline.io import write_json
-from pipeline.sampling.dpdm_select import dpdm_select_sampler
+from pipeline.methods.dpdm.select_sampler import dpdm_select_sampler
 from pipeline.stage import PipelineError
-from pipeline.training import dpdm_runs
+from pipeline.methods.dpdm import runs as dpdm_runs
 
 
 def rows_and_metrics(tmp_path, val, test):

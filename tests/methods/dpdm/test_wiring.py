@@ -14,7 +14,7 @@ from pipeline.methods.dpdm import costs
 from pipeline.methods.dpdm.wiring import (CLASSIFIER_TABLE, MAIN_TABLE, SAMPLER_TABLE, TRAIN_KEYS, VARIANCE_FIGURE,
                                           Wiring)
 from pipeline.registry import TranscriptSpec
-from pipeline.training import dpdm_runs
+from pipeline.methods.dpdm import runs as dpdm_runs
 from tests.methods import check_requests
 from tests.methods import house as tour_house
 

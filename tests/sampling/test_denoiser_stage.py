@@ -13,7 +13,7 @@ from pipeline.io import load_split, manifest_path
 from pipeline.models.checkpoint import save_denoiser
 from pipeline.models.edm import EDMPrecond
 from pipeline.models.unet import UNetSpec, build_unet
-from pipeline.sampling.dpdm_stage import denoiser_image_shape, denoiser_num_classes
+from pipeline.sampling.denoiser_stage import denoiser_image_shape, denoiser_num_classes
 from pipeline.stage import PipelineError
 
 SPEC = UNetSpec(image_size=8, channels=1, block_out_channels=(8, 16), attention=(False, False), num_classes=3)
