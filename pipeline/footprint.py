@@ -93,7 +93,7 @@ def _edm_unet(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
 
 
 def _flow_mmdit(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
-    """STRAIGHTDP's class-conditional MM-DiT (pipeline/flow/straightdp.py ``flow_spec`` of the ``flow`` section on
+    """STRAIGHTDP's class-conditional MM-DiT (pipeline/flow/backbone.py ``flow_spec`` of the ``flow`` section on
     examples of ``shape`` [C, H, W]) and its rectified-flow loss (eq. 1) on a batch of ``b`` examples."""
     from types import SimpleNamespace
 
@@ -101,7 +101,7 @@ def _flow_mmdit(spec: Mapping[str, Any]) -> tuple[Any, Callable[[int], Any]]:
 
     from pipeline.flow.backbone import build_flow_model
     from pipeline.flow.rectified import flow_loss
-    from pipeline.flow.straightdp import flow_spec
+    from pipeline.flow.backbone import flow_spec
 
     c, h, w = (int(v) for v in spec["shape"])
     # flow_spec reads only the split's image shape

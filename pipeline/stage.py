@@ -52,7 +52,7 @@ class StageSpec:
 
     @property
     def code(self) -> str:
-        """``module:function`` of the stage's code, e.g. ``pipeline.results.straightdp:straightdp_table``."""
+        """``module:function`` of the stage's code, e.g. ``pipeline.methods.straightdp.table:straightdp_table``."""
         return f"{self.fn.__module__}:{self.fn.__qualname__}"
 
     @property

@@ -1,9 +1,9 @@
 # STRAIGHTDP (Che, Xu & Wu 2026): a wrong-domain public set, the moment release (Stage 1), a
 # rectified flow trained by uniform or THA DP-SGD (Stage 2), the shared evaluation, Tables 1, 5,
-# 6, 7 and Figures 2a, 3, 5, 6 (the 2-D toy: pipeline/results/straightdp_toy.py). Code:
-# pipeline/flow/straightdp.py (stages), pipeline/flow/public.py (import_straightdp: the user's SD3 folder),
-# pipeline/results/straightdp.py (tables, figures). Runs and
-# their names: pipeline/training/straightdp_runs.py; a run's files and params, the targets, transcripts
+# 6, 7 and Figures 2a, 3, 5, 6 (the 2-D toy: pipeline/methods/straightdp/figure6_toy.py). Code:
+# pipeline/methods/straightdp/stages.py (stages), pipeline/flow/public.py (import_straightdp: the user's SD3 folder),
+# pipeline/methods/straightdp/table.py (tables, figures). Runs and
+# their names: pipeline/methods/straightdp/runs.py; a run's files and params, the targets, transcripts
 # and all_runs records: pipeline/methods/straightdp/wiring.py (STRAIGHTDP, unit-tested in
 # tests/methods/straightdp/test_wiring.py); each rule's resources: its request in
 # pipeline/methods/straightdp/costs.py (REQUESTS).
@@ -16,7 +16,7 @@
 from pipeline.methods.straightdp.wiring import TABLE2_PANELS as _STRAIGHTDP_TABLE2_PANELS
 from pipeline.methods.straightdp.wiring import TABLES as _STRAIGHTDP_TABLES
 from pipeline.methods.straightdp.wiring import Wiring as _StraightdpWiring
-from pipeline.training import straightdp_runs
+from pipeline.methods.straightdp import runs as straightdp_runs
 
 STRAIGHTDP = _StraightdpWiring(HOUSE)
 

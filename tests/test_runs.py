@@ -17,8 +17,8 @@ from pipeline.sampling.empden_grid import CELL_NAMES, CELL_PATTERN, Cell
 from pipeline.stage import PipelineError
 from pipeline.methods.dpdm.runs import RUN_NAME as DPDM_NAME
 from pipeline.methods.dpdm.runs import DpdmRun
-from pipeline.training.straightdp_runs import RUN_NAME as STRAIGHTDP_NAME
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.methods.straightdp.runs import RUN_NAME as STRAIGHTDP_NAME
+from pipeline.methods.straightdp.runs import StraightRun
 
 # --- numbers ------------------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from pipeline.io import CorruptFileError, load_split
 from pipeline.models.checkpoint import read_denoiser_meta
 from pipeline.training.public import folder_sha256
 from pipeline.reporting.tables import unmeasured_columns
-from pipeline.training.straightdp_runs import ROWS
+from pipeline.methods.straightdp.runs import ROWS
 from tests.conftest import planned_jobs
 from tests.public_models import save_label_tables, save_sd3, save_unet
 

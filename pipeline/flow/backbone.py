@@ -35,6 +35,7 @@ wrapper ``"rectified_flow"`` (:class:`RectifiedFlowVelocity`) with the checkpoin
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
@@ -42,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.models.checkpoint import register_backbone, register_denoiser
+from pipeline.stage import PipelineError
 
 #: the kind a denoiser file records for an MM-DiT flow backbone, and the wrapper's name
 FLOW_BACKBONE = "sd3_transformer"
@@ -389,6 +391,26 @@ class RectifiedFlowVelocity(nn.Module):
 def build_flow_model(spec: FlowSpec) -> RectifiedFlowVelocity:
     """The class-conditional velocity network v(x, t, y) of ``spec`` (seed torch's global RNG first)."""
     return RectifiedFlowVelocity(build_backbone(spec))
+
+
+def flow_spec(cfg: Mapping[str, Any], split: Any, n_classes: int) -> FlowSpec:
+    """The MM-DiT of ``cfg["flow"]`` (the ``flow`` subsection of a STRAIGHTDP configuration) for the images of
+    ``split`` (its ``images`` ``[N, C, H, W]``: only their shape is read) and ``n_classes`` labels."""
+    f = cfg["flow"]
+    _, channels, size, _ = split.images.shape
+    heads, head_dim = int(f["num_attention_heads"]), int(f["attention_head_dim"])
+    try:
+        return FlowSpec(image_size=int(size), channels=int(channels), patch_size=int(f["patch_size"]),
+                        num_layers=int(f["num_layers"]), attention_head_dim=head_dim, num_attention_heads=heads,
+                        joint_attention_dim=int(f["joint_attention_dim"]), caption_projection_dim=heads * head_dim,
+                        pooled_projection_dim=int(f["joint_attention_dim"]),
+                        pos_embed_max_size=int(size) // int(f["patch_size"]), caption_tokens=int(f["caption_tokens"]),
+                        num_classes=int(n_classes),
+                        stream_clamp=None if f.get("stream_clamp") is None else float(f["stream_clamp"]),
+                        late_injection=int(f.get("late_injection", 0)),
+                        decoupled_attention=bool(f.get("decoupled_attention", False)))
+    except ValueError as exc:
+        raise PipelineError(f"param straightdp.flow: {exc}") from None
 
 
 register_backbone(FLOW_BACKBONE, FlowSpec, build_backbone)

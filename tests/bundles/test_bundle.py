@@ -268,7 +268,7 @@ def test_verify_and_sample_from_the_command_line(bundle, tmp_path, repo):
 
 # --------------------------------------------------------------------------- a STRAIGHTDP run: two composed lines
 
-from tests.flow.test_straightdp_stages import PRIVATE, TINY, world  # noqa: E402,F401 (the tiny STRAIGHTDP world)
+from tests.methods.straightdp.test_stages import PRIVATE, TINY, world  # noqa: E402,F401 (the tiny STRAIGHTDP world)
 
 SDP_RUN = "tha_moments_eps1_seed0"
 
@@ -277,7 +277,7 @@ SDP_RUN = "tha_moments_eps1_seed0"
 def straightdp_bundle(world, tmp_path_factory):  # noqa: F811 -- the fixture imported above
     """A tiny STRAIGHTDP run (Stage 1 release, Stage 2 THA DP-SGD distilled from it), its samples, its bundle."""
     from pipeline.config import schema_defaults
-    from pipeline.flow import straightdp as sdp
+    from pipeline.methods.straightdp import stages as sdp
     from tests.conftest import one_thread
 
     tmp, binding = tmp_path_factory.mktemp("sdp"), {"run": SDP_RUN, "experiment": "tiny"}
@@ -332,7 +332,7 @@ def _release_bundle(world, tmp: Path, run: str, *, shape: list[int], guided: boo
     """A run that samples from its release (released_only), or from the public flow guided by it (public_guidance),
     optionally decoded by a public autoencoder (the latent variant): its samples and its bundle."""
     from pipeline.config import schema_defaults
-    from pipeline.flow import straightdp as sdp
+    from pipeline.methods.straightdp import stages as sdp
     from tests.conftest import one_thread
 
     binding = {"run": run, "experiment": "tiny"}

@@ -206,7 +206,7 @@ def test_the_config_switches_reach_the_pretrained_flows_spec_and_typos_are_one_l
     import numpy as np
 
     from pipeline.config import ConfigError, validate_config
-    from pipeline.flow.straightdp import flow_spec
+    from pipeline.flow.backbone import flow_spec
     from pipeline.io import Split
 
     cfg = validate_config({"straightdp": {"flow": {"stream_clamp": 16, "late_injection": 1,

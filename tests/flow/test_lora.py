@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.flow import straightdp as sdp
+from pipeline.methods.straightdp import stages as sdp
 from pipeline.flow.backbone import FlowSpec, build_flow_model
 from pipeline.flow.lora import ATTENTION_PROJECTIONS, add_lora, lora_layers, merge_lora
 from pipeline.io import read_json
 from pipeline.models.checkpoint import load_denoiser
 from pipeline.privacy import ledger
 from pipeline.privacy.certify import recompute
-from tests.flow.test_straightdp_stages import train, world  # noqa: F401 (world: a fixture)
+from tests.methods.straightdp.test_stages import train, world  # noqa: F401 (world: a fixture)
 
 SPEC = FlowSpec(image_size=8, channels=1, patch_size=2, num_layers=2, attention_head_dim=8, num_attention_heads=2,
                 joint_attention_dim=8, caption_projection_dim=16, pooled_projection_dim=16, caption_tokens=2,

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from pipeline.config import ConfigError, deep_merge, validate_config
-from pipeline.flow import straightdp as sdp
+from pipeline.methods.straightdp import stages as sdp
 from pipeline.flow.backbone import FlowSpec
 from pipeline.flow.public import import_straightdp, public_model
 from pipeline.inputs import check_inputs_exist
@@ -106,7 +106,7 @@ def test_a_flow_trained_here_keeps_its_file_format():
 
 
 def test_dp_lora_on_the_imported_flow_keeps_its_prediction_in_the_trained_file(public_split, tmp_path, user_model):
-    from tests.flow.test_straightdp_stages import BINDING, PRIVATE, TINY, blobs
+    from tests.methods.straightdp.test_stages import BINDING, PRIVATE, TINY, blobs
 
     init = run(tmp_path, public_split, user_model["pretrain"])
     paths = {"data": tmp_path / "private.npz", "public": tmp_path / "pub.npz", "geometry": tmp_path / "g.npz",

@@ -21,13 +21,13 @@ import pytest
 import yaml
 
 from pipeline.config import deep_merge, validate_config
-from pipeline.flow import straightdp as sdp
+from pipeline.methods.straightdp import stages as sdp
 from pipeline.io import Split, save_split
 from pipeline.methods.straightdp.wiring import Wiring
 from pipeline.privacy import ledger, moments, tha
 from pipeline.privacy.replay import ReplayError
 from pipeline.training.data import manifest_sha256
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.methods.straightdp.runs import StraightRun
 from pipeline.wiring import House
 from tests.ledgers import EXPERIMENT, replay_stage
 

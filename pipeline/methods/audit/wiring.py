@@ -17,7 +17,7 @@ from pipeline.methods.audit import costs
 from pipeline.methods.dpdm.wiring import Wiring as DpdmWiring
 from pipeline.methods.straightdp.wiring import Wiring as StraightdpWiring
 from pipeline.registry import TranscriptSpec
-from pipeline.training import straightdp_runs
+from pipeline.methods.straightdp import runs as straightdp_runs
 from pipeline.methods.dpdm.runs import main_run
 from pipeline.wiring import House, stage_params
 

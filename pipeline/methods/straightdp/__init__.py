@@ -1,6 +1,10 @@
 """STRAIGHTDP (Che, Xu & Wu 2026): moment release, rectified flow, THA DP-SGD; its tables and figures.
 
-Rules: ``rules/straightdp.smk``; runs and their names: ``pipeline/training/straightdp_runs.py``.
+Its own code is here: the runs and their names (``runs.py``), the stages of the two-stage method
+(``stages.py``: the public geometry, pretraining, the moment release, THA DP-SGD, sampling), Fig. 6's toy
+(``toy.py``, ``figure6_toy.py``), the tables and figures (``table.py``, ``table2.py``, ``table4.py``), the wiring,
+costs, streams, checks, bundle sampler and GPU-check workloads. The rectified flow, its MM-DiT and the training loop
+are engines in :mod:`pipeline.flow`. Rules: ``rules/straightdp.smk``.
 """
 
 from pipeline.plugins import Method
@@ -16,19 +20,19 @@ METHOD = Method("straightdp", position=6, report_category="5 STRAIGHTDP", report
 
 STAGES = {
     # the data stage, for STRAIGHTDP's own public set (its stream straightdp.public: streams.py)
-    "prepare_public": "pipeline.flow.straightdp:prepare_public",
-    "straightdp_geometry": "pipeline.flow.straightdp:straightdp_geometry",
-    "pretrain_straightdp": "pipeline.flow.straightdp:pretrain_straightdp",
+    "prepare_public": "pipeline.methods.straightdp.stages:prepare_public",
+    "straightdp_geometry": "pipeline.methods.straightdp.stages:straightdp_geometry",
+    "pretrain_straightdp": "pipeline.methods.straightdp.stages:pretrain_straightdp",
     "import_straightdp": "pipeline.flow.public:import_straightdp",
-    "release_moments": "pipeline.flow.straightdp:release_moments",
-    "train_straightdp": "pipeline.flow.straightdp:train_straightdp",
-    "sample_straightdp": "pipeline.flow.straightdp:sample_straightdp",
-    "straightdp_table": "pipeline.results.straightdp:straightdp_table",
-    "straightdp_figure_accuracy": "pipeline.results.straightdp:straightdp_figure_accuracy",
-    "straightdp_figure_horizon": "pipeline.results.straightdp:straightdp_figure_horizon",
-    "straightdp_table2": "pipeline.results.straightdp_table2:straightdp_table2",
-    "straightdp_figure6_toy": "pipeline.results.straightdp_toy:straightdp_figure6_toy",
-    "straightdp_table4_text": "pipeline.results.straightdp_table4:straightdp_table4_text",
+    "release_moments": "pipeline.methods.straightdp.stages:release_moments",
+    "train_straightdp": "pipeline.methods.straightdp.stages:train_straightdp",
+    "sample_straightdp": "pipeline.methods.straightdp.stages:sample_straightdp",
+    "straightdp_table": "pipeline.methods.straightdp.table:straightdp_table",
+    "straightdp_figure_accuracy": "pipeline.methods.straightdp.table:straightdp_figure_accuracy",
+    "straightdp_figure_horizon": "pipeline.methods.straightdp.table:straightdp_figure_horizon",
+    "straightdp_table2": "pipeline.methods.straightdp.table2:straightdp_table2",
+    "straightdp_figure6_toy": "pipeline.methods.straightdp.figure6_toy:straightdp_figure6_toy",
+    "straightdp_table4_text": "pipeline.methods.straightdp.table4:straightdp_table4_text",
     "train_autoencoder": "pipeline.flow.autoencoder:train_autoencoder",
     "encode_split": "pipeline.flow.autoencoder:encode_split",
 }

@@ -1,7 +1,7 @@
 """STRAIGHTDP's bundle sampler (``sampling.json``'s ``sampler: straightdp_flow``), which :mod:`pipeline.bundles.sample`
 dispatches to.
 
-It is rule sample_straightdp's own sampler (:func:`pipeline.flow.straightdp.draw_samples`: Euler steps with
+It is rule sample_straightdp's own sampler (:func:`pipeline.methods.straightdp.stages.draw_samples`: Euler steps with
 classifier-free guidance) over what the bundle ships, so a bundle redraws its run's ``samples.npz``. Imports are
 deferred to the call: resolving the declaration (``METHOD.bundle_samplers``) stays cheap.
 """
@@ -20,7 +20,7 @@ def sample(root: Path, settings: dict[str, Any], n: int, *, seed: int, batch: in
     (``public/autoencoder/``), whichever it ships."""
     from pipeline.bundles.weights import load_autoencoder, load_weights
     from pipeline.flow.backbone import FlowSpec
-    from pipeline.flow.straightdp import draw_samples
+    from pipeline.methods.straightdp.stages import draw_samples
     from pipeline.privacy.moments import ReleasedMoments
 
     model = spec = None

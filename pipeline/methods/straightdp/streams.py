@@ -12,7 +12,7 @@ from __future__ import annotations
 from pipeline.seeds import Stream
 
 STREAMS: tuple[Stream, ...] = (
-    # the flow and its stages (pipeline.flow.straightdp)
+    # the flow and its stages (pipeline.methods.straightdp.stages)
     Stream("straightdp.public", "the public split of STRAIGHTDP (data stage prepare_public)"),
     Stream("straightdp.horizon", "probes and flow noise of Fig. 2a's cosine curve (public)"),
     Stream("straightdp.pretrain_init", "the public flow's initialisation (torch's global RNG)"),
@@ -27,11 +27,11 @@ STREAMS: tuple[Stream, ...] = (
     # the public autoencoder of the latent variant (pipeline.flow.autoencoder)
     Stream("straightdp.autoencoder_init", "the public autoencoder's initialisation (torch's global RNG)"),
     Stream("straightdp.autoencoder", "batches of the public autoencoder's training"),
-    # the 2-D toy (pipeline.flow.toy)
+    # the 2-D toy (pipeline.methods.straightdp.toy)
     Stream("straightdp.toy_public", "the toy's public set: the mixture rotated by half a mode spacing"),
     Stream("straightdp.toy_truth", "fresh draws of the true toy mixture that W2 is measured against"),
     Stream("straightdp.toy_init", "the toy velocity MLP's initialisation (torch's global RNG)"),
-    # Table 4's text-conditional release (pipeline.results.straightdp_table4)
+    # Table 4's text-conditional release (pipeline.methods.straightdp.table4)
     Stream("straightdp.compose", "the quadrant and thickness of each composed image (keys: 0 private, "
                                  "1 public, 2 held-out evaluation)"),
     Stream("straightdp.text_release", "the Gaussian noise of the text-conditional release (Table 4)"),

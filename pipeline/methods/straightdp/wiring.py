@@ -2,7 +2,7 @@
 
 ``rules/straightdp.smk`` builds one :class:`Wiring` over the Snakemake run's :class:`~pipeline.wiring.House`
 (``STRAIGHTDP``) and only wires its paths and params into rules. Runs and their names:
-:mod:`pipeline.training.straightdp_runs`; costs: :mod:`pipeline.methods.straightdp.costs` (each rule's
+:mod:`pipeline.methods.straightdp.runs`; costs: :mod:`pipeline.methods.straightdp.costs` (each rule's
 ``resources:``, :meth:`Wiring.resources`). Nothing here imports Snakemake.
 
 The paper's outputs (Che, Xu & Wu 2026): Tables 1 (main), 2 (noise sweep, ablation), 3 (frozen-model route),
@@ -21,12 +21,12 @@ import pipeline.resources as cost
 from pipeline.config import ConfigError, schema_defaults
 from pipeline.methods.straightdp import costs
 from pipeline.registry import BundleSpec, RunRecord, TranscriptSpec
-from pipeline.training import straightdp_runs
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.methods.straightdp import runs as straightdp_runs
+from pipeline.methods.straightdp.runs import StraightRun
 from pipeline.wiring import House, params_json, stage_params
 
 #: the tables of rule straightdp_table, each written to TABLES / "straightdp_<name>.parquet"
-#: (pipeline/results/straightdp.py TABLE_METRICS): Tables 1, 5, 6, 7 and 3
+#: (pipeline/methods/straightdp/table.py TABLE_METRICS): Tables 1, 5, 6, 7 and 3
 TABLES = ("table1_main", "table5_per_class", "table6_fid_vs_eps", "table7_precision_recall", "table3_frozen")
 #: Table 2's panels (rule straightdp_table2): the noise sweep and the single-factor ablation
 TABLE2_PANELS = ("noise_sweep", "ablation")
@@ -61,7 +61,7 @@ def sample_shape(config: Mapping[str, Any], section: Mapping[str, Any]) -> list[
 
 def stage2_line_params(run: StraightRun, sgd: Mapping[str, Any], n: int) -> dict[str, Any]:
     """What a training run's ``tha_dpsgd`` line must say, as the configuration fixes it (dpsgd section ``sgd``,
-    declared private size ``n``): :func:`pipeline.training.straightdp_runs.stage2_config`, the settings
+    declared private size ``n``): :func:`pipeline.methods.straightdp.runs.stage2_config`, the settings
     ``stage2_plan`` plans with, on the line's paths (:func:`pipeline.privacy.tha.configured_params`): N, q and the
     expected batch, T and T_k over K buckets; for a row without a release (tau = 0) the bucket edges and tau; for a
     plan whose every candidate is uniform the clips (C_ref) and beta 0. Not tau where the release is distilled (the

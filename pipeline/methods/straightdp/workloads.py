@@ -30,7 +30,7 @@ def _flow_model(config: Mapping[str, Any], batch: int, device: Any) -> tuple[Any
     import torch
 
     from pipeline.flow.backbone import build_flow_model
-    from pipeline.flow.straightdp import flow_spec
+    from pipeline.flow.backbone import flow_spec
     from pipeline.gpu_check import random_split
     from pipeline.training.data import to_model_scale
 
@@ -47,7 +47,7 @@ def measure_dpsgd(config: Mapping[str, Any], device: Any) -> tuple[Callable[[], 
 
     from pipeline.flow.backbone import build_flow_model
     from pipeline.flow.rectified import flow_loss
-    from pipeline.flow.straightdp import flow_spec
+    from pipeline.flow.backbone import flow_spec
     from pipeline.gpu_check import per_example_step, random_split
     from pipeline.privacy import dpsgd, tha
     from pipeline.training.data import to_model_scale

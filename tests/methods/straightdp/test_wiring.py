@@ -14,7 +14,7 @@ import yaml
 from pipeline.config import ConfigError, config_id, deep_merge, validate_config
 from pipeline.methods.straightdp import costs
 from pipeline.methods.straightdp.wiring import LISTING, OWN_SECTIONS, TABLES, Wiring
-from pipeline.training.straightdp_runs import LABELS, MAIN_ROW, StraightRun
+from pipeline.methods.straightdp.runs import LABELS, MAIN_ROW, StraightRun
 from pipeline.wiring import House
 from tests.methods import check_requests
 

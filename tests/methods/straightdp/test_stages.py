@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.flow import straightdp as sdp
+from pipeline.methods.straightdp import stages as sdp
 from pipeline.io import Split, load_split, read_json, save_split
 from pipeline.models.checkpoint import read_denoiser_backbone
 from pipeline.privacy import accountants as acc
@@ -22,7 +22,7 @@ from pipeline.privacy import dpsgd, ledger, tha
 from pipeline.privacy.certify import recompute
 from pipeline.stage import PipelineError
 from pipeline.training.data import to_model_scale
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.methods.straightdp.runs import StraightRun
 from tests.conftest import one_thread
 
 TINY = {
@@ -317,7 +317,7 @@ def test_stage2_as_two_data_parallel_processes_releases_the_single_process_flow_
                    "--params", json.dumps(p), "--log", str(tmp_path / "two.log")]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                                  env={**os.environ, "OMP_NUM_THREADS": "1",
-                                      "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                                      "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
             assert res.returncode == 0, (res.stderr[-3000:], (tmp_path / "two.log").read_text()[-3000:])
         outs[name] = out
     one, two = (torch.load(outs[n]["model"], weights_only=True)["state_dict"] for n in ("one", "two"))

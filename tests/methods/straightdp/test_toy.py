@@ -1,4 +1,4 @@
-"""The 2-D toy of STRAIGHTDP Fig. 6 (pipeline/flow/toy.py): its W2, its public set, its points."""
+"""The 2-D toy of STRAIGHTDP Fig. 6 (pipeline/methods/straightdp/toy.py): its W2, its public set, its points."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pipeline.data.embedded import gaussian_mixture_2d
-from pipeline.flow import toy
-from pipeline.flow.straightdp import section
+from pipeline.methods.straightdp import toy
+from pipeline.methods.straightdp.stages import section
 from pipeline.privacy.certify import recompute
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.methods.straightdp.runs import StraightRun
 
 TOY_DATA = {"n_modes": 4, "radius": 1.0, "std": 0.05}
 

@@ -220,7 +220,7 @@ class Stage2Config:
 
 def stage2_config(run: StraightRun, sgd: Mapping[str, Any], n: int) -> Stage2Config:
     """The :class:`Stage2Config` of training ``run`` under the dpsgd section ``sgd`` and the declared private size
-    ``n`` (pipeline/flow/straightdp.py ``stage2_plan`` plans with it; the wiring registers it)."""
+    ``n`` (pipeline/methods/straightdp/stages.py ``stage2_plan`` plans with it; the wiring registers it)."""
     if not run.trains:
         raise ValueError(f"STRAIGHTDP row {run.row} trains no flow")
     tha = run.plan == "tha"
@@ -230,7 +230,7 @@ def stage2_config(run: StraightRun, sgd: Mapping[str, Any], n: int) -> Stage2Con
                         clip_ref=float(sgd["clip_ref"]))
 
 
-#: Fig. 6's lines (pipeline/flow/toy.py): the Table 1 rows the 2-D toy runs, in the order each point runs them
+#: Fig. 6's lines (pipeline/methods/straightdp/toy.py): the Table 1 rows the 2-D toy runs, in the order each point runs them
 TOY_ROWS = ("released_only", "uniform", "tha_moments")
 #: the toy's release keeps both dimensions of its 2-D points (the public PCA basis is the plane itself)
 TOY_RELEASE_P = 2

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.config import validate_config
-from pipeline.training import straightdp_runs as sr
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.methods.straightdp import runs as sr
+from pipeline.methods.straightdp.runs import StraightRun
 
 arms = st.one_of(st.just(""), st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True))
 

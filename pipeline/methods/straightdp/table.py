@@ -47,7 +47,7 @@ from pipeline.reporting import save_figure
 from pipeline.reporting.figures import readable_log_axis
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
-from pipeline.training.straightdp_runs import LABELS, ROWS, StraightRun, table_rows
+from pipeline.methods.straightdp.runs import LABELS, ROWS, StraightRun, table_rows
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
 

@@ -1,7 +1,7 @@
 """STRAIGHTDP's DAG stages (Che, Xu & Wu 2026): public geometry and horizon, public pretraining,
 the moment release (Stage 1), THA DP-SGD (Stage 2) and sampling.
 
-One run is a :class:`pipeline.training.straightdp_runs.StraightRun` (Table 1 row, total eps, seed);
+One run is a :class:`pipeline.methods.straightdp.runs.StraightRun` (Table 1 row, total eps, seed);
 its name is the path token the rules use. The stages, in DAG order:
 
 * ``straightdp_geometry`` (public only): the PCA basis and feature clip R of the release
@@ -44,7 +44,7 @@ from pipeline import distributed, seeds
 from pipeline.config import deep_merge, schema_defaults, schema_keys
 from pipeline.data.stage import prepare_public  # noqa: F401  (the CLI's prepare_public: STAGES name it here)
 from pipeline.device import resolve_device
-from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model
+from pipeline.flow.backbone import FLOW_PRECOND, FlowSpec, build_flow_model, flow_spec
 from pipeline.flow.field import CosineCurve, GaussianMomentModel, field_cosine_curve, guided_start, knee_horizon
 from pipeline.flow.rectified import VelocityFn, euler_sample, flow_loss
 from pipeline.flow.train import distill_to_field, pretrain_flow
@@ -59,7 +59,7 @@ from pipeline.stage import PipelineError, stage
 from pipeline.training import loop
 from pipeline.training.data import (PRIVATE_DOC, check_declared, declared_private, drop_labels, load_training_split,
                                     to_model_scale)
-from pipeline.training.straightdp_runs import StraightRun, stage2_config
+from pipeline.methods.straightdp.runs import StraightRun, stage2_config
 
 log = logging.getLogger(__name__)
 
@@ -135,25 +135,6 @@ def _run(params: Mapping[str, Any]) -> StraightRun:
 def flat(split: Split) -> Tensor:
     """The images of ``split`` as float64 rows in the model's [-1, 1] scale, ``[n, d]``."""
     return to_model_scale(split.images).to(torch.float64).reshape(len(split), -1)
-
-
-def flow_spec(cfg: Mapping[str, Any], split: Split, n_classes: int) -> FlowSpec:
-    """The MM-DiT of ``cfg["flow"]`` for the images of ``split`` and ``n_classes`` labels."""
-    f = cfg["flow"]
-    _, channels, size, _ = split.images.shape
-    heads, head_dim = int(f["num_attention_heads"]), int(f["attention_head_dim"])
-    try:
-        return FlowSpec(image_size=int(size), channels=int(channels), patch_size=int(f["patch_size"]),
-                        num_layers=int(f["num_layers"]), attention_head_dim=head_dim, num_attention_heads=heads,
-                        joint_attention_dim=int(f["joint_attention_dim"]), caption_projection_dim=heads * head_dim,
-                        pooled_projection_dim=int(f["joint_attention_dim"]),
-                        pos_embed_max_size=int(size) // int(f["patch_size"]), caption_tokens=int(f["caption_tokens"]),
-                        num_classes=int(n_classes),
-                        stream_clamp=None if f.get("stream_clamp") is None else float(f["stream_clamp"]),
-                        late_injection=int(f.get("late_injection", 0)),
-                        decoupled_attention=bool(f.get("decoupled_attention", False)))
-    except ValueError as exc:
-        raise PipelineError(f"param straightdp.flow: {exc}") from None
 
 
 # --------------------------------------------------------------------------- public geometry + horizon

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from pipeline.flow.straightdp import release_class_moments
+from pipeline.methods.straightdp.stages import release_class_moments
 from pipeline.privacy import moments
 
 REL = {"rank": 4, "floor": 1e-2, "min_count": 1}

@@ -1,7 +1,7 @@
 """STRAIGHTDP Figure 6 (the 2-D mixture control): stage ``straightdp_figure6_toy``.
 
 Runs every point of the figure (``straightdp.toy.seeds`` x ``straightdp.toy.epsilons`` x the rows of
-:data:`pipeline.flow.toy.ROWS`, in :func:`pipeline.training.straightdp_runs.toy_points`' order, plus the
+:data:`pipeline.methods.straightdp.toy.ROWS`, in :func:`pipeline.methods.straightdp.runs.toy_points`' order, plus the
 public-only reference per seed) in one process -- each point is seconds of CPU on a 2-D MLP, so one job per
 point would be mostly start-up -- and writes:
 
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.flow import toy
-from pipeline.flow.straightdp import section
+from pipeline.methods.straightdp import toy
+from pipeline.methods.straightdp.stages import section
 from pipeline.io import atomic_path, load_points
 from pipeline.privacy import ledger
 from pipeline.privacy.certify import composed_entry, recompute_cached
@@ -38,7 +38,7 @@ from pipeline.reporting.figures import readable_log_axis
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 from pipeline.training.data import manifest_sha256
-from pipeline.training.straightdp_runs import toy_points
+from pipeline.methods.straightdp.runs import toy_points
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger, moments, tha
-from pipeline.results import straightdp as sdp
+from pipeline.methods.straightdp import table as sdp
 from pipeline.stage import PipelineError
 
 DELTA = 1e-5
@@ -135,7 +135,7 @@ def test_lines_at_different_deltas_are_refused(tmp_path):
 
 def write_run(tmp_path, name: str, metrics: dict) -> dict:
     """The inputs of run ``name``: its metrics JSON and the transcripts its row writes."""
-    from pipeline.training.straightdp_runs import StraightRun
+    from pipeline.methods.straightdp.runs import StraightRun
 
     run = StraightRun.from_name(name)
     out = {f"metrics_{name}": tmp_path / f"metrics_{name}.json"}

@@ -9,10 +9,10 @@ Here each line is a Table 1 row run by the same functions as the image pipeline,
 * the public set is the same mixture rotated by half a mode spacing (:data:`PUBLIC_ROTATION`):
   a wrong domain whose label slots mean other modes, as KMNIST's do for MNIST;
 * ``released_only`` ("moments only (GMM)"): Stage 1's class-conditional release
-  (:func:`pipeline.flow.straightdp.release_class_moments`, Prop. B.9) at the whole eps, sampled
+  (:func:`pipeline.methods.straightdp.stages.release_class_moments`, Prop. B.9) at the whole eps, sampled
   as N(mu_y, Sigma);
 * ``uniform``: the public-pretrained velocity MLP trained by uniform DP-SGD on eq. 1
-  (:func:`pipeline.flow.straightdp.dpsgd_flow_training`) at the whole eps;
+  (:func:`pipeline.methods.straightdp.stages.dpsgd_flow_training`) at the whole eps;
 * ``tha_moments`` ("StraightDP"): the release at its share of eps, distillation onto the
   released field for t < tau (tau from the public cosine knee, :func:`public_horizon`), then the
   THA plan chosen by the public gradient proxy, composed with the release in one PLD accountant;
@@ -42,13 +42,13 @@ from pipeline import seeds
 from pipeline.data.embedded import gaussian_mixture_2d
 from pipeline.flow.backbone import MLPVelocity
 from pipeline.flow.field import GaussianMomentModel
-from pipeline.flow.straightdp import (balanced_labels, dpsgd_flow_training, field_of, flow_samples,
+from pipeline.methods.straightdp.stages import (balanced_labels, dpsgd_flow_training, field_of, flow_samples,
                                       public_bucket_gradients, public_horizon, release_class_moments, stage2_plan)
 from pipeline.flow.train import distill_to_field, pretrain_flow
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import dpsgd, ledger, moments, tha
 # toy_sgd: the toy's DP-SGD settings, torch-free beside the rows (the wiring registers the lines from both)
-from pipeline.training.straightdp_runs import TOY_RELEASE_P, TOY_ROWS, StraightRun, toy_sgd
+from pipeline.methods.straightdp.runs import TOY_RELEASE_P, TOY_ROWS, StraightRun, toy_sgd
 
 log = logging.getLogger(__name__)
 

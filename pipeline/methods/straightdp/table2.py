@@ -1,10 +1,10 @@
 """Stage ``straightdp_table2``: STRAIGHTDP Table 2, the backbone under noise, from the runs of the arms.
 
-An *arm* (``straightdp.arms``, :mod:`pipeline.training.straightdp_runs`) reruns a Table 1 row on a
+An *arm* (``straightdp.arms``, :mod:`pipeline.methods.straightdp.runs`) reruns a Table 1 row on a
 backbone with some of Sec. 3.3's constraints, pretrained with them from the start; its reference, the
 *unconstrained* arm, is the main configuration's run of the same row, eps and seed (the main flow has no
 constraint switch on). Per arm and eps, each run's privacy is recomputed from its transcripts and its
-metrics are the shared evaluation's (:func:`pipeline.results.straightdp.run_records`, ``aggregate``:
+metrics are the shared evaluation's (:func:`pipeline.methods.straightdp.table.run_records`, ``aggregate``:
 mean and std over seeds, the certified eps, refused above target). Two panels:
 
 ``noise_sweep`` (Table 2, right): the constrained backbone (the one arm of ``table2_noise_sweep``) against
@@ -28,9 +28,9 @@ import pandas as pd
 
 from pipeline.io import read_json
 from pipeline.reporting.tables import write_table
-from pipeline.results.straightdp import MAIN_ARM, PARAMS_DOC, aggregate, param_runs, run_records
+from pipeline.methods.straightdp.table import MAIN_ARM, PARAMS_DOC, aggregate, param_runs, run_records
 from pipeline.stage import PipelineError, stage
-from pipeline.training.straightdp_runs import StraightRun
+from pipeline.methods.straightdp.runs import StraightRun
 
 PANELS = ("noise_sweep", "ablation")
 ARMS = ("unconstrained", "constrained")

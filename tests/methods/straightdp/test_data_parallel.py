@@ -6,7 +6,7 @@ On CUDA, nondeterministic kernels can move a rank's distilled weights and the ar
 processes are deterministic, so here rank 1 is made to differ on purpose: its distillation lands elsewhere, or its
 proxy ranks the shapes the other way round. The stage itself runs in each process, joined by its own
 ``pipeline.distributed.data_parallel`` from torchrun's environment variables, on the tiny world of
-``tests/flow/test_straightdp_stages.py``.
+``tests/methods/straightdp/test_stages.py``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline.flow import straightdp as sdp
+from pipeline.methods.straightdp import stages as sdp
 from pipeline.stage import PipelineError
 from pipeline.training import loop
-from tests.flow.test_straightdp_stages import BINDING, PRIVATE, TINY, make_world, release
+from tests.methods.straightdp.test_stages import BINDING, PRIVATE, TINY, make_world, release
 
 RUN = "tha_moments_eps1_seed0"
 #: several micro-batches per logical batch, so both ranks have a share of the clipped sum

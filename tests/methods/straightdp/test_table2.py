@@ -6,9 +6,9 @@ import json
 import pytest
 
 from pipeline.reporting.tables import read_table
-from pipeline.results.straightdp_table2 import run_tail_ratio, straightdp_table2
+from pipeline.methods.straightdp.table2 import run_tail_ratio, straightdp_table2
 from pipeline.stage import PipelineError
-from tests.results.test_straightdp import METRICS, write_run
+from tests.methods.straightdp.test_table import METRICS, write_run
 
 ROW = "uniform_moments"
 

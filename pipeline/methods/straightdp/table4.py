@@ -35,14 +35,14 @@ import torch
 from pipeline import seeds
 from pipeline.data import composed
 from pipeline.flow import text_conditional as tc
-from pipeline.flow.straightdp import section
+from pipeline.methods.straightdp.stages import section
 from pipeline.images import to_uint8
 from pipeline.io import Split, atomic_path, load_split
 from pipeline.privacy import ledger, moments, text_moments
 from pipeline.reporting.tables import write_table
 from pipeline.stage import PipelineError, stage
 from pipeline.training.data import PRIVATE_DOC, check_declared, declared_private, manifest_sha256, to_model_scale
-from pipeline.training.straightdp_runs import table4_releases
+from pipeline.methods.straightdp.runs import table4_releases
 
 log = logging.getLogger(__name__)
 
