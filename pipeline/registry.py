@@ -1,11 +1,12 @@
 """Where each method's rule file registers its outputs: the targets of ``rule all`` and the index
-page, and the ledger transcripts the replay reads.
+page, the ledger transcripts the replay reads, the rows of all_runs and the certified bundles.
 
-``rules/common.smk`` holds one :class:`MethodRegistry`; ``rules/<method>.smk`` calls
-``register_targets`` and ``register_transcripts`` for its method, and the core rules (``rule
-all``, ``index_html``, ``replay``) ask the registry for the methods the config's ``methods``
-list chooses, in that list's order. So a new method adds its rule file and edits no central list.
-
+``rules/common.smk`` holds one :class:`MethodRegistry`; ``rules/<method>.smk`` builds its method's wiring
+(``pipeline/methods/<method>/wiring.py``, a :class:`MethodWiring`) and registers it with one call,
+``register(WIRING)``: the registry reads what the wiring gives (its targets, and where it has them its transcripts,
+its evaluated runs and its bundles) and names the method by the wiring's package. The core rules (``rule all``,
+``index_html``, ``replay``, ``all_runs_table``, the bundles) ask the registry for the methods the config's
+``methods`` list chooses, in that list's order. So a new method adds its rule file and edits no central list.
 Registrations are functions, called only when their method is chosen: a method left out of
 ``methods`` never computes its targets, and a rule file may register before the config values
 it reads are used. Pure Python (no Snakemake): tested in ``tests/test_registry.py``.
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 #: what a method registers: a function returning its paths (or path -> TranscriptSpec for transcripts)
 TargetsFn = Callable[[], Iterable[str | PathLike[str]]]
@@ -162,7 +163,7 @@ class BundleSpec:
     """One private run's certified bundle (:mod:`pipeline.bundles`), as its method registers it.
 
     ``samples`` / ``metrics``: the run's synthetic set and its evaluate_samples JSON (the card's test-split
-    metrics); ``transcripts``: the ledger transcripts that certify it (each registered with ``register_transcripts``);
+    metrics); ``transcripts``: the ledger transcripts that certify it (each registered by its wiring's ``transcripts()``);
     ``model``: its trained denoiser file, for a bundle of weights; ``parts``: the other files its sampler reads
     (:data:`BUNDLE_PARTS`: the released moments, the public flow, the public autoencoder); ``sampling``: how the run
     sampled from them (:mod:`pipeline.bundles.sample`), given exactly when a model or a part is (a bundle without
@@ -204,6 +205,32 @@ class BundleSpec:
         return "synthetic" if self.sampling is None else "model"
 
 
+@runtime_checkable
+class MethodWiring(Protocol):
+    """What every method's wiring (``pipeline/methods/<method>/wiring.py``: ``Wiring``) gives the house: the outputs
+    ``rule all`` builds for it and each of its rules' ``resources:``. A wiring that also has ``transcripts()`` (its
+    ledger transcripts: path -> :class:`TranscriptSpec`), ``records()`` (its evaluated runs: :class:`RunRecord`) or
+    ``bundle_runs()`` with ``bundle(run)`` (its certified bundles: :class:`BundleSpec`) has those registered too
+    (:meth:`MethodRegistry.register`)."""
+
+    def targets(self) -> Iterable[str | PathLike[str]]:
+        """Its tables (.parquet) and figures (.png; PDF beside) for ``rule all`` and the index page."""
+        ...
+
+    def resources(self, rule: str) -> dict[str, Any]:
+        """The whole ``resources:`` of its rule ``rule``: its request in its cost model (``costs.py``)."""
+        ...
+
+
+def method_of(wiring: object) -> str:
+    """The method a wiring belongs to: the package ``pipeline.methods.<method>`` its class is defined in."""
+    parts = type(wiring).__module__.split(".")
+    if len(parts) < 3 or parts[:2] != ["pipeline", "methods"] or parts[2].startswith("_"):
+        raise TypeError(f"{type(wiring).__qualname__} ({type(wiring).__module__}) is no method's wiring: a method's "
+                        f"wiring is the Wiring class of pipeline/methods/<method>/wiring.py")
+    return parts[2]
+
+
 class MethodRegistry:
     """Each method's targets, ledger transcripts and evaluated runs, as registered by its rule file."""
 
@@ -237,6 +264,25 @@ class MethodRegistry:
         self._bundles[method] = (runs, bundle)
         self._targets.setdefault(method, [])
         self._transcripts.setdefault(method, [])
+
+    def register(self, wiring: MethodWiring, method: str | None = None) -> None:
+        """Register everything ``wiring`` gives for its method (``method``, or the package its class is defined in):
+        its targets, and those of its transcripts, evaluated runs and bundles it has. A rule file's one call."""
+        if not isinstance(wiring, MethodWiring):
+            raise TypeError(f"{type(wiring).__qualname__} is not a method's wiring: it needs targets() and "
+                            f"resources(rule) (pipeline.registry.MethodWiring)")
+        method = method or method_of(wiring)
+        self.register_targets(method, wiring.targets)
+        if callable(transcripts := getattr(wiring, "transcripts", None)):
+            self.register_transcripts(method, transcripts)
+        if callable(records := getattr(wiring, "records", None)):
+            self.register_runs(method, records)
+        bundle_runs, bundle = getattr(wiring, "bundle_runs", None), getattr(wiring, "bundle", None)
+        if callable(bundle_runs) != callable(bundle):
+            raise TypeError(f"{type(wiring).__qualname__}: a wiring with bundles has both bundle_runs() and "
+                            f"bundle(run)")
+        if callable(bundle_runs):
+            self.register_bundles(method, bundle_runs, bundle)
 
     @property
     def methods(self) -> list[str]:

@@ -15,9 +15,8 @@ try:
 except ConfigError as _exc:
     raise WorkflowError(str(_exc)) from None
 
-register_targets("accounting", ACCOUNTING.targets)
+register(ACCOUNTING)
 # one claim per accounted block: configuration claims, which read no private data
-register_transcripts("accounting", ACCOUNTING.transcripts)
 
 
 rule empden_blocks:

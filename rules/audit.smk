@@ -18,7 +18,7 @@ from pipeline.methods.audit.wiring import Wiring as _AuditWiring
 #: membership attacks score
 AUDIT = _AuditWiring(HOUSE, REGISTRY.transcripts, DPDM, STRAIGHTDP)
 
-register_targets("audit", AUDIT.targets)
+register(AUDIT)
 
 
 rule audit_one_run:

@@ -23,10 +23,7 @@ from pipeline.methods.baselines.wiring import Wiring as _BaselinesWiring
 #: the baselines' runs, paths and params (pipeline/methods/baselines/wiring.py)
 BASELINES = _BaselinesWiring(HOUSE, EVALUATION)
 
-register_targets("baselines", BASELINES.targets)
-register_transcripts("baselines", BASELINES.transcripts)
-register_runs("baselines", BASELINES.records)
-register_bundles("baselines", BASELINES.bundle_runs, BASELINES.bundle)
+register(BASELINES)
 
 
 rule dp_merf:

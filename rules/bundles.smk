@@ -2,7 +2,7 @@
 # transcripts, their replay (at export), a certificate and a model card, in results/bundles/<method>/<run>/; a reader
 # checks one with the command verify_bundle PATH (pipeline/bundles/cli.py). Code: pipeline/bundles/ (bundle.py: the
 # stage export_bundle); wiring: pipeline/bundles/wiring.py; each method's bundles: its wiring's bundle_runs and
-# bundle (registered with register_bundles in rules/<method>.smk). Resources: pipeline/resources.py HOUSE_REQUESTS.
+# bundle (registered by register(WIRING) in rules/<method>.smk). Resources: pipeline/resources.py HOUSE_REQUESTS.
 #
 #   snakemake results/bundles/dpdm/edm_eps1_K1_seed0        one run's bundle
 #   snakemake export_bundles                                 every bundle (make bundles)

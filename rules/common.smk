@@ -1,6 +1,6 @@
 # Config validation, paths and the method registry shared by every rule file.
 # Method-specific helpers live in the method's own rules/<method>.smk; run grammars and cost
-# models in pipeline/ (pipeline/sampling/empden_grid.py, pipeline/methods/dpdm/runs.py). A rule's
+# models in each method's folder (pipeline/methods/<method>/: runs.py, costs.py). A rule's
 # whole `resources:` is its request in its method's cost model, `**X.resources("rule")` of the
 # method's wiring (pipeline/methods/<method>/costs.py); the house's own rules ask HOUSE
 # (pipeline/resources.py HOUSE_REQUESTS), which also holds the shared cost arithmetic (`cost`).
@@ -76,21 +76,12 @@ method_on = HOUSE.method_on
 
 
 # ----------------------------------------------------------------------------- method registry
-# Each rules/<method>.smk registers its method's targets and ledger transcripts (functions,
-# called lazily, so include order does not matter); config `methods` chooses which reach
-# rule all, results/index.html and the replay, in that list's order (pipeline/registry.py).
-
+# Each rules/<method>.smk builds its method's wiring and registers it with one call, register(WIRING): its targets,
+# and its ledger transcripts, evaluated runs and bundles where it has them (functions, called lazily, so include
+# order does not matter); config `methods` chooses which reach rule all, results/index.html and the replay, in that
+# list's order (pipeline/registry.py: MethodRegistry.register, the MethodWiring protocol).
 REGISTRY = MethodRegistry()
-#: ``targets()``: the method's tables (.parquet) and figures (.png; PDF beside) for rule all and the index
-register_targets = REGISTRY.register_targets
-#: ``transcripts()``: {ledger transcript path: TranscriptSpec (claims, run, stage, delta, data)}, the replay's
-#: inputs and what it checks every line against
-register_transcripts = REGISTRY.register_transcripts
-#: ``runs()``: the method's evaluated runs (pipeline.registry.RunRecord), the rows of all_runs.parquet
-register_runs = REGISTRY.register_runs
-#: ``runs()`` and ``bundle(run)``: the method's private runs that get a certified bundle (pipeline.registry.BundleSpec)
-register_bundles = REGISTRY.register_bundles
-
+register = REGISTRY.register
 #: captions of the report's tables and figures (reStructuredText, one file per table or figure)
 #: (this file's directory is rules/: the workflow's own basedir would be a wrapping Snakefile's when one
 #: includes this repository's Snakefile)

@@ -31,10 +31,7 @@ try:
 except ConfigError as _exc:
     raise WorkflowError(str(_exc)) from None
 
-register_targets("dpdm", DPDM.targets)
-register_transcripts("dpdm", DPDM.transcripts)
-register_runs("dpdm", DPDM.records)
-register_bundles("dpdm", DPDM.bundle_runs, DPDM.bundle)
+register(DPDM)
 
 
 rule train_dpdm:

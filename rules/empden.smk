@@ -15,10 +15,7 @@ from pipeline.methods.empden.wiring import Wiring as _EmpdenWiring
 #: EMPDEN's cells, paths and params (pipeline/methods/empden/wiring.py)
 EMPDEN = _EmpdenWiring(HOUSE)
 
-register_targets("empden", EMPDEN.targets)
-register_transcripts("empden", EMPDEN.transcripts)
-register_runs("empden", EMPDEN.records)
-register_bundles("empden", EMPDEN.bundle_runs, EMPDEN.bundle)
+register(EMPDEN)
 
 
 rule empden_sample_subsampled:

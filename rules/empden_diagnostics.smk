@@ -10,7 +10,7 @@ from pipeline.methods.empden_diagnostics.wiring import Wiring as _EmpdenDiagnost
 #: pipeline/methods/empden_diagnostics/costs.py); the normaliser is EMPDEN's (rules/empden.smk)
 EMPDEN_DIAGNOSTICS = _EmpdenDiagnosticsWiring(HOUSE, EMPDEN)
 
-register_targets("empden_diagnostics", EMPDEN_DIAGNOSTICS.targets)
+register(EMPDEN_DIAGNOSTICS)
 
 
 rule empden_table4_proxy:

@@ -8,7 +8,7 @@ from pipeline.methods.sensgeo.wiring import Wiring as _SensgeoWiring
 #: SENSGEO's targets and params (pipeline/methods/sensgeo/wiring.py)
 SENSGEO = _SensgeoWiring(HOUSE)
 
-register_targets("sensgeo", SENSGEO.targets)
+register(SENSGEO)
 
 
 rule sensgeo_fig1_naive_vs_exact:

@@ -20,10 +20,7 @@ from pipeline.methods.straightdp import runs as straightdp_runs
 
 STRAIGHTDP = _StraightdpWiring(HOUSE)
 
-register_targets("straightdp", STRAIGHTDP.targets)
-register_transcripts("straightdp", STRAIGHTDP.transcripts)
-register_runs("straightdp", STRAIGHTDP.records)
-register_bundles("straightdp", STRAIGHTDP.bundle_runs, STRAIGHTDP.bundle)
+register(STRAIGHTDP)
 
 
 rule straightdp_public:

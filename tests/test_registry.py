@@ -143,3 +143,63 @@ def test_a_bundle_without_its_claim_or_with_half_a_model_is_refused(fields, matc
 
     with pytest.raises(ValueError, match=match):
         BundleSpec(**{"run": "r", "samples": "s.npz", "metrics": "m.json", "transcripts": ("l.jsonl",), **fields})
+
+
+class _Full:
+    """A wiring with every capability (the shape of pipeline/methods/dpdm/wiring.py's)."""
+
+    def targets(self):
+        return ["t/full_table.parquet"]
+
+    def resources(self, rule):
+        return {"mem_mb": 100, "runtime": 1}
+
+    def transcripts(self):
+        return {"l/full_run.jsonl": SPEC}
+
+    def records(self):
+        return [RunRecord(method="full", config="c", seed=0, metrics="m/full.json", ledgers=("l/full_run.jsonl",))]
+
+    def bundle_runs(self):
+        return ["r1"]
+
+    def bundle(self, run):
+        return f"bundle of {run}"
+
+
+class _TargetsOnly:
+    def targets(self):
+        return ["t/only_table.parquet"]
+
+    def resources(self, rule):
+        return {}
+
+
+def test_one_register_call_registers_whatever_the_wiring_gives():
+    reg = MethodRegistry()
+    reg.register(_Full(), method="full")
+    reg.register(_TargetsOnly(), method="only")
+    assert reg.methods == ["full", "only"]
+    assert reg.targets(["full", "only"]) == [Path("t/full_table.parquet"), Path("t/only_table.parquet")]
+    assert reg.transcripts(["full", "only"]) == {Path("l/full_run.jsonl"): SPEC}
+    assert [r.metrics for r in reg.runs(["full", "only"])] == ["m/full.json"]
+    assert reg.bundle_runs(["full", "only"]) == [("full", "r1")] and reg.bundle("full", "r1") == "bundle of r1"
+
+
+def test_a_wiring_is_named_by_its_method_package_and_anything_else_is_refused(tmp_path):
+    from pipeline.methods.sensgeo.wiring import Wiring
+    from pipeline.registry import method_of
+
+    from tests.methods import house
+
+    assert method_of(Wiring(house(tmp_path))) == "sensgeo"
+    reg = MethodRegistry()
+    reg.register(Wiring(house(tmp_path)))
+    assert reg.methods == ["sensgeo"]
+    with pytest.raises(TypeError, match="is no method's wiring"):
+        reg.register(_TargetsOnly())  # defined in the tests, not in pipeline/methods/<method>/wiring.py
+    with pytest.raises(TypeError, match="needs targets"):
+        reg.register(object(), method="x")  # type: ignore[arg-type]
+    half = type("Half", (_TargetsOnly,), {"bundle_runs": lambda self: []})
+    with pytest.raises(TypeError, match="both bundle_runs"):
+        reg.register(half(), method="half")

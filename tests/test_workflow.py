@@ -537,12 +537,23 @@ def test_an_old_enabled_key_is_a_one_line_error_naming_the_methods_list(repo, tm
                       "(e.g. methods: [dpdm]); remove dpdm.enabled"]
 
 
-#: a method's rule file as a new method writes it: its rule, its targets and its ledger transcript,
-#: registered from the file itself (registered under `sensgeo`, a name the schema's methods list accepts)
+#: a method's rule file as a new method writes it: its rule, and a wiring giving its targets and its ledger
+#: transcript, registered from the file itself (under `sensgeo`, a name the schema's methods list accepts)
 PLUGIN_SMK = """
-register_targets("sensgeo", lambda: [TABLES / "plugin_table.parquet"])
-register_transcripts("sensgeo", lambda: {EXPDIR / "ledger" / "plugin_run.jsonl": TranscriptSpec(
-    claims=3, run="plugin_run", stage="plugin", delta=1e-5, data=DATA / "private_train.npz", params={"count": 1})})
+class PluginWiring:
+    def targets(self):
+        return [TABLES / "plugin_table.parquet"]
+
+    def resources(self, rule):
+        return HOUSE.resources("all_runs_table")
+
+    def transcripts(self):
+        return {EXPDIR / "ledger" / "plugin_run.jsonl": TranscriptSpec(
+            claims=3, run="plugin_run", stage="plugin", delta=1e-5, data=DATA / "private_train.npz",
+            params={"count": 1})}
+
+
+register(PluginWiring(), method="sensgeo")
 
 
 rule plugin_table:

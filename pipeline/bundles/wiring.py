@@ -1,6 +1,6 @@
 """Where bundles go and what their jobs read: rules ``export_bundle`` and ``export_bundles`` (``rules/bundles.smk``).
 
-A method registers its private runs' bundles (``register_bundles``: :class:`pipeline.registry.BundleSpec`); this
+A method registers its private runs' bundles (its wiring's ``bundle_runs``/``bundle``: :class:`pipeline.registry.BundleSpec`); this
 turns them into paths (``results/bundles/<method>/<run>/``, every one of them in ``all``) and the export job's
 inputs and params. Nothing here imports Snakemake: ``tests/bundles/test_wiring.py``.
 """
@@ -64,7 +64,7 @@ class Wiring:
         missing = [t for t in b.transcripts if Path(t) not in registered]
         if missing:
             raise ValueError(f"bundle {wildcards.method}/{wildcards.run}: transcript {missing[0]} is not registered "
-                             f"(register_transcripts)")
+                             f"(its wiring's transcripts())")
         expected = {Path(t).stem: registered[Path(t)].as_dict() for t in b.transcripts}
         return params_json(method=wildcards.method, run=wildcards.run, experiment=self.house.config["experiment"],
                            kind=b.kind, dataset=self.dataset, epsilon_target=b.epsilon_target, expected=expected,

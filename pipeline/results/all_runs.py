@@ -1,7 +1,7 @@
 """Every method side by side: ``all_runs.parquet`` and the privacy-utility figure.
 
 One row per evaluated (method, configuration, seed) that a method's rule file registered
-(``register_runs``, :class:`pipeline.registry.RunRecord`): the metrics of the shared
+(its wiring's ``records()``, :class:`pipeline.registry.RunRecord`): the metrics of the shared
 ``evaluate_samples`` stage, the certified eps recomputed here from the run's own ledger
 transcripts (every line checked against its parameters, the lines of one run composed in one
 PLD: STRAIGHTDP's release + THA), and the cost of the jobs that made it (their rows of
