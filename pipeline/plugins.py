@@ -77,6 +77,10 @@ class Method:
     #: dropping what a later file switched off
     prepare_config: str | None = None
 
+    #: its name in the documentation: the docs nav's entry of its page ``docs/methods/<name>.md`` and its link on the
+    #: methods index (both derived, :mod:`docs.hooks.generated_pages`); the method's name where it declares none
+    title: str | None = None
+
     def __post_init__(self) -> None:
         if self.report_prefixes and self.report_category is None:
             raise ValueError(f"method {self.name!r}: report_prefixes need a report_category")
@@ -96,6 +100,11 @@ def methods() -> dict[str, Method]:
             raise RuntimeError(f"pipeline/methods/{name} declares METHOD.name {declared.name!r}")
         out[name] = declared
     return out
+
+
+def in_order() -> list[Method]:
+    """Every method's declaration, those with a :attr:`Method.position` first in that order, then the rest by name."""
+    return sorted(methods().values(), key=lambda m: (m.position is None, m.position or 0, m.name))
 
 
 def default_methods() -> list[str]:

@@ -81,7 +81,8 @@ def test_api_page_has_every_privacy_module(repo):
 
 
 def test_every_page_is_in_the_nav_and_the_site_stays_offline(repo):
-    cfg = _mkdocs_config(repo)
+    # the nav as the build sees it: mkdocs.yml's, with the method pages the hook derives from the declarations
+    cfg = _hook(repo).on_config({**_mkdocs_config(repo), "config_file_path": str(repo / "mkdocs.yml")})
     nav = _nav_pages(cfg["nav"])
     pages = sorted(str(p.relative_to(repo / "docs")) for p in (repo / "docs").rglob("*.md"))
     assert sorted(nav) == pages
@@ -95,6 +96,19 @@ def test_every_page_is_in_the_nav_and_the_site_stays_offline(repo):
                           ("straightdp", "straightdp"), ("baselines", "baselines")):
         text = (repo / "docs" / "methods" / f"{page}.md").read_text()
         assert f"<!-- config-reference: {section} -->" in text and "<!-- captions: " in text, page
+
+
+def test_the_method_pages_are_in_the_nav_by_their_declarations_not_by_a_hand_list(repo):
+    hook = _hook(repo)
+    written = _nav_pages(_mkdocs_config(repo)["nav"])
+    assert not [p for p in written if p.startswith("methods/") and p != "methods/index.md"]  # none by hand
+    derived = hook.method_pages(repo)
+    assert derived[0] == ("SENSGEO", "methods/sensgeo.md")  # METHOD.position: sensgeo 2, empden 3, ...
+    assert [page for _, page in derived] == ["methods/sensgeo.md", "methods/empden.md", "methods/dpdm.md",
+                                             "methods/straightdp.md", "methods/baselines.md"]
+    index = hook.on_page_markdown("pages: <!-- method-pages -->.", None,
+                                  {"config_file_path": str(repo / "mkdocs.yml")}, None)
+    assert "[DPDM](dpdm.md)" in index and "<!--" not in index
 
 
 def test_readme_is_the_first_ten_minutes(repo):

@@ -10,6 +10,10 @@ of ``pipeline/privacy/`` found on disk, so a new mechanism module appears withou
 A method page's ``<!-- config-reference: SECTION -->`` renders that section's keys, and its
 ``<!-- captions: PREFIX -->`` the report's caption of each of its tables and figures
 (``report/captions/PREFIX*.rst``).
+The nav's ``Methods`` section and the methods index's ``<!-- method-pages -->`` list each method's page
+(``docs/methods/<method>.md``) from the methods' declarations (``pipeline.plugins``: ``METHOD.title``, in
+``METHOD.position`` order), so a method added by its own folder and page is in the site without editing
+``mkdocs.yml``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import sys
 from pathlib import Path
 
 MARKER = "<!-- config-reference -->"
+METHOD_PAGES_MARKER = "<!-- method-pages -->"
+#: the nav section the method pages go in (its first entry, the methods index, stays as mkdocs.yml writes it)
+METHODS_NAV = "Methods"
 API_MARKER = "<!-- privacy-api -->"
 PRIVACY = Path("pipeline") / "privacy"
 CAPTIONS = Path("report") / "captions"
@@ -169,6 +176,28 @@ _SECTION = re.compile(r"<!-- config-reference: ([a-z_]+) -->")
 _CAPTIONS = re.compile(r"<!-- captions: ([a-z_0-9]+) -->")
 
 
+def method_pages(root: Path) -> list[tuple[str, str]]:
+    """(title, ``methods/<method>.md``) of every method with a page in ``docs/methods/``, in the declarations' order
+    (:func:`pipeline.plugins.in_order`)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from pipeline.plugins import in_order
+
+    return [(m.title or m.name, f"methods/{m.name}.md") for m in in_order()
+            if (root / "docs" / "methods" / f"{m.name}.md").is_file()]
+
+
+def on_config(config):
+    """The nav's ``Methods`` section: its index page, then each method's page (:func:`method_pages`)."""
+    root = Path(config["config_file_path"]).parent
+    for entry in config["nav"] or []:
+        if isinstance(entry, dict) and METHODS_NAV in entry:
+            index = [e for e in entry[METHODS_NAV] if e == "methods/index.md"]
+            entry[METHODS_NAV] = index + [{title: page} for title, page in method_pages(root)]
+            return config
+    raise ValueError(f"mkdocs.yml: the nav has no {METHODS_NAV!r} section for the method pages")
+
+
 def on_page_markdown(markdown, page, config, files):  # noqa: ARG001 (MkDocs hook signature)
     root = Path(config["config_file_path"]).parent
     if MARKER in markdown:
@@ -177,6 +206,9 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ARG001 (MkDocs hoo
         schema = load_schema(root)
         markdown = _SECTION.sub(lambda m: render_section(schema, m.group(1)), markdown)
     markdown = _CAPTIONS.sub(lambda m: render_captions(root, m.group(1)), markdown)
+    if METHOD_PAGES_MARKER in markdown:
+        markdown = markdown.replace(METHOD_PAGES_MARKER, ", ".join(
+            f"[{title}]({Path(page).name})" for title, page in method_pages(root)))
     if API_MARKER in markdown:
         markdown = markdown.replace(API_MARKER, render_api(root))
     return markdown

@@ -8,6 +8,7 @@ Rules: ``rules/baselines.smk`` and ``rules/report.smk`` (all_runs); runs and the
 from pipeline.plugins import Method
 
 METHOD = Method("baselines", position=7, report_category="7 Baselines", report_prefixes=("baselines",), audited=True,
+                title="Baselines (DP-MERF, PE, DP-SGD fine-tuning)",
                 resumable_rules=("privimage_pretrain", "dp_ldm_pretrain"),
                 streams="pipeline.methods.baselines.streams:STREAMS",
                 bundle_samplers=(("dp_merf", "pipeline.methods.baselines.bundle:sample"),),

@@ -13,6 +13,7 @@ file). Rules: ``rules/dpdm.smk``.
 from pipeline.plugins import Method
 
 METHOD = Method("dpdm", position=5, report_category="4 DPDM", report_prefixes=("dpdm",), audited=True,
+                title="DPDM",
                 data_parallel_stages=("train_dpdm",), resumable_rules=("train_dpdm",),
                 streams="pipeline.methods.dpdm.streams:STREAMS",
                 bundle_samplers=(("dpdm", "pipeline.methods.dpdm.bundle:sample"),),

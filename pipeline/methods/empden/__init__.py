@@ -6,6 +6,7 @@ Rules: ``rules/empden.smk``; cells and their names: ``pipeline/sampling/empden_g
 from pipeline.plugins import Method
 
 METHOD = Method("empden", position=3, report_category="3 EMPDEN", report_prefixes=("empden",), audited=True,
+                title="EMPDEN",
                 streams="pipeline.methods.empden.streams:STREAMS",
                 workloads="pipeline.methods.empden.workloads:WORKLOADS",
                 config_checks="pipeline.methods.empden.checks:config_checks")

@@ -6,6 +6,7 @@ Rules: ``rules/sensgeo.smk``. The mathematics: ``pipeline/privacy/sensgeo/``.
 from pipeline.plugins import Method
 
 METHOD = Method("sensgeo", position=2, report_category="6 SENSGEO", report_prefixes=("sensgeo",),
+                title="SENSGEO",
                 streams="pipeline.methods.sensgeo.streams:STREAMS")
 
 STAGES = {

@@ -10,6 +10,7 @@ are engines in :mod:`pipeline.flow`. Rules: ``rules/straightdp.smk``.
 from pipeline.plugins import Method
 
 METHOD = Method("straightdp", position=6, report_category="5 STRAIGHTDP", report_prefixes=("straightdp",), audited=True,
+                title="STRAIGHTDP",
                 data_parallel_stages=("train_straightdp",),
                 resumable_rules=("pretrain_straightdp", "pretrain_straightdp_arm", "train_straightdp"),
                 input_checks="pipeline.methods.straightdp.checks:input_checks",
