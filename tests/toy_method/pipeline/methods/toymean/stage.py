@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import seeds
 from pipeline.io import Split, atomic_path, save_split
 from pipeline.privacy import ledger, toymean
 from pipeline.reporting.tables import write_table
@@ -27,7 +28,7 @@ def toymean_release(inputs: Mapping[str, Path], outputs: Mapping[str, Path], par
     plan = toymean.Plan(sigma=float(params["sigma"]), N=N, delta=float(params["delta"]))
     shape = split.images.shape[1:]
     x = split.images.reshape(len(split.images), -1).astype(np.float64) / 255.0
-    rng = np.random.default_rng(int(params["seed"]))
+    rng = seeds.numpy_rng("toymean.noise", int(params["seed"]))  # its declared stream (streams.py)
     means = toymean.release(x, split.labels.astype(int), n_classes, plan, rng)
     # a class's mean image from its released sum: the classes are taken as balanced (a public assumption)
     images = np.clip(means * n_classes * 255.0 * np.sqrt(x.shape[1]), 0, 255).astype(np.uint8)
