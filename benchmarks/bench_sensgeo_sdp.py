@@ -29,7 +29,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.results.sensgeo import sdp_row  # noqa: E402
+from pipeline.methods.sensgeo.tables import sdp_row  # noqa: E402
 from pipeline.privacy.sensgeo import geometry, sdp  # noqa: E402
 
 

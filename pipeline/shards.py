@@ -8,7 +8,7 @@ S = 3 write bit-equal samples (on one kind of device: a batch of the same inputs
 kernels). Chunks rather than single outputs are the unit because a batched network call is not
 bit-for-bit the same as the same rows called alone.
 
-Plain arithmetic; which stages read it: :mod:`pipeline.sampling.empden_stage` (EMPDEN's cells).
+Plain arithmetic; which stages read it: :mod:`pipeline.methods.empden.sample_stage` (EMPDEN's cells).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # EMPDEN sampling grid (Sec. 6, App. J): one target path per cell, then the evaluation core,
 # then Tables 2, 3, 8/9, 10 and Figures 2, 3, 4 right.
-# Code: pipeline/sampling/empden_stage.py (sampling), pipeline/results/empden_results.py
-# (tables, figures); cells and their names: pipeline/sampling/empden_grid.py; each rule's resources:
+# Code: pipeline/methods/empden/sample_stage.py (sampling), pipeline/methods/empden/results.py
+# (tables, figures); cells and their names: pipeline/methods/empden/grid.py; each rule's resources:
 # pipeline/methods/empden/costs.py (a sampling job's runtime: its own cell's counted work).
 #
 #   snakemake results/digits/samples/empden/hybrid/p50_B100_T3_beta1_s0.npz     one cell
@@ -9,7 +9,7 @@
 # Numbers in paths have no dots: beta 0.5 is beta0p5, sigma_min 0.002 is smin0p002.
 
 from pipeline.runs import NUMBER_PATTERN
-from pipeline.sampling.empden_grid import CELL_PATTERN
+from pipeline.methods.empden.grid import CELL_PATTERN
 from pipeline.methods.empden.wiring import Wiring as _EmpdenWiring
 
 #: EMPDEN's cells, paths and params (pipeline/methods/empden/wiring.py)

@@ -1,6 +1,6 @@
 # EMPDEN proxy diagnostics (Sec. 3.3, 6.3, App. F): is the empirical denoiser on the private
 # set a proxy for the public neural denoiser along the sampling trajectory?
-# Code: pipeline/diagnostics/empden_proxy.py. They read the private set without DP (as the
+# Code: pipeline/methods/empden_diagnostics/proxy.py. They read the private set without DP (as the
 # paper's do): descriptive tables, not private releases, so no ledger transcript. Tables 1/4/5/6
 # use the sampler's empirical denoiser, normaliser included (EMPDEN.normaliser_input, rules/empden.smk).
 

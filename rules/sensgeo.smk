@@ -1,5 +1,5 @@
 # SENSGEO: exact sensitivity geometry and optimal noise for the ideal denoiser (analytic, CPU).
-# Code: pipeline/results/sensgeo.py (stages), pipeline/privacy/sensgeo/ (the mathematics).
+# Code: pipeline/methods/sensgeo/tables.py (stages), pipeline/privacy/sensgeo/ (the mathematics).
 # No inputs: every public domain K and random covariance is drawn from sensgeo.seed.
 # Each rule's resources: pipeline/methods/sensgeo/costs.py (REQUESTS).
 

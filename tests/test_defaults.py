@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.results.empden_accounting import AccountingConfig
+from pipeline.methods.accounting.blocks import AccountingConfig
 from pipeline.config import load_schema, schema_defaults, validate_config
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.evaluation.evalnet import TrainConfig

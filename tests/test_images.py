@@ -59,7 +59,8 @@ def test_every_pixel_survives_the_round_trip(dtype):
 
 
 def test_the_callers_keep_their_dtypes():
-    from pipeline.sampling import empden_stage, samplers
+    from pipeline.methods.empden import sample_stage as empden_stage
+    from pipeline.sampling import samplers
     from pipeline.training.data import to_model_scale
 
     assert to_model_scale(ALL_PIXELS).dtype == torch.float32

@@ -13,7 +13,7 @@ from pipeline.baselines.runs import RUN_NAME as BASELINE_NAME
 from pipeline.baselines.runs import BaselineRun, method_pattern
 from pipeline.runs import (
     NUMBER_PATTERN, RunGrammar, RunNameError, choice, fmt_num, integer, number, parse_num, word)
-from pipeline.sampling.empden_grid import CELL_NAMES, CELL_PATTERN, Cell
+from pipeline.methods.empden.grid import CELL_NAMES, CELL_PATTERN, Cell
 from pipeline.stage import PipelineError
 from pipeline.methods.dpdm.runs import RUN_NAME as DPDM_NAME
 from pipeline.methods.dpdm.runs import DpdmRun

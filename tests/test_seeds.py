@@ -26,7 +26,7 @@ def test_legacy_streams_are_the_derivations_every_table_was_drawn_with(seed):
 
 
 def test_the_proxy_streams_are_its_seedsequence_keys():
-    from pipeline.diagnostics import empden_proxy as px
+    from pipeline.methods.empden_diagnostics import proxy as px
 
     for purpose, keys, old_keys in [("empden_proxy.start", (5, 7), (5, 7, 1)), ("empden_proxy.steps", (5, 7), (5, 7, 2)),
                                     ("empden_proxy.redraw", (5, 2, 1), (5, 3, 2, 1)),

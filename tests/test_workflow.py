@@ -120,7 +120,7 @@ TINY = {
         "toy": {"n": 200},
     },
     "accounting": {"p": [55], "B": [25], "N_out": 50, "asr_q": [0.01], "asr_N": 40},
-    # SENSGEO's six stages have their own stage tests (tests/results/test_sensgeo.py);
+    # SENSGEO's six stages have their own stage tests (tests/methods/sensgeo/test_tables.py);
     # leaving them out here keeps the suite under 5 minutes on 2 cores
     "methods": ["accounting", "empden", "empden_diagnostics", "dpdm", "straightdp", "baselines", "audit"],
     "audit": {"canaries": 50,

@@ -1,12 +1,8 @@
-"""Diagnostics that explain a method rather than score it.
+"""Diagnostics that explain a method rather than score it: the classifiers the diagnostics score images with
+(:mod:`.classifiers`: the evaluation net, zero-shot CLIP) and the image-space agreement metrics and bootstrap
+intervals (:mod:`.image_metrics`).
 
-:mod:`pipeline.diagnostics.empden_proxy` -- EMPDEN Sec. 3.3, Sec. 6.3 and App. F: how far the
-(clipped) empirical denoiser is a proxy for the public neural denoiser along the sampling
-trajectory (Table 4, Figure 1), what survives to the released sample when one is substituted
-for the other inside a window of steps (Tables 1, 5, 6), and where the critical window lies
-(Figure 6a). :mod:`pipeline.diagnostics.image_metrics` holds the image-space agreement
-metrics and bootstrap intervals those tables use.
-
-These diagnostics read the private set *without* differential privacy (as the paper's do):
-their tables describe the method and are not private releases; no ledger line is written.
+EMPDEN's proxy diagnostics (Sec. 3.3, Sec. 6.3, App. F), which stand on them, are their method's own code:
+``pipeline/methods/empden_diagnostics/proxy.py``. They read the private set *without* differential privacy (as the
+paper's do): their tables describe the method and are not private releases; no ledger line is written.
 """

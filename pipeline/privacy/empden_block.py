@@ -46,7 +46,7 @@ SCHEMES: tuple[str, ...] = ("per_output", "per_step", "full_batch")
 MECHANISM_NAMES = {"per_output": "empden_outputwise_block", "per_step": "empden_per_step_subsampled",
                    "full_batch": "empden_full_batch"}
 SAMPLING_SCHEMES = {"per_output": "fixed_size_per_output", "per_step": "fixed_size_per_step", "full_batch": "none"}
-#: the block scheme of each private EMPDEN cell method (pipeline.sampling.empden_grid.METHODS)
+#: the block scheme of each private EMPDEN cell method (pipeline.methods.empden.grid.METHODS)
 CELL_METHOD_SCHEMES: dict[str, Scheme] = {"hybrid": "per_output", "per_step": "per_step", "full_batch": "full_batch"}
 
 
@@ -205,7 +205,7 @@ class EmpdenBlock:
 
     @classmethod
     def from_facts(cls, facts: Mapping[str, Any]) -> EmpdenBlock:
-        """The private block of a sampled cell, from its manifest facts (``pipeline.sampling.empden_stage``).
+        """The private block of a sampled cell, from its manifest facts (``pipeline.methods.empden.sample_stage``).
 
         The facts carry the clip the sampler applied (``C_used``, already scaled), so the rebuilt
         block's mu_bar_B (eq. 9) is the sampler's to the last bit.

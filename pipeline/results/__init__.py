@@ -1,14 +1,12 @@
-"""Result stages: each method's tables and figures, built from its outputs and the accountants.
+"""Result stages over every method: the table of every evaluated run and the runtime table.
 
-* :mod:`.empden_accounting` -- EMPDEN's sampling-time accounting: ``empden_blocks`` accounts
-  every private block of the paper's grid once (mu_bar_B, q_B, eps from every accountant) and
-  writes the claims to the ledger; the table stages turn it into Tables 7, 8/9 (eps columns),
-  11, 12 and Table 13 (theoretical ASR).
-* :mod:`.empden_accounting_figures` -- EMPDEN Figures 4 (left, middle), 5 and 7 (GDP, exact).
-* :mod:`.empden_results` -- the sampled EMPDEN cells joined with their metrics and eps (Tables 8
-  grid, 2, 3, 10; Figures 3, 4 right).
-* :mod:`.sensgeo` -- SENSGEO's exact-geometry tables and figures.
+* :mod:`.all_runs` -- ``all_runs.parquet``: one row per evaluated (configuration, seed) of the chosen methods, its
+  certified eps recomputed from its ledger transcripts by the replay's accountant, beside its metrics and cost; the
+  privacy-utility figure; and the row builders a method's own run table uses (:func:`.all_runs.run_rows`).
+* :mod:`.runtime` -- the runtime table and figure, from every job's benchmark file.
+* :mod:`.baselines` -- the baselines' run table (its rows are all_runs' rows of the baselines).
 
-Numbers come from :mod:`pipeline.privacy` and the method's samples; these modules only arrange
-and write them. The ledger replay, an audit of the claims, is :mod:`pipeline.privacy.replay`.
+Each method's own tables and figures live in its folder (``pipeline/methods/<method>/``). Numbers come from
+:mod:`pipeline.privacy` and the methods' samples; these modules only arrange and write them. The ledger replay, an
+audit of the claims, is :mod:`pipeline.privacy.replay`.
 """

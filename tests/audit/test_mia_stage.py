@@ -14,7 +14,7 @@ from pipeline.config import schema_defaults
 from pipeline.io import Split, save_split
 from pipeline.privacy.mia import STOPPING_POINTS
 from pipeline.reporting.tables import read_table
-from pipeline.results.empden_accounting import empden_table13_theoretical_asr
+from pipeline.methods.accounting.blocks import empden_table13_theoretical_asr
 from pipeline.stage import PipelineError
 from pipeline.training.dp_denoiser import train_dp_denoiser
 from pipeline.methods.audit.twin import train_dpdm_twin

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.diagnostics import empden_proxy as dx
+from pipeline.methods.empden_diagnostics import proxy as dx
 from pipeline.diagnostics.classifiers import EvalNetClassifier, ZeroShotCLIP
 from pipeline.evaluation.evalnet import EvalNet
 from pipeline.stage import PipelineError

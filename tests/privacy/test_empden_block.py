@@ -7,15 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.results.empden_accounting import AccountingConfig, block_plan
+from pipeline.methods.accounting.blocks import AccountingConfig, block_plan
 from pipeline.config import validate_config
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger, rebuild
 from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.privacy.schedule import EDMSchedule
-from pipeline.sampling.empden_grid import Cell
-from pipeline.sampling.empden_stage import cell_block
+from pipeline.methods.empden.grid import Cell
+from pipeline.methods.empden.sample_stage import cell_block
 
 SCHEDULE = EDMSchedule(N=12)
 ACCOUNTING = {**validate_config({})["accounting"], "N": 12, "C": 0.5, "beta": 1.0}

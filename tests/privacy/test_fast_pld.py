@@ -9,7 +9,7 @@ from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld import privacy_loss_mechanism as plm
 
-from pipeline.results import empden_accounting as empden
+from pipeline.methods.accounting import blocks as empden
 from pipeline.config import validate_config
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import fast_pld

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.results import empden_accounting as accounting
+from pipeline.methods.accounting import blocks as accounting
 from pipeline.privacy.replay import Registered, ReplayError, audit, recompute, replay
 from pipeline.config import validate_config
 from pipeline.io import Split
@@ -27,8 +27,8 @@ from pipeline.privacy import (dp_merf, dpsgd, ledger, mean_embedding, moments, p
                               semantic_histogram, text_moments, tha)
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule
-from pipeline.sampling import empden
-from pipeline.sampling.empden_stage import trajectories
+from pipeline.sampling import empirical as empden
+from pipeline.methods.empden.sample_stage import trajectories
 from pipeline.stage import PipelineError
 from tests.ledgers import EXPERIMENT, SPLIT_SHA, bind, registration, split_file
 from tests.ledgers import replay_stage as run_replay

@@ -36,9 +36,9 @@ from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import certify, ledger, rebuild
 from pipeline.privacy.replay import ReplayError, replay
-from pipeline.results.empden_accounting import empden_blocks
-from pipeline.sampling.empden_grid import Cell
-from pipeline.sampling.empden_stage import empden_figure2_trajectories, empden_gather, empden_sample
+from pipeline.methods.accounting.blocks import empden_blocks
+from pipeline.methods.empden.grid import Cell
+from pipeline.methods.empden.sample_stage import empden_figure2_trajectories, empden_gather, empden_sample
 from pipeline.wiring import House
 from tests.ledgers import EXPERIMENT, registration
 from tests.ledgers import replay_stage as run_replay

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.sampling import samplers
-from pipeline.sampling.empden import edm_heun
+from pipeline.sampling.empirical import edm_heun
 
 SHAPE = (1, 2, 2)
 

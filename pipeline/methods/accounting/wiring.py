@@ -16,7 +16,7 @@ import pipeline.resources as cost
 from pipeline.config import ConfigError
 from pipeline.methods.accounting import costs
 from pipeline.registry import LineParams, TranscriptSpec
-from pipeline.results.empden_accounting import AccountingConfig, block_plan, claim_parameters
+from pipeline.methods.accounting.blocks import AccountingConfig, block_plan, claim_parameters
 from pipeline.wiring import House, stage_params
 
 #: accounting keys that only list the accounting tables' grids; the EMPDEN mechanism itself
@@ -119,8 +119,8 @@ class Wiring:
 
     def transcripts(self) -> dict[Path, TranscriptSpec]:
         """One claim per accounted block: configuration claims, which read no private data, each registered with its
-        block as the configuration gives it (the stage's own plan: :func:`~pipeline.results.empden_accounting.
-        block_plan` over the section and n, each row's :func:`~pipeline.results.empden_accounting.claim_parameters`):
+        block as the configuration gives it (the stage's own plan: :func:`~pipeline.methods.accounting.blocks.
+        block_plan` over the section and n, each row's :func:`~pipeline.methods.accounting.blocks.claim_parameters`):
         the (p, B) grid's blocks with their schedule, k, C, beta, B, n and N_out (``extra.source = "schedule"``),
         then one per ``mu_bar_B`` given directly with that mu_bar_B (``"given"``: only these may say so)."""
         cfg = AccountingConfig.from_params({"accounting": self.section, "n": self.n})

@@ -30,7 +30,7 @@ from pipeline.methods.accounting import costs as accounting_costs
 from pipeline.privacy.empden_block import GATHER_MAX_FRACTION
 from pipeline.privacy.schedule import k_private_steps
 from pipeline.resources import LIGHT_JOB, Request, Requested
-from pipeline.sampling.empden_grid import Cell, cell_from_wildcards
+from pipeline.methods.empden.grid import Cell, cell_from_wildcards
 
 Config = Mapping[str, Any]
 
@@ -77,7 +77,7 @@ def normaliser_records(config: Config) -> int:
 
 
 def cell_work(config: Config, cell: Cell) -> CellWork:
-    """Per-output work of ``cell`` on the accounting section's grids (pipeline.sampling.empden_plan.schedule_of)."""
+    """Per-output work of ``cell`` on the accounting section's grids (pipeline.methods.empden.plan.schedule_of)."""
     a = config["accounting"]
     n, m = private_records(config), normaliser_records(config)
     if cell.method == "full_batch":
@@ -197,9 +197,9 @@ def sample_gpu_memory(config: Config, method: str) -> cost.MemoryPlan:
 
 def figure2_gpu_memory(config: Config) -> cost.MemoryPlan:
     """EMPDEN Fig. 2's GPU memory (rule empden_figure2_trajectories): the private block for its rows
-    (:func:`private_block_bytes`, pipeline/sampling/empden_stage.py ``trajectories``), the public normaliser's records,
+    (:func:`private_block_bytes`, pipeline/methods/empden/sample_stage.py ``trajectories``), the public normaliser's records,
     and the public UNet's forward over those rows."""
-    from pipeline.sampling.empden_plan import figure2_rows
+    from pipeline.methods.empden.plan import figure2_rows
 
     rows = figure2_rows(config["empden"]["figure2"])
     d = cost.image_channels(config) * cost.image_side(config) ** 2

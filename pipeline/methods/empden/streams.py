@@ -9,7 +9,7 @@ from __future__ import annotations
 from pipeline.seeds import Stream
 
 STREAMS: tuple[Stream, ...] = (
-    # EMPDEN sampling (pipeline.sampling.empden_stage)
+    # EMPDEN sampling (pipeline.methods.empden.sample_stage)
     Stream("empden.chunk", "initial states, subsets, mechanism and re-noising noise of one batch of a cell "
            "(key: the batch's index in the cell's run; pipeline.shards)"),
     Stream("empden.normaliser_subset", "the fixed public subset of the public-marginal normaliser "

@@ -1,6 +1,6 @@
 """EMPDEN's wiring (``rules/empden.smk``): its cells' paths and params, the tables' inputs, its targets, the ledger
 transcripts the replay checks and the runs all_runs.parquet reads. Cells and their names:
-:mod:`pipeline.sampling.empden_grid`.
+:mod:`pipeline.methods.empden.grid`.
 
 Plain Python over one :class:`~pipeline.wiring.House` (no Snakemake): ``tests/methods/empden/test_wiring.py``.
 """
@@ -17,8 +17,8 @@ from pipeline.methods.empden import costs
 from pipeline.methods.accounting.wiring import EPS_KEYS, line_params, mechanism
 from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.registry import BundleSpec, LineParams, RunRecord, TranscriptSpec
-from pipeline.sampling.empden_grid import Cell, cell_from_wildcards, grid_cells
-from pipeline.sampling.empden_plan import cell_block, figure2_blocks, job_outputs
+from pipeline.methods.empden.grid import Cell, cell_from_wildcards, grid_cells
+from pipeline.methods.empden.plan import cell_block, figure2_blocks, job_outputs
 from pipeline.wiring import House, io_args, stage_params
 
 #: the empirical denoiser's normaliser settings (empden.normaliser, empden.normaliser_n): params of every job that
@@ -165,7 +165,7 @@ class Wiring:
     # ---------------------------------------------------------------- the grid and its inputs
 
     def cells(self) -> list[Cell]:
-        """Every EMPDEN sampling cell of the config (:func:`pipeline.sampling.empden_grid.grid_cells`)."""
+        """Every EMPDEN sampling cell of the config (:func:`pipeline.methods.empden.grid.grid_cells`)."""
         return grid_cells(self.section, self.house.config["accounting"])
 
     @property
@@ -291,7 +291,7 @@ class Wiring:
         """Each cell that reads private data writes its own transcript (parallel jobs never append to the same
         file) with one claim per shard (one unsharded), bound to the cell (its ledger stem); Figure 2 writes two
         (output-wise and per-step). Every line at the accounting delta, on the private split, and with the
-        parameters of the block the configuration runs (:mod:`pipeline.sampling.empden_plan`, as the stages build
+        parameters of the block the configuration runs (:mod:`pipeline.methods.empden.plan`, as the stages build
         it): its mechanism, schedule, k, C (as applied), beta, B, n (the declared N) and outputs. EMPDEN's noise is
         configured, not calibrated: those parameters fix every line's event."""
         common = dict(delta=self.house.config["accounting"]["delta"], data=self.house.layout.split("private_train"))

@@ -1,6 +1,6 @@
 """EMPDEN's proxy diagnostics (EMPDEN Sec. 3.3, 6.3, App. F; Tables 1, 4, 5, 6; Figures 1, 6a): non-private, flagged.
 
-Rules: ``rules/empden_diagnostics.smk``.
+Its stages: ``proxy.py``. Rules: ``rules/empden_diagnostics.smk``.
 """
 
 from pipeline.plugins import Method
@@ -11,7 +11,7 @@ METHOD = Method("empden_diagnostics", position=4,
                 streams="pipeline.methods.empden_diagnostics.streams:STREAMS")
 
 STAGES = {
-    "empden_table4_proxy": "pipeline.diagnostics.empden_proxy:empden_table4_proxy",
-    "empden_table1_window_swap": "pipeline.diagnostics.empden_proxy:empden_table1_window_swap",
-    "empden_figure6_critical_window": "pipeline.diagnostics.empden_proxy:empden_figure6_critical_window",
+    "empden_table4_proxy": "pipeline.methods.empden_diagnostics.proxy:empden_table4_proxy",
+    "empden_table1_window_swap": "pipeline.methods.empden_diagnostics.proxy:empden_table1_window_swap",
+    "empden_figure6_critical_window": "pipeline.methods.empden_diagnostics.proxy:empden_figure6_critical_window",
 }

@@ -2,7 +2,7 @@
 
 They were SeedSequence streams before the seed scheme (``[seed, *keys, k]``, ``[seed, k, *keys]``), and keep
 those derivations so the diagnostics' numbers do not move; declared here so that :func:`pipeline.seeds.stream`
-finds them without the caller importing pipeline.diagnostics.empden_proxy.
+finds them without the caller importing pipeline.methods.empden_diagnostics.proxy.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pipeline.seeds import Stream
 
 STREAMS: tuple[Stream, ...] = (
-    # EMPDEN proxy diagnostics (pipeline.diagnostics.empden_proxy): already SeedSequence streams
+    # EMPDEN proxy diagnostics (pipeline.methods.empden_diagnostics.proxy): already SeedSequence streams
     Stream("empden_proxy.start", "x_T of a trajectory batch (keys: batch keys)", lambda seed, *k: [seed, *k, 1]),
     Stream("empden_proxy.steps", "the N step noises of a batch (keys: batch keys)", lambda seed, *k: [seed, *k, 2]),
     Stream("empden_proxy.redraw", "re-drawn step noise of a window (keys: chunk, window)",

@@ -6,6 +6,6 @@ from __future__ import annotations
 from pipeline.seeds import Stream
 
 STREAMS: tuple[Stream, ...] = (
-    # SENSGEO result stages (pipeline.results.sensgeo): one stream per output, keyed by a salt
+    # SENSGEO result stages (pipeline.methods.sensgeo.tables): one stream per output, keyed by a salt
     Stream("sensgeo.output", "one table/figure's draws (key: the output's salt)", lambda seed, salt: [seed, salt]),
 )

@@ -16,8 +16,8 @@ from pipeline.methods.empden import costs
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.schedule import EDMSchedule
-from pipeline.sampling import empden
-from pipeline.sampling.empden_grid import Cell
+from pipeline.sampling import empirical as empden
+from pipeline.methods.empden.grid import Cell
 from tests.conftest import REPO
 
 
@@ -153,7 +153,7 @@ def test_a_cells_gpu_memory_holds_its_private_block_and_the_public_unets_batch_w
 def test_figure2s_gpu_memory_is_the_private_block_and_the_public_unet_at_its_rows(cifar10):
     from pipeline import footprint
 
-    from pipeline.sampling.empden_plan import figure2_rows
+    from pipeline.methods.empden.plan import figure2_rows
 
     d, rows = 3 * 32 * 32, figure2_rows(cifar10["empden"]["figure2"])
     n, m = costs.private_records(cifar10), costs.normaliser_records(cifar10)

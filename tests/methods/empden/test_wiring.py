@@ -16,7 +16,7 @@ from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.methods.accounting.wiring import GRID_KEYS
 from pipeline.methods.empden import costs
 from pipeline.methods.empden.wiring import FIGURE2, LABELS, Wiring
-from pipeline.sampling.empden_grid import Cell, grid_cells
+from pipeline.methods.empden.grid import Cell, grid_cells
 from pipeline.wiring import House
 from tests.methods import check_requests, house
 

@@ -13,7 +13,7 @@ stages only select and rename columns, so the same block is never accounted twic
 These tables are the paper's own grid (``accounting.p`` x ``accounting.B`` at
 ``accounting.N_out``, or ``accounting.mu_bar_B`` given directly), not the sampled cells, and
 say so in their ``grid`` column; the eps of the runs actually sampled (``empden.grid`` at
-``empden.n_out``) is Table 8's join, :func:`pipeline.results.empden_results.empden_table8_grid`.
+``empden.n_out``) is Table 8's join, :func:`pipeline.methods.empden.results.empden_table8_grid`.
 """
 
 from __future__ import annotations

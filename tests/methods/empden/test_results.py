@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.results.empden_results import (empden_figure3_tradeoffs, empden_figure4_samples,
+from pipeline.methods.empden.results import (empden_figure3_tradeoffs, empden_figure4_samples,
                                              empden_table2_comparison, empden_table3_beta, empden_table8_grid,
                                              empden_table10_seeds, figure3_of, figure4_of)
 from pipeline.config import validate_config
@@ -23,8 +23,8 @@ from pipeline.models.edm import EDMPrecond
 from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.privacy import ledger
 from pipeline.reporting import read_table
-from pipeline.sampling.empden_grid import Cell
-from pipeline.sampling.empden_stage import empden_sample
+from pipeline.methods.empden.grid import Cell
+from pipeline.methods.empden.sample_stage import empden_sample
 from pipeline.stage import PipelineError
 
 SIDE, N_PRIVATE, N_OUT = 8, 40, 2

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from pipeline.results.empden_accounting import PARAMS_DOC, AccountingConfig
+from pipeline.methods.accounting.blocks import PARAMS_DOC, AccountingConfig
 from pipeline.privacy import accountants as acc
 from pipeline.privacy.schedule import block_mu, log_snr
 from pipeline.reporting import save_figure

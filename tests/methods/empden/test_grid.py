@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from pipeline.config import load_config
-from pipeline.sampling.empden_grid import Cell, cell_from_wildcards, fmt_num, grid_cells, parse_num
+from pipeline.methods.empden.grid import Cell, cell_from_wildcards, fmt_num, grid_cells, parse_num
 
 
 def _main_grid(cfg) -> list[Cell]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.results.empden_accounting import AccountingConfig
+from pipeline.methods.accounting.blocks import AccountingConfig
 from pipeline.config import validate_config
 from pipeline.io import Split, load_split, read_json, save_split
 from pipeline.models.checkpoint import save_denoiser
@@ -17,9 +17,9 @@ from pipeline.models.unet import UNetSpec, build_unet
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger
 from pipeline.privacy.schedule import block_mu, k_private_steps
-from pipeline.sampling.empden_grid import Cell
+from pipeline.methods.empden.grid import Cell
 from pipeline.privacy import empirical_denoiser as emp
-from pipeline.sampling.empden_stage import empden_figure2_trajectories, empden_sample, trajectories
+from pipeline.methods.empden.sample_stage import empden_figure2_trajectories, empden_sample, trajectories
 from pipeline.stage import PipelineError
 
 SIDE = 8
@@ -232,7 +232,7 @@ def test_figure2_records_the_public_normaliser_in_both_ledger_lines(files, tmp_p
                          ids=lambda c: c.method)
 def test_the_log_shows_outputs_done_after_every_batch(files, tmp_path, cell, capsys, monkeypatch):
     """A long cell's log tail says how far it is: outputs done of n_out after each batch of 4 (6 = 4 + 2)."""
-    import pipeline.sampling.empden_stage as stage_module
+    import pipeline.methods.empden.sample_stage as stage_module
 
     monkeypatch.setattr(stage_module, "PROGRESS_INTERVAL_S", 0.0)  # every batch, not every 30 s
     run(files, tmp_path, cell, n_out=6, with_ledger=cell.private)

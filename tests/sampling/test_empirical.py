@@ -11,7 +11,7 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
 from pipeline.privacy.schedule import EDMSchedule, block_mu, k_private_steps, step_mu
-from pipeline.sampling import empden
+from pipeline.sampling import empirical as empden
 
 COARSE_PLD = acc.PLDSettings(1e-3, -50.0)  # test speed only (the coarsest the replay accepts); the paper's settings are the default
 

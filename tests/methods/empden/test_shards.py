@@ -18,10 +18,10 @@ from pipeline.privacy import ledger
 from pipeline.privacy.certify import composed_entry, merged_composition, recompute
 from pipeline.privacy.replay import ReplayError, Registered, audit
 from pipeline.results.all_runs import run_privacy
-from pipeline.sampling.empden_grid import Cell
-from pipeline.sampling.empden_stage import empden_gather, empden_sample
+from pipeline.methods.empden.grid import Cell
+from pipeline.methods.empden.sample_stage import empden_gather, empden_sample
 from pipeline.stage import PipelineError
-from tests.sampling.test_empden_stage import ACCOUNTING, files  # noqa: F401 - the module's fixture
+from tests.methods.empden.test_sample_stage import ACCOUNTING, files  # noqa: F401 - the module's fixture
 
 N_OUT, BATCH, S = 10, 4, 3
 BINDING = {"run": "r", "experiment": "exp"}

@@ -5,7 +5,7 @@ facts (from the samples' manifest, written by ``empden_sample``) and its metrics
 ``evaluate_samples``), rebuilds the cell's private block from the facts
 (:meth:`pipeline.privacy.empden_block.EmpdenBlock.from_facts`: the value the sampler and its
 ledger line derived from), and accounts each distinct output-wise block (mu_bar_B, q_B, N_out) once
-with :func:`pipeline.results.empden_accounting.account_block` (App. G: certified PLD eps_u, optimistic
+with :func:`pipeline.methods.accounting.blocks.account_block` (App. G: certified PLD eps_u, optimistic
 eps_l -- NOT a bound --, Edgeworth estimate with its App. D diagnostics). Full-batch cells are
 exact GDP (Sec. 3.2), per-step cells carry their ledger's Prop. C.1 PLD bound, the public-only
 cell has eps = 0. Every other table and figure only selects rows of Table 8, so no block is
@@ -30,7 +30,7 @@ from pipeline.privacy import accountants as acc
 from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.reporting import read_table, save_figure, write_table
 from pipeline.reporting.figures import readable_log_axis
-from pipeline.results.empden_accounting import AccountingConfig, account_block
+from pipeline.methods.accounting.blocks import AccountingConfig, account_block
 from pipeline.stage import PipelineError, stage
 
 #: metric columns carried from evaluate_samples into Table 8

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.diagnostics import empden_proxy as dx
+from pipeline.methods.empden_diagnostics import proxy as dx
 from pipeline.diagnostics.classifiers import EvalNetClassifier
 from pipeline.io import Split, save_split
 from pipeline.models.edm import EDMPrecond

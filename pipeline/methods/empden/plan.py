@@ -1,7 +1,7 @@
 """What an EMPDEN run releases, from its configuration alone (no torch): a cell's schedule and private block, Figure 2's
 two blocks, and the outputs each of a cell's jobs draws.
 
-The sampling stages (:mod:`pipeline.sampling.empden_stage`) run these blocks and write each one's ledger line from it
+The sampling stages (:mod:`pipeline.methods.empden.sample_stage`) run these blocks and write each one's ledger line from it
 (:func:`pipeline.privacy.empirical_denoiser.record_block`); EMPDEN's wiring (:mod:`pipeline.methods.empden.wiring`)
 registers the same blocks' parameters for the replay, which holds every line to them. One function per fact, so the
 run and its registration cannot drift apart. The private set's size ``n`` is an argument: the stages take the split's,
@@ -16,7 +16,7 @@ from typing import Any
 from pipeline import shards
 from pipeline.diffusion.schedule import EDMSchedule
 from pipeline.privacy.empden_block import CELL_METHOD_SCHEMES, EmpdenBlock
-from pipeline.sampling.empden_grid import Cell
+from pipeline.methods.empden.grid import Cell
 
 #: trajectories Figure 2 shows when its section does not say (``empden.figure2.n_rows``)
 FIGURE2_ROWS = 4

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from pipeline.results import empden_accounting as empden
+from pipeline.methods.accounting import blocks as empden
 from pipeline.config import validate_config
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import ledger

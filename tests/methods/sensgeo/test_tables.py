@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.results import sensgeo as stages
+from pipeline.methods.sensgeo import tables as stages
 from pipeline.cli import STAGES, load_stage
 from pipeline.config import validate_config
 from pipeline.stage import PipelineError

@@ -1,13 +1,13 @@
 """Stage ``empden_sample``: one cell of the EMPDEN grid -> a split of samples and its ledger line.
 
-A cell (:class:`pipeline.sampling.empden_grid.Cell`) names the sampler and its symbols; the
+A cell (:class:`pipeline.methods.empden.grid.Cell`) names the sampler and its symbols; the
 schedule, clip norm C and the accountant settings come from the config's ``accounting``
 section, so the eps a cell claims in its ledger is the eps the accounting tables compute for
-the same (mu_bar_B, q_B, N_out). The samplers are :mod:`pipeline.sampling.empden`:
+the same (mu_bar_B, q_B, N_out). The samplers are :mod:`pipeline.sampling.empirical`:
 
-* ``hybrid`` / ``per_step``: :func:`~pipeline.sampling.empden.sample_hybrid` (Algorithm 1 /
+* ``hybrid`` / ``per_step``: :func:`~pipeline.sampling.empirical.sample_hybrid` (Algorithm 1 /
   Prop. C.1) on the N-step grid (EMPDEN: N = 39), public denoiser from t1 = t_{k-T} to 0;
-* ``full_batch``: :func:`~pipeline.sampling.empden.sample_full_batch` on the N_full_batch-step
+* ``full_batch``: :func:`~pipeline.sampling.empirical.sample_full_batch` on the N_full_batch-step
   grid (EMPDEN: 50) ending at the cell's sigma_min (Sec. 6.1, Figure 4);
 * ``public_only``: the public denoiser alone (EDM Heun over the N-step grid): no private data
   is read, no ledger line, eps = 0 (reference row of Table 2).
@@ -40,16 +40,16 @@ from pipeline.device import resolve_device
 from pipeline.images import to_uint8 as images_to_uint8
 from pipeline.images import to_unit_scale
 from pipeline.io import Split, atomic_path, load_split, read_manifest, save_split
+from pipeline.methods.empden.grid import Cell
 from pipeline.models.precision import PARAM_DOC as PRECISION_DOC
 from pipeline.models.precision import in_precision, precision_of
 from pipeline.privacy import accountants as acc
 from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy import ledger
 from pipeline.privacy.empden_block import EmpdenBlock
-from pipeline.sampling import empden
-from pipeline.sampling.empden_grid import Cell
+from pipeline.sampling import empirical as empden
 # what a cell's (and Figure 2's) run releases, from the configuration: the wiring registers the same blocks
-from pipeline.sampling.empden_plan import cell_block, figure2_blocks, figure2_rows, job_outputs, schedule_of
+from pipeline.methods.empden.plan import cell_block, figure2_blocks, figure2_rows, job_outputs, schedule_of
 from pipeline.stage import PipelineError, numbered, stage
 from pipeline.training.data import manifest_sha256
 
@@ -61,7 +61,7 @@ UNCONDITIONAL = -1
 PROGRESS_INTERVAL_S = 30.0
 
 PARAMS_DOC = {
-    "cell": "the cell: {method, seed, beta, p_percent, B, T, sigma_min} (pipeline.sampling.empden_grid.Cell)",
+    "cell": "the cell: {method, seed, beta, p_percent, B, T, sigma_min} (pipeline.methods.empden.grid.Cell)",
     "accounting": "the config's `accounting` section: schedule (sigma_min/max, rho, N, N_full_batch), C, "
                   "C_scales_with_subset, delta, discretisation, log_mass_truncation",
     "n_out": "number of samples to release (the N_out the ledger line accounts for)",
@@ -380,7 +380,7 @@ def trajectories(private: Split, public: empden.PublicDenoiser, *, p_percent: fl
     """Every state of ``n_rows`` Algorithm-1 trajectories, output-wise and per-step, from identical noise.
 
     EMPDEN Figure 2: the same initial noise (the generator is reseeded per scheme and the
-    initial state is its first draw, as in :func:`~pipeline.sampling.empden.sample_hybrid`),
+    initial state is its first draw, as in :func:`~pipeline.sampling.empirical.sample_hybrid`),
     then the private block with one B-subset reused (``per_output``) or a fresh one per step
     (``per_step``), the re-noising to t1 and the public denoiser to 0. Showing the states is a
     release of its own: both runs are recorded in ``sink`` (Prop. 4.1 and Prop. C.1) first.

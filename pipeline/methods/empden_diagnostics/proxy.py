@@ -61,8 +61,8 @@ from pipeline.privacy import empirical_denoiser as emp
 from pipeline.privacy.empden_block import EmpdenBlock
 from pipeline.privacy.schedule import k_private_steps, log_snr
 from pipeline.reporting import save_figure, write_table
-from pipeline.sampling.empden import prepare_public
-from pipeline.sampling.empden_stage import public_normaliser_data
+from pipeline.sampling.empirical import prepare_public
+from pipeline.methods.empden.sample_stage import public_normaliser_data
 from pipeline.stage import PipelineError, stage
 
 import matplotlib.pyplot as plt  # noqa: E402  (pipeline.reporting selected the Agg backend)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pipeline.results import empden_accounting_figures as figures
-from pipeline.results.empden_accounting import AccountingConfig
+from pipeline.methods.accounting import figures
+from pipeline.methods.accounting.blocks import AccountingConfig
 from pipeline.config import validate_config
 from pipeline.privacy import accountants as acc
 
@@ -56,7 +56,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from pipeline.results import empden_results, sensgeo  # noqa: E402
+from pipeline.methods.empden import results as empden_results  # noqa: E402
+from pipeline.methods.sensgeo import tables as sensgeo  # noqa: E402
 from pipeline.reporting import figures as reporting_figures  # noqa: E402
 from pipeline.reporting import write_table  # noqa: E402
 
