@@ -15,7 +15,7 @@ import copy
 import difflib
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -122,6 +122,22 @@ def schema_keys(*section: str) -> list[str]:
     """Every key the schema allows in one section, with or without a default (e.g. a method's opt-in
     switches), sorted."""
     return sorted(_schema_node(section).get("properties", {}))
+
+
+def schema_descriptions(section: str | tuple[str, ...], keys: Sequence[str]) -> dict[str, str]:
+    """The schema's description of each of ``keys`` in ``section`` (a name or a path of nested sections), in
+    ``keys``' order: what a stage whose params mirror a config section writes in its ``PARAMS_DOC`` (its ``--help``),
+    so a key is described once, where the docs' configuration reference reads it too. A key the section lacks, or
+    one without a description, is a KeyError naming it (at import: a typo fails at once)."""
+    path = (section,) if isinstance(section, str) else tuple(section)
+    properties = _schema_node(path).get("properties", {})
+    out = {}
+    for key in keys:
+        description = properties.get(key, {}).get("description")
+        if not description:
+            raise KeyError(f"schema entry {'.'.join((*path, key))} has no description")
+        out[key] = " ".join(str(description).split())
+    return out
 
 
 def schema_defaults(*section: str) -> dict[str, Any]:

@@ -132,3 +132,24 @@ def test_schema_defaults_refuses_what_is_not_a_section():
 def test_schema_defaults_hands_out_a_copy():
     schema_defaults("dpdm")["unet"]["block_out_channels"].append(64)
     assert schema_defaults("dpdm")["unet"]["block_out_channels"] == [16, 32]
+
+
+#: stage params a schema section also holds whose meaning at the stage differs from the section's (described by the
+#: stage): the run's own parameterisation (the section's is the main table's), and a UNet spec that may be "init"
+STAGE_MEANING = {"pipeline.training.dp_denoiser": {"parameterisation", "unet"}}
+
+
+@pytest.mark.parametrize("module", ["pipeline.training.dp_denoiser", "pipeline.methods.dpdm.dpsgd_classifier"])
+def test_a_stage_mirroring_a_schema_section_describes_its_keys_with_the_schemas_words(module):
+    """Issue #56, one spelling per key: the --help of a key the configuration holds is the schema's description (the
+    docs' configuration reference reads the same), not a second text."""
+    import importlib
+
+    from pipeline.config import schema_descriptions, schema_keys
+
+    stage = importlib.import_module(module)
+    section = (stage.SCHEMA_SECTION,) if isinstance(stage.SCHEMA_SECTION, str) else stage.SCHEMA_SECTION
+    schema = schema_descriptions(section, stage.SCHEMA_KEYS)
+    assert {k: stage.PARAMS_DOC[k] for k in stage.SCHEMA_KEYS} == schema
+    shared = set(stage.PARAMS_DOC) & set(schema_keys(*section))
+    assert shared - set(stage.SCHEMA_KEYS) == STAGE_MEANING.get(module, set())

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from pipeline import distributed, seeds
-from pipeline.config import schema_defaults
+from pipeline.config import schema_defaults, schema_descriptions
 from pipeline.io import atomic_path, read_json, write_json
 from pipeline.models.checkpoint import BACKBONES, read_denoiser_backbone, read_denoiser_meta, save_denoiser
 from pipeline.models.edm import edm_sigma_sampler
@@ -79,34 +79,23 @@ log = logging.getLogger(__name__)
 STAGE = "train_dpdm"
 RESUME_INSENSITIVE = ("checkpoint_every_s", "device", "threads", "micro_batch", "clipping", "config_id")
 
+#: the config section the stage's params mirror: the one source of their defaults and descriptions
+SCHEMA_SECTION = "dpdm"
+#: the stage's params that are keys of :data:`SCHEMA_SECTION`
+SCHEMA_KEYS = ("delta", "clip", "batch_size", "epochs", "lr", "K", "ema_decay", "label_dropout", "class_conditional",
+               "checkpoint_every_s", "micro_batch", "clipping", "draws", "trainable")
 PARAMS_DOC = {
+    # the keys of the dpdm section: described once, in its schema (their defaults come from there too)
+    **schema_descriptions(SCHEMA_SECTION, SCHEMA_KEYS),
     "parameterisation": "edm | vpred | vp | ve: the diffusion configuration (DPDM App. C)",
     "epsilon": "target eps (required): sigma is calibrated so the certified PLD eps of the run is <= it",
-    "delta": "target delta",
-    "clip": "per-example gradient clip norm C (DPDM uses 1)",
-    "batch_size": "expected logical batch size; Poisson sampling rate q = batch_size / N",
-    "epochs": "passes over the data: T = ceil(epochs * N / batch_size) steps (ignored if steps is set)",
     "steps": "number of DP-SGD steps T (optional; overrides epochs)",
-    "lr": "Adam learning rate (DPDM App. C: 3e-4 from scratch)",
-    "K": "noise multiplicity: (sigma, noise) draws averaged per example before clipping (DPDM 32)",
-    "ema_decay": "EMA decay of the saved weights (DPDM App. C: 0.999)",
-    "label_dropout": "probability of the null label per example and step, classifier-free guidance",
-    "class_conditional": "condition on the labels",
     "unet": "UNetSpec architecture keys (block_out_channels, attention, layers_per_block, norm_num_groups, "
             "dropout); image size, channels and classes come from the data. 'init': the public denoiser's own "
             "architecture and conditioning (input init; every tensor is copied, class_conditional is the file's)",
-    "checkpoint_every_s": "wall-clock seconds between resumable checkpoints",
-    "micro_batch": "physical micro-batch (examples per vmap call): bounds memory only",
-    "clipping": "vmap | ghost | auto (default auto): how the clipped sum is formed (pipeline.privacy.dpsgd."
-                "resolve_clipping); the same mechanism",
-    "draws": "stream | counter (default stream): how each micro-batch's diffusion draws are made (pipeline.privacy."
-             "dpsgd.counter_generator): one CPU stream, or on the device per micro-batch, the same for any number of "
-             "data-parallel processes; the same mechanism, other draws",
     "augment": "optional augmentation multiplicity {max_shift, flip}: each of an example's K draws sees its own random "
                "view (translation by up to max_shift pixels, a left-right flip when flip) (DP-Diffusion, Ghalebikesabi "
                "et al. 2023); null = none",
-    "trainable": "glob patterns of the parameter names DP-SGD updates (e.g. ['*attentions*', "
-                 "'unet.class_embedding.*']); null = every parameter",
     "sigma_range": "optional [lo, hi] (hi null: no upper end): the noise levels drawn, EDM's log-normal conditioned on "
                    "lo <= sigma < hi (edm only; DP-Promise's phases); null = every level",
     "seed": "integer seed (initialisation, sampling, diffusion draws, label dropout, the mechanism's noise; default 0)",
@@ -120,8 +109,6 @@ PARAMS_DOC = {
                     "diffusers; only in the config id)",
 }
 _KNOWN = set(PARAMS_DOC)
-#: the config section the stage's params mirror: the one source of their defaults
-SCHEMA_SECTION = "dpdm"
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from pipeline import seeds
-from pipeline.config import schema_defaults
+from pipeline.config import schema_defaults, schema_descriptions
 from pipeline.device import resolve_device
 from pipeline.evaluation.evalnet import EvalNet, load_labelled_split
 from pipeline.io import Split, atomic_path, write_json
@@ -58,18 +58,17 @@ CLASSIFIER_FORMAT = "dpgen-dpsgd-classifier/1"
 KINDS = CLASSIFIERS
 #: the dpdm schema section the stage's hyper-parameters mirror (their one source of defaults)
 SCHEMA_SECTION = ("dpdm", "dpsgd_classifier")
+#: the stage's params that are keys of :data:`SCHEMA_SECTION`
+SCHEMA_KEYS = ("clip", "batch_size", "epochs", "lr", "micro_batch")
 
 
 PARAMS_DOC = {
+    # the keys of dpdm.dpsgd_classifier: described once, in its schema (their defaults come from there too)
+    **schema_descriptions(SCHEMA_SECTION, SCHEMA_KEYS),
     "classifier": "cnn | logreg: the downstream classifier trained (the evaluation CNN's architecture, or a linear "
                   "soft-max on pixels / 255)",
     "epsilon": "target eps (required): sigma is calibrated so that the certified PLD eps of the run is <= it",
     "delta": "target delta (dpdm.delta)",
-    "clip": "per-example gradient clip norm C",
-    "batch_size": "expected logical batch size; Poisson sampling rate q = batch_size / N",
-    "epochs": "passes over the private set: T = ceil(epochs N / batch_size) DP-SGD steps",
-    "lr": "Adam learning rate",
-    "micro_batch": "examples per per-example-gradient call (memory only)",
     "width": "the CNN's width (evaluation.evalnet.width: the downstream CNN's architecture)",
     "feature_dim": "the CNN's penultimate width (evaluation.evalnet.feature_dim)",
     "seed": "seed of the initialisation, the sampling and the mechanism's noise",
