@@ -1,9 +1,10 @@
 """The house every method's wiring stands on: where a configuration's files go and how a stage's params are written.
 
-A method's wiring (``pipeline/methods/<method>.py``: its runs, their paths and params, its targets,
-transcripts and all_runs records) is plain Python over one :class:`House`, so it is unit-tested like any
-other code; ``rules/common.smk`` builds the one House of a Snakemake run from the validated config and
-the rule files only wire its paths and params into rules. Nothing here imports Snakemake.
+A method's wiring (``pipeline/methods/<method>/wiring.py``: its runs, their paths and params, its targets,
+transcripts, all_runs records and bundles; a :class:`pipeline.registry.MethodWiring`) is plain Python over one
+:class:`House`, so it is unit-tested like any other code; ``rules/common.smk`` builds the one House of a Snakemake
+run from the validated config, and the rule files only wire its paths and params into rules and register the
+wiring (``register(WIRING)``). Nothing here imports Snakemake.
 """
 
 from __future__ import annotations
