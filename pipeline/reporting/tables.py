@@ -98,5 +98,16 @@ def which_main(argv: list[str] | None = None) -> int:
             status = 1
             continue
         print(f"{path}\n  stage  {who['stage']}  (python -m pipeline {who['stage']} --help)\n"
-              f"  code   {who['code']}  ({who['source']})\n  rebuild: snakemake --cores 1 --force {path}")
+              f"  code   {who['code']}  ({who['source']})")
+        if (now := current_code(who["stage"])) not in (None, who["code"]):
+            print(f"  now    {now}  (the stage's code moved since the table was written)")
+        print(f"  rebuild: snakemake --cores 1 --force {path}")
     return status
+
+
+def current_code(stage_name: str) -> str | None:
+    """``module:function`` the CLI runs for ``stage_name`` today (``python -m pipeline``'s stages), or None for a
+    stage it does not know."""
+    from pipeline.cli import STAGES  # the CLI's table of stages: the house's and every method's
+
+    return STAGES.get(stage_name)

@@ -92,3 +92,17 @@ def test_which_prints_the_stage_its_code_and_how_to_rebuild(tmp_path, capsys):
     assert f"rebuild: snakemake --cores 1 --force {tmp_path / 't.parquet'}" in out
     assert which_main([str(tmp_path / "none.parquet")]) == 1
     assert "no such table" in capsys.readouterr().out
+
+
+def test_which_names_where_a_stages_code_is_now_when_it_moved_since_the_table(tmp_path, capsys, monkeypatch):
+    import pipeline.cli
+
+    toy_table({}, {"table": tmp_path / "t.parquet"}, {})
+    monkeypatch.setitem(pipeline.cli.STAGES, "toy_table", "pipeline.methods.toy.tables:toy_table")
+    assert which_main([str(tmp_path / "t.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert f"code   {__name__}:toy_table" in out  # what wrote it
+    assert "now    pipeline.methods.toy.tables:toy_table  (the stage's code moved" in out
+    monkeypatch.setitem(pipeline.cli.STAGES, "toy_table", f"{__name__}:toy_table")
+    which_main([str(tmp_path / "t.parquet")])
+    assert "now " not in capsys.readouterr().out  # not moved: nothing more
