@@ -67,6 +67,10 @@ class Method:
     #: (``sampling.json``'s ``sampler`` name, ``"module:function"``) of the samplers its model bundles name
     #: (:mod:`pipeline.bundles.sample`)
     bundle_samplers: tuple[tuple[str, str], ...] = ()
+    #: (model file suffix, ``"module:function"``) of the model files its bundles ship that are not the house's
+    #: denoiser files (``.pt``): ``function(model_file, out_dir) -> description`` writes one into a bundle's
+    #: ``weights/`` with a JSON description holding its ``meta`` (:func:`pipeline.bundles.weights.export_weights`)
+    bundle_exports: tuple[tuple[str, str], ...] = ()
     #: the workloads its cost models run at, which ``make gpu-check`` measures (:mod:`pipeline.rates`,
     #: :mod:`pipeline.gpu_check`)
     workloads: str | None = None
@@ -129,6 +133,19 @@ def resolve(target: str) -> Any:
     """The object a declaration names as ``"module:attribute"``, imported now."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def bundle_exports() -> dict[str, str]:
+    """Model file suffix -> ``"module:function"`` of its bundle export, from every method's declaration
+    (:attr:`Method.bundle_exports`); a suffix two methods declare differently is an error naming both."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, m in methods().items():
+        for suffix, target in m.bundle_exports:
+            if suffix in out and out[suffix][1] != target:
+                raise RuntimeError(f"model files {suffix}: methods {out[suffix][0]!r} and {name!r} declare different "
+                                   f"bundle exports")
+            out[suffix] = (name, target)
+    return {suffix: target for suffix, (_, target) in out.items()}
 
 
 def resumable_rules() -> tuple[str, ...]:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 
 #: house files that derive every method-specific list from the methods' declarations
 DERIVED = ("cli.py", "inputs.py", "plan.py", "launch.py", "distributed.py", "resources.py", "wiring.py", "registry.py",
-           "seeds.py", "bundles/sample.py", "gpu_check.py", "rates.py", "config.py")
+           "seeds.py", "bundles/sample.py", "bundles/weights.py", "gpu_check.py", "rates.py", "config.py")
 
 
 def named_methods(path: Path) -> list[str]:
@@ -116,9 +116,29 @@ def test_every_declared_target_resolves():
     from pipeline.plugins import methods, resolve
 
     for name, m in methods().items():
-        for target in (m.input_checks, m.config_checks, m.prepare_config, *(t for _, t in m.bundle_samplers)):
+        for target in (m.input_checks, m.config_checks, m.prepare_config, *(t for _, t in m.bundle_samplers),
+                       *(t for _, t in m.bundle_exports)):
             if target:
                 assert callable(resolve(target)), (name, target)
         for target in (m.streams, m.workloads):
             if target:
                 assert len(resolve(target)) > 0, (name, target)
+
+
+def test_a_model_file_a_method_exports_itself_is_dispatched_by_its_suffix(tmp_path, monkeypatch):
+    """pipeline.bundles.weights names no method: a model file that is not a house denoiser file (``.pt``) goes to the
+    export its method declares for that suffix (the baselines' generators: ``.safetensors``)."""
+    import pipeline.plugins as plugins
+    from pipeline.bundles import weights
+
+    assert plugins.bundle_exports() == {".safetensors": "pipeline.methods.baselines.bundle:export_generator"}
+    called = []
+    monkeypatch.setattr(plugins, "bundle_exports", lambda: {".toy": "tests.test_house_names_no_method:_toy_export"})
+    monkeypatch.setitem(globals(), "_toy_export", lambda f, out: called.append((f, out)) or {"meta": {}})
+    assert weights.export_weights(tmp_path / "m.toy", tmp_path / "w") == {"meta": {}}
+    assert called == [(tmp_path / "m.toy", tmp_path / "w")]
+    monkeypatch.undo()
+    clash = {name: plugins.Method(name, bundle_exports=((".x", f"m:{name}"),)) for name in ("a", "b")}
+    monkeypatch.setattr(plugins, "methods", lambda: clash)
+    with pytest.raises(RuntimeError, match="methods 'a' and 'b' declare different bundle exports"):
+        plugins.bundle_exports()

@@ -4,21 +4,22 @@ The house's model file (``dpgen-denoiser/1``, :mod:`pipeline.models.checkpoint`)
 right format for the pipeline's own jobs, the wrong one to hand a stranger (unpickling runs code). A bundle
 holds the same network as
 
-* ``weights/<name>/``: every diffusers model inside the denoiser (DPDM's ``UNet2DModel`` at ``unet``,
-  STRAIGHTDP's ``SD3Transformer2DModel`` at ``net.transformer``), written by its ``save_pretrained``
+* ``weights/<name>/``: every diffusers model inside the denoiser (a ``UNet2DModel`` at ``unet``, a rectified
+  flow's ``SD3Transformer2DModel`` at ``net.transformer``), written by its ``save_pretrained``
   (``config.json`` + ``diffusion_pytorch_model.safetensors``), so ``UNet2DModel.from_pretrained(path,
   local_files_only=True)`` loads it without this code;
-* ``weights/house.safetensors``: every other tensor (e.g. STRAIGHTDP's label tables), if any;
+* ``weights/house.safetensors``: every other tensor (e.g. a flow's label tables), if any;
 * ``weights/denoiser.json``: what rebuilds the whole denoiser here: its convention, backbone kind and spec,
   preconditioner and its arguments, and the training stage's ``meta``.
 
 Loading reads safetensors only (no pickle is ever opened) and rebuilds the network from the JSON, the way
 :func:`pipeline.models.checkpoint.load_denoiser` does; the state dict must match key for key.
 
-A DP-MERF generator (already a safetensors file, :func:`pipeline.baselines.dp_merf.save_generator`) is copied as
-``weights/generator.safetensors`` with ``weights/generator.json`` (its metadata: architecture and training facts).
+A model file of another kind (a method's own, e.g. a generator already written as safetensors) is exported by the
+function its method declares for its suffix (:attr:`pipeline.plugins.Method.bundle_exports`), which writes it
+under ``weights/`` with ``weights/generator.json`` (its format, file and ``meta``: architecture and training facts).
 
-STRAIGHTDP's latent variant decodes with a public autoencoder (:mod:`pipeline.flow.autoencoder`, a house torch
+A latent flow decodes with a public autoencoder (:mod:`pipeline.flow.autoencoder`, a house torch
 module, not a diffusers one): :func:`export_autoencoder` writes it as ``autoencoder.safetensors`` with
 ``autoencoder.json`` (its shape and training facts), :func:`load_autoencoder` rebuilds it from those two alone.
 """
@@ -36,8 +37,8 @@ from pipeline.models.checkpoint import BACKBONES, DENOISERS, _load_blob, convent
 from pipeline.stage import PipelineError
 
 WEIGHTS_FORMAT = "dpgen-bundle-denoiser/1"
-#: a DP-MERF generator's file and its description in a bundle
-GENERATOR_FILE = "generator.safetensors"
+#: the description a method's own export writes beside its weights (format, file, meta)
+GENERATOR_DESCRIPTION = "generator.json"
 #: the file of the tensors outside every diffusers model
 HOUSE_TENSORS = "house.safetensors"
 
@@ -59,12 +60,16 @@ def diffusers_parts(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def export_weights(model_file: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Write the denoiser of a ``dpgen-denoiser/1`` file as safetensors under ``out_dir`` (or copy a DP-MERF
-    generator); returns the description written beside it (denoiser.json / generator.json)."""
+    """Write the denoiser of a ``dpgen-denoiser/1`` file as safetensors under ``out_dir`` (a model file of another
+    suffix: the export its method declares, :func:`pipeline.plugins.bundle_exports`); returns the description written
+    beside it (denoiser.json / generator.json)."""
     from safetensors.torch import save_file
 
-    if Path(model_file).suffix == ".safetensors":
-        return _export_generator(Path(model_file), Path(out_dir))
+    from pipeline.plugins import bundle_exports, resolve
+
+    suffix = Path(model_file).suffix
+    if suffix != ".pt" and suffix in (declared := bundle_exports()):
+        return resolve(declared[suffix])(Path(model_file), Path(out_dir))
 
     _register_flows()
     blob = _load_blob(model_file)
@@ -92,23 +97,10 @@ def export_weights(model_file: str | Path, out_dir: str | Path) -> dict[str, Any
     return spec
 
 
-def _export_generator(model_file: Path, out_dir: Path) -> dict[str, Any]:
-    import shutil
-
-    from pipeline.baselines.dp_merf import GENERATOR_FORMAT, load_generator
-
-    _, meta = load_generator(model_file)  # refuses any other file
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model_file, out_dir / GENERATOR_FILE)
-    spec = {"format": GENERATOR_FORMAT, "file": GENERATOR_FILE, "meta": meta}
-    (out_dir / "generator.json").write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
-    return spec
-
-
 def weights_meta(weights_dir: str | Path) -> dict[str, Any]:
-    """The training facts of a bundle's weights (a denoiser's or a DP-MERF generator's)."""
+    """The training facts of a bundle's weights (a denoiser's, or those a method's own export describes)."""
     weights_dir = Path(weights_dir)
-    described = weights_dir / "generator.json"
+    described = weights_dir / GENERATOR_DESCRIPTION
     if described.is_file():  # written at export from the generator file's own metadata (both are hashed)
         return json.loads(described.read_text())["meta"]
     return read_weights_spec(weights_dir)["meta"]

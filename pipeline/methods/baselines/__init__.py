@@ -12,6 +12,7 @@ METHOD = Method("baselines", position=7, report_category="7 Baselines", report_p
                 resumable_rules=("privimage_pretrain", "dp_ldm_pretrain"),
                 streams="pipeline.methods.baselines.streams:STREAMS",
                 bundle_samplers=(("dp_merf", "pipeline.methods.baselines.bundle:sample"),),
+                bundle_exports=((".safetensors", "pipeline.methods.baselines.bundle:export_generator"),),
                 config_checks="pipeline.methods.baselines.checks:config_checks")
 
 STAGES = {
