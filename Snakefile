@@ -5,8 +5,8 @@
 #   snakemake --configfile configs/mnist.yaml ... a paper preset
 #
 # Rules only wire paths to stages in pipeline/ (python -m pipeline STAGE --help).
-# Config `methods` chooses what `all` builds; each method's rules/<method>.smk registers its
-# outputs (rules/common.smk: register_targets, register_transcripts). README: "Adding a method" (docs/development.md).
+# Config `methods` chooses what `all` builds; each method's rules/<method>.smk registers its wiring
+# (register(WIRING), rules/common.smk): its outputs, transcripts, runs and bundles. Docs: "Developing".
 
 configfile: "config.yaml"
 
