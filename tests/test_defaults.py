@@ -139,7 +139,8 @@ def test_schema_defaults_hands_out_a_copy():
 STAGE_MEANING = {"pipeline.training.dp_denoiser": {"parameterisation", "unet"}}
 
 
-@pytest.mark.parametrize("module", ["pipeline.training.dp_denoiser", "pipeline.methods.dpdm.dpsgd_classifier"])
+@pytest.mark.parametrize("module", ["pipeline.training.dp_denoiser", "pipeline.methods.dpdm.dpsgd_classifier",
+                                    "pipeline.methods.dpdm.gradient_variance"])
 def test_a_stage_mirroring_a_schema_section_describes_its_keys_with_the_schemas_words(module):
     """Issue #56, one spelling per key: the --help of a key the configuration holds is the schema's description (the
     docs' configuration reference reads the same), not a second text."""

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline import seeds
+from pipeline.config import schema_descriptions
 from pipeline.device import resolve_device
 from pipeline.models.checkpoint import load_denoiser
 from pipeline.models.denoiser import VE_SIGMA
@@ -67,14 +68,16 @@ from pipeline.training.data import load_training_split, to_model_scale
 log = logging.getLogger(__name__)
 
 STAGE = "dpdm_gradient_variance"
+#: the config section the stage's settings mirror: the one source of their descriptions
+SCHEMA_SECTION = ("dpdm", "gradient_variance")
+#: the stage's params that are keys of :data:`SCHEMA_SECTION`
+SCHEMA_KEYS = ("K", "repeats", "n_images", "bootstrap")
 
 
 PARAMS_DOC = {
-    "K": "the noise multiplicities measured (integers >= 1, e.g. [1, 2, 4, 8, 16]; DPDM Fig. 3 shows 1 to 32)",
-    "repeats": "independent draws of each example's gradient per (image, K): the sample the variance is over",
-    "n_images": "public images the variance is averaged over (one per class in turn)",
+    # the keys of dpdm.gradient_variance: described once, in its schema
+    **schema_descriptions(SCHEMA_SECTION, SCHEMA_KEYS),
     "clip": "the clip norm C of the clipped variance (dpdm.clip)",
-    "bootstrap": "bootstrap resamples of the draws for the standard error and the 95% interval",
     "micro_batch": "(sigma, noise) draws per vmap call, i.e. micro_batch // K repeats at a time: memory only",
     "seed": "seed of the draws, the image choice and the bootstrap",
     "device": "auto | cpu | cuda[:N]",
