@@ -163,7 +163,8 @@ class BundleSpec:
     """One private run's certified bundle (:mod:`pipeline.bundles`), as its method registers it.
 
     ``samples`` / ``metrics``: the run's synthetic set and its evaluate_samples JSON (the card's test-split
-    metrics); ``transcripts``: the ledger transcripts that certify it (each registered by its wiring's ``transcripts()``);
+    metrics); ``transcripts``: the ledger transcripts that certify it (each registered by its wiring's
+    ``transcripts()``);
     ``model``: its trained denoiser file, for a bundle of weights; ``parts``: the other files its sampler reads
     (:data:`BUNDLE_PARTS`: the released moments, the public flow, the public autoencoder); ``sampling``: how the run
     sampled from them (:mod:`pipeline.bundles.sample`), given exactly when a model or a part is (a bundle without

@@ -1,7 +1,7 @@
 """Where bundles go and what their jobs read: rules ``export_bundle`` and ``export_bundles`` (``rules/bundles.smk``).
 
-A method registers its private runs' bundles (its wiring's ``bundle_runs``/``bundle``: :class:`pipeline.registry.BundleSpec`); this
-turns them into paths (``results/bundles/<method>/<run>/``, every one of them in ``all``) and the export job's
+A method registers its private runs' bundles (its wiring's ``bundle_runs``/``bundle``,
+:class:`pipeline.registry.BundleSpec`); this turns them into paths (``results/bundles/<method>/<run>/``, every one of them in ``all``) and the export job's
 inputs and params. Nothing here imports Snakemake: ``tests/bundles/test_wiring.py``.
 """
 

@@ -418,8 +418,8 @@ def train_dp_denoiser(inputs: Mapping[str, Path], outputs: Mapping[str, Path], p
         _train_dp_denoiser(cfg, inputs, outputs, params, world, device)
 
 
-def _train_dp_denoiser(cfg: DPDenoiserConfig, inputs: Mapping[str, Path], outputs: Mapping[str, Path], params: Mapping[str, Any],
-                world: distributed.World, device: torch.device) -> None:
+def _train_dp_denoiser(cfg: DPDenoiserConfig, inputs: Mapping[str, Path], outputs: Mapping[str, Path],
+                       params: Mapping[str, Any], world: distributed.World, device: torch.device) -> None:
     config_id = str(params.get("config_id", "unknown"))
     if device.type == "cpu":
         torch.set_num_threads(int(params.get("threads", 1)))

@@ -53,8 +53,8 @@ from pipeline.privacy import dpsgd
 from pipeline.stage import PipelineError, reject_unknown_params, stage
 from pipeline.training import loop
 from pipeline.training.data import drop_labels, load_training_split, to_model_scale, unet_spec_for
-from pipeline.training.dp_denoiser import PARAMS_DOC as DPDM_PARAMS, RESUME_INSENSITIVE, DPDenoiserConfig, freeze_all_but, \
-    init_from_public
+from pipeline.training.dp_denoiser import PARAMS_DOC as DPDM_PARAMS, RESUME_INSENSITIVE, DPDenoiserConfig, \
+    freeze_all_but, init_from_public
 
 log = logging.getLogger(__name__)
 

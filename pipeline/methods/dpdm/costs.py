@@ -101,7 +101,8 @@ def gradient_variance_runtime_min(config: Config) -> int:
 def classifier_memory(config: Config) -> cost.MemoryPlan:
     """One task-specific DP-SGD classifier run's GPU memory (rule train_dpsgd_classifier): the shared DP-SGD engine's
     plan (:func:`pipeline.resources.dpsgd_memory`, K = 1) of the downstream CNN (evaluation.evalnet's architecture,
-    what pipeline/methods/dpdm/dpsgd_classifier.py trains) at the section's micro_batch. The linear ``logreg`` holds less
+    what pipeline/methods/dpdm/dpsgd_classifier.py trains) at the section's
+    micro_batch. The linear ``logreg`` holds less
     (one weight matrix, no hidden activations): the CNN's plan bounds both."""
     from pipeline.config import schema_defaults
 

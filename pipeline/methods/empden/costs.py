@@ -197,7 +197,8 @@ def sample_gpu_memory(config: Config, method: str) -> cost.MemoryPlan:
 
 def figure2_gpu_memory(config: Config) -> cost.MemoryPlan:
     """EMPDEN Fig. 2's GPU memory (rule empden_figure2_trajectories): the private block for its rows
-    (:func:`private_block_bytes`, pipeline/methods/empden/sample_stage.py ``trajectories``), the public normaliser's records,
+    (:func:`private_block_bytes`,
+    pipeline/methods/empden/sample_stage.py ``trajectories``), the public normaliser's records,
     and the public UNet's forward over those rows."""
     from pipeline.methods.empden.plan import figure2_rows
 

@@ -1,7 +1,8 @@
 """What an EMPDEN run releases, from its configuration alone (no torch): a cell's schedule and private block, Figure 2's
 two blocks, and the outputs each of a cell's jobs draws.
 
-The sampling stages (:mod:`pipeline.methods.empden.sample_stage`) run these blocks and write each one's ledger line from it
+The sampling stages (:mod:`pipeline.methods.empden.sample_stage`) run these blocks
+and write each one's ledger line from it
 (:func:`pipeline.privacy.empirical_denoiser.record_block`); EMPDEN's wiring (:mod:`pipeline.methods.empden.wiring`)
 registers the same blocks' parameters for the replay, which holds every line to them. One function per fact, so the
 run and its registration cannot drift apart. The private set's size ``n`` is an argument: the stages take the split's,

@@ -34,7 +34,8 @@ def mem_mb(config: Config) -> int:
 
 
 def gpu_memory(config: Config, rule: str) -> cost.MemoryPlan:
-    """A diagnostics job's GPU memory (pipeline/methods/empden_diagnostics/proxy.py), ``batch_size`` trajectories at a time:
+    """A diagnostics job's GPU memory (pipeline/methods/empden_diagnostics/proxy.py),
+    ``batch_size`` trajectories at a time:
     the public UNet's forward over them, the trajectories' arrays in float32 (the step noises, the all-neural
     states, a window's redrawn and mixed noises: 4 N + 2 states of the batch, N the rule's grid), and, for the
     rules that read the private set (Tables 4 and 1), EMPDEN's private block at that batch and the public
