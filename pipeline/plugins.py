@@ -113,8 +113,7 @@ def in_order() -> list[Method]:
 
 def default_methods() -> list[str]:
     """The schema's default ``methods:``: every method declaring a :attr:`Method.position`, in that order."""
-    placed = [m for m in methods().values() if m.position is not None]
-    return [m.name for m in sorted(placed, key=lambda m: (m.position, m.name))]
+    return [m.name for m in in_order() if m.position is not None]
 
 
 def declared_for(chosen: Iterable[str], field: str) -> list[Any]:

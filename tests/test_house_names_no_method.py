@@ -125,6 +125,15 @@ def test_every_declared_target_resolves():
                 assert len(resolve(target)) > 0, (name, target)
 
 
+#: the calls of :func:`_toy_export`, the export a test declares for a made-up suffix
+_TOY_EXPORTS: list[tuple[Path, Path]] = []
+
+
+def _toy_export(model_file: Path, out_dir: Path) -> dict:
+    _TOY_EXPORTS.append((model_file, out_dir))
+    return {"meta": {}}
+
+
 def test_a_model_file_a_method_exports_itself_is_dispatched_by_its_suffix(tmp_path, monkeypatch):
     """pipeline.bundles.weights names no method: a model file that is not a house denoiser file (``.pt``) goes to the
     export its method declares for that suffix (the baselines' generators: ``.safetensors``)."""
@@ -132,11 +141,10 @@ def test_a_model_file_a_method_exports_itself_is_dispatched_by_its_suffix(tmp_pa
     from pipeline.bundles import weights
 
     assert plugins.bundle_exports() == {".safetensors": "pipeline.methods.baselines.bundle:export_generator"}
-    called = []
     monkeypatch.setattr(plugins, "bundle_exports", lambda: {".toy": "tests.test_house_names_no_method:_toy_export"})
-    monkeypatch.setitem(globals(), "_toy_export", lambda f, out: called.append((f, out)) or {"meta": {}})
+    _TOY_EXPORTS.clear()
     assert weights.export_weights(tmp_path / "m.toy", tmp_path / "w") == {"meta": {}}
-    assert called == [(tmp_path / "m.toy", tmp_path / "w")]
+    assert _TOY_EXPORTS == [(tmp_path / "m.toy", tmp_path / "w")]
     monkeypatch.undo()
     clash = {name: plugins.Method(name, bundle_exports=((".x", f"m:{name}"),)) for name in ("a", "b")}
     monkeypatch.setattr(plugins, "methods", lambda: clash)

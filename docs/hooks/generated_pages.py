@@ -35,11 +35,16 @@ CAPTIONS = Path("report") / "captions"
 _BOUNDS = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"))
 
 
+def _importable(root: Path) -> None:
+    """The checkout at ``root`` importable as ``pipeline`` (the build runs from any working directory)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
 def load_schema(root: Path) -> dict:
     """The schema every run is validated against, composed by the package's own ``load_schema`` from the checkout
     at ``root`` (the house's file and each method's section)."""
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    _importable(root)
     from pipeline.config import load_schema as composed
 
     return composed()
@@ -179,8 +184,7 @@ _CAPTIONS = re.compile(r"<!-- captions: ([a-z_0-9]+) -->")
 def method_pages(root: Path) -> list[tuple[str, str]]:
     """(title, ``methods/<method>.md``) of every method with a page in ``docs/methods/``, in the declarations' order
     (:func:`pipeline.plugins.in_order`)."""
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    _importable(root)
     from pipeline.plugins import in_order
 
     return [(m.title or m.name, f"methods/{m.name}.md") for m in in_order()
